@@ -1,0 +1,85 @@
+#include "runtime/dynlib.h"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace uccl_ep::runtime {
+
+const std::vector<std::string>& candidate_sonames(const std::string& name) {
+  static const std::map<std::string, std::vector<std::string>> kCandidates = {
+      {"cuda", {"libcuda.so.1", "libcuda.so"}},
+      {"hip", {"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"}},
+      {"fabric", {"libfabric.so.1", "libfabric.so"}},
+      {"ibverbs", {"libibverbs.so.1", "libibverbs.so"}},
+  };
+  auto it = kCandidates.find(name);
+  if (it == kCandidates.end()) throw std::invalid_argument("unknown library short name: " + name);
+  return it->second;
+}
+
+namespace {
+struct Cached {
+  void* handle = nullptr;
+  std::string path;
+  std::string error;
+  bool tried = false;
+};
+std::mutex g_mutex;
+std::map<std::string, Cached> g_cache;
+}  // namespace
+
+void* open_library(const std::string& name, std::string* error_out, std::string* path_out) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Cached& c = g_cache[name];
+  if (!c.tried) {
+    c.tried = true;
+    for (const auto& soname : candidate_sonames(name)) {
+      // NOTES: RTLD_LOCAL keeps our copy's symbols from interposing on a framework's own
+      // libfabric/libcuda; RTLD_NOW surfaces missing symbols here, not mid-transfer.
+      void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h != nullptr) {
+        c.handle = h;
+        c.path = soname;
+        c.error.clear();
+        break;
+      }
+      const char* e = dlerror();
+      c.error = e != nullptr ? e : ("cannot load " + soname);
+    }
+  }
+  if (error_out != nullptr) *error_out = c.error;
+  if (path_out != nullptr) *path_out = c.path;
+  return c.handle;
+}
+
+LibraryProbe probe_library(const std::string& name) {
+  LibraryProbe p;
+  p.name = name;
+  void* h = open_library(name, &p.error, &p.path);
+  p.loadable = h != nullptr;
+  if (!p.loadable) return p;
+  if (name == "fabric") {
+    using fi_version_fn = uint32_t (*)();
+    if (auto fn = reinterpret_cast<fi_version_fn>(dlsym(h, "fi_version"))) {
+      uint32_t v = fn();
+      p.version = std::to_string(v >> 16) + "." + std::to_string(v & 0xffff);
+    }
+  } else if (name == "cuda") {
+    using init_fn = int (*)(unsigned);
+    using ver_fn = int (*)(int*);
+    auto cu_init = reinterpret_cast<init_fn>(dlsym(h, "cuInit"));
+    auto cu_ver = reinterpret_cast<ver_fn>(dlsym(h, "cuDriverGetVersion"));
+    int v = 0;
+    if (cu_ver != nullptr && cu_ver(&v) == 0) {
+      p.version = std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+    }
+    (void)cu_init;  // NOTES: probing never initialises the driver; that is the runtime's job.
+  }
+  return p;
+}
+
+}  // namespace uccl_ep::runtime

@@ -1,0 +1,139 @@
+"""Executors behind `uccl_ep.Buffer` and how `backend="auto"` picks one.
+
+An executor runs already-validated requests. `Buffer` owns validation, streams/events, hooks
+and handle ownership; executors own data movement. Every executor is tested against the
+reference executor (`uccl_ep.refs`), which defines the semantics.
+
+| name        | tensors | moves data with                                   |
+|-------------|---------|---------------------------------------------------|
+| `reference` | any     | torch.distributed collectives (gloo / NCCL)       |
+| `host`      | CPU     | host threads -> queue -> proxy -> transport       |
+| `cuda`      | CUDA    | JIT kernels -> NVLink stores / queue -> proxy     |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import InvalidArgument, Unsupported
+from .topology import Topology
+
+__all__ = ["BufferContext", "Executor", "register_executor", "available_backends", "create_executor"]
+
+
+@dataclass
+class BufferContext:
+    """Everything an executor needs to know about the Buffer it serves."""
+
+    group: dist.ProcessGroup
+    rank: int
+    num_ranks: int
+    topology: Topology
+    num_nvl_bytes: int
+    num_rdma_bytes: int
+    low_latency_mode: bool
+    allow_nvlink_for_low_latency_mode: bool
+    enable_shrink: bool
+    num_qps_per_rank: int
+    timeout_s: float
+    gpu_timeout_s: float
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Executor:
+    """Interface of an executor. Methods receive validated arguments (see `Buffer`)."""
+
+    name = "abstract"
+    #: device type of the tensors it runs ("cpu", "cuda") or None for any
+    device_type: str | None = None
+
+    def __init__(self, ctx: BufferContext, owner: object) -> None:
+        self.ctx = ctx
+        self.owner = owner
+
+    # normal mode -------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int):
+        raise NotImplementedError
+
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                 num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
+        raise NotImplementedError
+
+    def cached_dispatch(self, x, x_scales, handle, config):
+        raise NotImplementedError
+
+    def combine(self, x, handle, topk_weights, biases, config):
+        raise NotImplementedError
+
+    # low-latency mode --------------------------------------------------------------------------
+    def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
+                             masked, cumulative_stats, wait_stats):
+        """Returns (recv_x, recv_count, handle, finish); ``finish()`` is the receive phase."""
+        raise NotImplementedError
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
+        """Returns (combined_x, finish)."""
+        raise NotImplementedError
+
+    def clean_low_latency_buffer(self, num_max: int, hidden: int, num_experts: int) -> None:
+        raise NotImplementedError
+
+    def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
+        raise NotImplementedError
+
+    # raw buffers, lifetime ---------------------------------------------------------------------
+    def get_local_buffer_tensor(self, use_rdma_buffer: bool) -> torch.Tensor:
+        """The whole NVL (or RDMA) buffer as a 1-D uint8 tensor."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def destroy(self) -> None:
+        pass
+
+
+_REGISTRY: dict[str, tuple[Callable[[], type[Executor]], Callable[[BufferContext], str | None]]] = {}
+
+
+def register_executor(name: str, loader: Callable[[], type[Executor]],
+                      unavailable_reason: Callable[[BufferContext], str | None]) -> None:
+    """Register an executor: ``loader`` imports its class lazily; ``unavailable_reason(ctx)``
+    returns None when it can serve ``ctx`` on this machine, else why not (for errors/doctor)."""
+    _REGISTRY[name] = (loader, unavailable_reason)
+
+
+def available_backends(ctx: BufferContext) -> dict[str, str | None]:
+    return {name: check(ctx) for name, (_, check) in _REGISTRY.items()}
+
+
+# Preference of `backend="auto"`: the fastest first.
+_AUTO_ORDER = ("cuda", "host", "reference")
+
+
+def create_executor(requested: str, ctx: BufferContext, owner: object) -> Executor:
+    if requested not in ("auto", *_REGISTRY):
+        raise InvalidArgument("backend", f"one of auto, {', '.join(_REGISTRY)}", repr(requested))
+    if requested != "auto":
+        loader, check = _REGISTRY[requested]
+        reason = check(ctx)
+        if reason is not None:
+            raise Unsupported(f"backend '{requested}' cannot serve this Buffer: {reason}")
+        return loader()(ctx, owner)
+    for name in _AUTO_ORDER:
+        if name in _REGISTRY and _REGISTRY[name][1](ctx) is None:
+            return _REGISTRY[name][0]()(ctx, owner)
+    reasons = "; ".join(f"{n}: {r}" for n, r in available_backends(ctx).items())
+    raise Unsupported(f"no uccl_ep backend can serve this Buffer ({reasons})")
+
+
+def _reference_loader() -> type[Executor]:
+    from .refs.executor import ReferenceExecutor
+    return ReferenceExecutor
+
+
+register_executor("reference", _reference_loader, lambda ctx: None)

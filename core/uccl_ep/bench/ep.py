@@ -1,0 +1,217 @@
+"""The EP benchmark run on each rank: verify, time, and compare with an all-to-all baseline.
+
+Byte formulas are DeepEP's (shared/reference/deepep-api.md §2.5):
+- normal mode: bytes = received rows (including the rank's own tokens) x hidden x 2 for BF16;
+  FP8 = BF16 bytes x (1 + 4/128) / 2; combine uses the BF16 count;
+- low-latency: per valid (token, expert) selection sent: FP8 hidden + hidden/128*4 + 16,
+  BF16 2*hidden; combine 2*hidden.
+The baseline moves the same per-destination bytes with one `all_to_all_single` (NCCL on GPU,
+gloo on CPU) in the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import Buffer, utils
+from ..refs.fp8 import per_token_cast_back, per_token_cast_to_fp8
+from .expect import check_ll_dispatch, expected_normal_recv
+from .timing import time_op
+
+__all__ = ["BenchSpec", "run_rank"]
+
+
+@dataclass
+class BenchSpec:
+    backend: str = "auto"
+    mode: str = "both"            # "ht" | "ll" | "both"
+    ht_tokens: int = 4096
+    ll_tokens: int = 128
+    hidden: int = 7168
+    num_topk: int = 8
+    ht_experts: int = 256
+    ll_experts: int = 288
+    iters: int = 20
+    warmup: int = 5
+    check: bool = True
+    seed: int = 0
+    num_sms: int = 24
+
+
+def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+    """All-gather tensors of equal shape (any dtype) through bytes."""
+    world = dist.get_world_size(group)
+    device = t.device if (t.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower()) \
+        else torch.device("cpu")
+    b = t.contiguous().view(torch.uint8).reshape(-1).to(device)
+    out = [torch.empty_like(b) for _ in range(world)]
+    dist.all_gather(out, b, group=group)
+    return [o.view(t.dtype).view(t.shape).to(t.device) for o in out]
+
+
+def _routing(num_tokens: int, num_experts: int, num_topk: int, device, gen: torch.Generator):
+    scores = torch.randn(num_tokens, num_experts, generator=gen).abs() + 1
+    topk_idx = scores.topk(num_topk, dim=-1, sorted=False).indices.to(device)
+    topk_weights = torch.rand(num_tokens, num_topk, generator=gen).to(device)
+    return topk_idx, topk_weights
+
+
+class _Rows:
+    def __init__(self, spec: BenchSpec, world: int, backend: str, device: torch.device) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.common = dict(backend=backend, ranks=world, hidden=spec.hidden, topk=spec.num_topk,
+                           device=device.type)
+
+    def add(self, **kw: Any) -> None:
+        row = dict(self.common)
+        row.update(kw)
+        t, bt = row["time_s"], row.get("baseline_s")
+        row["gbps"] = row["bytes"] / 1e9 / t if t > 0 else 0.0
+        if bt:
+            row["baseline_gbps"] = row["bytes"] / 1e9 / bt
+            row["ratio"] = bt / t if t > 0 else 0.0
+        self.rows.append(row)
+
+
+def _a2a_baseline(group, per_dest_rows: list[int], row_bytes: int, device, spec: BenchSpec) -> float:
+    """Mean seconds of one all_to_all_single moving ``per_dest_rows[r] * row_bytes`` to each r."""
+    send_sizes = [n * row_bytes for n in per_dest_rows]
+    sizes = torch.tensor(send_sizes, dtype=torch.int64, device=device)
+    recv = torch.empty_like(sizes)
+    dist.all_to_all_single(recv, sizes, group=group)
+    recv_sizes = [int(v) for v in recv.tolist()]
+    send = torch.zeros(sum(send_sizes), dtype=torch.uint8, device=device)
+    out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=device)
+    return time_op(lambda: dist.all_to_all_single(out, send, recv_sizes, send_sizes, group=group),
+                   spec.iters, spec.warmup, device, group)["mean"]
+
+
+def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows, progress: Callable[[str], None]):
+    gen = torch.Generator().manual_seed(spec.seed * 1000 + rank)
+    T, H, K, E = spec.ht_tokens, spec.hidden, spec.num_topk, spec.ht_experts
+    Buffer.set_num_sms(spec.num_sms)
+    dcfg, ccfg = Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)
+    nvl = max(dcfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world))
+    rdma = max(dcfg.get_rdma_buffer_size_hint(H * 2, world), ccfg.get_rdma_buffer_size_hint(H * 2, world))
+    buf = Buffer(group, nvl, rdma, backend=spec.backend)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(device)
+    topk_idx, topk_weights = _routing(T, E, K, device, gen)
+    ntpr, ntprr, ntpe, in_rank, _ = buf.get_dispatch_layout(topk_idx, E)
+    kwargs = dict(num_tokens_per_rank=ntpr, num_tokens_per_rdma_rank=ntprr, is_token_in_rank=in_rank,
+                  num_tokens_per_expert=ntpe)
+    recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(x, topk_idx=topk_idx, topk_weights=topk_weights,
+                                                               config=dcfg, **kwargs)
+    x_fp8 = per_token_cast_to_fp8(x)
+    recv_fp8, *_ = buf.dispatch(x_fp8, handle=handle, config=dcfg)
+    combined, _, _ = buf.combine(recv_x, handle, config=ccfg)
+    verified = "skipped"
+    if spec.check:
+        progress("ht: verifying")
+        all_x, all_topk = _gather(x, group), _gather(topk_idx, group)
+        exp_x, _, _ = expected_normal_recv(all_x, all_topk, rank, E, world)
+        if not torch.equal(recv_x.cpu(), exp_x.cpu()):
+            raise AssertionError(f"rank {rank}: HT dispatch rows differ from the expected rows")
+        all_q, all_s = _gather(x_fp8[0], group), _gather(x_fp8[1], group)
+        exp_q, _, _ = expected_normal_recv(all_q, all_topk, rank, E, world)
+        exp_s, _, _ = expected_normal_recv(all_s, all_topk, rank, E, world)
+        if not (torch.equal(recv_fp8[0].cpu().view(torch.uint8), exp_q.cpu().view(torch.uint8))
+                and torch.equal(recv_fp8[1].cpu(), exp_s.cpu())):
+            raise AssertionError(f"rank {rank}: HT FP8 dispatch bytes differ from the expected rows")
+        count = in_rank.sum(1, keepdim=True).float()
+        diff = utils.calc_diff(combined.float(), x.float() * count)
+        if diff > 5e-6:
+            raise AssertionError(f"rank {rank}: HT combine calc_diff {diff:.3g} > 5e-6")
+        verified = "ok"
+    n_recv = recv_x.shape[0]
+    bf16_bytes = n_recv * H * 2
+    per_dest = ntpr.tolist()
+    progress("ht: timing dispatch bf16")
+    t_bf16 = time_op(lambda: buf.dispatch(x, handle=handle, config=dcfg), spec.iters, spec.warmup, device, group)
+    base_bf16 = _a2a_baseline(group, per_dest, H * 2, device, spec)
+    rows.add(mode="ht", op="dispatch", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_bf16["mean"],
+             baseline_s=base_bf16, verified=verified)
+    progress("ht: timing dispatch fp8")
+    t_fp8 = time_op(lambda: buf.dispatch(x_fp8, handle=handle, config=dcfg), spec.iters, spec.warmup, device, group)
+    fp8_row = H + H // 128 * 4
+    base_fp8 = _a2a_baseline(group, per_dest, fp8_row, device, spec)
+    rows.add(mode="ht", op="dispatch", dtype="fp8", tokens=T, experts=E, bytes=bf16_bytes * (1 + 4 / 128) / 2,
+             time_s=t_fp8["mean"], baseline_s=base_fp8, verified=verified)
+    progress("ht: timing combine")
+    t_comb = time_op(lambda: buf.combine(recv_x, handle, config=ccfg), spec.iters, spec.warmup, device, group)
+    recv_counts = [int(v) for v in handle.plan.recv_counts] if hasattr(handle.plan, "recv_counts") else per_dest
+    base_comb = _a2a_baseline(group, recv_counts, H * 2, device, spec)
+    rows.add(mode="ht", op="combine", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_comb["mean"],
+             baseline_s=base_comb, verified=verified)
+
+
+def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows, progress: Callable[[str], None]):
+    gen = torch.Generator().manual_seed(spec.seed * 1000 + 500 + rank)
+    T, H, K, E = spec.ll_tokens, spec.hidden, spec.num_topk, spec.ll_experts
+    rdma = Buffer.get_low_latency_rdma_size_hint(T, H, world, E)
+    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, E // world), backend=spec.backend)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(device)
+    topk_idx, topk_weights = _routing(T, E, K, device, gen)
+    num_sel = int((topk_idx >= 0).sum())
+    verified = "skipped"
+    (q, scales), recv_count, handle, _, _ = buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True)
+    bf16_x, recv_count_bf16, handle_bf16, _, _ = buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=False)
+    y = bf16_x.clone()
+    combined, _, _ = buf.low_latency_combine(y, topk_idx, topk_weights, handle_bf16)
+    if spec.check:
+        progress("ll: verifying")
+        all_x, all_topk = _gather(x, group), _gather(topk_idx, group)
+        check_ll_dispatch(lambda e, b, n: bf16_x[e, b:b + n], recv_count_bf16, handle_bf16, all_x, all_topk, rank, E,
+                          world)
+        all_q = [per_token_cast_to_fp8(v)[0].view(torch.uint8) for v in all_x]
+        check_ll_dispatch(lambda e, b, n: q[e, b:b + n].view(torch.uint8), recv_count, handle, all_q, all_topk, rank,
+                          E, world)
+        expect = x.float() * torch.where(topk_idx >= 0, topk_weights, torch.zeros_like(topk_weights)).sum(1,
+                                                                                                    keepdim=True)
+        diff = utils.calc_diff(combined.float(), expect)
+        if diff > 1e-5:
+            raise AssertionError(f"rank {rank}: LL combine calc_diff {diff:.3g} > 1e-5")
+        verified = "ok"
+    per_dest = [0] * world
+    per_rank = E // world
+    for r in range(world):
+        per_dest[r] = int(((topk_idx >= 0) & (topk_idx.div(per_rank, rounding_mode="floor") == r)).sum())
+    progress("ll: timing dispatch fp8")
+    t_disp = time_op(lambda: buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True), spec.iters, spec.warmup,
+                     device, group)
+    base_disp = _a2a_baseline(group, per_dest, H * 2, device, spec)
+    rows.add(mode="ll", op="dispatch", dtype="fp8", tokens=T, experts=E, bytes=num_sel * (H + H // 128 * 4 + 16),
+             time_s=t_disp["mean"], baseline_s=base_disp, verified=verified)
+    progress("ll: timing combine")
+    t_comb = time_op(lambda: buf.low_latency_combine(y, topk_idx, topk_weights, handle_bf16), spec.iters, spec.warmup,
+                     device, group)
+    rows.add(mode="ll", op="combine", dtype="bf16", tokens=T, experts=E, bytes=num_sel * H * 2,
+             time_s=t_comb["mean"], baseline_s=base_disp, verified=verified)
+
+
+def run_rank(rank: int, world: int, spec_dict: dict, progress_queue: Any = None) -> list[dict[str, Any]]:
+    """Body of one benchmark rank (the process group is already initialized)."""
+    spec = BenchSpec(**spec_dict)
+    group = dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()).lower() \
+        else torch.device("cpu")
+
+    def progress(msg: str) -> None:
+        if progress_queue is not None and rank == 0:
+            progress_queue.put(msg)
+
+    probe = Buffer(group, 0, 0, backend=spec.backend)
+    rows = _Rows(spec, world, probe.backend, device)
+    if spec.mode in ("ht", "both"):
+        _bench_ht(spec, group, rank, world, device, rows, progress)
+    if spec.mode in ("ll", "both"):
+        _bench_ll(spec, group, rank, world, device, rows, progress)
+    progress("done")
+    return rows.rows
+
+
+def spec_to_dict(spec: BenchSpec) -> dict:
+    return asdict(spec)

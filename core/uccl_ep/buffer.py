@@ -1,0 +1,387 @@
+"""`uccl_ep.Buffer`: DeepEP V1's `deep_ep.Buffer` API, on any GPU, NIC or CPU.
+
+Construction, statics, raw buffers and normal (high-throughput) mode live here; low-latency
+mode is in `buffer_low_latency.py`. Signatures, return tuples, shapes, dtypes, ordering and
+events follow shared/reference/deepep-api.md; see docs/api.md for the user-facing contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import env
+from .backends import BufferContext, create_executor
+from .buffer_low_latency import LowLatencyMixin
+from .config import (NUM_BUFFER_ALIGNMENT_BYTES, Config, combine_config_table, dispatch_config_table,
+                     low_latency_rdma_size_hint)
+from .errors import InvalidArgument, LimitExceeded, Unsupported
+from .events import EventHandle, EventOverlap
+from .handles import NormalHandle
+from .topology import detect_topology, local_hostname
+from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
+                       split_fp8_tuple)
+
+__all__ = ["Buffer", "topk_idx_t"]
+
+logger = logging.getLogger("uccl_ep")
+
+#: dtype of top-k expert ids (DeepEP's default 64-bit build).
+topk_idx_t = torch.int64
+
+_COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class Buffer(LowLatencyMixin):
+    """Expert-parallel communication buffer with DeepEP V1's interface.
+
+    Positional and keyword arguments are DeepEP V1's; the keyword-only arguments after them are
+    uccl_ep's own (each also settable by an env var, see docs/env.md):
+
+    - ``backend``: "auto" (default), "reference", "host" or "cuda" (see `uccl_ep.backends`);
+    - ``timeout_s`` / ``gpu_timeout_s``: bound of every host / device wait;
+    - ``ranks_per_node``: NVLink-domain size (0 = detect from host names).
+
+    Extra keyword arguments that other DeepEP forks accept are tolerated when they ask for
+    nothing (None/False/0) and refused with `Unsupported` otherwise.
+    """
+
+    #: SMs used by normal-mode kernels; global to all buffers (DeepEP semantics).
+    num_sms: int = 20
+
+    def __init__(self, group: Optional[dist.ProcessGroup], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 use_fabric: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
+                 comm: Any = None, *, backend: str = "auto", timeout_s: Optional[float] = None,
+                 gpu_timeout_s: Optional[float] = None, ranks_per_node: Optional[int] = None,
+                 **extra_kwargs: Any) -> None:
+        self._destroyed = True  # until construction completes
+        check_extra_kwargs("Buffer()", extra_kwargs)
+        if group is None:
+            if comm is not None:
+                raise Unsupported("Buffer(group=None, comm=<mpi4py comm>) is not supported; pass a "
+                                  "torch.distributed ProcessGroup (gloo or NCCL)")
+            raise InvalidArgument("group", "a torch.distributed ProcessGroup", None)
+        if not dist.is_initialized():
+            raise InvalidArgument("group", "a ProcessGroup of an initialized torch.distributed",
+                                  "torch.distributed is not initialized", hint="call dist.init_process_group first")
+        if not isinstance(group, dist.ProcessGroup):
+            raise InvalidArgument("group", "a torch.distributed ProcessGroup", type(group).__name__)
+        self.num_nvl_bytes = check_int("num_nvl_bytes", num_nvl_bytes, minimum=0, multiple_of=NUM_BUFFER_ALIGNMENT_BYTES)
+        self.num_rdma_bytes = check_int("num_rdma_bytes", num_rdma_bytes, minimum=0,
+                                        multiple_of=NUM_BUFFER_ALIGNMENT_BYTES)
+        self.low_latency_mode = check_bool("low_latency_mode", low_latency_mode)
+        self.num_qps_per_rank = check_int("num_qps_per_rank", num_qps_per_rank, minimum=1)
+        self.allow_nvlink_for_low_latency_mode = check_bool("allow_nvlink_for_low_latency_mode",
+                                                            allow_nvlink_for_low_latency_mode)
+        self.allow_mnnvl = check_bool("allow_mnnvl", allow_mnnvl)
+        # NOTES: `use_fabric` chooses how the NVL buffer is shared (cuMem fabric vs cudaIpc handles),
+        # not what the API does; executors pick the sharing mechanism the machine supports.
+        self.use_fabric = bool(use_fabric)
+        self.explicitly_destroy = check_bool("explicitly_destroy", explicitly_destroy)
+        self.enable_shrink = check_bool("enable_shrink", enable_shrink)
+
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        if timeout_s is None:
+            timeout_s = env.get("UCCL_EP_TIMEOUT_S")
+        if gpu_timeout_s is None:
+            gpu_timeout_s = env.get("UCCL_EP_GPU_TIMEOUT_S")
+        if ranks_per_node is None:
+            ranks_per_node = env.get("UCCL_EP_RANKS_PER_NODE")
+        if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+            raise InvalidArgument("timeout_s", "a positive number of seconds", repr(timeout_s))
+        if not isinstance(gpu_timeout_s, (int, float)) or gpu_timeout_s <= 0:
+            raise InvalidArgument("gpu_timeout_s", "a positive number of seconds", repr(gpu_timeout_s))
+        check_int("ranks_per_node", ranks_per_node, minimum=0)
+        hostnames = [None] * self.group_size
+        dist.all_gather_object(hostnames, local_hostname(), group=group)
+        self.topology = detect_topology(hostnames, ranks_per_node)
+        if backend == "auto":
+            backend = env.get("UCCL_EP_BACKEND")
+        ctx = BufferContext(group=group, rank=self.rank, num_ranks=self.group_size, topology=self.topology,
+                            num_nvl_bytes=self.num_nvl_bytes, num_rdma_bytes=self.num_rdma_bytes,
+                            low_latency_mode=self.low_latency_mode,
+                            allow_nvlink_for_low_latency_mode=self.allow_nvlink_for_low_latency_mode,
+                            enable_shrink=self.enable_shrink, num_qps_per_rank=self.num_qps_per_rank,
+                            timeout_s=float(timeout_s), gpu_timeout_s=float(gpu_timeout_s))
+        self._executor = create_executor(backend, ctx, self)
+        self.backend = self._executor.name
+        self._comm_stream = None
+        self._init_low_latency_state()
+        self._destroyed = False
+        logger.debug("uccl_ep.Buffer rank %d/%d backend=%s topology=%s", self.rank, self.group_size,
+                     self.backend, self.topology)
+
+    # ----------------------------------------------------------------------------------------------
+    # statics and sizing
+    # ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        """Set the SMs normal-mode kernels use (global, even: one channel = 2 SMs)."""
+        check_int("new_num_sms", new_num_sms, minimum=2, multiple_of=2)
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return dispatch_config_table(num_ranks, Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return combine_config_table(num_ranks, Buffer.num_sms)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        return low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An `EventOverlap` recorded on the current stream."""
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        # NOTES: kernels are JIT-compiled for the device at hand, so FP8/TMA paths exist wherever
+        # the device has them; there is no build without them.
+        return True
+
+    def is_available(self) -> bool:
+        return not self._destroyed
+
+    def get_comm_stream(self):
+        """The stream communication runs on (CUDA), or None for CPU buffers."""
+        if self._comm_stream is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            self._comm_stream = torch.cuda.Stream(priority=-1)
+        return self._comm_stream
+
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> torch.Tensor:
+        """A raw view of this rank's NVL (or RDMA) buffer, starting at byte ``offset``."""
+        self._check_alive()
+        if not isinstance(dtype, torch.dtype):
+            raise InvalidArgument("dtype", "a torch.dtype", repr(dtype))
+        nbytes = self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes
+        check_int("offset", offset, minimum=0)
+        if offset > nbytes or offset % torch.empty((), dtype=dtype).element_size() != 0:
+            raise InvalidArgument("offset", f"an element-aligned byte offset <= {nbytes}", offset)
+        raw = self._executor.get_local_buffer_tensor(bool(use_rdma_buffer))
+        elem = torch.empty((), dtype=dtype).element_size()
+        view = raw[offset:offset + (nbytes - offset) // elem * elem].view(dtype)
+        if size is None:
+            return view
+        numel = int(torch.Size(size).numel())
+        if numel > view.numel():
+            raise LimitExceeded("size", "elements in the buffer after `offset`", numel, view.numel())
+        return view[:numel].view(size)
+
+    # ----------------------------------------------------------------------------------------------
+    # lifetime
+    # ----------------------------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Release resources now. Requires ``explicitly_destroy=True`` (DeepEP semantics)."""
+        if not self.explicitly_destroy:
+            raise InvalidArgument("explicitly_destroy", "True to call destroy()", False,
+                                  hint="buffers built without it are released when garbage-collected")
+        if self._destroyed:
+            return
+        self._executor.barrier()
+        self._executor.destroy()
+        self._destroyed = True
+
+    def _check_alive(self) -> None:
+        if getattr(self, "_destroyed", True):
+            raise InvalidArgument("self", "a live Buffer", "a destroyed Buffer")
+
+    # ----------------------------------------------------------------------------------------------
+    # streams and events (shared by every op)
+    # ----------------------------------------------------------------------------------------------
+    def _check_events(self, previous_event, async_finish, allocate_on_comm_stream) -> None:
+        if previous_event is not None and not isinstance(previous_event, (EventOverlap, EventHandle)):
+            raise InvalidArgument("previous_event", "an EventOverlap or EventHandle (or None)",
+                                  type(previous_event).__name__)
+        check_bool("async_finish", async_finish)
+        if allocate_on_comm_stream and (previous_event is None or not async_finish):
+            raise InvalidArgument("allocate_on_comm_stream", "False unless previous_event is given and async_finish=True",
+                                  True)
+
+    @staticmethod
+    def _wait_previous(previous_event) -> None:
+        if previous_event is None:
+            return
+        inner = previous_event.event if isinstance(previous_event, EventOverlap) else previous_event
+        if inner is not None:
+            inner.current_stream_wait()
+
+    @staticmethod
+    def _finish_event(async_finish: bool, tensors=()) -> EventOverlap:
+        # NOTES: the reference and host executors complete work in-stream (CPU: before returning),
+        # so the event of an async call is recorded at the end of the work on the current stream.
+        if async_finish:
+            return EventOverlap(EventHandle(), extra_tensors=tensors if tensors else None)
+        return EventOverlap(None)
+
+    # ----------------------------------------------------------------------------------------------
+    # normal mode
+    # ----------------------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event=None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (num_tokens_per_rank [R] i32, num_tokens_per_rdma_rank [N] i32 | None,
+        num_tokens_per_expert [E] i32, is_token_in_rank [T, R] bool, EventOverlap)."""
+        self._check_alive()
+        self._check_events(previous_event, async_finish, allocate_on_comm_stream)
+        check_tensor("topk_idx", topk_idx, dtypes=(topk_idx_t,), ndim=2)
+        self._check_num_experts(num_experts)
+        if topk_idx.device.type == "cpu":
+            check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
+        self._wait_previous(previous_event)
+        out = self._executor.get_dispatch_layout(topk_idx, num_experts)
+        return (*out, self._finish_event(async_finish, tuple(t for t in out if t is not None)))
+
+    def _check_num_experts(self, num_experts: int) -> int:
+        check_int("num_experts", num_experts, minimum=1)
+        if num_experts % self.group_size != 0:
+            raise InvalidArgument("num_experts", f"a multiple of the group size {self.group_size}", num_experts)
+        return num_experts
+
+    def _check_nvl_capacity(self, x: torch.Tensor, config: Config) -> None:
+        hidden_bytes = x.shape[1] * x.element_size()
+        need = config.get_nvl_buffer_size_hint(hidden_bytes, self.group_size)
+        if need > self.num_nvl_bytes:
+            raise LimitExceeded("num_nvl_bytes", f"bytes of the NVL buffer (hidden {x.shape[1]} x "
+                                f"{x.element_size()} B, {config.num_channels} channels, {self.group_size} ranks)",
+                                need, self.num_nvl_bytes,
+                                hint=f"build the Buffer with num_nvl_bytes >= {need} "
+                                     "(Config.get_nvl_buffer_size_hint)")
+        if self.topology.is_internode:
+            need_rdma = config.get_rdma_buffer_size_hint(hidden_bytes, self.group_size)
+            if need_rdma > self.num_rdma_bytes:
+                raise LimitExceeded("num_rdma_bytes", "bytes of the RDMA buffer", need_rdma, self.num_rdma_bytes)
+
+    def dispatch(self, x: Union[torch.Tensor, tuple], handle: Optional[tuple] = None,
+                 num_tokens_per_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
+                 is_token_in_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_expert: Optional[torch.Tensor] = None, topk_idx: Optional[torch.Tensor] = None,
+                 topk_weights: Optional[torch.Tensor] = None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0, config: Optional[Config] = None, previous_event=None,
+                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, EventOverlap).
+
+        ``x`` is a tensor [T, H] or an ``(fp8 [T, H], scales [T, S])`` pair (moved as is, never
+        re-quantized). With ``handle`` (cached dispatch) the routing of that earlier dispatch is
+        reused and ``(recv_x, None, None, None, None, event)`` is returned.
+        """
+        self._check_alive()
+        self._check_events(previous_event, async_finish, allocate_on_comm_stream)
+        data, scales = split_fp8_tuple("x", x)
+        if (data.shape[1] * data.element_size()) % 16 != 0:
+            raise InvalidArgument("x", "rows of a multiple of 16 bytes (hidden x element size)",
+                                  f"hidden {data.shape[1]} x {data.element_size()} B")
+        check_int("expert_alignment", expert_alignment, minimum=1)
+        check_int("num_worst_tokens", num_worst_tokens, minimum=0)
+        if config is None:
+            config = Buffer.get_dispatch_config(self.group_size)
+        elif not isinstance(config, Config):
+            raise InvalidArgument("config", "a uccl_ep.Config (or None)", type(config).__name__)
+        self._check_nvl_capacity(data, config)
+        device = data.device
+        if handle is not None:
+            self._check_handle(handle, NormalHandle, "dispatch")
+            if topk_idx is not None or topk_weights is not None:
+                raise InvalidArgument("topk_idx", "None with a cached `handle` (routing comes from the handle)",
+                                      "a tensor")
+            if num_worst_tokens:
+                raise InvalidArgument("num_worst_tokens", "0 with a cached `handle` (the handle fixes the row count)",
+                                      num_worst_tokens)
+            self._wait_previous(previous_event)
+            recv_x, recv_scales = self._executor.cached_dispatch(data, scales, handle, config)
+            recv = (recv_x, recv_scales) if scales is not None else recv_x
+            return recv, None, None, None, None, self._finish_event(async_finish, (recv_x,))
+
+        num_tokens = data.shape[0]
+        R = self.group_size
+        for name, t in (("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
+                        ("num_tokens_per_expert", num_tokens_per_expert)):
+            if t is None:
+                raise InvalidArgument(name, "a tensor from get_dispatch_layout (required without `handle`)", None)
+        check_tensor("num_tokens_per_rank", num_tokens_per_rank, dtypes=(torch.int32,), shape=(R,), device=device)
+        check_tensor("is_token_in_rank", is_token_in_rank, dtypes=(torch.bool,), shape=(num_tokens, R), device=device)
+        check_tensor("num_tokens_per_expert", num_tokens_per_expert, dtypes=(torch.int32,), ndim=1, device=device)
+        num_experts = self._check_num_experts(num_tokens_per_expert.numel())
+        if num_tokens_per_rdma_rank is not None:
+            check_tensor("num_tokens_per_rdma_rank", num_tokens_per_rdma_rank, dtypes=(torch.int32,),
+                         shape=(self.topology.num_nodes,), device=device)
+        if (topk_idx is None) != (topk_weights is None):
+            raise InvalidArgument("topk_weights" if topk_weights is None else "topk_idx",
+                                  "topk_idx and topk_weights given together or both None", "only one of them")
+        if topk_idx is not None:
+            check_tensor("topk_idx", topk_idx, dtypes=(topk_idx_t,), ndim=2, device=device)
+            if topk_idx.shape[0] != num_tokens:
+                raise InvalidArgument("topk_idx", f"{num_tokens} rows (one per token of x)", topk_idx.shape[0])
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), shape=tuple(topk_idx.shape),
+                         device=device)
+            if device.type == "cpu":
+                check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
+        elif num_worst_tokens:
+            raise InvalidArgument("topk_idx", "a tensor when num_worst_tokens > 0", None)
+        self._wait_previous(previous_event)
+        recv_x, recv_scales, recv_topk_idx, recv_topk_weights, counts, new_handle = self._executor.dispatch(
+            data, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+            expert_alignment, num_worst_tokens, config)
+        recv = (recv_x, recv_scales) if scales is not None else recv_x
+        keep = tuple(t for t in (recv_x, recv_scales, recv_topk_idx, recv_topk_weights) if t is not None)
+        return recv, recv_topk_idx, recv_topk_weights, counts, new_handle, self._finish_event(async_finish, keep)
+
+    def combine(self, x: torch.Tensor, handle: tuple, topk_weights: Optional[torch.Tensor] = None,
+                bias: Union[torch.Tensor, tuple, None] = None, config: Optional[Config] = None,
+                previous_event=None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (combined_x [T, H], combined_topk_weights [T, K] | None, EventOverlap).
+
+        Unweighted sum over the ranks that received each token (fp32 accumulation), plus the
+        optional bias (one tensor or a pair, each [T, H])."""
+        self._check_alive()
+        self._check_events(previous_event, async_finish, allocate_on_comm_stream)
+        self._check_handle(handle, NormalHandle, "combine")
+        check_tensor("x", x, dtypes=_COMBINE_DTYPES, ndim=2)
+        if config is None:
+            config = Buffer.get_combine_config(self.group_size)
+        elif not isinstance(config, Config):
+            raise InvalidArgument("config", "a uccl_ep.Config (or None)", type(config).__name__)
+        self._check_nvl_capacity(x, config)
+        if topk_weights is not None:
+            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2, device=x.device)
+        num_tokens = handle.plan.num_tokens if hasattr(handle.plan, "num_tokens") else None
+        biases = self._split_bias(bias, x, num_tokens)
+        self._wait_previous(previous_event)
+        combined, combined_w = self._executor.combine(x, handle, topk_weights, biases, config)
+        keep = tuple(t for t in (combined, combined_w) if t is not None)
+        return combined, combined_w, self._finish_event(async_finish, keep)
+
+    @staticmethod
+    def _split_bias(bias, x: torch.Tensor, num_tokens):
+        if bias is None:
+            return (None, None)
+        items = tuple(bias) if isinstance(bias, (tuple, list)) else (bias,)
+        if len(items) > 2:
+            raise InvalidArgument("bias", "a tensor or a pair of tensors", f"{len(items)} tensors")
+        for i, b in enumerate(items):
+            check_tensor(f"bias[{i}]", b, dtypes=(x.dtype,), shape=(num_tokens, x.shape[1]), device=x.device)
+        return (items + (None, None))[:2]
+
+    def _check_handle(self, handle: Any, kind: type, op: str) -> None:
+        if not isinstance(handle, (NormalHandle,)) and not hasattr(handle, "owner"):
+            raise InvalidArgument("handle", f"a handle returned by this Buffer's "
+                                  f"{'dispatch' if kind is NormalHandle else 'low_latency_dispatch'}",
+                                  type(handle).__name__)
+        if not isinstance(handle, kind):
+            raise InvalidArgument("handle", f"a {'normal' if kind is NormalHandle else 'low-latency'} handle for {op}",
+                                  f"a {getattr(handle, 'kind', type(handle).__name__)} handle",
+                                  hint="normal and low-latency handles are not interchangeable")
+        if handle.owner is not self:
+            raise InvalidArgument("handle", "a handle made by this Buffer", "a handle from another Buffer")

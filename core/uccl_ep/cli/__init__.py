@@ -1,0 +1,1 @@
+"""Command line tools of uccl-ep (`uccl-ep bench | doctor | launch`)."""

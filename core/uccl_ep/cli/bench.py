@@ -1,0 +1,163 @@
+"""`uccl-ep bench`: spawn local ranks (every GPU, else 2 CPU ranks), run normal (HT) and
+low-latency (LL) dispatch + combine, verify every result, and print a table against an
+all-to-all baseline measured in the same run.
+
+Other benchmarks register as `uccl-ep bench <what>` (e.g. `fifo`, `transport`) through
+`BENCH_TARGETS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+__all__ = ["add_parser", "run", "BENCH_TARGETS"]
+
+# name -> (module, description); each module defines add_arguments(parser) and run(args) -> int.
+BENCH_TARGETS: dict[str, tuple[str, str]] = {
+    "ep": ("uccl_ep.cli.bench", "dispatch/combine, normal and low-latency (default)"),
+    "fifo": ("uccl_ep.bench.fifo", "GPU/host -> proxy command queue throughput"),
+    "transport": ("uccl_ep.bench.transport", "transport write-with-immediate rate and bandwidth"),
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark dispatch/combine on local ranks (GPU if present, else CPU)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="?", default="ep", choices=sorted(BENCH_TARGETS),
+                   help="what to benchmark: " + "; ".join(f"{k}: {v[1]}" for k, v in BENCH_TARGETS.items()))
+    p.add_argument("--backend", default="auto", choices=["auto", "reference", "host", "cuda"])
+    p.add_argument("--mode", default="both", choices=["ht", "ll", "both"], help="normal (ht), low-latency (ll) or both")
+    p.add_argument("--ranks", type=int, default=0, help="local ranks (default: every GPU, or 2 on CPU)")
+    p.add_argument("--cpu", action="store_true", help="run on CPU even if GPUs are present")
+    p.add_argument("--num-tokens", type=int, default=0, help="tokens per rank (default: HT 4096 / LL 128 on GPU)")
+    p.add_argument("--hidden", type=int, default=0, help="hidden size (default 7168 on GPU, 2048 on CPU)")
+    p.add_argument("--num-topk", type=int, default=8)
+    p.add_argument("--num-experts", type=int, default=0, help="experts (default: HT 256 / LL 288 on GPU)")
+    p.add_argument("--num-sms", type=int, default=24, help="SMs for normal-mode kernels")
+    p.add_argument("--iters", type=int, default=0, help="timed iterations (default 20 GPU / 5 CPU)")
+    p.add_argument("--warmup", type=int, default=-1)
+    p.add_argument("--no-check", action="store_true", help="skip result verification")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before the run is declared hung")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON ('-' for stdout)")
+    p.set_defaults(func=run)
+    for name, (module_name, _) in BENCH_TARGETS.items():
+        if name == "ep":
+            continue
+        try:
+            module = __import__(module_name, fromlist=["add_arguments"])
+            module.add_arguments(p)
+        except ModuleNotFoundError:
+            pass
+
+
+def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
+    from ..bench.ep import BenchSpec, spec_to_dict
+    spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
+                     check=not args.no_check, seed=args.seed)
+    if on_gpu:
+        spec.iters, spec.warmup = 20, 5
+    else:
+        # Small enough that two CPU ranks finish in well under a minute.
+        spec.ht_tokens, spec.ll_tokens, spec.hidden = 512, 64, 2048
+        spec.ht_experts, spec.ll_experts, spec.iters, spec.warmup = 64, 64, 5, 1
+    if args.num_tokens:
+        spec.ht_tokens = spec.ll_tokens = args.num_tokens
+    if args.hidden:
+        spec.hidden = args.hidden
+    if args.num_experts:
+        spec.ht_experts = spec.ll_experts = args.num_experts
+    if args.iters:
+        spec.iters = args.iters
+    if args.warmup >= 0:
+        spec.warmup = args.warmup
+    return spec_to_dict(spec)
+
+
+def _print_table(rows: list[dict[str, Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=title)
+    for col, justify in (("mode", "left"), ("op", "left"), ("dtype", "left"), ("backend", "left"), ("ranks", "right"),
+                         ("tokens", "right"), ("hidden", "right"), ("topk", "right"), ("experts", "right"),
+                         ("time µs", "right"), ("GB/s", "right"), ("baseline", "left"), ("base µs", "right"),
+                         ("base GB/s", "right"), ("vs base", "right"), ("verified", "left")):
+        table.add_column(col, justify=justify)
+    for r in rows:
+        table.add_row(r["mode"], r["op"], r["dtype"], r["backend"], str(r["ranks"]), str(r["tokens"]), str(r["hidden"]),
+                      str(r["topk"]), str(r["experts"]), f"{r['time_s'] * 1e6:.1f}", f"{r['gbps']:.2f}",
+                      r.get("baseline", ""), f"{r.get('baseline_s', 0) * 1e6:.1f}", f"{r.get('baseline_gbps', 0):.2f}",
+                      f"{r.get('ratio', 0):.2f}x", r["verified"])
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # logs and CI: never truncate the table
+    console.print(table)
+
+
+def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[dict[str, Any]]:
+    """Average times over ranks (bytes are per rank, so GB/s is per rank too, as in DeepEP)."""
+    merged = []
+    for i, row in enumerate(per_rank[0]):
+        same = [rows[i] for rows in per_rank]
+        out = dict(row)
+        for key in ("time_s", "baseline_s", "bytes"):
+            if key in row:
+                out[key] = sum(r[key] for r in same) / len(same)
+        out["gbps"] = out["bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0
+        if out.get("baseline_s"):
+            out["baseline_gbps"] = out["bytes"] / 1e9 / out["baseline_s"]
+            out["ratio"] = out["baseline_s"] / out["time_s"]
+        out["baseline"] = baseline
+        out["verified"] = "ok" if all(r["verified"] == "ok" for r in same) else same[0]["verified"]
+        merged.append(out)
+    return merged
+
+
+def run(args) -> int:
+    if args.what != "ep":
+        module = __import__(BENCH_TARGETS[args.what][0], fromlist=["run"])
+        return int(module.run(args) or 0)
+    import torch
+    import torch.multiprocessing as mp
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..bench.ep import run_rank
+    from ..spawn import run_ranks
+
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0 and not args.cpu
+    ranks = args.ranks or (torch.cuda.device_count() if on_gpu else 2)
+    if on_gpu and ranks > torch.cuda.device_count():
+        print(f"uccl-ep bench: --ranks {ranks} > {torch.cuda.device_count()} GPUs", file=sys.stderr)
+        return 2
+    if ranks < 1:
+        print("uccl-ep bench: --ranks must be >= 1", file=sys.stderr)
+        return 2
+    spec = _spec_from_args(args, on_gpu)
+    baseline = "nccl a2a" if on_gpu else "gloo a2a"
+    queue = mp.get_context("spawn").Queue()
+    with Progress(SpinnerColumn(), TextColumn("[bold]uccl-ep bench[/] {task.description}"), TimeElapsedColumn(),
+                  transient=True) as progress:
+        task = progress.add_task(f"starting {ranks} {'GPU' if on_gpu else 'CPU'} ranks", total=None)
+
+        def drain() -> None:
+            while not queue.empty():
+                progress.update(task, description=queue.get_nowait())
+
+        per_rank = run_ranks(run_rank, ranks, spec, queue, timeout_s=args.timeout,
+                             backend="nccl" if on_gpu else "gloo", on_idle=drain,
+                             pg_timeout_s=min(args.timeout, 600.0))
+    rows = _merge_ranks(per_rank, baseline)
+    device = torch.cuda.get_device_name(0) if on_gpu else "CPU"
+    _print_table(rows, f"uccl-ep bench: {ranks} x {device}, DeepEP byte formulas, per-rank GB/s")
+    if args.json:
+        text = json.dumps({"device": device, "ranks": ranks, "spec": spec, "rows": rows}, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    bad = [r for r in rows if r["verified"] not in ("ok", "skipped")]
+    return 1 if bad else 0

@@ -1,0 +1,176 @@
+"""The one registry of environment variables read by uccl_ep.
+
+Rules (see docs/env.md, generated from this file by ``python -m uccl_ep.env``):
+- every variable uccl_ep reads is declared here, typed, with its default and meaning;
+- values are parsed by typed parsers that reject bad input with ``InvalidArgument`` naming the
+  variable (no silent ``atoi``-style zero);
+- uccl_ep never writes ``os.environ``;
+- an env var only overrides a default: every knob is also a constructor/CLI argument.
+
+Usage::
+
+    from uccl_ep import env
+    env.get("UCCL_EP_TIMEOUT_S")        # typed value (env value or default)
+    env.is_set("UCCL_EP_BACKEND")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import InvalidArgument
+
+__all__ = ["Var", "REGISTRY", "get", "is_set", "snapshot", "render_markdown"]
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    kind: str  # "bool" | "int" | "float" | "str" | "choice"
+    default: Any
+    doc: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    used_by: str = ""
+
+    def parse(self, raw: str) -> Any:
+        text = raw.strip()
+        if self.kind == "bool":
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off", ""):
+                return False
+            raise InvalidArgument(self.name, "a boolean (1/0, true/false, yes/no, on/off)", repr(raw))
+        if self.kind == "int":
+            try:
+                value: Any = int(text, 0)
+            except ValueError:
+                raise InvalidArgument(self.name, "an integer", repr(raw)) from None
+        elif self.kind == "float":
+            try:
+                value = float(text)
+            except ValueError:
+                raise InvalidArgument(self.name, "a number", repr(raw)) from None
+        elif self.kind == "choice":
+            if text not in self.choices:
+                raise InvalidArgument(self.name, f"one of {', '.join(self.choices)}", repr(raw))
+            return text
+        else:
+            return text
+        if self.minimum is not None and value < self.minimum:
+            raise InvalidArgument(self.name, f"a value >= {self.minimum}", repr(raw))
+        return value
+
+
+_VARS: list[Var] = [
+    Var("UCCL_EP_BACKEND", "choice", "auto",
+        "Executor behind `uccl_ep.Buffer` when the constructor says `backend=\"auto\"`: "
+        "`reference` (pure torch over torch.distributed), `host` (CPU threads through the proxy), "
+        "`cuda` (GPU kernels). `auto` picks the fastest one available for the tensors' device.",
+        choices=("auto", "reference", "host", "cuda"), used_by="Buffer"),
+    Var("UCCL_EP_TIMEOUT_S", "float", 100.0,
+        "Bound of every host-side wait (CPU spin on counters, proxy drain, bootstrap); on expiry "
+        "a `uccl_ep.errors.Timeout` names rank, peer and phase. Constructor argument `timeout_s`.",
+        minimum=0.001, used_by="Buffer, proxy, bootstrap"),
+    Var("UCCL_EP_GPU_TIMEOUT_S", "float", 100.0,
+        "Bound of every device-side spin; the kernel writes an error word and exits, the host "
+        "raises `Timeout`. Constructor argument `gpu_timeout_s`.",
+        minimum=0.001, used_by="CUDA kernels"),
+    Var("UCCL_EP_RANKS_PER_NODE", "int", 0,
+        "Ranks per node (NVLink domain) in the group. 0 = detect from host names. Lets 2 GPUs of "
+        "one host act as 2 nodes (set 1) to run the internode protocol through the proxy.",
+        minimum=0, used_by="Buffer topology"),
+    Var("UCCL_EP_NUM_PROXY_THREADS", "int", 4,
+        "CPU proxy threads per local rank; thread i talks only to thread i of each peer.",
+        minimum=1, used_by="proxy"),
+    Var("UCCL_EP_TRANSPORT", "choice", "auto",
+        "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
+        "(in-process, tests). `auto` = ipc for same-host GPU peers, fabric otherwise.",
+        choices=("auto", "fabric", "ipc", "loop"), used_by="proxy"),
+    Var("UCCL_EP_FABRIC_PROVIDER", "str", "",
+        "libfabric provider for the `fabric` transport, e.g. `efa`, `verbs;ofi_rxm`, "
+        "`tcp;ofi_rxm`. Empty = first available of efa, verbs;ofi_rxm, tcp;ofi_rxm.",
+        used_by="fabric transport"),
+    Var("UCCL_EP_MAX_INFLIGHT", "int", 256,
+        "Most transfers one proxy thread keeps in flight per peer (back-pressure for NICs with "
+        "small queues, e.g. Thor-2 and Pollara want 16-64).",
+        minimum=1, used_by="proxy"),
+    Var("UCCL_EP_FORCE_PROXY", "bool", False,
+        "Send same-host GPU peers' traffic through the CPU proxy instead of NVLink stores, so the "
+        "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",
+        used_by="CUDA kernels"),
+    Var("UCCL_EP_JIT_CACHE_DIR", "str", "~/.cache/uccl_ep/jit",
+        "Where JIT-compiled kernels are cached (keyed by a hash of sources, headers, flags, arch "
+        "and nvcc version; published by atomic rename, safe on shared file systems).",
+        used_by="JIT"),
+    Var("UCCL_EP_CUDA_ARCH", "str", "",
+        "Target arch for the JIT, e.g. `sm_90a`, `sm_100a`. Empty = the current device's.",
+        used_by="JIT"),
+    Var("UCCL_EP_NVCC", "str", "",
+        "Path of nvcc. Empty = `$CUDA_HOME/bin/nvcc`, then `nvcc` on PATH, then the "
+        "`nvidia-cuda-nvcc` pip package.", used_by="JIT"),
+    Var("UCCL_EP_JOB_TOKEN", "str", "",
+        "Per-job secret checked at bootstrap; a peer with another token is refused. Empty = "
+        "derived from the process group's store at Buffer construction.", used_by="bootstrap"),
+    Var("UCCL_EP_LOG_LEVEL", "choice", "warning",
+        "Log level of the `uccl_ep` logger.",
+        choices=("debug", "info", "warning", "error"), used_by="logging"),
+]
+
+REGISTRY: Mapping[str, Var] = {v.name: v for v in _VARS}
+
+
+def _lookup(name: str) -> Var:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InvalidArgument("name", f"a registered uccl_ep env var ({', '.join(REGISTRY)})", repr(name)) from None
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    _lookup(name)
+    return name in (os.environ if environ is None else environ)
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """Typed value of ``name``: parsed from the environment if set, else the default.
+
+    Read at call time (not cached) so tests and launchers that set variables before building a
+    Buffer see their values; parsing is cheap and never on a per-token path.
+    """
+    var = _lookup(name)
+    source = os.environ if environ is None else environ
+    raw = source.get(name)
+    if raw is None:
+        return var.default
+    return var.parse(raw)
+
+
+def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """All registered variables with their effective values (for `uccl-ep doctor` and logs)."""
+    return {name: get(name, environ) for name in REGISTRY}
+
+
+def render_markdown() -> str:
+    lines = [
+        "# Environment variables",
+        "",
+        "Generated from `core/uccl_ep/env.py` (`python -m uccl_ep.env > docs/env.md`); a test keeps",
+        "the two identical. uccl_ep reads only these variables and never writes the environment.",
+        "Each one overrides a default; the same knob is also a constructor or CLI argument.",
+        "",
+        "| variable | type | default | used by | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for v in _VARS:
+        kind = v.kind if v.kind != "choice" else " \\| ".join(v.choices)
+        default = "(empty)" if v.default == "" else f"`{v.default}`"
+        lines.append(f"| `{v.name}` | {kind} | {default} | {v.used_by} | {v.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render_markdown(), end="")

@@ -1,0 +1,214 @@
+"""Reference low-latency mode: per-expert dispatch into padded slabs, weighted combine.
+
+Semantics (shared/reference/deepep-api.md §1.8-1.9):
+- dispatch sends one message per (token, selected expert) to the expert's rank; the receiver's
+  slab for local expert e holds, in rows [0, recv_count[e]), one contiguous segment per source
+  rank; ``layout_range[e][j] = (begin << 32) | count``; ``src_info`` holds the source token index.
+  The reference orders segments by source rank and rows in a segment by token index (kernels
+  may order both differently: compare per (expert, source) segment, sorted by ``src_info``);
+- FP8 is DeepEP's in-kernel per-128-channel cast (``refs.fp8``), scales column-major;
+- combine: ``out[t] = sum_k w[t,k] * y[expert(t,k)][slot(t,k)]``, k ascending, fp32, cast to
+  BF16; -1 ids and masked ranks are skipped; no bias.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidArgument, PeerProtocolError
+from ..handles import LowLatencyHandle
+from .comm import GroupComm
+from .fp8 import pack_ue8m0, per_token_cast_to_fp8
+from .packing import pack_rows, unpack_rows
+
+__all__ = ["LowLatencyPlan", "dispatch", "combine"]
+
+
+@dataclass
+class LowLatencyPlan:
+    num_tokens: int              # tokens this rank dispatched (T <= num_max)
+    num_max: int
+    hidden: int
+    num_experts: int
+    recv_count: torch.Tensor     # [E_loc] int32 (on CPU)
+    masked_at_dispatch: tuple[int, ...]
+
+
+def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Tensor, num_max: int, num_experts: int,
+             use_fp8: bool, round_scale: bool, use_ue8m0: bool, masked: set[int],
+             cumulative_local_expert_recv_stats: torch.Tensor | None,
+             dispatch_wait_recv_cost_stats: torch.Tensor | None):
+    """Returns (recv_x or (recv_x_fp8, scales), recv_count, handle, finish) where ``finish()``
+    writes the received data into the outputs (run at once, or by the recv hook)."""
+    device = x.device
+    me, num_ranks = comm.rank, comm.size
+    num_tokens, hidden = x.shape
+    num_local = num_experts // num_ranks
+    slab_rows = num_ranks * num_max
+
+    if use_fp8:
+        q, scale_inv = per_token_cast_to_fp8(x, round_scale=round_scale)
+        payload_cols = [q, scale_inv]
+    else:
+        payload_cols = [x]
+
+    # Selections per destination, ordered by (local expert, token): token t, local expert e.
+    tok = torch.arange(num_tokens, device=device).view(-1, 1).expand_as(topk_idx)
+    valid = topk_idx >= 0
+    per_dest = []
+    for r in range(num_ranks):
+        if r in masked:
+            sel_t = torch.zeros(0, dtype=torch.int64, device=device)
+            sel_e = sel_t
+        else:
+            m = valid & (topk_idx // num_local == r)
+            sel_e = (topk_idx[m] - r * num_local).long()
+            sel_t = tok[m].long()
+            order = torch.argsort(sel_e * max(num_tokens, 1) + sel_t, stable=True)
+            sel_e, sel_t = sel_e[order], sel_t[order]
+        header = torch.stack([sel_e.to(torch.int32), sel_t.to(torch.int32),
+                              torch.full_like(sel_t, num_max, dtype=torch.int32)], 1)
+        per_dest.append(pack_rows([header] + [c[sel_t] for c in payload_cols]))
+    t0 = time.perf_counter_ns()
+    received = comm.exchange_rows(per_dest, device)
+    waited_ns = time.perf_counter_ns() - t0
+
+    specs = [(torch.int32, (3,))] + [(c.dtype, tuple(c.shape[1:])) for c in payload_cols]
+    decoded = [unpack_rows(blob, specs, blob.shape[0]) for blob in received]
+    for j, parts in enumerate(decoded):
+        if parts[0].shape[0] and int(parts[0][0, 2]) != num_max:
+            raise InvalidArgument("num_max_dispatch_tokens_per_rank", f"the same value on every rank (rank {me} has {num_max})",
+                                  f"{int(parts[0][0, 2])} on rank {j}")
+
+    # Outputs (allocated now; filled by finish()).
+    if use_fp8:
+        recv_x = torch.zeros(num_local, slab_rows, hidden, dtype=torch.float8_e4m3fn, device=device)
+        if use_ue8m0:
+            scales_alloc = torch.zeros(num_local, hidden // 512, slab_rows, dtype=torch.int32, device=device)
+        else:
+            scales_alloc = torch.zeros(num_local, hidden // 128, slab_rows, dtype=torch.float32, device=device)
+        recv_scales = scales_alloc.transpose(1, 2)  # column-major in the last two dims
+    else:
+        recv_x = torch.zeros(num_local, slab_rows, hidden, dtype=torch.bfloat16, device=device)
+        recv_scales = None
+    recv_count = torch.zeros(num_local, dtype=torch.int32, device=device)
+    src_info = torch.full((num_local, slab_rows), -1, dtype=torch.int32, device=device)
+    layout_range = torch.zeros(num_local, num_ranks, dtype=torch.int64, device=device)
+
+    def finish() -> None:
+        fill = torch.zeros(num_local, dtype=torch.int64)
+        for j in range(num_ranks):
+            parts = decoded[j]
+            header = parts[0]
+            if j in masked or header.shape[0] == 0:
+                continue
+            exp_ids = header[:, 0].long()
+            for e in torch.unique(exp_ids).tolist():
+                rows = torch.nonzero(exp_ids == e).flatten()
+                n = rows.numel()
+                begin = int(fill[e])
+                src_info[e, begin:begin + n] = header[rows, 1]
+                if use_fp8:
+                    recv_x[e, begin:begin + n] = parts[1][rows]
+                    scales = parts[2][rows]
+                    recv_scales[e, begin:begin + n] = pack_ue8m0(scales) if use_ue8m0 else scales
+                else:
+                    recv_x[e, begin:begin + n] = parts[1][rows]
+                layout_range[e, j] = (begin << 32) | n
+                fill[e] += n
+        recv_count.copy_(fill.to(torch.int32))
+        if cumulative_local_expert_recv_stats is not None:
+            cumulative_local_expert_recv_stats.add_(recv_count.to(cumulative_local_expert_recv_stats.device))
+        if dispatch_wait_recv_cost_stats is not None:
+            cost = torch.full((num_ranks,), waited_ns, dtype=torch.int64)
+            for j in masked:
+                cost[j] = 0
+            dispatch_wait_recv_cost_stats.add_(cost.to(dispatch_wait_recv_cost_stats.device))
+
+    plan = LowLatencyPlan(num_tokens=num_tokens, num_max=num_max, hidden=hidden, num_experts=num_experts,
+                          recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
+    handle = LowLatencyHandle((src_info, layout_range, num_max, hidden, num_experts), owner, plan)
+    out_x = (recv_x, recv_scales) if use_fp8 else recv_x
+    return out_x, recv_count, handle, finish
+
+
+def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+            handle: LowLatencyHandle, masked: set[int], out: torch.Tensor | None,
+            combine_wait_recv_cost_stats: torch.Tensor | None):
+    """Returns (combined_x, finish) where ``finish()`` computes the weighted sum into the output."""
+    device = y.device
+    me, num_ranks = comm.rank, comm.size
+    src_info, layout_range, num_max, hidden, num_experts = handle
+    num_local = num_experts // num_ranks
+    num_tokens = topk_idx.shape[0]
+
+    # Expert side: send each source rank its rows back, tagged with (global expert, token).
+    per_dest = []
+    for j in range(num_ranks):
+        if j in masked:
+            per_dest.append(pack_rows([torch.zeros(0, 2, dtype=torch.int32, device=device),
+                                       torch.zeros(0, hidden, dtype=y.dtype, device=device)]))
+            continue
+        tags, rows = [], []
+        for e in range(num_local):
+            packed = int(layout_range[e, j])
+            begin, count = packed >> 32, packed & 0xFFFFFFFF
+            if count == 0:
+                continue
+            tags.append(torch.stack([torch.full((count,), me * num_local + e, dtype=torch.int32, device=device),
+                                     src_info[e, begin:begin + count].to(torch.int32)], 1))
+            rows.append(y[e, begin:begin + count])
+        tag = torch.cat(tags) if tags else torch.zeros(0, 2, dtype=torch.int32, device=device)
+        row = torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=y.dtype, device=device)
+        per_dest.append(pack_rows([tag, row]))
+    t0 = time.perf_counter_ns()
+    received = comm.exchange_rows(per_dest, device)
+    waited_ns = time.perf_counter_ns() - t0
+    specs = [(torch.int32, (2,)), (y.dtype, (hidden,))]
+    decoded = [unpack_rows(blob, specs, blob.shape[0]) for blob in received]
+
+    result = out if out is not None else torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+
+    def finish() -> None:
+        # Map (global expert, token) -> received row.
+        keys, values = [], []
+        for j, (tag, rows) in enumerate(decoded):
+            if j in masked or tag.shape[0] == 0:
+                continue
+            keys.append(tag[:, 0].long() * max(num_tokens, 1) + tag[:, 1].long())
+            values.append(rows)
+        acc = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=device)
+        if keys:
+            all_keys = torch.cat(keys)
+            all_rows = torch.cat(values)
+            order = torch.argsort(all_keys)
+            sorted_keys = all_keys[order]
+            for k in range(topk_idx.shape[1]):
+                ids = topk_idx[:, k].long()
+                use = ids >= 0
+                if masked:
+                    owner_rank = torch.where(use, ids // num_local, torch.zeros_like(ids))
+                    for mr in masked:
+                        use &= owner_rank != mr
+                want = ids * max(num_tokens, 1) + torch.arange(num_tokens, device=device)
+                pos = torch.searchsorted(sorted_keys, want.clamp_min(0))
+                pos = pos.clamp_max(max(sorted_keys.numel() - 1, 0))
+                found = use & (sorted_keys[pos] == want)
+                if bool((use & ~found).any()):
+                    t_missing = int(torch.nonzero(use & ~found).flatten()[0])
+                    raise PeerProtocolError(
+                        f"rank {me}: low_latency_combine got no row for token {t_missing}, expert "
+                        f"{int(ids[t_missing])}; the expert outputs or topk_idx differ from the dispatch that made `handle`")
+                contrib = all_rows[order[pos]].float() * topk_weights[:, k].float().view(-1, 1)
+                acc = torch.where(found.view(-1, 1), acc + contrib, acc)
+        result.copy_(acc.to(result.dtype))
+        if combine_wait_recv_cost_stats is not None:
+            cost = torch.full((num_ranks,), waited_ns, dtype=torch.int64)
+            for j in masked:
+                cost[j] = 0
+            combine_wait_recv_cost_stats.add_(cost.to(combine_wait_recv_cost_stats.device))
+
+    return result, finish
