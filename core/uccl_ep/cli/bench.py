@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the run is declared hung")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON ('-' for stdout)")
+    p.add_argument("--dist", default="auto", choices=["auto", "spawn", "env"],
+                   help="spawn local ranks, or join a job launched by torchrun/srun (env: RANK, WORLD_SIZE, "
+                        "MASTER_ADDR, MASTER_PORT; LOCAL_RANK picks the GPU). auto = env when those are set")
     p.set_defaults(func=run)
     for name, (module_name, _) in BENCH_TARGETS.items():
         if name == "ep":
@@ -116,10 +119,63 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
     return merged
 
 
+def _launched_by_env() -> bool:
+    import os
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _report(rows: list[dict[str, Any]], device: str, ranks: int, spec: dict, json_path: str | None,
+            where: str) -> int:
+    _print_table(rows, f"uccl-ep bench: {ranks} x {device}{where}, DeepEP byte formulas, per-rank GB/s")
+    if json_path:
+        text = json.dumps({"device": device, "ranks": ranks, "spec": spec, "rows": rows}, indent=2)
+        if json_path == "-":
+            print(text)
+        else:
+            with open(json_path, "w") as f:
+                f.write(text + "\n")
+    bad = [r for r in rows if r["verified"] not in ("ok", "skipped")]
+    return 1 if bad else 0
+
+
+def _run_in_job(args) -> int:
+    """One rank of a job started by torchrun / srun / the Ray launcher."""
+    import datetime
+    import os
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from ..bench.ep import run_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0 and not args.cpu
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=min(args.timeout, 600.0)))
+    try:
+        spec = _spec_from_args(args, on_gpu)
+        rows = run_rank(rank, world, spec, None)
+        per_rank: list = [None] * world
+        dist.all_gather_object(per_rank, (socket.gethostname(), rows))
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    hosts = sorted({h for h, _ in per_rank})
+    merged = _merge_ranks([r for _, r in per_rank], "nccl a2a" if on_gpu else "gloo a2a")
+    device = torch.cuda.get_device_name(0) if on_gpu else "CPU"
+    return _report(merged, device, world, spec, args.json, f" on {len(hosts)} host(s) {','.join(hosts)}")
+
+
 def run(args) -> int:
     if args.what != "ep":
         module = __import__(BENCH_TARGETS[args.what][0], fromlist=["run"])
         return int(module.run(args) or 0)
+    if args.dist == "env" or (args.dist == "auto" and _launched_by_env()):
+        return _run_in_job(args)
     import torch
     import torch.multiprocessing as mp
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -151,13 +207,4 @@ def run(args) -> int:
                              pg_timeout_s=min(args.timeout, 600.0))
     rows = _merge_ranks(per_rank, baseline)
     device = torch.cuda.get_device_name(0) if on_gpu else "CPU"
-    _print_table(rows, f"uccl-ep bench: {ranks} x {device}, DeepEP byte formulas, per-rank GB/s")
-    if args.json:
-        text = json.dumps({"device": device, "ranks": ranks, "spec": spec, "rows": rows}, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    bad = [r for r in rows if r["verified"] not in ("ok", "skipped")]
-    return 1 if bad else 0
+    return _report(rows, device, ranks, spec, args.json, "")
