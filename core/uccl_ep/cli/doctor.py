@@ -1,0 +1,206 @@
+"""`uccl-ep doctor`: what this machine has (GPUs, NVLink, libfabric providers, RDMA devices,
+compilers, framework plugins) and what that means for uccl-ep. It never initializes a GPU
+context beyond what torch's device queries do, and never fails: a missing piece is reported."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+from typing import Any
+
+__all__ = ["add_parser", "run", "collect"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="report what this machine has and what it means for uccl-ep")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.set_defaults(func=run)
+
+
+def _cmd(argv: list[str], timeout: float = 10.0) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return out.stdout if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _gpus() -> dict[str, Any]:
+    info: dict[str, Any] = {"count": 0, "devices": [], "peer_access": None}
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return info
+        n = torch.cuda.device_count()
+        info["count"] = n
+        for i in range(n):
+            p = torch.cuda.get_device_properties(i)
+            info["devices"].append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                                    "sms": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1)})
+        info["peer_access"] = [[i == j or torch.cuda.can_device_access_peer(i, j) for j in range(n)] for i in range(n)]
+        topo = _cmd(["nvidia-smi", "topo", "-m"])
+        info["nvlink"] = bool(topo and "NV" in topo)
+    except Exception as e:  # noqa: BLE001 - doctor reports, never fails
+        info["error"] = str(e)
+    return info
+
+
+def _libfabric() -> dict[str, Any]:
+    from .. import _C
+    probe = dict(_C.probe_library("fabric"))
+    providers = []
+    listing = _cmd(["fi_info", "-l"])
+    if listing:
+        providers = [line.strip().rstrip(":") for line in listing.splitlines() if line.strip().endswith(":")]
+    probe["providers"] = providers
+    return probe
+
+
+def _rdma_devices() -> list[str]:
+    return sorted(os.path.basename(p) for p in glob.glob("/sys/class/infiniband/*"))
+
+
+def _compilers() -> dict[str, Any]:
+    from .. import env
+    found: dict[str, Any] = {}
+    candidates = []
+    if env.get("UCCL_EP_NVCC"):
+        candidates.append(env.get("UCCL_EP_NVCC"))
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"))
+    if shutil.which("nvcc"):
+        candidates.append(shutil.which("nvcc"))
+    try:
+        import nvidia.cuda_nvcc as pkg  # type: ignore
+        for base in getattr(pkg, "__path__", []):
+            candidates.append(os.path.join(base, "bin", "nvcc"))
+    except ImportError:
+        pass
+    nvcc = next((c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)), None)
+    found["nvcc"] = nvcc
+    if nvcc:
+        out = _cmd([nvcc, "--version"])
+        found["nvcc_version"] = out.strip().splitlines()[-1] if out else None
+    found["hipcc"] = shutil.which("hipcc")
+    return found
+
+
+def _plugins() -> dict[str, Any]:
+    from importlib import metadata
+    result: dict[str, Any] = {}
+    for group, label in (("sglang.srt.plugins", "sglang"), ("vllm.general_plugins", "vllm")):
+        try:
+            eps = metadata.entry_points(group=group)
+        except Exception:  # noqa: BLE001
+            eps = []
+        ours = [f"{ep.name} = {ep.value}" for ep in eps if "uccl" in ep.value or "uccl" in ep.name]
+        result[label] = {"entry_points": ours}
+    for label, module in (("sglang", "uccl_ep_sglang"), ("vllm", "uccl_ep_vllm"), ("megatron", "uccl_ep_megatron")):
+        entry = result.setdefault(label, {})
+        try:
+            mod = __import__(module)
+            status = getattr(mod, "plugin_status", None)
+            entry["status"] = status() if callable(status) else {"installed": True}
+        except ImportError:
+            entry.setdefault("status", {"installed": False})
+        except Exception as e:  # noqa: BLE001
+            entry["status"] = {"installed": True, "error": str(e)}
+    return result
+
+
+def collect() -> dict[str, Any]:
+    from .. import __version__, _C, env
+    from ..backends import _REGISTRY
+    report: dict[str, Any] = {"uccl_ep": {"version": __version__, "build": dict(_C.build_info())}}
+    try:
+        import torch
+        report["torch"] = torch.__version__
+    except ImportError:
+        report["torch"] = None
+    report["cuda_driver"] = dict(_C.probe_library("cuda"))
+    report["hip_runtime"] = dict(_C.probe_library("hip"))
+    report["gpus"] = _gpus()
+    report["libfabric"] = _libfabric()
+    report["rdma_devices"] = _rdma_devices()
+    report["compilers"] = _compilers()
+    report["backends_registered"] = sorted(_REGISTRY)
+    report["plugins"] = _plugins()
+    report["env_set"] = {k: v for k, v in env.snapshot().items() if env.is_set(k)}
+    report["verdict"] = _verdict(report)
+    return report
+
+
+def _verdict(r: dict[str, Any]) -> list[str]:
+    lines = []
+    gpus = r["gpus"]["count"]
+    if gpus == 0:
+        lines.append("No CUDA GPU: Buffers run CPU tensors on the host executor (or the reference); good for "
+                     "tests and CI, not for serving.")
+    else:
+        lines.append(f"{gpus} CUDA GPU(s): the cuda backend runs kernels (JIT-compiled on first use).")
+        if gpus > 1:
+            full = all(all(row) for row in (r["gpus"]["peer_access"] or [[False]]))
+            lines.append("Peer access between all GPUs: intranode traffic goes over NVLink/P2P stores." if full else
+                         "Not every GPU pair has peer access: those pairs go through the proxy.")
+        if not r["compilers"]["nvcc"]:
+            lines.append("No nvcc found: install it with `pip install nvidia-cuda-nvcc` (or set UCCL_EP_NVCC / "
+                         "CUDA_HOME) before the first GPU call.")
+    rdma = r["rdma_devices"]
+    fab = r["libfabric"]
+    if not fab.get("loadable"):
+        lines.append("libfabric is not loadable: multi-node traffic needs it (apt install libfabric1, or the AWS "
+                     "EFA installer on EFA hosts).")
+    else:
+        provs = fab.get("providers") or []
+        if any(d.startswith("efa") or "efa" in d for d in rdma) or "efa" in provs:
+            lines.append("EFA present: the proxy uses libfabric's efa provider (SRD, unordered: uccl-ep orders it).")
+        elif rdma:
+            lines.append(f"RDMA devices {', '.join(rdma)}: the proxy uses libfabric verbs;ofi_rxm (set the GID index "
+                         "for RoCE, see docs/nic-tuning.md).")
+        else:
+            lines.append("No RDMA NIC: multi-node traffic falls back to libfabric tcp;ofi_rxm (functional, slow).")
+    return lines
+
+
+def run(args) -> int:
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    table = Table(title=f"uccl-ep doctor (uccl_ep {report['uccl_ep']['version']}, torch {report['torch']})",
+                  show_header=False)
+    table.add_column("item", style="bold")
+    table.add_column("finding")
+    g = report["gpus"]
+    table.add_row("GPUs", ", ".join(f"{d['index']}: {d['name']} (sm_{d['capability'].replace('.', '')}, "
+                                    f"{d['sms']} SMs)" for d in g["devices"]) or "none")
+    if g.get("peer_access") is not None:
+        table.add_row("peer access / NVLink", f"{g['peer_access']} / nvlink={g.get('nvlink')}")
+    drv = report["cuda_driver"]
+    table.add_row("CUDA driver", f"{drv['path']} {drv['version']}" if drv["loadable"] else "not loadable")
+    hip = report["hip_runtime"]
+    table.add_row("HIP runtime", hip["path"] if hip["loadable"] else "not loadable")
+    fab = report["libfabric"]
+    table.add_row("libfabric", f"{fab['path']} {fab['version']}; providers: {', '.join(fab['providers']) or '?'}"
+                  if fab["loadable"] else f"not loadable ({fab['error']})")
+    table.add_row("RDMA devices", ", ".join(report["rdma_devices"]) or "none")
+    c = report["compilers"]
+    table.add_row("nvcc", f"{c['nvcc']} ({c.get('nvcc_version')})" if c["nvcc"] else "not found")
+    table.add_row("hipcc", c["hipcc"] or "not found")
+    table.add_row("backends", ", ".join(report["backends_registered"]))
+    for name, p in report["plugins"].items():
+        table.add_row(f"{name} plugin", f"{p.get('status')}; entry points: {p.get('entry_points') or 'none'}")
+    table.add_row("env (set)", ", ".join(f"{k}={v}" for k, v in report["env_set"].items()) or "none")
+    console.print(table)
+    for line in report["verdict"]:
+        console.print(f"• {line}")
+    return 0
