@@ -118,6 +118,10 @@ _VARS: list[Var] = [
     Var("UCCL_EP_LOG_LEVEL", "choice", "warning",
         "Log level of the `uccl_ep` logger.",
         choices=("debug", "info", "warning", "error"), used_by="logging"),
+    Var("UCCL_EP_MEGATRON_ALLOW_UNTESTED", "bool", False,
+        "Let the uccl-ep-megatron hook install on a megatron-core release series it was not tested "
+        "with (supported: 0.19.x). Argument `install(allow_untested=True)` / launcher flag "
+        "`--uccl-allow-untested-megatron`.", used_by="uccl-ep-megatron"),
 ]
 
 REGISTRY: Mapping[str, Var] = {v.name: v for v in _VARS}
