@@ -1,0 +1,68 @@
+"""uccl-ep for Megatron-Core: ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend uccl``.
+
+Three ways in, all ending in `install()` before Megatron parses its arguments:
+
+- launcher: ``uccl-ep-megatron pretrain_gpt.py <megatron args>`` (or ``python -m uccl_ep_megatron``,
+  which also works under ``torchrun ... -m uccl_ep_megatron pretrain_gpt.py ...``);
+- one line at the top of your own training script: ``import uccl_ep_megatron.enable``;
+- Megatron-Core as a library: ``uccl_ep_megatron.install()`` then
+  ``TransformerConfig(..., moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="uccl")``,
+  with knobs from ``uccl_ep_megatron.configure(timeout_s=..., backend=...)``.
+
+Supported megatron-core: 0.19.x (tested 0.19.2); see `versions`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .config_patch import BACKEND_NAME
+from .settings import UcclSettings, configure, current
+from .versions import SUPPORTED_SERIES, TESTED_VERSIONS
+
+__version__ = "0.1.0"
+__all__ = ["install", "uninstall", "is_installed", "configure", "current", "UcclSettings", "BACKEND_NAME",
+           "SUPPORTED_SERIES", "TESTED_VERSIONS", "__version__"]
+
+_installed = False
+
+
+def install(allow_untested: Optional[bool] = None) -> None:
+    """Install the hook into the imported megatron-core (idempotent).
+
+    Adds "uccl" to TransformerConfig.moe_flex_dispatcher_backend (and so to Megatron's
+    ``--moe-flex-dispatcher-backend`` choices), routes the flex dispatcher's "uccl" backend to
+    uccl_ep.Buffer, and adds the ``--uccl-*`` flags to Megatron's parser when megatron.training
+    is present. Raises `uccl_ep.errors.Unsupported` on an untested megatron-core series unless
+    ``allow_untested`` (or UCCL_EP_MEGATRON_ALLOW_UNTESTED=1).
+    """
+    global _installed
+    if _installed:
+        return
+    from .args import patch_megatron_arguments
+    from .config_patch import patch_transformer_config
+    from .manager import patch_flex_dispatcher
+    from .versions import check_megatron_core_version
+
+    check_megatron_core_version(allow_untested)
+    patch_transformer_config()
+    patch_flex_dispatcher()
+    patch_megatron_arguments()
+    _installed = True
+
+
+def uninstall() -> None:
+    """Undo `install` (tests)."""
+    global _installed
+    from .args import unpatch_megatron_arguments
+    from .config_patch import unpatch_transformer_config
+    from .manager import unpatch_flex_dispatcher
+
+    unpatch_megatron_arguments()
+    unpatch_flex_dispatcher()
+    unpatch_transformer_config()
+    _installed = False
+
+
+def is_installed() -> bool:
+    return _installed
