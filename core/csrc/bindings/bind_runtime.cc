@@ -1,0 +1,100 @@
+// Bindings of the lazy CUDA driver runtime: `uccl_ep._C.cuda`.
+//
+// NOTES: pointers, streams, modules and functions cross as Python ints; kernel parameters as
+// one bytes object (the kernel's by-value parameter struct, packed by uccl_ep.cuda.params).
+// Driver failures raise RuntimeError("<call>: <CUDA_ERROR_NAME> (...)"); a missing driver
+// raises ImportError, which uccl_ep.cuda turns into MissingDependency.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstring>
+
+#include "bindings/register.h"
+#include "runtime/cuda_driver.h"
+
+namespace nb = nanobind;
+namespace cu = uccl_ep::runtime::cu;
+
+namespace uccl_ep::bindings {
+
+void register_runtime(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule("cuda", "lazy CUDA driver API (libcuda loaded at first use)");
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const cu::DriverMissing& e) {
+      PyErr_SetString(PyExc_ImportError, e.what());
+    }
+  });
+
+  m.def("available", []() {
+    std::string why;
+    bool ok = cu::available(&why);
+    return std::make_tuple(ok, why);
+  }, "(ok, why): whether libcuda loads and cuInit succeeds.");
+  m.def("driver_version", &cu::driver_version);
+  m.def("device_count", &cu::device_count);
+  m.def("device_attribute", &cu::device_attribute, nb::arg("device"), nb::arg("attr"));
+  m.def("can_access_peer", &cu::can_access_peer, nb::arg("device"), nb::arg("peer"));
+  m.attr("ATTR_SM_COUNT") = cu::kDevAttrMultiprocessorCount;
+  m.attr("ATTR_CC_MAJOR") = cu::kDevAttrCcMajor;
+  m.attr("ATTR_CC_MINOR") = cu::kDevAttrCcMinor;
+  m.attr("ATTR_MAX_SHARED_OPTIN") = cu::kDevAttrMaxSharedPerBlockOptin;
+
+  m.def("mem_alloc", [](int device, size_t bytes) { return static_cast<uint64_t>(cu::mem_alloc(device, bytes)); });
+  m.def("mem_free", [](int device, uint64_t ptr) { cu::mem_free(device, ptr); });
+  m.def("host_alloc_mapped", [](int device, size_t bytes) {
+    cu::CUdeviceptr d = 0;
+    void* h = cu::host_alloc_mapped(device, bytes, &d);
+    std::memset(h, 0, bytes);
+    return std::make_tuple(reinterpret_cast<uint64_t>(h), static_cast<uint64_t>(d));
+  }, "Zeroed pinned host memory mapped for the device: (host_ptr, device_ptr).");
+  m.def("host_free", [](int device, uint64_t host_ptr) { cu::host_free(device, reinterpret_cast<void*>(host_ptr)); });
+  m.def("memset_d8", [](int device, uint64_t ptr, int value, size_t bytes, uint64_t stream) {
+    cu::memset_d8(device, ptr, static_cast<unsigned char>(value), bytes, reinterpret_cast<cu::CUstream>(stream));
+  });
+  m.def("memcpy_dtoh", [](int device, uint64_t src, size_t bytes) {
+    std::string out(bytes, '\0');
+    cu::memcpy_dtoh(device, out.data(), src, bytes);
+    return nb::bytes(out.data(), out.size());
+  });
+  m.def("memcpy_htod", [](int device, uint64_t dst, nb::bytes data) {
+    cu::memcpy_htod(device, dst, data.c_str(), data.size());
+  });
+  m.def("synchronize", &cu::synchronize);
+
+  m.def("ipc_get_handle", [](int device, uint64_t ptr) {
+    cu::CUipcMemHandle h = cu::ipc_get_handle(device, ptr);
+    return nb::bytes(h.reserved, sizeof(h.reserved));
+  });
+  m.def("ipc_open_handle", [](int device, nb::bytes handle) {
+    if (handle.size() != sizeof(cu::CUipcMemHandle)) throw std::invalid_argument("IPC handle must be 64 bytes");
+    cu::CUipcMemHandle h;
+    std::memcpy(h.reserved, handle.c_str(), sizeof(h.reserved));
+    return static_cast<uint64_t>(cu::ipc_open_handle(device, h));
+  });
+  m.def("ipc_close_handle", [](int device, uint64_t ptr) { cu::ipc_close_handle(device, ptr); });
+
+  m.def("module_load", [](int device, nb::bytes image) {
+    return reinterpret_cast<uint64_t>(cu::module_load(device, image.c_str()));
+  }, "Load a cubin/fatbin image; the module stays loaded for the life of the process.");
+  m.def("module_function", [](uint64_t module, const std::string& name) {
+    return reinterpret_cast<uint64_t>(cu::module_function(reinterpret_cast<cu::CUmodule>(module), name));
+  });
+  m.def("function_set_max_dynamic_smem", [](uint64_t f, int bytes) {
+    cu::function_set_max_dynamic_smem(reinterpret_cast<cu::CUfunction>(f), bytes);
+  });
+  m.def("launch", [](int device, uint64_t f, std::tuple<unsigned, unsigned, unsigned> grid,
+                     std::tuple<unsigned, unsigned, unsigned> block, unsigned smem, uint64_t stream,
+                     nb::bytes params, bool cooperative) {
+    const unsigned g[3] = {std::get<0>(grid), std::get<1>(grid), std::get<2>(grid)};
+    const unsigned b[3] = {std::get<0>(block), std::get<1>(block), std::get<2>(block)};
+    cu::launch(device, reinterpret_cast<cu::CUfunction>(f), g, b, smem, reinterpret_cast<cu::CUstream>(stream),
+               params.c_str(), params.size(), cooperative);
+  }, nb::arg("device"), nb::arg("function"), nb::arg("grid"), nb::arg("block"), nb::arg("smem"), nb::arg("stream"),
+     nb::arg("params"), nb::arg("cooperative") = false,
+     "cuLaunchKernelEx of a kernel taking one by-value parameter struct (`params`) on `stream`.");
+}
+
+}  // namespace uccl_ep::bindings

@@ -1,0 +1,108 @@
+// Lazy CUDA driver API: the few driver entry points uccl_ep uses, resolved with dlsym from
+// libcuda the first time one is needed (see dynlib.h). No cuda.h at build time: the handful of
+// types and constants below are the driver ABI's, written out once here.
+//
+// NOTES: everything that launches or allocates first makes the device's primary context
+// current on the calling thread, the same context the CUDA runtime (and so torch) uses, so
+// pointers and streams cross between torch and uccl_ep freely.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace uccl_ep::runtime::cu {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+
+struct CUipcMemHandle {
+  char reserved[64];
+};
+
+// cuLaunchKernelEx's configuration (driver ABI, CUDA >= 12.0).
+union CUlaunchAttributeValue {
+  char pad[64];
+  int cooperative;
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
+  int programmaticStreamSerializationAllowed;
+};
+struct CUlaunchAttribute {
+  int id;
+  char pad[8 - sizeof(int)];
+  CUlaunchAttributeValue value;
+};
+struct CUlaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ;
+  unsigned blockDimX, blockDimY, blockDimZ;
+  unsigned sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute ABI");
+
+constexpr int kLaunchAttrCooperative = 2;
+constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
+constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
+constexpr int kDevAttrMultiprocessorCount = 16;
+constexpr int kDevAttrCcMajor = 75;
+constexpr int kDevAttrCcMinor = 76;
+constexpr int kDevAttrMaxSharedPerBlockOptin = 97;
+constexpr unsigned kHostAllocPortable = 0x01;
+constexpr unsigned kHostAllocDeviceMap = 0x02;
+constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;
+
+// Raised for any failing driver call: "<call>: <CUDA_ERROR_NAME> (<description>)".
+class DriverError : public std::runtime_error {
+ public:
+  DriverError(const std::string& msg, int code) : std::runtime_error(msg), code(code) {}
+  int code;
+};
+// Raised when libcuda cannot be loaded or lacks a needed entry point.
+class DriverMissing : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// True when libcuda loads and cuInit succeeds; `why` says what failed otherwise.
+bool available(std::string* why = nullptr);
+int driver_version();
+int device_count();
+int device_attribute(int device, int attr);
+bool can_access_peer(int device, int peer);
+
+// Make `device`'s primary context current on this thread.
+void use_device(int device);
+
+CUdeviceptr mem_alloc(int device, size_t bytes);
+void mem_free(int device, CUdeviceptr ptr);
+// Pinned host memory mapped into the device's address space; returns the host pointer.
+void* host_alloc_mapped(int device, size_t bytes, CUdeviceptr* device_ptr);
+void host_free(int device, void* host_ptr);
+void memset_d8(int device, CUdeviceptr ptr, unsigned char value, size_t bytes, CUstream stream);
+void memcpy_dtoh(int device, void* dst, CUdeviceptr src, size_t bytes);
+void memcpy_htod(int device, CUdeviceptr dst, const void* src, size_t bytes);
+void synchronize(int device);
+
+CUipcMemHandle ipc_get_handle(int device, CUdeviceptr ptr);
+CUdeviceptr ipc_open_handle(int device, const CUipcMemHandle& handle);
+void ipc_close_handle(int device, CUdeviceptr ptr);
+
+CUmodule module_load(int device, const void* image);
+CUfunction module_function(CUmodule module, const std::string& name);
+void function_set_max_dynamic_smem(CUfunction f, int bytes);
+
+// Launch `f(params)` where the kernel takes one by-value struct of `params_size` bytes.
+void launch(int device, CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned smem,
+            CUstream stream, const void* params, size_t params_size, bool cooperative);
+
+}  // namespace uccl_ep::runtime::cu
