@@ -122,6 +122,10 @@ _VARS: list[Var] = [
         "Let the uccl-ep-megatron hook install on a megatron-core release series it was not tested "
         "with (supported: 0.19.x). Argument `install(allow_untested=True)` / launcher flag "
         "`--uccl-allow-untested-megatron`.", used_by="uccl-ep-megatron"),
+    Var("UCCL_EP_RECIPES_DIR", "str", "",
+        "Extra folder searched for launch recipes by name (after `--recipes-dir`, before "
+        "`./recipes` and the source checkout's `recipes/`). CLI flag `uccl-ep launch --recipes-dir`.",
+        used_by="uccl-ep launch"),
 ]
 
 REGISTRY: Mapping[str, Var] = {v.name: v for v in _VARS}
