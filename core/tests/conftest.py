@@ -28,3 +28,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; runs on the GPU machine"))
         if "slow" in item.keywords and not slow:
             item.add_marker(pytest.mark.skip(reason="slow stress test: set UCCL_EP_TEST_SLOW=1"))
+
+
+@pytest.fixture(scope="session")
+def world1():
+    """A 1-rank gloo process group in the test process (for single-process API/validation tests)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from multirank import free_port
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=60))
+    return dist.group.WORLD

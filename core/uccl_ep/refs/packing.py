@@ -36,7 +36,9 @@ def unpack_rows(blob: torch.Tensor, specs: Sequence[tuple[torch.dtype, tuple[int
     out = []
     start = 0
     for (dtype, shape), w in zip(specs, widths):
-        part = blob[:, start:start + w].contiguous()
+        # NOTES: clone, not contiguous(): a one-row slice is already "contiguous" but may start at
+        # a byte offset the wider dtype cannot view.
+        part = blob[:, start:start + w].clone(memory_format=torch.contiguous_format)
         out.append(part.view(dtype).reshape(n, *shape))
         start += w
     return out
