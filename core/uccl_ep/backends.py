@@ -72,7 +72,10 @@ class Executor:
     # low-latency mode --------------------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
                              masked, cumulative_stats, wait_stats):
-        """Returns (recv_x, recv_count, handle, finish); ``finish()`` is the receive phase."""
+        """Returns (recv_x, recv_count, handle, finish); ``finish()`` is the receive phase.
+
+        ``masked`` is the Buffer's live set of masked ranks (shrink mode): skip them, and add the
+        peers found to have masked this rank (DeepEP: a timeout masks the silent peer)."""
         raise NotImplementedError
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
@@ -137,3 +140,16 @@ def _reference_loader() -> type[Executor]:
 
 
 register_executor("reference", _reference_loader, lambda ctx: None)
+
+
+def _cuda_loader() -> type[Executor]:
+    from .cuda import load_executor
+    return load_executor()
+
+
+def _cuda_unavailable(ctx: BufferContext) -> str | None:
+    from .cuda import unavailable_reason
+    return unavailable_reason(ctx)
+
+
+register_executor("cuda", _cuda_loader, _cuda_unavailable)

@@ -1,0 +1,121 @@
+// One warp/wavefront abstraction for uccl_ep kernels: CUDA (nvcc) and HIP (hipcc).
+//
+// Kernels include only this header for everything that differs between vendors: warp size,
+// lane shuffles, memory-order loads/stores at system scope, fences, a nanosecond clock, and
+// 128-bit vector types. Code above this layer never names a vendor intrinsic.
+//
+// NOTES: kernels are written for any warp size that is a multiple of 8 (the FP8 cast reduces over
+// groups of 8 lanes); on AMD a "warp" is a 64-lane wavefront.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#define UCCL_EP_HIP 1
+#else
+#include <cuda_runtime.h>
+#define UCCL_EP_CUDA 1
+#endif
+
+#define UCCL_DEVICE __device__ __forceinline__
+
+namespace uccl_ep::dev {
+
+#if UCCL_EP_HIP
+constexpr int kWarpSize = 64;
+#else
+constexpr int kWarpSize = 32;
+#endif
+
+UCCL_DEVICE int lane_id() { return threadIdx.x % kWarpSize; }
+UCCL_DEVICE int warp_id() { return threadIdx.x / kWarpSize; }
+UCCL_DEVICE int num_warps() { return blockDim.x / kWarpSize; }
+
+UCCL_DEVICE float shfl_xor(float v, int mask) {
+#if UCCL_EP_HIP
+  return __shfl_xor(v, mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+}
+
+UCCL_DEVICE int shfl_xor(int v, int mask) {
+#if UCCL_EP_HIP
+  return __shfl_xor(v, mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+}
+
+UCCL_DEVICE void sync_warp() {
+#if UCCL_EP_CUDA
+  __syncwarp();
+#endif
+}
+
+// ---- memory order at system scope (peer GPUs over NVLink, mapped host memory) ------------------
+UCCL_DEVICE uint64_t ld_acquire_sys(const uint64_t* p) {
+#if UCCL_EP_HIP
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+UCCL_DEVICE void st_release_sys(uint64_t* p, uint64_t v) {
+#if UCCL_EP_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
+UCCL_DEVICE int ld_acquire_sys(const int* p) {
+#if UCCL_EP_HIP
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  int v;
+  asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+UCCL_DEVICE void st_release_sys(int* p, int v) {
+#if UCCL_EP_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
+UCCL_DEVICE int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
+
+UCCL_DEVICE void fence_system() { __threadfence_system(); }
+
+// Nanoseconds from a device-wide clock (only differences are used).
+UCCL_DEVICE uint64_t clock_ns() {
+#if UCCL_EP_HIP
+#if defined(__HIP_DEVICE_COMPILE__)
+  return uint64_t(__builtin_amdgcn_s_memrealtime()) * 10ull;  // NOTES: 100 MHz wall clock on gfx9
+#else
+  return 0;
+#endif
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+
+// ---- 16-byte vectors -------------------------------------------------------------------------
+struct alignas(16) Vec16 {
+  uint32_t w[4];
+};
+
+UCCL_DEVICE Vec16 ld16(const void* p) { return *reinterpret_cast<const Vec16*>(p); }
+UCCL_DEVICE void st16(void* p, const Vec16& v) { *reinterpret_cast<Vec16*>(p) = v; }
+
+}  // namespace uccl_ep::dev

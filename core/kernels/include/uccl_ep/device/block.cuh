@@ -1,0 +1,69 @@
+// Block-level helpers shared by kernels: exclusive scan, the "last block" epilogue, copies.
+#pragma once
+
+#include "uccl_ep/device/arch.cuh"
+
+#if UCCL_EP_HIP
+#define UCCL_GRID_CONSTANT
+#else
+#define UCCL_GRID_CONSTANT __grid_constant__
+#endif
+
+namespace uccl_ep::dev {
+
+// Exclusive prefix sum of one int per thread; `scratch` holds 2 * blockDim.x ints.
+// Returns the thread's exclusive prefix; *total gets the block sum. Contains __syncthreads.
+UCCL_DEVICE int block_exclusive_scan(int v, int* scratch, int* total) {
+  const int n = blockDim.x, tid = threadIdx.x;
+  int* a = scratch;
+  int* b = scratch + n;
+  a[tid] = v;
+  __syncthreads();
+  for (int off = 1; off < n; off <<= 1) {
+    b[tid] = tid >= off ? a[tid] + a[tid - off] : a[tid];
+    __syncthreads();
+    int* t = a;
+    a = b;
+    b = t;
+  }
+  int inclusive = a[tid];
+  *total = a[n - 1];
+  __syncthreads();
+  return inclusive - v;
+}
+
+// Called by every block at its very end: the last block to finish resets `done` and bumps
+// `seq` (so the next use of a buffer set expects the next tag). Contains __syncthreads.
+UCCL_DEVICE void last_block_bumps_seq(unsigned* done, unsigned* seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    unsigned prev = atomicAdd(done, 1u);
+    if (prev == gridDim.x - 1) {
+      *done = 0u;
+      atomicAdd(seq, 1u);
+      __threadfence();
+    }
+  }
+}
+
+// Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) with 4 loads in flight.
+UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) {
+  const int lane = lane_id();
+  const int64_t n = bytes / 16;
+  auto* d = reinterpret_cast<Vec16*>(dst);
+  auto* s = reinterpret_cast<const Vec16*>(src);
+  int64_t i = lane;
+  for (; i + 3 * kWarpSize < n; i += 4 * kWarpSize) {
+    Vec16 a = s[i], b = s[i + kWarpSize], c = s[i + 2 * kWarpSize], e = s[i + 3 * kWarpSize];
+    d[i] = a;
+    d[i + kWarpSize] = b;
+    d[i + 2 * kWarpSize] = c;
+    d[i + 3 * kWarpSize] = e;
+  }
+  for (; i < n; i += kWarpSize) d[i] = s[i];
+}
+
+UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
+
+}  // namespace uccl_ep::dev

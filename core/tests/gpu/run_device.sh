@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize
+# Logs and JSON go to $OUT (or ./gpu-out).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export UCCL_EP_JIT_CACHE_DIR=${UCCL_EP_JIT_CACHE_DIR:-/tmp/uccl_ep_jit}
+STEPS=${*:-build test ll ht}
+PY=python3
+for step in $STEPS; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    build)
+      nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m | head -4
+      $PY -m pip install -q --no-build-isolation --no-deps -e core 2>&1 | tail -5
+      $PY -c "import uccl_ep._C as C; print('cuda', C.cuda.available(), C.cuda.driver_version())" ;;
+    test)
+      $PY -m pytest core/tests/gpu -x -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    ll)
+      for t in 128 256 512; do
+        $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --num-tokens $t --iters 50 --warmup 10 \
+          --json "$OUT/ll_$t.json" 2>&1 | tail -8
+      done ;;
+    ht)
+      for sms in 24 12 8; do
+        $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
+          --json "$OUT/ht_$sms.json" 2>&1 | tail -8
+      done ;;
+    sanitize)
+      UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
+        $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
+  esac
+done

@@ -1,0 +1,205 @@
+"""The `cuda` executor: JIT-compiled kernels over NVLink (CUDA IPC) between the GPUs of one host.
+
+Set-up (collective, at Buffer construction): every rank allocates its NVL buffer
+(``num_nvl_bytes``) and low-latency buffer (``num_rdma_bytes``) with the driver, exports CUDA IPC
+handles, gathers everyone's through the Buffer's process group, and maps its peers' buffers. A
+page of pinned host memory mapped for the device holds the error word that bounded device waits
+fill on timeout; every call first checks it and raises `uccl_ep.errors.Timeout` naming the peer,
+expert/channel and phase (sticky: a buffer that timed out stays failed).
+
+Streams: kernels run on torch's current stream, so CUDA graphs capture them; see the
+``async_finish`` notes in docs/benchmarks.md for what that means for overlap.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+import torch.distributed as dist
+
+from ..backends import BufferContext, Executor
+from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
+from .runtime import DeviceMemory, MappedHostMemory, driver
+
+__all__ = ["CudaExecutor", "unavailable_reason"]
+
+_PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
+           5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier"}
+_MAX_NVLINK_RANKS = 8
+
+
+def unavailable_reason(ctx: BufferContext) -> str | None:
+    """None when the cuda executor can serve ``ctx`` (cheap, no collective)."""
+    from .runtime import driver_unavailable_reason
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    why = driver_unavailable_reason()
+    if why:
+        return why
+    if ctx.topology.is_internode:
+        return ("ranks span several hosts; the cuda executor moves data over NVLink only (the proxy path for "
+                "other hosts is not wired to the kernels yet)")
+    if ctx.num_ranks > _MAX_NVLINK_RANKS:
+        return f"{ctx.num_ranks} ranks on one host; NVLink kernels support at most {_MAX_NVLINK_RANKS}"
+    try:
+        from .jit import find_nvcc
+        find_nvcc()
+    except Exception as e:  # noqa: BLE001 - the reason is reported, auto falls back
+        return str(e)
+    return None
+
+
+class CudaExecutor(Executor):
+    name = "cuda"
+    device_type = "cuda"
+
+    def __init__(self, ctx: BufferContext, owner: object) -> None:
+        super().__init__(ctx, owner)
+        self.drv = driver()
+        self.device = torch.cuda.current_device()
+        self.timeout_ns = int(ctx.gpu_timeout_s * 1e9)
+        self._failure: Exception | None = None
+        self.errors = MappedHostMemory(self.device, 4096)
+        self.error_dev_ptr = self.errors.dev_ptr
+        self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
+        self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
+        infos = [None] * ctx.num_ranks
+        mine = (socket.gethostname(), self.device,
+                self.nvl_mem.ipc_handle() if self.nvl_mem else None,
+                self.ll_mem.ipc_handle() if self.ll_mem else None)
+        dist.all_gather_object(infos, mine, group=ctx.group)
+        devices = [i[1] for i in infos]
+        if len(set(devices)) != len(devices) or len({i[0] for i in infos}) != 1:
+            raise Unsupported(f"the cuda executor needs one distinct GPU per rank on one host; got devices {devices} "
+                              f"on hosts {sorted({i[0] for i in infos})}")
+        for r, d in enumerate(devices):
+            if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
+                raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
+                                  "executor needs NVLink/PCIe peer access")
+        self.nvl_peer_base = self._open_peers(self.nvl_mem, [i[2] for i in infos])
+        self.ll_peer_base = self._open_peers(self.ll_mem, [i[3] for i in infos])
+        self._ll = None
+        self._ht = None
+        self.host_barrier()
+
+    def _open_peers(self, mem: DeviceMemory | None, handles: list) -> list[int]:
+        if mem is None:
+            return []
+        return [mem.ptr if r == self.ctx.rank else mem.open_peer(h) for r, h in enumerate(handles)]
+
+    # -- errors, barrier -------------------------------------------------------------------------
+    def check_error(self) -> None:
+        """Raise the error a kernel recorded (sticky)."""
+        if self._failure is not None:
+            raise self._failure
+        if self.errors.int32(0) == 0:
+            return
+        code, phase, rank, peer, expert, waited_us = self.errors.int32_array(0, 6)
+        if code == -1:  # a kernel is still filling it in
+            torch.cuda.synchronize(self.device)
+            code, phase, rank, peer, expert, waited_us = self.errors.int32_array(0, 6)
+        what = _PHASES.get(phase, f"phase {phase}")
+        if code == 1:
+            self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
+                                    hint="the peer did not take part in this operation in time; the buffer is "
+                                         "unusable now (destroy it and build a new one)")
+        else:
+            from ..errors import PeerProtocolError
+            self._failure = PeerProtocolError(f"rank {rank}: device error {code} in {what} (peer {peer})")
+        raise self._failure
+
+    def host_barrier(self) -> None:
+        dist.barrier(group=self.ctx.group)
+
+    def barrier(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.check_error()
+        self.host_barrier()
+
+    # -- low-latency -------------------------------------------------------------------------------
+    def _ll_engine(self):
+        if self._ll is None:
+            if self.ll_mem is None:
+                raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
+                                    hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
+            from .ll import LowLatencyEngine
+            self._ll = LowLatencyEngine(self)
+        return self._ll
+
+    def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
+                             cumulative_stats, wait_stats):
+        self.check_error()
+        self._check_cuda("x", x)
+        if topk_idx.shape[1] > 32:
+            raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
+        return self._ll_engine().dispatch(self.owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale,
+                                          use_ue8m0, masked, cumulative_stats, wait_stats)
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
+        self.check_error()
+        self._check_cuda("x", x)
+        if topk_idx.shape[1] > 32:
+            raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
+        return self._ll_engine().combine(x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy)
+
+    def clean_low_latency_buffer(self, num_max, hidden, num_experts):
+        self.check_error()
+        eng = self._ll_engine()
+        eng.ensure_layout(num_max, hidden, num_experts)
+        eng.clean()
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        self.check_error()
+        return self._ll_engine().next_combine_buffer(handle)
+
+    # -- normal mode --------------------------------------------------------------------------------
+    def _ht_engine(self):
+        if self._ht is None:
+            from .ht import NormalEngine
+            self._ht = NormalEngine(self)
+        return self._ht
+
+    def get_dispatch_layout(self, topk_idx, num_experts):
+        self.check_error()
+        self._check_cuda("topk_idx", topk_idx)
+        return self._ht_engine().layout(topk_idx, num_experts)
+
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                 num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
+        self.check_error()
+        self._check_cuda("x", x)
+        return self._ht_engine().dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                                          num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
+
+    def cached_dispatch(self, x, x_scales, handle, config):
+        self.check_error()
+        self._check_cuda("x", x)
+        return self._ht_engine().cached_dispatch(x, x_scales, handle, config)
+
+    def combine(self, x, handle, topk_weights, biases, config):
+        self.check_error()
+        self._check_cuda("x", x)
+        return self._ht_engine().combine(x, handle, topk_weights, biases, config)
+
+    # -- raw buffers, lifetime ---------------------------------------------------------------------
+    def _check_cuda(self, name: str, t: torch.Tensor) -> None:
+        if t.device.type != "cuda" or t.device.index != self.device:
+            raise InvalidArgument(name, f"a tensor on cuda:{self.device} (the cuda backend's device)", str(t.device))
+
+    def get_local_buffer_tensor(self, use_rdma_buffer):
+        mem = self.ll_mem if use_rdma_buffer else self.nvl_mem
+        if mem is None:
+            return torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", self.device))
+        return mem.tensor()
+
+    def destroy(self):
+        torch.cuda.synchronize(self.device)
+        for m in (self.nvl_mem, self.ll_mem):
+            if m is not None:
+                m.free()
+        if self._ll is not None:
+            self._ll.work.free()
+        if self._ht is not None:
+            self._ht.free()
+        self.errors.free()

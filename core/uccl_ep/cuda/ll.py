@@ -1,0 +1,230 @@
+"""Low-latency mode of the CUDA executor: NVLink-direct kernels (ll_dispatch.cu, ll_combine.cu).
+
+Buffer layout (inside this rank's `num_rdma_bytes` IPC buffer), two alternating sets, each:
+  send     [E_loc, R*T, H] bf16      the zero-copy combine staging area (get_next_..._buffer)
+  recv     [E_loc][R][T] dispatch messages (16 B header + 2H payload slot) or [E][T][H] bf16
+           combine rows (one op at a time uses a set)
+  signals  dispatch [E_loc][R] u64, then combine [E] u64; (tag << 32) | count, never cleared
+Device words (a small workspace): seq[2] (completed ops per set: the tag of the next op on a set
+is seq + 1), done[2] (the recv kernels' last-block counters).
+
+The layout depends on (T, H, E); when a call changes it, both sets are cleaned and the ranks
+synchronize once (host barrier), so the first call of a new shape is not graph-capturable, like
+DeepEP's requirement that these stay fixed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import LimitExceeded
+from ..handles import LowLatencyHandle
+from ..refs.low_latency import LowLatencyPlan
+from .runtime import DeviceMemory, current_stream, load_kernel, pack_params, raw_tensor
+
+__all__ = ["LowLatencyEngine"]
+
+_ALIGN = 128
+# Threads per block of each kernel (one block per expert or token; see the kernels' notes).
+_SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 128, 256, 128
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class _Layout:
+    num_max: int
+    hidden: int
+    num_experts: int
+    num_ranks: int
+    msg_bytes: int
+    send_off: int
+    recv_off: int
+    sig_off: int
+    set_bytes: int
+
+    @staticmethod
+    def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "_Layout":
+        msg = 16 + 2 * hidden
+        send = _align(num_experts * num_max * hidden * 2)
+        recv = _align(num_experts * num_max * max(msg, 2 * hidden))
+        sig = _align(2 * num_experts * 8)
+        return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, send + recv, send + recv + sig)
+
+    def dispatch_signal_off(self, s: int) -> int:
+        return s * self.set_bytes + self.sig_off
+
+    def combine_signal_off(self, s: int) -> int:
+        return s * self.set_bytes + self.sig_off + self.num_experts * 8
+
+
+class LowLatencyEngine:
+    def __init__(self, ex) -> None:
+        self.ex = ex
+        self.dev = ex.device
+        self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
+        self.mem: DeviceMemory = ex.ll_mem
+        self.peer_base: list[int] = ex.ll_peer_base
+        self.idx = 0
+        self.layout: _Layout | None = None
+        # seq[2] | done[2] as u32 words, then the peer pointer tables (6 x R u64).
+        self.work = DeviceMemory(self.dev, 64 + 6 * 8 * self.R)
+        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
+            ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
+            ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}
+
+    # -- layout ------------------------------------------------------------------------------
+    def _table(self, i: int) -> int:
+        return self.work.ptr + 64 + i * 8 * self.R
+
+    def _seq(self, s: int) -> int:
+        return self.work.ptr + 4 * s
+
+    def _done(self, s: int) -> int:
+        return self.work.ptr + 8 + 4 * s
+
+    def ensure_layout(self, num_max: int, hidden: int, num_experts: int) -> _Layout:
+        lay = self.layout
+        if lay is not None and (lay.num_max, lay.hidden, lay.num_experts) == (num_max, hidden, num_experts):
+            return lay
+        lay = _Layout.make(num_max, hidden, num_experts, self.R)
+        if 2 * lay.set_bytes > self.mem.nbytes:
+            raise LimitExceeded("num_rdma_bytes", f"bytes of the low-latency buffer ({num_max} tokens, hidden {hidden}, "
+                                f"{num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
+        drv = self.ex.drv
+        tables = []
+        for s in (0, 1):
+            tables.append([b + s * lay.set_bytes + lay.recv_off for b in self.peer_base])
+            tables.append([b + lay.dispatch_signal_off(s) for b in self.peer_base])
+            tables.append([b + lay.combine_signal_off(s) for b in self.peer_base])
+        blob = b"".join(struct.pack(f"<{self.R}Q", *t) for t in tables)
+        drv.memcpy_htod(self.dev, self.work.ptr + 64, blob)
+        self.layout = lay
+        self.clean()
+        return lay
+
+    def clean(self) -> None:
+        """Zero both sets' signals and the device words on every rank (host-synchronizing)."""
+        drv = self.ex.drv
+        torch.cuda.synchronize(self.dev)
+        self.ex.host_barrier()
+        drv.memset_d8(self.dev, self.mem.ptr, 0, self.mem.nbytes, 0)
+        drv.memset_d8(self.dev, self.work.ptr, 0, 64, 0)
+        drv.synchronize(self.dev)
+        self.idx = 0
+        self.ex.host_barrier()
+
+    def _flip(self) -> int:
+        s = self.idx
+        self.idx ^= 1
+        return s
+
+    def _signal_area(self, s: int, combine: bool) -> int:
+        lay = self.layout
+        return self.mem.ptr + (lay.combine_signal_off(s) if combine else lay.dispatch_signal_off(s))
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
+                 cumulative_stats, wait_stats):
+        R = self.R
+        T, H = x.shape
+        K = topk_idx.shape[1]
+        E_loc = num_experts // R
+        lay = self.ensure_layout(num_max, H, num_experts)
+        s = self._flip()
+        dev = x.device
+        rows = R * num_max
+        if use_fp8:
+            recv_x = torch.empty(E_loc, rows, H, dtype=torch.float8_e4m3fn, device=dev)
+            if use_ue8m0:
+                scales = torch.empty(E_loc, H // 512, rows, dtype=torch.int32, device=dev).transpose(1, 2)
+            else:
+                scales = torch.empty(E_loc, H // 128, rows, dtype=torch.float32, device=dev).transpose(1, 2)
+        else:
+            recv_x = torch.empty(E_loc, rows, H, dtype=torch.bfloat16, device=dev)
+            scales = None
+        recv_count = torch.empty(E_loc, dtype=torch.int32, device=dev)
+        src_info = torch.empty(E_loc, rows, dtype=torch.int32, device=dev)
+        layout_range = torch.empty(E_loc, R, dtype=torch.int64, device=dev)
+        mask = sum(1 << r for r in masked)
+        x = x.contiguous()
+        topk_idx = topk_idx.contiguous()
+        smem = 4 * (max(T, 1) + 2 * _SEND_BLOCK)
+        params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
+                             peer_recv=self._table(3 * s), peer_signal=self._table(3 * s + 1), seq=self._seq(s),
+                             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
+                             num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
+                             msg_bytes=lay.msg_bytes, masked=mask)
+        self._k["ll_dispatch_send"].launch(num_experts, _SEND_BLOCK, params, current_stream(), smem=smem)
+        recv_params = pack_params(
+            "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
+            signal=self._signal_area(s, False), seq=self._seq(s), done=self._done(s), recv_x=recv_x.data_ptr(),
+            recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
+            src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
+            cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            num_max=num_max, hidden=H, num_local_experts=E_loc, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
+            use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, masked=mask, timeout_ns=self.ex.timeout_ns)
+        keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
+
+        def finish() -> None:
+            self.ex.check_error()
+            _ = keep
+            self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream())
+
+        plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
+                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
+        handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
+        return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
+
+    # -- combine -------------------------------------------------------------------------------
+    def next_combine_buffer(self, handle) -> torch.Tensor:
+        _, _, num_max, hidden, num_experts = handle
+        lay = self.ensure_layout(num_max, hidden, num_experts)
+        E_loc = num_experts // self.R
+        off = self.idx * lay.set_bytes + lay.send_off
+        nbytes = E_loc * self.R * num_max * hidden * 2
+        t = raw_tensor(self.mem.ptr + off, nbytes, self.dev, self.mem)
+        return t.view(torch.bfloat16).view(E_loc, self.R * num_max, hidden)
+
+    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy):
+        src_info, layout_range, num_max, H, num_experts = handle
+        R = self.R
+        E_loc = num_experts // R
+        lay = self.ensure_layout(num_max, H, num_experts)
+        s = self._flip()
+        T, K = topk_idx.shape
+        if zero_copy:
+            y_ptr = self.mem.ptr + s * lay.set_bytes + lay.send_off
+        else:
+            y = y.contiguous()
+            y_ptr = y.data_ptr()
+        result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
+        mask = sum(1 << r for r in masked)
+        topk_idx = topk_idx.contiguous()
+        topk_weights = topk_weights.contiguous()
+        params = pack_params("LLCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
+                             layout_range=layout_range.data_ptr(), peer_recv=self._table(3 * s),
+                             peer_signal=self._table(3 * s + 2), seq=self._seq(s), num_max=num_max, hidden=H,
+                             num_local_experts=E_loc, num_ranks=R, rank=self.rank, masked=mask)
+        self._k["ll_combine_send"].launch(E_loc, _RECV_BLOCK, params, current_stream())
+        recv_params = pack_params(
+            "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
+            signal=self._signal_area(s, True), seq=self._seq(s), done=self._done(s), topk_idx=topk_idx.data_ptr(),
+            topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
+            masked=mask, timeout_ns=self.ex.timeout_ns)
+        keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
+
+        def finish() -> None:
+            self.ex.check_error()
+            _ = keep
+            self._k["ll_combine_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream())
+
+        return result, finish

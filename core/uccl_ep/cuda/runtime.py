@@ -1,0 +1,190 @@
+"""Device runtime for the CUDA executor: the lazy driver, loaded kernels, launches, memory.
+
+Everything goes through `uccl_ep._C.cuda` (libcuda via dlopen); torch is used only for tensors
+and the current stream. Kernels take one parameter struct (core/kernels/include/uccl_ep/
+kernel_abi.h) that `pack_params` builds from the header's own field list.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+import threading
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from .. import env
+from ..errors import MissingDependency
+from . import jit
+
+__all__ = ["driver", "driver_unavailable_reason", "Kernel", "load_kernel", "pack_params", "param_fields",
+           "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch"]
+
+
+def driver():
+    """`uccl_ep._C.cuda`, or MissingDependency when libcuda cannot be used."""
+    from .. import _C
+    ok, why = _C.cuda.available()
+    if not ok:
+        raise MissingDependency(why)
+    return _C.cuda
+
+
+def driver_unavailable_reason() -> str | None:
+    try:
+        from .. import _C
+    except ImportError as e:  # pragma: no cover - broken build
+        return f"native module missing: {e}"
+    ok, why = _C.cuda.available()
+    return None if ok else why
+
+
+# ---- kernel parameters ----------------------------------------------------------------------------
+_STRUCT_RE = re.compile(r"struct\s+(\w+)\s*\{(.*?)\};", re.S)
+_FIELD_RE = re.compile(r"^\s*(u?int64_t)\s+(\w+)\s*;", re.M)
+
+
+@lru_cache(maxsize=1)
+def _abi_structs() -> dict[str, list[tuple[str, str]]]:
+    text = (jit.include_dir() / "uccl_ep" / "kernel_abi.h").read_text()
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, body in _STRUCT_RE.findall(text):
+        if name.endswith("Params"):
+            out[name] = [(typ, field) for typ, field in _FIELD_RE.findall(body)]
+    return out
+
+
+def param_fields(struct_name: str) -> list[str]:
+    return [f for _, f in _abi_structs()[struct_name]]
+
+
+def pack_params(struct_name: str, **values: Any) -> bytes:
+    """Pack a kernel parameter struct; every field must be given (pointers as ints)."""
+    fields = _abi_structs()[struct_name]
+    missing = [f for _, f in fields if f not in values]
+    extra = set(values) - {f for _, f in fields}
+    if missing or extra:
+        raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(extra)}")
+    fmt = "<" + "".join("Q" if t == "uint64_t" else "q" for t, _ in fields)
+    return struct.pack(fmt, *(int(values[f]) for _, f in fields))
+
+
+# ---- kernels --------------------------------------------------------------------------------------
+class Kernel:
+    """One loaded kernel function of one device."""
+
+    def __init__(self, device: int, function: int, name: str) -> None:
+        self.device, self.function, self.name = device, function, name
+        self._smem_set = 0
+
+    def launch(self, grid: int | tuple, block: int, params: bytes, stream: int, smem: int = 0,
+               cooperative: bool = False) -> None:
+        g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
+        if smem > 48 * 1024 and smem > self._smem_set:
+            driver().function_set_max_dynamic_smem(self.function, smem)
+            self._smem_set = smem
+        driver().launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative)
+
+
+_modules: dict[tuple[int, str, str], int] = {}
+_kernels: dict[tuple[int, str, str], Kernel] = {}
+_lock = threading.Lock()
+
+
+def device_arch(device: int) -> str:
+    forced = env.get("UCCL_EP_CUDA_ARCH")
+    if forced:
+        return forced
+    drv = driver()
+    return jit.arch_for_capability(drv.device_attribute(device, drv.ATTR_CC_MAJOR),
+                                   drv.device_attribute(device, drv.ATTR_CC_MINOR))
+
+
+def load_kernel(device: int, source: str, name: str) -> Kernel:
+    """Compile (cached) core/kernels/<source> for the device and return kernel ``name``."""
+    arch = device_arch(device)
+    with _lock:
+        k = _kernels.get((device, source, name))
+        if k is not None:
+            return k
+        mod = _modules.get((device, source, arch))
+        if mod is None:
+            cubin = jit.compile_cubin(source, arch)
+            mod = driver().module_load(device, cubin.read_bytes())
+            _modules[(device, source, arch)] = mod
+        k = Kernel(device, driver().module_function(mod, name), name)
+        _kernels[(device, source, name)] = k
+        return k
+
+
+def current_stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+class _CudaArray:
+    """Minimal __cuda_array_interface__ provider so torch can view driver-allocated memory."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: object) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None, "stream": None}
+        self._owner = owner
+
+
+def raw_tensor(ptr: int, nbytes: int, device: int, owner: object) -> torch.Tensor:
+    """A 1-D uint8 torch view of [ptr, ptr + nbytes) that keeps ``owner`` alive."""
+    return torch.as_tensor(_CudaArray(ptr, nbytes, owner), device=torch.device("cuda", device))
+
+
+class DeviceMemory:
+    """cuMemAlloc'ed device memory that can be shared with same-host peers through IPC handles."""
+
+    def __init__(self, device: int, nbytes: int) -> None:
+        self.device, self.nbytes = device, nbytes
+        self.ptr = driver().mem_alloc(device, max(nbytes, 1))
+        self._peers: list[int] = []
+
+    def ipc_handle(self) -> bytes:
+        return driver().ipc_get_handle(self.device, self.ptr)
+
+    def open_peer(self, handle: bytes) -> int:
+        ptr = driver().ipc_open_handle(self.device, handle)
+        self._peers.append(ptr)
+        return ptr
+
+    def tensor(self) -> torch.Tensor:
+        return raw_tensor(self.ptr, self.nbytes, self.device, self)
+
+    def free(self) -> None:
+        if self.ptr:
+            drv = driver()
+            for p in self._peers:
+                drv.ipc_close_handle(self.device, p)
+            self._peers.clear()
+            drv.mem_free(self.device, self.ptr)
+            self.ptr = 0
+
+
+class MappedHostMemory:
+    """Zeroed pinned host memory mapped into the device (error words, CPU-visible counters)."""
+
+    def __init__(self, device: int, nbytes: int) -> None:
+        self.device, self.nbytes = device, nbytes
+        self.host_ptr, self.dev_ptr = driver().host_alloc_mapped(device, nbytes)
+
+    def int32(self, index: int) -> int:
+        return ctypes.c_int32.from_address(self.host_ptr + 4 * index).value
+
+    def set_int32(self, index: int, value: int) -> None:
+        ctypes.c_int32.from_address(self.host_ptr + 4 * index).value = value
+
+    def int32_array(self, index: int, count: int) -> list[int]:
+        return list((ctypes.c_int32 * count).from_address(self.host_ptr + 4 * index))
+
+    def free(self) -> None:
+        if self.host_ptr:
+            driver().host_free(self.device, self.host_ptr)
+            self.host_ptr = 0
