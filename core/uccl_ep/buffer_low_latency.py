@@ -95,7 +95,7 @@ class LowLatencyMixin:
         if async_finish and return_recv_hook:
             raise InvalidArgument("async_finish", "False when return_recv_hook=True", True)
         recv_x, recv_count, handle, finish = self._executor.low_latency_dispatch(
-            x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, set(self._masked_ranks),
+            x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, self._masked_ranks,
             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
         tensors = (x, topk_idx, *(recv_x if isinstance(recv_x, tuple) else (recv_x,)), recv_count)
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, tensors)
@@ -135,7 +135,7 @@ class LowLatencyMixin:
         if device.type == "cpu":
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         combined, finish = self._executor.low_latency_combine(
-            x, topk_idx, topk_weights, handle, set(self._masked_ranks), out, combine_wait_recv_cost_stats,
+            x, topk_idx, topk_weights, handle, self._masked_ranks, out, combine_wait_recv_cost_stats,
             zero_copy=bool(zero_copy))
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, (x, topk_idx, topk_weights, combined))
         return combined, event, hook

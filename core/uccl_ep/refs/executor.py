@@ -53,13 +53,14 @@ class ReferenceExecutor(Executor):
                              masked, cumulative_stats, wait_stats):
         self._ll_buffer_idx ^= 1
         return low_latency.dispatch(self.comm, self.owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale,
-                                    use_ue8m0, masked, cumulative_stats, wait_stats)
+                                    use_ue8m0, masked, self.ctx.enable_shrink, cumulative_stats, wait_stats)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
         if zero_copy:
             x = self._combine_buffer(handle, self._ll_buffer_idx)
         self._ll_buffer_idx ^= 1
-        return low_latency.combine(self.comm, x, topk_idx, topk_weights, handle, masked, out, wait_stats)
+        return low_latency.combine(self.comm, x, topk_idx, topk_weights, handle, masked, self.ctx.enable_shrink, out,
+                                   wait_stats)
 
     def _combine_buffer(self, handle, idx: int) -> torch.Tensor:
         _, _, num_max, hidden, num_experts = handle

@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import torch
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A copy with standard strides (``contiguous()`` keeps odd strides of size-1 dims, which
+    dtype-changing views reject)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 __all__ = [
     "FP8_MAX",
     "FP8_AMAX_FLOOR",
@@ -30,7 +36,7 @@ _INV_FP8_MAX = torch.tensor(1.0 / 448.0, dtype=torch.float32)  # the fp32 consta
 
 def _ceil_log2_bits(v: torch.Tensor) -> torch.Tensor:
     """ceil(log2(v)) for positive normal fp32 ``v``, from the IEEE bits (as the kernels do)."""
-    bits = v.contiguous().view(torch.int32)
+    bits = _dense(v).view(torch.int32)
     exp = (bits >> 23) & 0xFF
     mantissa = bits & ((1 << 23) - 1)
     return exp - 127 + (mantissa != 0).to(torch.int32)
@@ -61,7 +67,7 @@ def pack_ue8m0(scale_inv: torch.Tensor) -> torch.Tensor:
     *lead, nb = scale_inv.shape
     if nb % 4 != 0:
         raise ValueError(f"UE8M0 packing needs H/128 divisible by 4, got {nb}")
-    exp_bytes = ((scale_inv.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.int32)
+    exp_bytes = ((_dense(scale_inv).view(torch.int32) >> 23) & 0xFF).to(torch.int32)
     exp_bytes = exp_bytes.view(*lead, nb // 4, 4)
     shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=scale_inv.device)
     packed = (exp_bytes.to(torch.int64) << shifts).sum(dim=-1)
@@ -73,7 +79,7 @@ def pack_ue8m0(scale_inv: torch.Tensor) -> torch.Tensor:
 def unpack_ue8m0(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`pack_ue8m0`: int32 [..., H/512] -> fp32 scales [..., H/128]."""
     *lead, n = packed.shape
-    b = packed.contiguous().view(torch.uint8).view(*lead, n * 4).to(torch.int32)
+    b = _dense(packed).view(torch.uint8).view(*lead, n * 4).to(torch.int32)
     return (b << 23).view(torch.float32)
 
 

@@ -24,7 +24,19 @@ from .comm import GroupComm
 from .fp8 import pack_ue8m0, per_token_cast_to_fp8
 from .packing import pack_rows, unpack_rows
 
-__all__ = ["LowLatencyPlan", "dispatch", "combine"]
+__all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_masks"]
+
+
+def exchange_masks(comm: GroupComm, masked: set[int]) -> set[int]:
+    """Tell every peer whether this rank masks it; return the peers that mask this rank.
+
+    NOTES: in DeepEP a rank that masks a peer stops sending to it, and the peer, waiting in vain,
+    times out and masks it back (shrink mode). The reference has no timeouts inside a collective,
+    so the flag carries that discovery explicitly; the outcome is the same.
+    """
+    flags = [torch.tensor([[1 if r in masked else 0]], dtype=torch.int32) for r in range(comm.size)]
+    got = comm.exchange_rows(flags, torch.device("cpu"))
+    return {j for j, f in enumerate(got) if f.numel() and int(f[0, 0]) == 1}
 
 
 @dataclass
@@ -38,7 +50,7 @@ class LowLatencyPlan:
 
 
 def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Tensor, num_max: int, num_experts: int,
-             use_fp8: bool, round_scale: bool, use_ue8m0: bool, masked: set[int],
+             use_fp8: bool, round_scale: bool, use_ue8m0: bool, masked: set[int], shrink: bool,
              cumulative_local_expert_recv_stats: torch.Tensor | None,
              dispatch_wait_recv_cost_stats: torch.Tensor | None):
     """Returns (recv_x or (recv_x_fp8, scales), recv_count, handle, finish) where ``finish()``
@@ -48,6 +60,11 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
     num_tokens, hidden = x.shape
     num_local = num_experts // num_ranks
     slab_rows = num_ranks * num_max
+    send_masked = set(masked)
+    # NOTES: masks exist only with enable_shrink; then every rank takes part in the exchange.
+    masked_by = exchange_masks(comm, send_masked) if shrink else set()
+    recv_masked = send_masked | masked_by
+    masked.update(masked_by)  # the live mask of the Buffer learns who cut this rank off
 
     if use_fp8:
         q, scale_inv = per_token_cast_to_fp8(x, round_scale=round_scale)
@@ -60,7 +77,7 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
     valid = topk_idx >= 0
     per_dest = []
     for r in range(num_ranks):
-        if r in masked:
+        if r in send_masked:
             sel_t = torch.zeros(0, dtype=torch.int64, device=device)
             sel_e = sel_t
         else:
@@ -103,7 +120,7 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
         for j in range(num_ranks):
             parts = decoded[j]
             header = parts[0]
-            if j in masked or header.shape[0] == 0:
+            if j in recv_masked or header.shape[0] == 0:
                 continue
             exp_ids = header[:, 0].long()
             for e in torch.unique(exp_ids).tolist():
@@ -124,19 +141,19 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
             cumulative_local_expert_recv_stats.add_(recv_count.to(cumulative_local_expert_recv_stats.device))
         if dispatch_wait_recv_cost_stats is not None:
             cost = torch.full((num_ranks,), waited_ns, dtype=torch.int64)
-            for j in masked:
+            for j in recv_masked:
                 cost[j] = 0
             dispatch_wait_recv_cost_stats.add_(cost.to(dispatch_wait_recv_cost_stats.device))
 
     plan = LowLatencyPlan(num_tokens=num_tokens, num_max=num_max, hidden=hidden, num_experts=num_experts,
-                          recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
+                          recv_count=recv_count, masked_at_dispatch=tuple(sorted(recv_masked)))
     handle = LowLatencyHandle((src_info, layout_range, num_max, hidden, num_experts), owner, plan)
     out_x = (recv_x, recv_scales) if use_fp8 else recv_x
     return out_x, recv_count, handle, finish
 
 
 def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-            handle: LowLatencyHandle, masked: set[int], out: torch.Tensor | None,
+            handle: LowLatencyHandle, masked: set[int], shrink: bool, out: torch.Tensor | None,
             combine_wait_recv_cost_stats: torch.Tensor | None):
     """Returns (combined_x, finish) where ``finish()`` computes the weighted sum into the output."""
     device = y.device
@@ -144,11 +161,16 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
     src_info, layout_range, num_max, hidden, num_experts = handle
     num_local = num_experts // num_ranks
     num_tokens = topk_idx.shape[0]
+    send_masked = set(masked)
+    # NOTES: masks exist only with enable_shrink; then every rank takes part in the exchange.
+    masked_by = exchange_masks(comm, send_masked) if shrink else set()
+    recv_masked = send_masked | masked_by
+    masked.update(masked_by)
 
     # Expert side: send each source rank its rows back, tagged with (global expert, token).
     per_dest = []
     for j in range(num_ranks):
-        if j in masked:
+        if j in send_masked:
             per_dest.append(pack_rows([torch.zeros(0, 2, dtype=torch.int32, device=device),
                                        torch.zeros(0, hidden, dtype=y.dtype, device=device)]))
             continue
@@ -176,7 +198,7 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
         # Map (global expert, token) -> received row.
         keys, values = [], []
         for j, (tag, rows) in enumerate(decoded):
-            if j in masked or tag.shape[0] == 0:
+            if j in recv_masked or tag.shape[0] == 0:
                 continue
             keys.append(tag[:, 0].long() * max(num_tokens, 1) + tag[:, 1].long())
             values.append(rows)
@@ -189,9 +211,9 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
             for k in range(topk_idx.shape[1]):
                 ids = topk_idx[:, k].long()
                 use = ids >= 0
-                if masked:
+                if recv_masked:
                     owner_rank = torch.where(use, ids // num_local, torch.zeros_like(ids))
-                    for mr in masked:
+                    for mr in recv_masked:
                         use &= owner_rank != mr
                 want = ids * max(num_tokens, 1) + torch.arange(num_tokens, device=device)
                 pos = torch.searchsorted(sorted_keys, want.clamp_min(0))
@@ -207,8 +229,9 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
         result.copy_(acc.to(result.dtype))
         if combine_wait_recv_cost_stats is not None:
             cost = torch.full((num_ranks,), waited_ns, dtype=torch.int64)
-            for j in masked:
+            for j in recv_masked:
                 cost[j] = 0
             combine_wait_recv_cost_stats.add_(cost.to(combine_wait_recv_cost_stats.device))
 
     return result, finish
+
