@@ -24,19 +24,26 @@ from .comm import GroupComm
 from .fp8 import pack_ue8m0, per_token_cast_to_fp8
 from .packing import pack_rows, unpack_rows
 
-__all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_masks"]
+__all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_control"]
 
 
-def exchange_masks(comm: GroupComm, masked: set[int]) -> set[int]:
-    """Tell every peer whether this rank masks it; return the peers that mask this rank.
+def exchange_control(comm: GroupComm, masked: set[int], num_max: int, shrink: bool) -> set[int]:
+    """Tell every peer this rank's ``num_max`` and whether this rank masks it; check the peers'
+    ``num_max`` agree and return the peers that mask this rank.
 
     NOTES: in DeepEP a rank that masks a peer stops sending to it, and the peer, waiting in vain,
     times out and masks it back (shrink mode). The reference has no timeouts inside a collective,
     so the flag carries that discovery explicitly; the outcome is the same.
     """
-    flags = [torch.tensor([[1 if r in masked else 0]], dtype=torch.int32) for r in range(comm.size)]
-    got = comm.exchange_rows(flags, torch.device("cpu"))
-    return {j for j, f in enumerate(got) if f.numel() and int(f[0, 0]) == 1}
+    rows = [torch.tensor([[num_max, 1 if (shrink and r in masked) else 0]], dtype=torch.int64)
+            for r in range(comm.size)]
+    got = comm.exchange_rows(rows, torch.device("cpu"))
+    for j, row in enumerate(got):
+        if int(row[0, 0]) != num_max:
+            raise InvalidArgument("num_max_dispatch_tokens_per_rank",
+                                  f"the same value on every rank (rank {comm.rank} has {num_max})",
+                                  f"{int(row[0, 0])} on rank {j}")
+    return {j for j, row in enumerate(got) if int(row[0, 1]) == 1}
 
 
 @dataclass
@@ -61,8 +68,7 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
     num_local = num_experts // num_ranks
     slab_rows = num_ranks * num_max
     send_masked = set(masked)
-    # NOTES: masks exist only with enable_shrink; then every rank takes part in the exchange.
-    masked_by = exchange_masks(comm, send_masked) if shrink else set()
+    masked_by = exchange_control(comm, send_masked, num_max, shrink)
     recv_masked = send_masked | masked_by
     masked.update(masked_by)  # the live mask of the Buffer learns who cut this rank off
 
@@ -86,19 +92,14 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
             sel_t = tok[m].long()
             order = torch.argsort(sel_e * max(num_tokens, 1) + sel_t, stable=True)
             sel_e, sel_t = sel_e[order], sel_t[order]
-        header = torch.stack([sel_e.to(torch.int32), sel_t.to(torch.int32),
-                              torch.full_like(sel_t, num_max, dtype=torch.int32)], 1)
+        header = torch.stack([sel_e.to(torch.int32), sel_t.to(torch.int32)], 1)
         per_dest.append(pack_rows([header] + [c[sel_t] for c in payload_cols]))
     t0 = time.perf_counter_ns()
     received = comm.exchange_rows(per_dest, device)
     waited_ns = time.perf_counter_ns() - t0
 
-    specs = [(torch.int32, (3,))] + [(c.dtype, tuple(c.shape[1:])) for c in payload_cols]
+    specs = [(torch.int32, (2,))] + [(c.dtype, tuple(c.shape[1:])) for c in payload_cols]
     decoded = [unpack_rows(blob, specs, blob.shape[0]) for blob in received]
-    for j, parts in enumerate(decoded):
-        if parts[0].shape[0] and int(parts[0][0, 2]) != num_max:
-            raise InvalidArgument("num_max_dispatch_tokens_per_rank", f"the same value on every rank (rank {me} has {num_max})",
-                                  f"{int(parts[0][0, 2])} on rank {j}")
 
     # Outputs (allocated now; filled by finish()).
     if use_fp8:
@@ -162,8 +163,7 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
     num_local = num_experts // num_ranks
     num_tokens = topk_idx.shape[0]
     send_masked = set(masked)
-    # NOTES: masks exist only with enable_shrink; then every rank takes part in the exchange.
-    masked_by = exchange_masks(comm, send_masked) if shrink else set()
+    masked_by = exchange_control(comm, send_masked, num_max, shrink)
     recv_masked = send_masked | masked_by
     masked.update(masked_by)
 
