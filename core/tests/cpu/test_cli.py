@@ -1,0 +1,63 @@
+"""The command line: `uccl-ep bench` verifies and reports; `--dist env` joins a torchrun job;
+`uccl-ep doctor` always answers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from multirank import free_port
+
+pytestmark = pytest.mark.cpu
+
+SMALL = ["--num-tokens", "24", "--hidden", "256", "--num-experts", "8", "--num-topk", "2", "--iters", "1",
+         "--warmup", "0", "--backend", "reference"]
+BIN = os.path.dirname(sys.executable)
+
+
+def _check_rows(rows, ranks, modes=("ht", "ll")):
+    assert {r["mode"] for r in rows} == set(modes)
+    for r in rows:
+        assert r["verified"] == "ok" and r["ranks"] == ranks and r["bytes"] > 0 and r["time_s"] > 0
+        assert r["baseline_s"] > 0 and r["gbps"] == pytest.approx(r["bytes"] / 1e9 / r["time_s"])
+
+
+def test_bench_spawns_cpu_ranks_and_verifies(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "bench", *SMALL, "--cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gloo a2a" in proc.stdout and "verified" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["ranks"] == 2 and len(data["rows"]) == 5
+    _check_rows(data["rows"], 2)
+
+
+def test_bench_joins_torchrun_job(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
+                           "-m", "uccl_ep.cli.main", "bench", *SMALL, "--mode", "ll", "--cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    _check_rows(data["rows"], 2, modes=("ll",))
+
+
+def test_doctor_json():
+    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "doctor", "--json"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["uccl_ep"]["version"]
+    assert "reference" in report["backends_registered"]
+    assert isinstance(report["verdict"], list) and report["verdict"]
+    assert report["libfabric"]["loadable"] in (True, False)
+
+
+def test_help_lists_subcommands():
+    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "bench" in proc.stdout and "doctor" in proc.stdout
