@@ -1,0 +1,124 @@
+"""Test-only shims that let Megatron-Core 0.19.2 models run on CPU (gloo) in CI.
+
+Megatron-Core's model code assumes CUDA in a few places that have nothing to do with expert
+dispatch; the example training script and the MoE tests run its real code paths on CPU with:
+
+- ``torch.cuda.current_device()`` -> "cpu" (scratch buffers such as attention's global memory
+  buffer are allocated on "the current device");
+- the CUDA RNG tracker's ``fork()`` -> a no-op context (it swaps CUDA RNG states around dropout,
+  which the tests set to 0);
+- ``typing.override`` on Python 3.11 (megatron.training uses the 3.12 decorator; the
+  typing_extensions one is the same no-op);
+- torch.compile off (Megatron's jit_fuser), which costs ~10 s per process on 2 cores;
+- in the modules of Megatron's DDP, optimizer and schedule, ``torch`` is seen through a proxy
+  that allocates ``device="cuda"`` scalars on the CPU and makes CUDA streams no-ops (those
+  modules keep small flags and counters "on the GPU"; CPU tensors finish when an op returns).
+  Grad clipping asserts CUDA grads, so CPU runs use ``--clip-grad 0``.
+
+Nothing here is used on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import types
+import typing
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+MEGATRON_SRC = os.path.join(REPO, ".cache", "megatron-core-0.19.2")
+INTEGRATION = os.path.abspath(os.path.join(HERE, ".."))
+
+
+def add_paths() -> None:
+    """Megatron-Core 0.19.2 sources (unpacked by ci/setup.sh --test) and this integration."""
+    if not os.path.isdir(os.path.join(MEGATRON_SRC, "megatron", "core")):
+        raise RuntimeError(f"Megatron-Core 0.19.2 sources missing at {MEGATRON_SRC}: run `ci/setup.sh --test`")
+    for path in (INTEGRATION, MEGATRON_SRC, HERE):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+
+
+def cpu_model_shims() -> None:
+    """Call in each rank before building a Megatron model on CPU."""
+    import torch
+
+    torch._dynamo.config.disable = True
+    torch.cuda.current_device = lambda: "cpu"
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+
+class _NullStream:
+    """A CUDA stream stand-in: CPU work is complete when the op returns, so waits are no-ops."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_event(self, *args, **kwargs) -> None:
+        pass
+
+    def record_event(self, *args, **kwargs) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _on_cpu(fn):
+    import torch
+
+    def call(*args, **kwargs):
+        device = kwargs.get("device")
+        if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda"):
+            kwargs["device"] = "cpu"
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _cpu_torch_proxy():
+    import torch
+
+    cuda = types.SimpleNamespace(**{k: getattr(torch.cuda, k) for k in dir(torch.cuda) if not k.startswith("__")})
+    cuda.current_device = lambda: "cpu"
+    cuda.current_stream = lambda *a, **k: _NullStream()
+    cuda.Stream = _NullStream
+    cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    cuda.synchronize = lambda *a, **k: None
+    cuda.empty_cache = lambda *a, **k: None
+
+    class CpuTorch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    proxy = CpuTorch("torch")
+    for name in ("tensor", "zeros", "ones", "empty", "full"):
+        setattr(proxy, name, _on_cpu(getattr(torch, name)))
+    proxy.cuda = cuda
+    return proxy
+
+
+_PROXIED = ("megatron.core.optimizer.optimizer", "megatron.core.optimizer.clip_grads",
+            "megatron.core.distributed.param_and_grad_buffer", "megatron.core.distributed.distributed_data_parallel",
+            "megatron.core.distributed.finalize_model_grads", "megatron.core.pipeline_parallel.schedules",
+            "megatron.core.utils")
+
+
+def cpu_training_shims() -> None:
+    """`cpu_model_shims` plus the DDP / optimizer / schedule proxy (call in each rank)."""
+    cpu_model_shims()
+    proxy = _cpu_torch_proxy()
+    for name in _PROXIED:
+        importlib.import_module(name).torch = proxy
