@@ -60,16 +60,13 @@ def _worker(rank: int, world: int, seed: int, cases: list) -> list:
             results.append(_round_trip(rank, world, seed + 7919 * i, **case))
         except AssertionError as exc:
             raise AssertionError(f"case {case}: {exc}") from None
+    # Megatron built its one Buffer through deep_ep's name: it must be uccl_ep's.
+    assert isinstance(fused_a2a._buffer, uccl_ep.Buffer), type(fused_a2a._buffer)
     return results
 
 
 def _round_trip(rank: int, world: int, seed: int, num_experts: int, topk: int, hidden: int, num_tokens: int,
                 drop_fraction: float) -> dict:
-    import torch
-    import torch.distributed as dist
-    from megatron.core.transformer.moe import fused_a2a
-    from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
-    from megatron.core.transformer.moe.token_dispatcher import MoEFlexTokenDispatcher
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     cfg = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, num_moe_experts=num_experts,
@@ -78,6 +75,18 @@ def _round_trip(rank: int, world: int, seed: int, num_experts: int, topk: int, h
                             add_bias_linear=False,
                             # a capacity factor makes Megatron mask zero-weight selections with -1
                             moe_expert_capacity_factor=8.0 if drop_fraction else None)
+    return check_flex_round_trip(rank, world, seed, cfg, num_tokens, drop_fraction)
+
+
+def check_flex_round_trip(rank: int, world: int, seed: int, cfg, num_tokens: int, drop_fraction: float) -> dict:
+    """Drive Megatron's MoEFlexTokenDispatcher built from ``cfg`` and check it bit-exactly (see the
+    module docstring). Shared with integrations/megatron/tests (backend "uccl")."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
+    from megatron.core.transformer.moe.token_dispatcher import MoEFlexTokenDispatcher
+
+    num_experts, topk, hidden = cfg.num_moe_experts, cfg.moe_router_topk, cfg.hidden_size
     nle = num_experts // world
     dispatcher = MoEFlexTokenDispatcher(nle, list(range(rank * nle, (rank + 1) * nle)), cfg,
                                         pg_collection=get_default_pg_collection())
@@ -127,7 +136,7 @@ def _round_trip(rank: int, world: int, seed: int, num_experts: int, topk: int, h
     dist.all_gather_object(maps, routing_map, group=dist.group.WORLD)
     want_counts = torch.stack(maps).sum(dim=(0, 1))[rank * nle:(rank + 1) * nle].tolist()
     assert counts == want_counts, (counts, want_counts)
-    return {"counts": counts, "buffer": type(fused_a2a._buffer).__module__}
+    return {"counts": counts, "manager": type(dispatcher._comm_manager).__name__}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -155,5 +164,5 @@ def test_megatron_flex_dispatcher_round_trip_and_backward_exact():
         raise AssertionError(f"seed {seed}: {exc}") from None
     for rank_results in results:
         assert len(rank_results) == len(CASES)
-        assert all(r["buffer"].startswith("uccl_ep") for r in rank_results)
+        assert all(r["manager"] == "_DeepepManager" for r in rank_results)
     assert all(sum(sum(r[i]["counts"]) for r in results) > 0 for i in range(len(CASES)))
