@@ -22,7 +22,7 @@ constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512) ll_combine_send(const UCCL_GRID_CONSTANT LLCombineParams p) {
+extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRID_CONSTANT LLCombineParams p) {
   __shared__ int s_seg_begin[kMaxRanks];   // begin row of source j's segment in e's slab
   __shared__ int s_flat[kMaxRanks + 1];    // prefix of counts over j
   const int e = blockIdx.x, tid = threadIdx.x;
@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_send(const UCCL_GRI
   }
 }
 
-extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRID_CONSTANT LLCombineRecvParams p) {
+extern "C" __global__ void __launch_bounds__(256) ll_combine_recv(const UCCL_GRID_CONSTANT LLCombineRecvParams p) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
   __shared__ unsigned s_tag;
@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
         const int g = s_expert[k];
         if (g < 0) continue;
         float v[8];
-        unpack_bf16x8(ld16(recv + ((int64_t(g) * p.num_max + t) * H + c * 8) * 2), v);
+        unpack_bf16x8(ld16_cg(recv + ((int64_t(g) * p.num_max + t) * H + c * 8) * 2), v);
         const float w = s_weight[k];
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));

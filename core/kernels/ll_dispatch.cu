@@ -32,33 +32,43 @@ UCCL_DEVICE void warp_cast_fp8(const uint16_t* x_row, uint8_t* dst_data, float* 
                                bool round_scale) {
   const int lane = lane_id();
   const int64_t nchunk = hidden / 16;  // 16 channels per lane and step; 8 lanes per 128-block
-  for (int64_t base = 0; base < nchunk; base += kWarpSize) {
-    const int64_t c = base + lane;
-    const bool active = c < nchunk;
-    float v[16];
-    float amax = 0.0f;
-    if (active) {
-      Vec16 a = ld16(x_row + c * 16), b = ld16(x_row + c * 16 + 8);
-      unpack_bf16x8(a, v);
-      unpack_bf16x8(b, v + 8);
+  for (int64_t base = 0; base < nchunk; base += 2 * kWarpSize) {
+    float v[2][16];
+    float amax[2] = {0.0f, 0.0f};
+    Vec16 raw[2][2];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    for (int u = 0; u < 2; ++u) {  // issue both chunks' loads before any use
+      const int64_t c = base + u * kWarpSize + lane;
+      if (c < nchunk) {
+        raw[u][0] = ld16(x_row + c * 16);
+        raw[u][1] = ld16(x_row + c * 16 + 8);
+      }
     }
-    amax = fmaxf(amax, shfl_xor(amax, 1));
-    amax = fmaxf(amax, shfl_xor(amax, 2));
-    amax = fmaxf(amax, shfl_xor(amax, 4));
-    if (active) {
-      float scale, scale_inv;
-      fp8_block_scales(amax, round_scale, &scale, &scale_inv);
-      st16(dst_data + c * 16, quantize16(v, scale));
-      if ((c & 7) == 0) dst_scales[c >> 3] = scale_inv;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t c = base + u * kWarpSize + lane;
+      if (c < nchunk) {
+        unpack_bf16x8(raw[u][0], v[u]);
+        unpack_bf16x8(raw[u][1], v[u] + 8);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) amax[u] = fmaxf(amax[u], fabsf(v[u][i]));
+      }
+      amax[u] = fmaxf(amax[u], shfl_xor(amax[u], 1));
+      amax[u] = fmaxf(amax[u], shfl_xor(amax[u], 2));
+      amax[u] = fmaxf(amax[u], shfl_xor(amax[u], 4));
+      if (c < nchunk) {
+        float scale, scale_inv;
+        fp8_block_scales(amax[u], round_scale, &scale, &scale_inv);
+        st16(dst_data + c * 16, quantize16(v[u], scale));
+        if ((c & 7) == 0) dst_scales[c >> 3] = scale_inv;
+      }
     }
   }
 }
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GRID_CONSTANT LLDispatchParams p) {
+extern "C" __global__ void __launch_bounds__(256) ll_dispatch_send(const UCCL_GRID_CONSTANT LLDispatchParams p) {
   extern __shared__ int smem[];
   const int e = blockIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens);
@@ -68,29 +78,21 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   int* tokens = smem;                       // [T] tokens selecting e, in order
   int* scratch = smem + (T > 0 ? T : 1);    // [2 * blockDim.x]
 
-  // 1. tokens of this rank selecting e, in token order.
+  // 1. tokens of this rank selecting e, in token order. The K ids of a token are loaded
+  //    independently (no early exit) so a thread has all its loads in flight at once.
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   const int per = (T + int(blockDim.x) - 1) / int(blockDim.x);
   const int t0 = min(T, tid * per), t1 = min(T, t0 + per);
-  int mine = 0;
+  uint32_t hits = 0;  // bit i: token t0 + i selects e (per <= 32 checked by the host)
   for (int t = t0; t < t1; ++t) {
-    for (int k = 0; k < K; ++k) {
-      if (topk[int64_t(t) * K + k] == e) {
-        ++mine;
-        break;
-      }
-    }
+    bool hit = false;
+    for (int k = 0; k < K; ++k) hit |= topk[int64_t(t) * K + k] == e;
+    hits |= uint32_t(hit) << (t - t0);
   }
   int count = 0;
-  int pos = block_exclusive_scan(mine, scratch, &count);
-  for (int t = t0; t < t1 && mine > 0; ++t) {
-    for (int k = 0; k < K; ++k) {
-      if (topk[int64_t(t) * K + k] == e) {
-        tokens[pos++] = t;
-        break;
-      }
-    }
-  }
+  int pos = block_exclusive_scan(__popc(hits), scratch, &count);
+  for (int t = t0; t < t1; ++t)
+    if ((hits >> (t - t0)) & 1u) tokens[pos++] = t;
   __syncthreads();
   count = min(count, int(p.num_max));
   const bool skip = is_masked(p.masked, dst);
@@ -125,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   }
 }
 
-extern "C" __global__ void __launch_bounds__(512) ll_dispatch_recv(const UCCL_GRID_CONSTANT LLDispatchRecvParams p) {
+extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GRID_CONSTANT LLDispatchRecvParams p) {
   __shared__ int s_count[kMaxRanks];
   __shared__ int s_begin[kMaxRanks + 1];
   __shared__ unsigned s_tag;
@@ -176,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_recv(const UCCL_GR
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
     if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = *reinterpret_cast<const int*>(msg);
     if (p.use_fp8) {
-      warp_copy16(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg + 16, H);
+      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg + 16, H);
       const auto* scales = reinterpret_cast<const float*>(msg + 16 + H);
       if (p.use_ue8m0) {
         for (int g = lane_id(); g < H / 512; g += kWarpSize) {
@@ -190,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_recv(const UCCL_GR
           reinterpret_cast<float*>(p.recv_scales)[(int64_t(e) * (H / 128) + g) * rows_per_expert + row] = scales[g];
       }
     } else {
-      warp_copy16(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg + 16, H * 2);
+      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg + 16, H * 2);
     }
   }
   last_block_bumps_seq(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<unsigned*>(p.seq));

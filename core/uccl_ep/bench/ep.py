@@ -190,6 +190,30 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
                      device, group)
     rows.add(mode="ll", op="combine", dtype="bf16", tokens=T, experts=E, bytes=num_sel * H * 2,
              time_s=t_comb["mean"], baseline_s=base_disp, verified=verified)
+    if buf.backend == "cuda":
+        _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows, num_sel, base_disp, verified,
+                        progress)
+
+
+def _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows: _Rows, num_sel, base_s, verified,
+                    progress):
+    """Dispatch (FP8) + combine captured in one CUDA graph and replayed: device time without the
+    host's per-call work (how serving frameworks run LL decode)."""
+    T, H, E = spec.ll_tokens, spec.hidden, spec.ll_experts
+    progress("ll: timing dispatch+combine (CUDA graph)")
+    dist.barrier(group=group)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        _, _, h, _, _ = buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True)
+        buf.low_latency_combine(y, topk_idx, topk_weights, h)
+    torch.cuda.synchronize()
+    dist.barrier(group=group)
+    t = time_op(graph.replay, spec.iters, spec.warmup, device, group)
+    rows.add(mode="ll", op="dispatch+combine graph", dtype="fp8+bf16", tokens=T, experts=E,
+             bytes=num_sel * (H + H // 128 * 4 + 16 + 2 * H), time_s=t["median"], baseline_s=2 * base_s,
+             verified=verified)
 
 
 def run_rank(rank: int, world: int, spec_dict: dict, progress_queue: Any = None) -> list[dict[str, Any]]:

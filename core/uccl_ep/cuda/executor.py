@@ -60,7 +60,7 @@ class CudaExecutor(Executor):
         self.device = torch.cuda.current_device()
         self.timeout_ns = int(ctx.gpu_timeout_s * 1e9)
         self._failure: Exception | None = None
-        self.errors = MappedHostMemory(self.device, 4096)
+        self.errors = MappedHostMemory(self.device, 16384)  # error word at 0, HT receive counts at 4 KiB
         self.error_dev_ptr = self.errors.dev_ptr
         self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
         self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
@@ -104,6 +104,9 @@ class CudaExecutor(Executor):
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
                                          "unusable now (destroy it and build a new one)")
+        elif code == 2 and what == "ht_notify":
+            self._failure = LimitExceeded("num_worst_tokens", f"rows received by rank {rank}", expert,
+                                          getattr(self, "_last_worst", 0) or 0)
         else:
             from ..errors import PeerProtocolError
             self._failure = PeerProtocolError(f"rank {rank}: device error {code} in {what} (peer {peer})")
@@ -169,6 +172,7 @@ class CudaExecutor(Executor):
                  num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
         self.check_error()
         self._check_cuda("x", x)
+        self._last_worst = num_worst_tokens
         return self._ht_engine().dispatch(x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                                           num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
 

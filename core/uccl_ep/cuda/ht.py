@@ -1,36 +1,287 @@
-"""Normal (high-throughput) mode of the CUDA executor.
+"""Normal (high-throughput) intranode mode of the CUDA executor (layout.cu, intranode_*.cu).
 
-Interim: the routing and data movement run on the reference implementation (torch collectives
-over the Buffer's group, CUDA tensors), until the intranode kernels land.
+NVL buffer of each rank: [0, 512 KiB) control (notify area, ring progress counters, written by
+peers), then the rings: one per (channel, source rank), `ring_slots` slots of `slot_bytes` each.
+Device workspace (local): cumulative ring positions written per (channel, destination) and
+consumed per (channel, source), and the fresh-dispatch sequence number.
+
+The ring geometry (channels = config.num_sms / 2, slots = num_max_nvl_chunked_recv_tokens) is
+fixed on first use; a call with another geometry resets every rank's counters once (a host
+barrier), so keep the Config constant across calls (as frameworks do) and warm up before graph
+capture.
 """
 
 from __future__ import annotations
 
-from ..refs import normal
-from ..refs.comm import GroupComm
+import struct
+import time
 
-__all__ = ["NormalEngine"]
+import torch
+
+from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
+from ..handles import NormalHandle
+from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
+
+__all__ = ["NormalEngine", "CudaNormalPlan"]
+
+_RING_OFF = 512 * 1024
+_MAX_CHANNELS = 64
+_MAX_WARPS = 16
+_HOST_OFF_INTS = 1024      # the HT host area starts 4 KiB into the mapped page (error word at 0)
+_MAX_LOCAL_EXPERTS = 1024
+
+
+def _align16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def dispatch_slot_bytes(hidden_bytes: int, num_scales: int, num_topk: int) -> int:
+    """Bytes of one dispatch ring slot (mirrors dispatch_slot() in intranode_dispatch.cu)."""
+    topk = _align16(hidden_bytes + num_scales * 4)
+    return _align16(topk + num_topk * 12 + 4)
+
+
+def combine_slot_bytes(hidden: int, num_topk: int) -> int:
+    return _align16(_align16(hidden * 2) + num_topk * 4)
+
+
+class CudaNormalPlan:
+    """What a dispatch fixed, for cached dispatch and combine (``recv_counts`` only when known)."""
+
+    def __init__(self, num_tokens: int, num_rows: int, num_channels: int, num_recv=None, recv_counts=None):
+        self.num_tokens, self.num_rows, self.num_channels = num_tokens, num_rows, num_channels
+        self.num_recv = num_recv
+        if recv_counts is not None:
+            self.recv_counts = recv_counts
 
 
 class NormalEngine:
     def __init__(self, ex) -> None:
         self.ex = ex
-        self.comm = GroupComm(ex.ctx.group)
+        self.dev = ex.device
+        self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
+        if ex.nvl_mem is None:
+            raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
+                                hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
+        self.G = _MAX_WARPS // self.R
+        self.block = self.R * self.G * 32
+        self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
+        self.peers = DeviceMemory(self.dev, 8 * self.R)
+        ex.drv.memcpy_htod(self.dev, self.peers.ptr, struct.pack(f"<{self.R}Q", *ex.nvl_peer_base))
+        self.geometry = None
+        self.slot_bytes = 0
+        self.host_tag = 0
+        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
+            ("layout.cu", "ht_layout"), ("intranode_notify.cu", "ht_notify"),
+            ("intranode_dispatch.cu", "ht_dispatch"), ("intranode_combine.cu", "ht_combine"))}
 
+    @property
+    def _sent(self) -> int:
+        return self.work.ptr
+
+    @property
+    def _consumed(self) -> int:
+        return self.work.ptr + _MAX_CHANNELS * 8 * 8
+
+    @property
+    def _seq(self) -> int:
+        return self.work.ptr + 2 * _MAX_CHANNELS * 8 * 8
+
+    def _ensure_geometry(self, channels: int, slots: int) -> int:
+        if self.geometry == (channels, slots):
+            return self.slot_bytes
+        if channels > _MAX_CHANNELS:
+            raise LimitExceeded("config.num_sms", "SMs (2 per channel) of the CUDA normal kernels", 2 * channels,
+                                2 * _MAX_CHANNELS)
+        if slots < 2 * _MAX_WARPS:
+            raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {2 * _MAX_WARPS} for the CUDA kernels",
+                                  slots)
+        slot_bytes = (self.ex.nvl_mem.nbytes - _RING_OFF) // (channels * self.R * slots) // 16 * 16
+        if slot_bytes <= 0:
+            raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer", _RING_OFF + channels * self.R * slots * 16,
+                                self.ex.nvl_mem.nbytes)
+        drv = self.ex.drv
+        torch.cuda.synchronize(self.dev)
+        self.ex.host_barrier()
+        drv.memset_d8(self.dev, self.ex.nvl_mem.ptr, 0, _RING_OFF, 0)
+        drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
+        drv.synchronize(self.dev)
+        self.ex.host_barrier()
+        self.geometry, self.slot_bytes = (channels, slots), slot_bytes
+        return slot_bytes
+
+    def _check_slot(self, need: int, what: str) -> None:
+        if need > self.slot_bytes:
+            ch, slots = self.geometry
+            raise LimitExceeded("num_nvl_bytes", f"bytes per ring slot for {what} ({ch} channels x {self.R} ranks x "
+                                f"{slots} slots)", need, self.slot_bytes,
+                                hint="use Config.get_nvl_buffer_size_hint for num_nvl_bytes")
+
+    # -- layout ------------------------------------------------------------------------------------
     def layout(self, topk_idx, num_experts):
-        return normal.dispatch_layout(topk_idx, num_experts, self.ex.ctx.topology)
+        T, K = topk_idx.shape
+        R = self.R
+        counts = torch.zeros(R + num_experts, dtype=torch.int32, device=topk_idx.device)
+        in_rank = torch.empty(T, R, dtype=torch.bool, device=topk_idx.device)
+        if T > 0:
+            topk_idx = topk_idx.contiguous()
+            params = pack_params("HTLayoutParams", topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=counts.data_ptr(),
+                                 num_tokens_per_expert=counts.data_ptr() + 4 * R, is_token_in_rank=in_rank.data_ptr(),
+                                 num_tokens=T, num_topk=K, num_experts=num_experts, num_ranks=R)
+            self._k["ht_layout"].launch((T + 255) // 256, 256, params, current_stream(), smem=4 * (R + num_experts))
+        return counts[:R], None, counts[R:], in_rank
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def _wait_host(self, tag: int) -> None:
+        errors = self.ex.errors
+        deadline = time.monotonic() + self.ex.ctx.timeout_s
+        spins = 0
+        while errors.int32(_HOST_OFF_INTS) != tag:
+            spins += 1
+            if spins % 1024 == 0:
+                self.ex.check_error()
+                if time.monotonic() > deadline:
+                    raise Timeout(self.rank, None, "ht_dispatch_notify (CPU wait for receive counts)",
+                                  self.ex.ctx.timeout_s, hint="a peer did not join this dispatch")
+                if spins > 100_000:
+                    time.sleep(0)
+        self.ex.check_error()
+
+    def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, outs, handle_mats, channels, rows):
+        recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head = outs
+        rank_prefix, recv_channel_prefix = handle_mats
+        T = x.shape[0]
+        params = pack_params(
+            "HTDispatchParams", x=x.data_ptr(), x_scales=scales.data_ptr() if scales is not None else 0,
+            topk_idx=topk_idx.data_ptr() if topk_idx is not None else 0,
+            topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
+            is_token_in_rank=in_rank.data_ptr(), peer_buf=self.peers.ptr, sent=self._sent, consumed=self._consumed,
+            recv_x=recv_x.data_ptr(), recv_scales=recv_scales.data_ptr() if recv_scales is not None else 0,
+            recv_topk_idx=recv_idx.data_ptr() if recv_idx is not None else 0,
+            recv_topk_weights=recv_w.data_ptr() if recv_w is not None else 0,
+            recv_src_idx=recv_src.data_ptr() if recv_src is not None else 0,
+            send_head=send_head.data_ptr() if send_head is not None else 0, rank_prefix=rank_prefix.data_ptr(),
+            recv_channel_prefix=recv_channel_prefix.data_ptr(), error=self.ex.error_dev_ptr, num_tokens=T,
+            hidden_bytes=x.shape[1] * x.element_size(), num_scales=scales.shape[1] if scales is not None else 0,
+            scale_stride_token=scales.stride(0) if scales is not None else 0,
+            scale_stride_col=scales.stride(1) if scales is not None else 0,
+            num_topk=topk_idx.shape[1] if topk_idx is not None else 0,
+            num_experts=self._num_experts, num_ranks=self.R, rank=self.rank, num_channels=channels,
+            ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.G, num_rows=rows,
+            timeout_ns=self.ex.timeout_ns)
+        self._k["ht_dispatch"].launch(2 * channels, self.block, params, current_stream())
+
+    def _check_x(self, x, scales) -> None:
+        if scales is not None and scales.element_size() != 4:
+            raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(scales.dtype))
 
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                  num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
-        return normal.dispatch(self.comm, self.ex.ctx.topology, self.ex.owner, x, x_scales, topk_idx, topk_weights,
-                               num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, expert_alignment,
-                               num_worst_tokens, config.num_channels)
+        self._check_x(x, x_scales)
+        R, dev = self.R, x.device
+        T = x.shape[0]
+        E = num_tokens_per_expert.numel()
+        E_loc = E // R
+        if E_loc > _MAX_LOCAL_EXPERTS:
+            raise LimitExceeded("num_tokens_per_expert", "local experts of the CUDA normal kernels", E_loc,
+                                _MAX_LOCAL_EXPERTS)
+        C, S = config.num_channels, config.num_max_nvl_chunked_recv_tokens
+        self._ensure_geometry(C, S)
+        K = topk_idx.shape[1] if topk_idx is not None else 0
+        hidden_bytes = x.shape[1] * x.element_size()
+        ns = x_scales.shape[1] if x_scales is not None else 0
+        self._check_slot(dispatch_slot_bytes(hidden_bytes, ns, K), "dispatch")
+        self._num_experts = E
+        mats = torch.empty(R * R + 2 * R * C, dtype=torch.int32, device=dev)
+        rank_prefix = mats[:R * R].view(R, R)
+        channel_prefix = mats[R * R:R * R + R * C].view(R, C)
+        recv_channel_prefix = mats[R * R + R * C:].view(R, C)
+        self.host_tag = (self.host_tag + 1) & 0x3FFFFFFF
+        host = self.ex.errors.dev_ptr + 4 * _HOST_OFF_INTS
+        in_rank = is_token_in_rank.contiguous()
+        ntpe = num_tokens_per_expert.contiguous()
+        params = pack_params("HTNotifyParams", is_token_in_rank=in_rank.data_ptr(), num_tokens_per_expert=ntpe.data_ptr(),
+                             peer_buf=self.peers.ptr, seq=self._seq, rank_prefix=rank_prefix.data_ptr(),
+                             channel_prefix=channel_prefix.data_ptr(),
+                             recv_channel_prefix=recv_channel_prefix.data_ptr(), host=host, error=self.ex.error_dev_ptr,
+                             host_tag=self.host_tag, num_tokens=T, num_ranks=R, rank=self.rank, num_channels=C,
+                             num_experts=E, expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
+                             timeout_ns=self.ex.timeout_ns)
+        self._k["ht_notify"].launch(1, 512, params, current_stream())
+        if num_worst_tokens > 0:
+            rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
+        else:
+            self._wait_host(self.host_tag)
+            vals = self.ex.errors.int32_array(_HOST_OFF_INTS + 1, 1 + R + E_loc)
+            num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:]
+            rows = num_recv
+        recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
+        recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
+        recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
+        recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
+        recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
+        send_head = torch.empty(T, R, dtype=torch.int32, device=dev)
+        x = x.contiguous()
+        topk_idx = topk_idx.contiguous() if topk_idx is not None else None
+        topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank,
+                              (recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head),
+                              (rank_prefix, recv_channel_prefix), C, rows)
+        plan = CudaNormalPlan(T, rows, C, num_recv, per_src)
+        plan.num_experts = E
+        handle = NormalHandle((rank_prefix, channel_prefix, recv_channel_prefix, recv_src, in_rank, send_head),
+                              self.ex.owner, plan)
+        return recv_x, recv_scales, recv_idx, recv_w, per_expert, handle
 
     def cached_dispatch(self, x, x_scales, handle, config):
-        return normal.cached_dispatch(self.comm, x, x_scales, handle)
+        self._check_x(x, x_scales)
+        plan = handle.plan
+        if x.shape[0] != plan.num_tokens:
+            raise InvalidArgument("x", f"{plan.num_tokens} rows (the token count of the dispatch that made `handle`)",
+                                  x.shape[0])
+        self._ensure_geometry(plan.num_channels, config.num_max_nvl_chunked_recv_tokens)
+        ns = x_scales.shape[1] if x_scales is not None else 0
+        self._check_slot(dispatch_slot_bytes(x.shape[1] * x.element_size(), ns, 0), "dispatch")
+        self._num_experts = plan.num_experts
+        rows = plan.num_rows
+        recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=x.device)
+        recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
+        self._launch_dispatch(x.contiguous(), x_scales, None, None, handle[4],
+                              (recv_x, recv_scales, None, None, None, None), (handle[0], handle[2]),
+                              plan.num_channels, rows)
+        return recv_x, recv_scales
 
+    # -- combine -----------------------------------------------------------------------------------
     def combine(self, x, handle, topk_weights, biases, config):
-        return normal.combine(self.comm, x, handle, topk_weights, biases)
+        if x.dtype != torch.bfloat16:
+            raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
+        plan = handle.plan
+        if x.shape[0] != plan.num_rows:
+            raise InvalidArgument("x", f"{plan.num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
+        if topk_weights is not None and topk_weights.shape[0] != plan.num_rows:
+            raise InvalidArgument("topk_weights", f"{plan.num_rows} rows", topk_weights.shape[0])
+        self._ensure_geometry(plan.num_channels, config.num_max_nvl_chunked_recv_tokens)
+        T, H = plan.num_tokens, x.shape[1]
+        K = topk_weights.shape[1] if topk_weights is not None else 0
+        self._check_slot(combine_slot_bytes(H, K), "combine")
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+        out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
+        b0, b1 = (b.contiguous() if b is not None else None for b in biases)
+        x = x.contiguous()
+        topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        params = pack_params(
+            "HTCombineParams", x=x.data_ptr(), topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
+            bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,
+            out=out.data_ptr(), out_weights=out_w.data_ptr() if out_w is not None else 0,
+            is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), peer_buf=self.peers.ptr,
+            sent=self._sent, consumed=self._consumed, rank_prefix=handle[0].data_ptr(),
+            recv_channel_prefix=handle[2].data_ptr(), error=self.ex.error_dev_ptr, num_tokens=T, hidden=H,
+            num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=plan.num_channels,
+            ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.G,
+            timeout_ns=self.ex.timeout_ns)
+        self._k["ht_combine"].launch(2 * plan.num_channels, self.block, params, current_stream())
+        return out, out_w
 
     def free(self) -> None:
-        pass
+        self.work.free()
+        self.peers.free()

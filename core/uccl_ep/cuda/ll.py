@@ -139,18 +139,28 @@ class LowLatencyEngine:
         s = self._flip()
         dev = x.device
         rows = R * num_max
+        if T > 32 * _SEND_BLOCK:
+            raise LimitExceeded("x", "tokens per rank of the CUDA low-latency kernels", T, 32 * _SEND_BLOCK)
+        # NOTES: one allocation for all outputs (views into it): each torch.empty costs microseconds
+        # of host time, which is most of a small LL call.
+        data_bytes = E_loc * rows * H * (1 if use_fp8 else 2)
+        scale_cols = (H // 512 if use_ue8m0 else H // 128) if use_fp8 else 0
+        parts = [data_bytes, E_loc * scale_cols * rows * 4, E_loc * 4, E_loc * rows * 4, E_loc * R * 8]
+        offs, total = [], 0
+        for n in parts:
+            offs.append(total)
+            total += (n + 255) // 256 * 256
+        blob = torch.empty(total, dtype=torch.uint8, device=dev)
+        view = lambda i, dtype, shape: blob[offs[i]:offs[i] + parts[i]].view(dtype).view(shape)  # noqa: E731
         if use_fp8:
-            recv_x = torch.empty(E_loc, rows, H, dtype=torch.float8_e4m3fn, device=dev)
-            if use_ue8m0:
-                scales = torch.empty(E_loc, H // 512, rows, dtype=torch.int32, device=dev).transpose(1, 2)
-            else:
-                scales = torch.empty(E_loc, H // 128, rows, dtype=torch.float32, device=dev).transpose(1, 2)
+            recv_x = view(0, torch.float8_e4m3fn, (E_loc, rows, H))
+            scales = view(1, torch.int32 if use_ue8m0 else torch.float32, (E_loc, scale_cols, rows)).transpose(1, 2)
         else:
-            recv_x = torch.empty(E_loc, rows, H, dtype=torch.bfloat16, device=dev)
+            recv_x = view(0, torch.bfloat16, (E_loc, rows, H))
             scales = None
-        recv_count = torch.empty(E_loc, dtype=torch.int32, device=dev)
-        src_info = torch.empty(E_loc, rows, dtype=torch.int32, device=dev)
-        layout_range = torch.empty(E_loc, R, dtype=torch.int64, device=dev)
+        recv_count = view(2, torch.int32, (E_loc,))
+        src_info = view(3, torch.int32, (E_loc, rows))
+        layout_range = view(4, torch.int64, (E_loc, R))
         mask = sum(1 << r for r in masked)
         x = x.contiguous()
         topk_idx = topk_idx.contiguous()

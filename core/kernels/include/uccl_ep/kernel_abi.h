@@ -117,4 +117,114 @@ struct LLCombineRecvParams {
   int64_t timeout_ns;
 };
 
+// ---- normal (high-throughput) intranode ---------------------------------------------------------
+// Each rank's NVL buffer: [0, kHTRingOffset) control (notify area, ring counters), then rings:
+// ring (channel c, source i) of this rank = ring_slots slots of slot_bytes, written by rank i.
+// Ring positions are cumulative over every op (dispatch and combine share the rings of one
+// direction), so no counter is ever reset between ops; see intranode_dispatch.cu NOTES.
+constexpr int kHTMaxRanks = 8;
+constexpr int kHTMaxChannels = 64;
+constexpr int kHTMaxWarps = 16;
+constexpr int kHTMaxLocalExperts = 1024;
+constexpr uint64_t kHTNotifyOffset = 0;                       // sig[2][R] u64, ack[R] u64, payload
+constexpr uint64_t kHTNotifyPayloadOffset = 256;              // int32 [2][R][kHTNotifyStride]
+constexpr int kHTNotifyStride = kHTMaxRanks + kHTMaxChannels + kHTMaxLocalExperts;
+constexpr uint64_t kHTTailOffset = 128 * 1024;                // u64 [C][R][kHTMaxWarps] by sender warps
+constexpr uint64_t kHTHeadOffset = kHTTailOffset + 8ull * kHTMaxChannels * kHTMaxRanks * kHTMaxWarps;
+constexpr uint64_t kHTRingOffset = 512 * 1024;
+
+struct HTLayoutParams {
+  uint64_t topk_idx;          // int64 [T, K]
+  uint64_t num_tokens_per_rank;    // int32 [R], zeroed
+  uint64_t num_tokens_per_expert;  // int32 [E], zeroed
+  uint64_t is_token_in_rank;  // bool [T, R]
+  int64_t num_tokens;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+};
+
+struct HTNotifyParams {
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t num_tokens_per_expert;  // int32 [E]
+  uint64_t peer_buf;          // u64[R] NVL buffer bases
+  uint64_t seq;               // u32 device word: fresh dispatches done
+  uint64_t rank_prefix;       // out int32 [R, R]
+  uint64_t channel_prefix;    // out int32 [R, C]
+  uint64_t recv_channel_prefix;  // out int32 [R, C]
+  uint64_t host;              // int32 mapped host: [0] flag, [1] num_recv, [2, 2+R) per source, then per expert
+  uint64_t error;
+  int64_t host_tag;
+  int64_t num_tokens;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t num_experts;
+  int64_t expert_alignment;
+  int64_t num_worst_tokens;
+  int64_t timeout_ns;
+};
+
+struct HTDispatchParams {
+  uint64_t x;                 // [T, hidden_bytes]
+  uint64_t x_scales;          // 4-byte elements, strided, or 0
+  uint64_t topk_idx;          // int64 [T, K] or 0 (cached)
+  uint64_t topk_weights;      // fp32 [T, K] or 0
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t peer_buf;          // u64[R]
+  uint64_t sent;              // u64 [C][R] cumulative positions written per destination (local)
+  uint64_t consumed;          // u64 [C][R] cumulative positions consumed per source (local)
+  uint64_t recv_x;
+  uint64_t recv_scales;       // row-major [rows, num_scales] or 0
+  uint64_t recv_topk_idx;     // int64 [rows, K] or 0
+  uint64_t recv_topk_weights; // fp32 [rows, K] or 0
+  uint64_t recv_src_idx;      // int32 [rows] or 0
+  uint64_t send_head;         // int32 [T, R] or 0
+  uint64_t rank_prefix;       // int32 [R, R]
+  uint64_t recv_channel_prefix;  // int32 [R, C]
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden_bytes;
+  int64_t num_scales;
+  int64_t scale_stride_token;
+  int64_t scale_stride_col;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t ring_slots;
+  int64_t slot_bytes;
+  int64_t warps_per_peer;
+  int64_t num_rows;
+  int64_t timeout_ns;
+};
+
+struct HTCombineParams {
+  uint64_t x;                 // bf16 [rows, H]
+  uint64_t topk_weights;      // fp32 [rows, K] or 0
+  uint64_t bias0;             // bf16 [T, H] or 0
+  uint64_t bias1;             // bf16 [T, H] or 0
+  uint64_t out;               // bf16 [T, H]
+  uint64_t out_weights;       // fp32 [T, K] or 0
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t send_head;         // int32 [T, R]
+  uint64_t peer_buf;
+  uint64_t sent;
+  uint64_t consumed;
+  uint64_t rank_prefix;
+  uint64_t recv_channel_prefix;
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden;
+  int64_t num_topk;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t ring_slots;
+  int64_t slot_bytes;
+  int64_t warps_per_peer;
+  int64_t timeout_ns;
+};
+
 }  // namespace uccl_ep

@@ -48,6 +48,26 @@ UCCL_DEVICE int shfl_xor(int v, int mask) {
 #endif
 }
 
+UCCL_DEVICE uint64_t warp_ballot(bool pred) {
+#if UCCL_EP_HIP
+  return __ballot(pred);
+#else
+  return __ballot_sync(0xffffffffu, pred);
+#endif
+}
+
+UCCL_DEVICE int popc64(uint64_t v) { return __popcll(v); }
+UCCL_DEVICE int ffs64(uint64_t v) { return __ffsll((unsigned long long)v); }  // 1-based, 0 if none
+UCCL_DEVICE uint64_t lanemask_lt() { return (uint64_t(1) << lane_id()) - 1; }
+
+UCCL_DEVICE int shfl_idx(int v, int src) {
+#if UCCL_EP_HIP
+  return __shfl(v, src);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
 UCCL_DEVICE void sync_warp() {
 #if UCCL_EP_CUDA
   __syncwarp();
@@ -117,5 +137,19 @@ struct alignas(16) Vec16 {
 
 UCCL_DEVICE Vec16 ld16(const void* p) { return *reinterpret_cast<const Vec16*>(p); }
 UCCL_DEVICE void st16(void* p, const Vec16& v) { *reinterpret_cast<Vec16*>(p) = v; }
+
+// 16-byte load that skips L1 (L2 is coherent with peers' NVLink writes; L1 is not): for memory
+// that other GPUs write while this kernel runs.
+UCCL_DEVICE Vec16 ld16_cg(const void* p) {
+#if UCCL_EP_CUDA
+  int4 v = __ldcg(reinterpret_cast<const int4*>(p));
+  Vec16 r = {{uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)}};
+  return r;
+#else
+  const volatile uint32_t* q = reinterpret_cast<const volatile uint32_t*>(p);
+  Vec16 r = {{q[0], q[1], q[2], q[3]}};
+  return r;
+#endif
+}
 
 }  // namespace uccl_ep::dev

@@ -64,6 +64,24 @@ UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) {
   for (; i < n; i += kWarpSize) d[i] = s[i];
 }
 
+// warp_copy16 reading through L2 only (the source is written by peers: see ld16_cg).
+UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) {
+  const int lane = lane_id();
+  const int64_t n = bytes / 16;
+  auto* d = reinterpret_cast<Vec16*>(dst);
+  auto* s = reinterpret_cast<const Vec16*>(src);
+  int64_t i = lane;
+  for (; i + 3 * kWarpSize < n; i += 4 * kWarpSize) {
+    Vec16 a = ld16_cg(s + i), b = ld16_cg(s + i + kWarpSize), c = ld16_cg(s + i + 2 * kWarpSize),
+          e = ld16_cg(s + i + 3 * kWarpSize);
+    d[i] = a;
+    d[i + kWarpSize] = b;
+    d[i + 2 * kWarpSize] = c;
+    d[i + 3 * kWarpSize] = e;
+  }
+  for (; i < n; i += kWarpSize) d[i] = ld16_cg(s + i);
+}
+
 UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
 
 }  // namespace uccl_ep::dev

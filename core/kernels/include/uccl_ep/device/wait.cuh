@@ -46,4 +46,21 @@ UCCL_DEVICE int64_t wait_tagged(const uint64_t* signal, uint32_t tag, uint64_t t
   }
 }
 
+// Spin until the tag in the high 32 bits of *signal is >= `tag` (serial arithmetic); 0 or -1.
+UCCL_DEVICE int wait_tagged_at_least(const uint64_t* signal, uint32_t tag, uint64_t timeout_ns, ErrorWord* err,
+                                     int phase, int rank, int peer) {
+  uint64_t start = clock_ns();
+  for (uint32_t spins = 0;; ++spins) {
+    if (int32_t(uint32_t(ld_acquire_sys(signal) >> 32) - tag) >= 0) return 0;
+    if ((spins & 1023u) == 1023u) {
+      uint64_t now = clock_ns();
+      if (now - start > timeout_ns) {
+        raise_error(err, kErrTimeout, phase, rank, peer, -1, now - start);
+        return -1;
+      }
+      if (error_raised(err)) return -1;
+    }
+  }
+}
+
 }  // namespace uccl_ep::dev

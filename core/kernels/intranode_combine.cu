@@ -1,0 +1,162 @@
+// Intranode (NVLink) combine: the reverse of dispatch, summing each token's rows from every rank.
+//
+// Grid: 2 blocks per channel, as in dispatch (and on the same rings: positions continue).
+//   sender block 2c, group i: rows [recv_channel_prefix[i][c], next) of x came from rank i's
+//     channel c in dispatch; the k-th goes back into slot base + k of ring (c, me -> i) in rank
+//     i's buffer (BF16 row, then the top-k weights if given);
+//   receiver block 2c + 1: every warp takes every (R*G)-th token of channel c; for token t and
+//     each rank j (ascending) that received it, the row is at position base_j + send_head[t][j]
+//     of ring (c, j -> me); out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32, one IEEE add
+//     at a time (bit-exact with uccl_ep.refs), cast to BF16; the weights are summed the same way.
+//
+// NOTES: a consumer warp publishes, per source, "all my positions below V are consumed" with V
+// the source's position of the token it is about to take; see intranode_dispatch.cu for the
+// counter rules. Consumers here are all R*G warps of the block, so producers take the minimum
+// over that many counters.
+#include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/numeric.cuh"
+#include "uccl_ep/device/ring.cuh"
+
+using namespace uccl_ep;
+using namespace uccl_ep::dev;
+
+namespace {
+
+UCCL_DEVICE uint64_t* counter(uint64_t buf, uint64_t offset, int c, int R, int peer, int w) {
+  return reinterpret_cast<uint64_t*>(buf + offset) + (int64_t(c) * R + peer) * kHTMaxWarps + w;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_CONSTANT HTCombineParams p) {
+  const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.warps_per_peer), me = int(p.rank);
+  const int NW = R * G;  // consumer warps of a receiver block
+  const int c = blockIdx.x / 2;
+  const bool sender = (blockIdx.x & 1) == 0;
+  const int warp = warp_id(), lane = lane_id();
+  const int T = int(p.num_tokens);
+  const int per = (T + C - 1) / C;
+  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const int64_t S = p.ring_slots, K = p.num_topk, H = p.hidden;
+  const auto* peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const int64_t w_off = (H * 2 + 15) / 16 * 16;  // slot: bf16 row, then K fp32 weights
+  const auto* rank_prefix = reinterpret_cast<const int*>(p.rank_prefix);
+
+  uint64_t bases[kHTMaxRanks];
+#pragma unroll
+  for (int j = 0; j < kHTMaxRanks; ++j)
+    bases[j] = j < R ? reinterpret_cast<const uint64_t*>(sender ? p.sent : p.consumed)[c * R + j] : 0;
+  __syncthreads();
+  if (warp >= NW) return;
+
+  if (sender) {
+    const int i = warp / G, w = warp % G;
+    const uint64_t base = bases[i];
+    const auto* rcp = reinterpret_cast<const int*>(p.recv_channel_prefix);
+    const int start_row = rcp[i * C + c];
+    const int n = (c + 1 < C ? rcp[i * C + c + 1] : rank_prefix[i * R + me]) - start_row;
+    auto* ring = reinterpret_cast<uint8_t*>(peer[i] + kHTRingOffset) + (int64_t(c) * R + me) * S * p.slot_bytes;
+    uint64_t* tail = counter(peer[i], kHTTailOffset, c, R, me, w);
+    const uint64_t* heads = counter(peer[me], kHTHeadOffset, c, R, i, 0);
+    uint64_t head_min = 0;
+    for (int k = w; k < n; k += G) {
+      const uint64_t pos = base + k;
+      if (pos >= head_min + S) {
+        head_min = warp_wait_above(heads, NW, pos - S, uint64_t(p.timeout_ns), err, kPhaseHTCombineSend, me, i, c);
+        if (head_min == 0) return;
+      }
+      uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
+      const int64_t row = start_row + k;
+      warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + row * H * 2, H * 2);
+      if (p.topk_weights != 0)
+        for (int kk = lane; kk < K; kk += kWarpSize)
+          reinterpret_cast<float*>(slot + w_off)[kk] = reinterpret_cast<const float*>(p.topk_weights)[row * K + kk];
+      warp_publish(tail, pos + 1);
+    }
+    warp_publish(tail, base + n);
+    if (w == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.sent)[c * R + i] = base + n;
+    return;
+  }
+
+  // Receiver: token-major over channel c.
+  const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
+  const auto* send_head = reinterpret_cast<const int*>(p.send_head);
+  uint64_t tail_min[kHTMaxRanks], published[kHTMaxRanks];
+  int counts[kHTMaxRanks];
+#pragma unroll
+  for (int j = 0; j < kHTMaxRanks; ++j) {
+    tail_min[j] = 0;
+    published[j] = bases[j];
+    counts[j] = 0;
+    if (j < R) warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j]);
+  }
+  for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
+    const int tl = tb + lane;
+    uint64_t masks[kHTMaxRanks];
+#pragma unroll
+    for (int j = 0; j < kHTMaxRanks; ++j) masks[j] = j < R ? warp_ballot(tl < t_end && in_rank[int64_t(tl) * R + j]) : 0;
+    for (int o = 0; o < kWarpSize && tb + o < t_end; ++o) {
+      const int t = tb + o;
+      if ((t - t_begin) % NW != warp) continue;
+      const uint8_t* rows[kHTMaxRanks];
+      int nsrc = 0;
+      bool failed = false;
+#pragma unroll
+      for (int j = 0; j < kHTMaxRanks; ++j) {
+        if (j >= R) continue;
+        const uint64_t before = bases[j] + counts[j] + popc64(masks[j] & ((uint64_t(1) << o) - 1));
+        if (before > published[j]) {
+          warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), before);
+          published[j] = before;
+        }
+        if (!((masks[j] >> o) & 1)) continue;
+        const uint64_t pos = bases[j] + send_head[int64_t(t) * R + j];
+        if (pos >= tail_min[j]) {
+          tail_min[j] = warp_wait_above(counter(peer[me], kHTTailOffset, c, R, j, 0), G, pos, uint64_t(p.timeout_ns),
+                                        err, kPhaseHTCombineRecv, me, j, c);
+          if (tail_min[j] == 0) failed = true;
+        }
+        rows[nsrc++] = reinterpret_cast<const uint8_t*>(peer[me] + kHTRingOffset) +
+                       ((int64_t(c) * R + j) * S + int64_t(pos % S)) * p.slot_bytes;
+      }
+      if (failed) return;
+      auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
+      for (int64_t v = lane; v < H / 8; v += kWarpSize) {
+        float acc[8], b[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (int64_t(t) * H + v * 8) * 2), acc);
+        if (p.bias1 != 0) {
+          unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (int64_t(t) * H + v * 8) * 2), b);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
+        for (int s = 0; s < nsrc; ++s) {
+          unpack_bf16x8(ld16_cg(rows[s] + v * 16), b);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
+        }
+        st16(out + v * 16, pack_bf16x8(acc));
+      }
+      if (p.out_weights != 0) {
+        for (int kk = lane; kk < K; kk += kWarpSize) {
+          float acc = 0.0f;
+          for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, reinterpret_cast<const float*>(rows[s] + w_off)[kk]);
+          reinterpret_cast<float*>(p.out_weights)[int64_t(t) * K + kk] = acc;
+        }
+      }
+      sync_warp();
+    }
+#pragma unroll
+    for (int j = 0; j < kHTMaxRanks; ++j) counts[j] += popc64(masks[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kHTMaxRanks; ++j) {
+    if (j >= R) continue;
+    warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j] + counts[j]);
+    if (warp == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + j] = bases[j] + counts[j];
+  }
+}

@@ -1,0 +1,165 @@
+// Intranode (NVLink) dispatch, fresh or cached: every token goes once to each rank that needs it.
+//
+// Grid: 2 blocks per channel (config.num_sms blocks). Channel c owns the contiguous token range
+// c of every rank (DeepEP's split). Block 2c sends, block 2c+1 receives; their warps form one
+// group of G warps per peer rank.
+//   sender group j: walks channel c's tokens in order (ballots over is_token_in_rank), numbering
+//     the tokens for j k = 0, 1, ...; warp k % G writes token k into slot (base + k) % S of ring
+//     (c, me -> j) in j's NVL buffer: data, scales, top-k ids and weights, source index; then
+//     publishes its progress counter (system-scope release);
+//   receiver group i: waits until every producer warp of ring (c, i -> me) passed position
+//     base + k, copies the slot into row recv_channel_prefix[i][c] + k (so rows are ordered by
+//     source rank, then token: the reference's order, bit for bit), maps top-k ids to local ids
+//     (-1 elsewhere, weight 0), then publishes its own progress counter to the sender.
+//
+// NOTES: positions are cumulative over all ops of the buffer (dispatch and combine share the
+// rings of one direction) and each side keeps its base in local device memory, so nothing is
+// reset between ops, no barrier is needed for cached dispatch, and CUDA-graph replays stay in
+// step. Flow control: a producer may write position p once every consumer warp passed p - S.
+#include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/ring.cuh"
+
+using namespace uccl_ep;
+using namespace uccl_ep::dev;
+
+namespace {
+
+struct SlotLayout {
+  int64_t scales, topk, weights, src, bytes;
+};
+
+UCCL_DEVICE SlotLayout dispatch_slot(int64_t hidden_bytes, int64_t num_scales, int64_t K) {
+  SlotLayout s;
+  s.scales = hidden_bytes;
+  s.topk = (s.scales + num_scales * 4 + 15) / 16 * 16;
+  s.weights = s.topk + K * 8;
+  s.src = s.weights + K * 4;
+  s.bytes = (s.src + 4 + 15) / 16 * 16;
+  return s;
+}
+
+UCCL_DEVICE uint64_t* counter(uint64_t buf, uint64_t offset, int c, int R, int peer, int w) {
+  return reinterpret_cast<uint64_t*>(buf + offset) + (int64_t(c) * R + peer) * kHTMaxWarps + w;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID_CONSTANT HTDispatchParams p) {
+  const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.warps_per_peer), me = int(p.rank);
+  const int c = blockIdx.x / 2;
+  const bool sender = (blockIdx.x & 1) == 0;
+  const int grp = warp_id() / G, w = warp_id() % G;
+  const int T = int(p.num_tokens);
+  const int per = (T + C - 1) / C;
+  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const int64_t S = p.ring_slots, K = p.num_topk;
+  const auto* peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const SlotLayout L = dispatch_slot(p.hidden_bytes, p.num_scales, p.topk_idx ? K : 0);
+  const int E_loc = int(p.num_experts / R);
+  const auto* rank_prefix = reinterpret_cast<const int*>(p.rank_prefix);
+
+  // Bases are read by every warp before any warp of the block can advance them.
+  uint64_t base = 0;
+  if (grp < R) base = reinterpret_cast<const uint64_t*>(sender ? p.sent : p.consumed)[c * R + grp];
+  __syncthreads();
+
+  if (!sender && p.recv_topk_idx != 0) {  // rows past the real count (num_worst_tokens): -1 ids
+    const int64_t real = rank_prefix[(R - 1) * R + me];
+    for (int64_t r = real + int64_t(c) * blockDim.x + threadIdx.x; r < p.num_rows; r += int64_t(C) * blockDim.x) {
+      for (int kk = 0; kk < K; ++kk) {
+        reinterpret_cast<int64_t*>(p.recv_topk_idx)[r * K + kk] = -1;
+        reinterpret_cast<float*>(p.recv_topk_weights)[r * K + kk] = 0.0f;
+      }
+      reinterpret_cast<int*>(p.recv_src_idx)[r] = -1;
+    }
+  }
+  if (grp >= R) return;
+
+  if (sender) {
+    const int j = grp;
+    auto* ring = reinterpret_cast<uint8_t*>(peer[j] + kHTRingOffset) + (int64_t(c) * R + me) * S * p.slot_bytes;
+    uint64_t* tail = counter(peer[j], kHTTailOffset, c, R, me, w);
+    const uint64_t* heads = counter(peer[me], kHTHeadOffset, c, R, j, 0);
+    const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
+    uint64_t head_min = 0;
+    int k_run = 0;
+    for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
+      const int t = tb + lane_id();
+      const bool in = t < t_end && in_rank[int64_t(t) * R + j];
+      const uint64_t mask = warp_ballot(in);
+      if (p.send_head != 0 && w == 0 && t < t_end)
+        reinterpret_cast<int*>(p.send_head)[int64_t(t) * R + j] = in ? k_run + popc64(mask & lanemask_lt()) : -1;
+      for (uint64_t m = mask; m != 0; m &= m - 1) {
+        const int b = ffs64(m) - 1;
+        const int k = k_run + popc64(mask & ((uint64_t(1) << b) - 1));
+        if (k % G != w) continue;
+        const uint64_t pos = base + k;
+        if (pos >= head_min + S) {
+          head_min = warp_wait_above(heads, G, pos - S, uint64_t(p.timeout_ns), err,
+                                     kPhaseHTDispatchSend, me, j, c);
+          if (head_min == 0) return;
+        }
+        uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
+        const int tok = tb + b;
+        warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + int64_t(tok) * p.hidden_bytes, p.hidden_bytes);
+        for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
+          reinterpret_cast<uint32_t*>(slot + L.scales)[s] =
+              reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
+        if (p.topk_idx != 0) {
+          for (int kk = lane_id(); kk < K; kk += kWarpSize) {
+            reinterpret_cast<int64_t*>(slot + L.topk)[kk] = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + kk];
+            reinterpret_cast<float*>(slot + L.weights)[kk] = reinterpret_cast<const float*>(p.topk_weights)[tok * K + kk];
+          }
+        }
+        if (lane_id() == 0) *reinterpret_cast<int*>(slot + L.src) = tok;
+        warp_publish(tail, pos + 1);
+      }
+      k_run += popc64(mask);
+    }
+    warp_publish(tail, base + k_run);
+    if (w == 0 && lane_id() == 0) reinterpret_cast<uint64_t*>(p.sent)[c * R + j] = base + k_run;
+    return;
+  }
+
+  // Receiver of ring (c, i -> me).
+  const int i = grp;
+  const auto* rcp = reinterpret_cast<const int*>(p.recv_channel_prefix);
+  const int start_row = rcp[i * C + c];
+  const int end_row = c + 1 < C ? rcp[i * C + c + 1] : rank_prefix[i * R + me];
+  const int n = end_row - start_row;
+  const auto* ring = reinterpret_cast<const uint8_t*>(peer[me] + kHTRingOffset) + (int64_t(c) * R + i) * S * p.slot_bytes;
+  const uint64_t* tails = counter(peer[me], kHTTailOffset, c, R, i, 0);
+  uint64_t* head = counter(peer[i], kHTHeadOffset, c, R, me, w);
+  const int64_t lo = int64_t(me) * E_loc;
+  uint64_t tail_min = 0;
+  for (int k = w; k < n; k += G) {
+    const uint64_t pos = base + k;
+    if (pos >= tail_min) {
+      tail_min = warp_wait_above(tails, G, pos, uint64_t(p.timeout_ns), err, kPhaseHTDispatchRecv, me, i, c);
+      if (tail_min == 0) return;
+    }
+    const uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
+    const int64_t row = start_row + k;
+    if (row < p.num_rows) {
+      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + row * p.hidden_bytes, slot, p.hidden_bytes);
+      for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
+        reinterpret_cast<uint32_t*>(p.recv_scales)[row * p.num_scales + s] =
+            reinterpret_cast<const uint32_t*>(slot + L.scales)[s];
+      if (p.recv_topk_idx != 0) {
+        for (int kk = lane_id(); kk < K; kk += kWarpSize) {
+          const int64_t g = reinterpret_cast<const int64_t*>(slot + L.topk)[kk];
+          const bool local = g >= lo && g < lo + E_loc;
+          reinterpret_cast<int64_t*>(p.recv_topk_idx)[row * K + kk] = local ? g - lo : -1;
+          reinterpret_cast<float*>(p.recv_topk_weights)[row * K + kk] =
+              local ? reinterpret_cast<const float*>(slot + L.weights)[kk] : 0.0f;
+        }
+      }
+      if (p.recv_src_idx != 0 && lane_id() == 0)
+        reinterpret_cast<int*>(p.recv_src_idx)[row] = *reinterpret_cast<const int*>(slot + L.src);
+    }
+    warp_publish(head, pos + 1);
+  }
+  warp_publish(head, base + n);
+  if (w == 0 && lane_id() == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + i] = base + n;
+}
