@@ -44,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     targets.add_parser("list", help="list the recipes")
     show = targets.add_parser("show", help="print the merged, validated recipe and its per-node commands")
     _common(show)
+    show.add_argument("--plan", action="store_true",
+                      help="print the launch plan as JSON instead (what the Ray driver's --plan reads)")
     s = targets.add_parser("slurm", help="render an sbatch script (and submit it unless --dry-run)")
     _common(s)
     s.add_argument("--wait", action="store_true", help="sbatch --wait: return the job's exit code")
@@ -179,7 +181,7 @@ def run(args) -> int:
         if args.target == "list":
             return _list(args)
         recipe, plan = _load(args)
-        handler = {"show": lambda: _show(recipe, plan), "slurm": lambda: _slurm(args, recipe, plan),
+        handler = {"show": lambda: print(plan.to_json()) or 0 if args.plan else _show(recipe, plan), "slurm": lambda: _slurm(args, recipe, plan),
                    "ray": lambda: _ray(args, recipe, plan), "local": lambda: _local(args, recipe, plan)}
         return handler[args.target]()
     except UcclEpError as e:

@@ -125,6 +125,8 @@ def _say(msg: str) -> None:
 
 
 def launch(plan: dict, address: str | None, timeout_s: float, placement_timeout_s: float) -> int:
+    # Every node's lines, not "[repeated 2x]"; Ray reads this when it is imported.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -132,7 +134,6 @@ def launch(plan: dict, address: str | None, timeout_s: float, placement_timeout_
     except ImportError:
         _say("this launcher needs Ray: pip install 'ray[default]'")
         return 3
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every node's lines, not "[repeated 2x]"
     ray.init(address=address, log_to_driver=True, logging_level="warning")
     nodes, gpus = plan["nodes"], plan["gpus_per_node"]
     cpus = plan.get("cpus_per_node") or 1
@@ -145,9 +146,12 @@ def launch(plan: dict, address: str | None, timeout_s: float, placement_timeout_
             _say(f"no room for {nodes} node(s) x {bundle} within {placement_timeout_s:.0f}s; "
                  f"cluster has {ray.cluster_resources()}")
             return 3
-        remote = ray.remote(NodeProc).options(num_cpus=cpus, num_gpus=gpus, max_concurrency=2)
-        actors = [remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=i)).remote() for i in range(nodes)]
+        # NOTES: max_concurrency=2 lets stop() run while run() blocks on the node's process.
+        cls = ray.remote(NodeProc)
+        actors = [cls.options(num_cpus=cpus, num_gpus=gpus, max_concurrency=2,
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                  placement_group=pg, placement_group_bundle_index=i)).remote()
+                  for i in range(nodes)]
         head_ip, port = ray.get(actors[0].where.remote(plan["master_port"]), timeout=120)
         ips = [head_ip] + [ray.get(a.where.remote(0), timeout=120)[0] for a in actors[1:]]
         _say(f"{nodes} node(s) {ips}; head {head_ip}:{port}")

@@ -42,7 +42,7 @@ def render_sbatch(recipe: Recipe, plan: Plan, opts: SlurmOptions | None = None) 
     out = opts.output or f"uccl-ep-{plan.name}-%j.out"
     lines = [
         "#!/bin/bash",
-        f"# Rendered by `uccl-ep launch slurm` from {Path(recipe.source).name or plan.name}: {recipe.description}",
+        f"# Rendered by `uccl-ep launch slurm` from {recipe.source or plan.name}: {recipe.description}",
         "# Re-render instead of editing; `uccl-ep launch slurm RECIPE --dry-run` prints this script.",
         f"#SBATCH --job-name=uccl-ep-{plan.name}",
         f"#SBATCH --nodes={plan.nodes}",
