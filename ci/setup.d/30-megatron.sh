@@ -16,7 +16,8 @@ for dist in megatron:uccl_ep_megatron primus:uccl_ep_primus; do
   stamp=.venv/.uccl-ep-${dist%%:*}-$(sha256sum "$dir/pyproject.toml" | cut -c1-16)
   if [[ ! -f $stamp ]] || ! "$VPY" -c "import $module" 2>/dev/null; then
     log "pip: installing $dir (editable)"
-    "$VPY" -m pip install -q --no-deps -e "$dir"
+    # build-backend deprecation chatter is only shown when the install fails
+    if ! out=$("$VPY" -m pip install -q --no-deps -e "$dir" 2>&1); then printf '%s\n' "$out" >&2; exit 1; fi
     rm -f .venv/.uccl-ep-"${dist%%:*}"-*
     touch "$stamp"
   fi
