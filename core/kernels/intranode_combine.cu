@@ -22,6 +22,9 @@ using namespace uccl_ep::dev;
 
 namespace {
 
+constexpr int kPublishEvery = 4;     // sender: own tokens between publishes (see intranode_dispatch.cu)
+constexpr int kHeadSlack = 16;       // receiver: positions a head may lag before it is republished
+
 UCCL_DEVICE uint64_t* counter(uint64_t buf, uint64_t offset, int c, int R, int peer, int w) {
   return reinterpret_cast<uint64_t*>(buf + offset) + (int64_t(c) * R + peer) * kHTMaxWarps + w;
 }
@@ -59,10 +62,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
     auto* ring = reinterpret_cast<uint8_t*>(peer[i] + kHTRingOffset) + (int64_t(c) * R + me) * S * p.slot_bytes;
     uint64_t* tail = counter(peer[i], kHTTailOffset, c, R, me, w);
     const uint64_t* heads = counter(peer[me], kHTHeadOffset, c, R, i, 0);
-    uint64_t head_min = 0;
+    uint64_t head_min = 0, done = base, published = base;
     for (int k = w; k < n; k += G) {
       const uint64_t pos = base + k;
       if (pos >= head_min + S) {
+        if (done > published) warp_publish(tail, published = done);
         head_min = warp_wait_above(heads, NW, pos - S, uint64_t(p.timeout_ns), err, kPhaseHTCombineSend, me, i, c);
         if (head_min == 0) return;
       }
@@ -72,7 +76,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       if (p.topk_weights != 0)
         for (int kk = lane; kk < K; kk += kWarpSize)
           reinterpret_cast<float*>(slot + w_off)[kk] = reinterpret_cast<const float*>(p.topk_weights)[row * K + kk];
-      warp_publish(tail, pos + 1);
+      done = pos + 1;
+      if (done >= published + kPublishEvery * G) warp_publish(tail, published = done);
     }
     warp_publish(tail, base + n);
     if (w == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.sent)[c * R + i] = base + n;
@@ -100,17 +105,25 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       const int t = tb + o;
       if ((t - t_begin) % NW != warp) continue;
       const uint8_t* rows[kHTMaxRanks];
+      uint64_t before[kHTMaxRanks];
       int nsrc = 0;
+      bool must_wait = false;
+#pragma unroll
+      for (int j = 0; j < kHTMaxRanks; ++j) {
+        before[j] = j < R ? bases[j] + counts[j] + popc64(masks[j] & ((uint64_t(1) << o) - 1)) : 0;
+        if (j < R && ((masks[j] >> o) & 1) && before[j] >= tail_min[j]) must_wait = true;
+      }
+#pragma unroll
+      for (int j = 0; j < kHTMaxRanks; ++j) {  // publish lazily, but always before blocking
+        if (j < R && (before[j] >= published[j] + kHeadSlack || (must_wait && before[j] > published[j]))) {
+          warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), before[j]);
+          published[j] = before[j];
+        }
+      }
       bool failed = false;
 #pragma unroll
       for (int j = 0; j < kHTMaxRanks; ++j) {
-        if (j >= R) continue;
-        const uint64_t before = bases[j] + counts[j] + popc64(masks[j] & ((uint64_t(1) << o) - 1));
-        if (before > published[j]) {
-          warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), before);
-          published[j] = before;
-        }
-        if (!((masks[j] >> o) & 1)) continue;
+        if (j >= R || !((masks[j] >> o) & 1)) continue;
         const uint64_t pos = bases[j] + send_head[int64_t(t) * R + j];
         if (pos >= tail_min[j]) {
           tail_min[j] = warp_wait_above(counter(peer[me], kHTTailOffset, c, R, j, 0), G, pos, uint64_t(p.timeout_ns),
@@ -122,24 +135,52 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       }
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
-      for (int64_t v = lane; v < H / 8; v += kWarpSize) {
-        float acc[8], b[8];
+      constexpr int U = 2;  // vectors per lane per step; loads of two sources in flight at once
+      for (int64_t v0 = lane; v0 < H / 8; v0 += U * kWarpSize) {
+        float acc[U][8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-        if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (int64_t(t) * H + v * 8) * 2), acc);
-        if (p.bias1 != 0) {
-          unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (int64_t(t) * H + v * 8) * 2), b);
+        for (int u = 0; u < U; ++u) {
+          const int64_t v = v0 + u * kWarpSize;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
+          for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+          if (v >= H / 8) continue;
+          float b[8];
+          if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (int64_t(t) * H + v * 8) * 2), acc[u]);
+          if (p.bias1 != 0) {
+            unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (int64_t(t) * H + v * 8) * 2), b);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], b[e]);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
+        }
+        for (int s0 = 0; s0 < nsrc; s0 += 2) {
+          Vec16 ra[U], rb[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int64_t v = v0 + u * kWarpSize;
+            if (v < H / 8) {
+              ra[u] = ld16_cg(rows[s0] + v * 16);
+              if (s0 + 1 < nsrc) rb[u] = ld16_cg(rows[s0 + 1] + v * 16);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (v0 + u * kWarpSize >= H / 8) continue;
+            float f[8];
+            unpack_bf16x8(ra[u], f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+            if (s0 + 1 < nsrc) {
+              unpack_bf16x8(rb[u], f);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+            }
+          }
         }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
-        for (int s = 0; s < nsrc; ++s) {
-          unpack_bf16x8(ld16_cg(rows[s] + v * 16), b);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
-        }
-        st16(out + v * 16, pack_bf16x8(acc));
+        for (int u = 0; u < U; ++u)
+          if (v0 + u * kWarpSize < H / 8) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
       }
       if (p.out_weights != 0) {
         for (int kk = lane; kk < K; kk += kWarpSize) {

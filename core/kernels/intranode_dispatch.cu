@@ -24,6 +24,10 @@ using namespace uccl_ep::dev;
 
 namespace {
 
+// A warp publishes its progress after this many of its own tokens (and always before it blocks):
+// each publish is a system-scope release that drains the warp's outstanding NVLink stores.
+constexpr int kPublishEvery = 4;
+
 struct SlotLayout {
   int64_t scales, topk, weights, src, bytes;
 };
@@ -55,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
   const int64_t S = p.ring_slots, K = p.num_topk;
   const auto* peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
-  const SlotLayout L = dispatch_slot(p.hidden_bytes, p.num_scales, p.topk_idx ? K : 0);
+  const SlotLayout L = dispatch_slot(p.hidden_bytes, p.num_scales, K);  // K = 0 for cached dispatch
   const int E_loc = int(p.num_experts / R);
   const auto* rank_prefix = reinterpret_cast<const int*>(p.rank_prefix);
 
@@ -82,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
     uint64_t* tail = counter(peer[j], kHTTailOffset, c, R, me, w);
     const uint64_t* heads = counter(peer[me], kHTHeadOffset, c, R, j, 0);
     const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
-    uint64_t head_min = 0;
+    uint64_t head_min = 0, done = base, published = base;
     int k_run = 0;
     for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
       const int t = tb + lane_id();
@@ -96,6 +100,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
         if (k % G != w) continue;
         const uint64_t pos = base + k;
         if (pos >= head_min + S) {
+          if (done > published) warp_publish(tail, published = done);  // never wait holding progress
           head_min = warp_wait_above(heads, G, pos - S, uint64_t(p.timeout_ns), err,
                                      kPhaseHTDispatchSend, me, j, c);
           if (head_min == 0) return;
@@ -106,14 +111,15 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
         for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
           reinterpret_cast<uint32_t*>(slot + L.scales)[s] =
               reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
-        if (p.topk_idx != 0) {
+        if (K > 0) {
           for (int kk = lane_id(); kk < K; kk += kWarpSize) {
             reinterpret_cast<int64_t*>(slot + L.topk)[kk] = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + kk];
             reinterpret_cast<float*>(slot + L.weights)[kk] = reinterpret_cast<const float*>(p.topk_weights)[tok * K + kk];
           }
         }
         if (lane_id() == 0) *reinterpret_cast<int*>(slot + L.src) = tok;
-        warp_publish(tail, pos + 1);
+        done = pos + 1;
+        if (done >= published + kPublishEvery * G) warp_publish(tail, published = done);
       }
       k_run += popc64(mask);
     }
@@ -132,10 +138,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
   const uint64_t* tails = counter(peer[me], kHTTailOffset, c, R, i, 0);
   uint64_t* head = counter(peer[i], kHTHeadOffset, c, R, me, w);
   const int64_t lo = int64_t(me) * E_loc;
-  uint64_t tail_min = 0;
+  uint64_t tail_min = 0, done = base, published = base;
   for (int k = w; k < n; k += G) {
     const uint64_t pos = base + k;
     if (pos >= tail_min) {
+      if (done > published) warp_publish(head, published = done);
       tail_min = warp_wait_above(tails, G, pos, uint64_t(p.timeout_ns), err, kPhaseHTDispatchRecv, me, i, c);
       if (tail_min == 0) return;
     }
@@ -158,7 +165,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
       if (p.recv_src_idx != 0 && lane_id() == 0)
         reinterpret_cast<int*>(p.recv_src_idx)[row] = *reinterpret_cast<const int*>(slot + L.src);
     }
-    warp_publish(head, pos + 1);
+    done = pos + 1;
+    if (done >= published + kPublishEvery * G) warp_publish(head, published = done);
   }
   warp_publish(head, base + n);
   if (w == 0 && lane_id() == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + i] = base + n;

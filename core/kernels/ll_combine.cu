@@ -96,14 +96,23 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_recv(const UCCL_GRI
       float acc[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-      for (int k = 0; k < K; ++k) {
-        const int g = s_expert[k];
-        if (g < 0) continue;
-        float v[8];
-        unpack_bf16x8(ld16_cg(recv + ((int64_t(g) * p.num_max + t) * H + c * 8) * 2), v);
-        const float w = s_weight[k];
+      for (int k0 = 0; k0 < K; k0 += 8) {  // 8 experts' loads in flight, summed in k order
+        Vec16 r[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
+        for (int u = 0; u < 8; ++u) {
+          const int g = k0 + u < K ? s_expert[k0 + u] : -1;
+          if (g >= 0) r[u] = ld16_cg(recv + ((int64_t(g) * p.num_max + t) * H + c * 8) * 2);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int g = k0 + u < K ? s_expert[k0 + u] : -1;
+          if (g < 0) continue;
+          float v[8];
+          unpack_bf16x8(r[u], v);
+          const float w = s_weight[k0 + u];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
+        }
       }
       st16(out + c * 16, pack_bf16x8(acc));
     }

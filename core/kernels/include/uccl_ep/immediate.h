@@ -29,9 +29,11 @@ enum Kind : uint32_t { kCounted = 0, kOrdered = 1, kAtomic = 2, kControl = 3 };
 enum ControlOp : uint32_t {
   kOpInvalid = 0,
   kOpHeartbeat = 1,       // arg: unused (liveness only)
-  kOpBarrierArrive = 2,   // arg: epoch; scope all
-  kOpRailArrive = 3,      // arg: epoch; scope rail
+  kOpBarrierArrive = 2,   // arg: epoch; scope all, rank -> its node leader
+  kOpRailArrive = 3,      // arg: epoch; scope rail, rank -> every rail peer
   kOpBarrierRelease = 4,  // arg: epoch; leader -> local ranks
+  kOpLeaderArrive = 5,    // arg: epoch; node leader -> other node leaders
+  kOpGoodbye = 6,         // arg: unused; the sender's proxy is shutting down cleanly
 };
 
 // Fields of the immediate (word index unused: the immediate is one 32-bit value).

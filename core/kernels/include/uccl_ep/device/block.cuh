@@ -47,40 +47,29 @@ UCCL_DEVICE void last_block_bumps_seq(unsigned* done, unsigned* seq) {
   }
 }
 
-// Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) with 4 loads in flight.
-UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) {
+// Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) with 8 loads per lane in
+// flight (4 KiB per warp): enough bytes outstanding to cover NVLink / HBM latency.
+template <bool kCg>
+UCCL_DEVICE void warp_copy16_impl(void* dst, const void* src, int64_t bytes) {
   const int lane = lane_id();
   const int64_t n = bytes / 16;
   auto* d = reinterpret_cast<Vec16*>(dst);
   auto* s = reinterpret_cast<const Vec16*>(src);
   int64_t i = lane;
-  for (; i + 3 * kWarpSize < n; i += 4 * kWarpSize) {
-    Vec16 a = s[i], b = s[i + kWarpSize], c = s[i + 2 * kWarpSize], e = s[i + 3 * kWarpSize];
-    d[i] = a;
-    d[i + kWarpSize] = b;
-    d[i + 2 * kWarpSize] = c;
-    d[i + 3 * kWarpSize] = e;
+  for (; i + 7 * kWarpSize < n; i += 8 * kWarpSize) {
+    Vec16 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = kCg ? ld16_cg(s + i + u * kWarpSize) : s[i + u * kWarpSize];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) d[i + u * kWarpSize] = v[u];
   }
-  for (; i < n; i += kWarpSize) d[i] = s[i];
+  for (; i < n; i += kWarpSize) d[i] = kCg ? ld16_cg(s + i) : s[i];
 }
 
+UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) { warp_copy16_impl<false>(dst, src, bytes); }
+
 // warp_copy16 reading through L2 only (the source is written by peers: see ld16_cg).
-UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) {
-  const int lane = lane_id();
-  const int64_t n = bytes / 16;
-  auto* d = reinterpret_cast<Vec16*>(dst);
-  auto* s = reinterpret_cast<const Vec16*>(src);
-  int64_t i = lane;
-  for (; i + 3 * kWarpSize < n; i += 4 * kWarpSize) {
-    Vec16 a = ld16_cg(s + i), b = ld16_cg(s + i + kWarpSize), c = ld16_cg(s + i + 2 * kWarpSize),
-          e = ld16_cg(s + i + 3 * kWarpSize);
-    d[i] = a;
-    d[i + kWarpSize] = b;
-    d[i + 2 * kWarpSize] = c;
-    d[i + 3 * kWarpSize] = e;
-  }
-  for (; i < n; i += kWarpSize) d[i] = ld16_cg(s + i);
-}
+UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) { warp_copy16_impl<true>(dst, src, bytes); }
 
 UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
 
