@@ -73,23 +73,16 @@ def _bench(r: Recipe) -> tuple[list[Token], list[Token], dict[str, str]]:
     return argv, argv, {}
 
 
-def _megatron(r: Recipe) -> tuple[list[Token], list[Token], dict[str, str]]:
-    _reject_buffers(r, ("num_sms",))
-    argv = _torchrun(r) + [tok(e) for e in r.launch.entry]
-    if r.buffers.num_sms:
-        argv += [tok("--moe-flex-dispatcher-num-sms"), tok(r.buffers.num_sms)]
-    argv += flags_from_args(r.args) + [tok(a) for a in r.extra_args]
-    return argv, argv, {}
-
-
-def _primus(r: Recipe) -> tuple[list[Token], list[Token], dict[str, str]]:
-    _reject_buffers(r, ("num_sms",))
-    argv = _torchrun(r) + [tok(e) for e in r.launch.entry]
-    if r.buffers.num_sms:
-        # NOTES: Primus' turbo DeepEP path reads CUs from its config; it accepts config overrides as flags.
-        argv += [tok("--turbo_deepep_num_cu"), tok(r.buffers.num_sms)]
-    argv += flags_from_args(r.args) + [tok(a) for a in r.extra_args]
-    return argv, argv, {}
+def _trainer(sms_flag: str) -> Callable[[Recipe], tuple[list[Token], list[Token], dict[str, str]]]:
+    """Megatron-Core and Primus: torchrun of the recipe's entry (script or -m module) + flags."""
+    def build(r: Recipe) -> tuple[list[Token], list[Token], dict[str, str]]:
+        _reject_buffers(r, ("num_sms",))
+        argv = _torchrun(r) + [tok(e) for e in r.launch.entry]
+        if r.buffers.num_sms:
+            argv += [tok(sms_flag), tok(r.buffers.num_sms)]
+        argv += flags_from_args(r.args) + [tok(a) for a in r.extra_args]
+        return argv, argv, {}
+    return build
 
 
 def _sglang(r: Recipe) -> tuple[list[Token], list[Token], dict[str, str]]:
@@ -124,7 +117,12 @@ def _vllm(r: Recipe) -> tuple[list[Token], list[Token], dict[str, str]]:
 
 
 _BUILDERS: dict[str, Callable[[Recipe], tuple[list[Token], list[Token], dict[str, str]]]] = {
-    "bench": _bench, "megatron": _megatron, "primus": _primus, "sglang": _sglang, "vllm": _vllm,
+    "bench": _bench,
+    "megatron": _trainer("--moe-flex-dispatcher-num-sms"),
+    # NOTES: Primus' turbo DeepEP path reads its CU count from the experiment config; Primus takes
+    # config overrides as flags after the config.
+    "primus": _trainer("--turbo_deepep_num_cu"),
+    "sglang": _sglang, "vllm": _vllm,
 }
 
 
