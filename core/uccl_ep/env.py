@@ -115,6 +115,11 @@ _VARS: list[Var] = [
     Var("UCCL_EP_JOB_TOKEN", "str", "",
         "Per-job secret checked at bootstrap; a peer with another token is refused. Empty = "
         "derived from the process group's store at Buffer construction.", used_by="bootstrap"),
+    Var("UCCL_EP_FAULT", "str", "",
+        "Fault injection around the proxy transport, for tests: comma-separated `reorder=<p>` (probability a "
+        "write or completion is held back and reordered), `delay=<polls>` (longest hold), `tear=<p>` "
+        "(probability a write is split into pieces landing in random order), `pieces=<n>`, `seed=<n>`. "
+        "Empty = off. Never drops or duplicates completions.", used_by="proxy"),
     Var("UCCL_EP_LOG_LEVEL", "choice", "warning",
         "Log level of the `uccl_ep` logger.",
         choices=("debug", "info", "warning", "error"), used_by="logging"),

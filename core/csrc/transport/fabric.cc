@@ -1,0 +1,394 @@
+// `fabric` transport: libfabric RDM endpoints, RMA write with remote CQ data (32-bit immediate).
+//
+// One endpoint per proxy thread, each in its own fabric/domain (FI_THREAD_DOMAIN: no locks in the
+// provider). libfabric is dlopen'ed: only fi_getinfo / fi_freeinfo / fi_dupinfo / fi_fabric /
+// fi_strerror / fi_version are real symbols; everything else in the API is an inline call through
+// the objects' ops tables, so nothing links against libfabric.
+//
+// Provider facts this code relies on (measured on Debian's 1.17 over 127.0.0.1, transport.md §3):
+// - tcp;ofi_rxm returns mode = 0 and mr_mode = 0: remote addresses are offsets and the MR key is
+//   the one we request; shm/efa return FI_MR_VIRT_ADDR (+ PROV_KEY on efa): address = base + off.
+//   The opaque key blob {key, base} covers both; the application only ever passes offsets.
+// - the receiver must learn the writer's rank without spending immediate bits on it. FI_SOURCE
+//   does NOT do it on tcp;ofi_rxm 1.17 (fi_cq_readfrom reports address 0 for every remote write,
+//   measured), so providers that carry >= 8 bytes of CQ data (tcp, rxm, shm, sockets) get the
+//   source rank in the upper 32 bits; 4-byte providers (efa, verbs) must grant FI_SOURCE, whose
+//   fi_addr is mapped back to the rank (AV index = rank).
+// - rxm connects lazily and needs progress on both sides: the first write returns -FI_EAGAIN
+//   until polls on both endpoints complete the handshake.
+// - a write outside the target MR completes *successfully* at the initiator (the target drops it
+//   with a log line), so the proxy bounds-checks every write before posting it.
+// - a write to a dead peer completes once (into the socket buffer), then fails with
+//   FI_ENOTCONN-class errors: the proxy turns those into PeerFailure.
+#include <dlfcn.h>
+#include <errno.h>
+#include <string.h>
+
+#include <vector>
+
+#include "runtime/dynlib.h"
+#include "transport/transport.h"
+
+#if defined(UCCL_EP_HAVE_FABRIC_HEADERS)
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#endif
+
+namespace uccl_ep {
+namespace transport {
+
+#if defined(UCCL_EP_HAVE_FABRIC_HEADERS)
+namespace {
+
+// The few exported libfabric functions, resolved at run time.
+struct Api {
+  int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const fi_info*, fi_info**) = nullptr;
+  void (*freeinfo)(fi_info*) = nullptr;
+  fi_info* (*dupinfo)(const fi_info*) = nullptr;
+  int (*fabric)(fi_fabric_attr*, fid_fabric**, void*) = nullptr;
+  const char* (*strerror)(int) = nullptr;
+  uint32_t (*version)() = nullptr;
+  std::string error;
+};
+
+const Api& api() {
+  static const Api a = [] {
+    Api x;
+    void* h = runtime::open_library("fabric", &x.error);
+    if (h == nullptr) {
+      x.error = "libfabric is not loadable (" + x.error + "); install libfabric1 (Debian/Ubuntu) or the EFA installer";
+      return x;
+    }
+    x.getinfo = reinterpret_cast<decltype(x.getinfo)>(dlsym(h, "fi_getinfo"));
+    x.freeinfo = reinterpret_cast<decltype(x.freeinfo)>(dlsym(h, "fi_freeinfo"));
+    x.dupinfo = reinterpret_cast<decltype(x.dupinfo)>(dlsym(h, "fi_dupinfo"));
+    x.fabric = reinterpret_cast<decltype(x.fabric)>(dlsym(h, "fi_fabric"));
+    x.strerror = reinterpret_cast<decltype(x.strerror)>(dlsym(h, "fi_strerror"));
+    x.version = reinterpret_cast<decltype(x.version)>(dlsym(h, "fi_version"));
+    if (!x.getinfo || !x.freeinfo || !x.dupinfo || !x.fabric || !x.strerror || !x.version) {
+      x.getinfo = nullptr;
+      x.error = "libfabric loaded but lacks fi_getinfo/fi_fabric/...; it is too old or broken";
+    }
+    return x;
+  }();
+  return a;
+}
+
+std::string fi_err(const char* what, long rc) {
+  return std::string(what) + " failed: " + std::to_string(rc) + " (" + api().strerror(int(-rc)) + ")";
+}
+
+// NOTES: efa first (production), then verbs through rxm (IB/RoCE), then tcp (anything with IP).
+const char* const kDefaultProviders[] = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
+
+uint64_t fnv1a(const std::string& s, uint64_t salt) {
+  uint64_t h = 1469598103934665603ull ^ salt;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void put_u64(Bytes& b, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b.push_back(uint8_t(v >> (8 * i)));
+}
+uint64_t get_u64(const Bytes& b, size_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t(b.at(at + i)) << (8 * i);
+  return v;
+}
+
+class FabricTransport final : public Transport {
+ public:
+  explicit FabricTransport(const Options& opt) : opt_(opt) {
+    if (api().getinfo == nullptr) throw TransportError(api().error);
+    std::vector<std::string> tried;
+    if (!opt.provider.empty()) {
+      open(opt.provider, &tried);
+    } else {
+      for (const char* p : kDefaultProviders)
+        if (open(p, &tried)) break;
+    }
+    if (ep_ == nullptr) {
+      std::string why;
+      for (const auto& t : tried) why += "\n  " + t;
+      throw TransportError("no usable libfabric provider for RDM + RMA write with remote CQ data:" + why);
+    }
+  }
+
+  ~FabricTransport() override {
+    // NOTES: endpoint before AV / CQ / MR (Mooncake's EFA notes), then domain and fabric.
+    if (ep_) fi_close(&ep_->fid);
+    if (mr_) fi_close(&mr_->fid);
+    if (av_) fi_close(&av_->fid);
+    if (cq_) fi_close(&cq_->fid);
+    if (domain_) fi_close(&domain_->fid);
+    if (fabric_) fi_close(&fabric_->fid);
+    if (info_) api().freeinfo(info_);
+  }
+
+  std::string name() const override { return std::string("fabric:") + info_->fabric_attr->prov_name; }
+  Caps caps() const override {
+    Caps c;
+    c.ordered = (info_->tx_attr->msg_order & FI_ORDER_WAW) != 0;
+    c.remote_bounds_checked = false;
+    c.max_write_bytes = info_->ep_attr->max_msg_size;
+    c.max_outstanding = uint32_t(ops_.size());
+    return c;
+  }
+
+  void register_region(void* base, uint64_t bytes) override {
+    region_ = static_cast<uint8_t*>(base);
+    region_bytes_ = bytes;
+    const uint64_t mr_mode = info_->domain_attr->mr_mode;
+    // A requested key derived from the job token: a process of another job cannot guess it.
+    uint64_t key = fnv1a(opt_.job_key, uint64_t(opt_.thread_index) + 1);
+    if (info_->domain_attr->mr_key_size < 8) key &= (uint64_t(1) << (8 * info_->domain_attr->mr_key_size)) - 1;
+    int rc = fi_mr_reg(domain_, base, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, key, 0, &mr_, nullptr);
+    if (rc) throw TransportError(fi_err("fi_mr_reg of the region", rc));
+    if (mr_mode & FI_MR_ENDPOINT) {
+      if ((rc = fi_mr_bind(mr_, &ep_->fid, 0)) || (rc = fi_mr_enable(mr_))) throw TransportError(fi_err("fi_mr_bind", rc));
+    }
+    desc_ = fi_mr_desc(mr_);
+    key_ = fi_mr_key(mr_);
+    base_ = (mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(base) : 0;
+  }
+
+  Bytes local_address() override {
+    Bytes b(256);
+    size_t len = b.size();
+    int rc = fi_getname(&ep_->fid, b.data(), &len);
+    if (rc) throw TransportError(fi_err("fi_getname", rc));
+    b.resize(len);
+    return b;
+  }
+  Bytes region_key() override {
+    Bytes b;
+    put_u64(b, key_);
+    put_u64(b, base_);
+    return b;
+  }
+
+  void connect(const std::vector<Bytes>& addresses, const std::vector<Bytes>& keys,
+               const std::vector<uint64_t>& region_bytes) override {
+    peers_.assign(addresses.size(), Peer{});
+    for (size_t r = 0; r < addresses.size(); ++r) {
+      fi_addr_t fa = FI_ADDR_NOTAVAIL;
+      int rc = fi_av_insert(av_, addresses[r].data(), 1, &fa, 0, nullptr);
+      if (rc != 1) throw TransportError("fi_av_insert of rank " + std::to_string(r) + "'s address failed (" +
+                                        std::to_string(rc) + ")");
+      if (keys[r].size() != 16) throw TransportError("malformed region key of rank " + std::to_string(r));
+      peers_[r] = {fa, get_u64(keys[r], 0), get_u64(keys[r], 8), region_bytes[r]};
+      rank_of_.resize(std::max<size_t>(rank_of_.size(), size_t(fa) + 1), -1);
+      rank_of_[size_t(fa)] = int(r);
+    }
+  }
+
+  PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
+                   uint64_t ctx, std::string* error) override {
+    if (free_.empty()) return PostResult::kAgain;
+    const Peer& p = peers_.at(size_t(peer));
+    const uint32_t slot = free_.back();
+    Op& op = ops_[slot];
+    op.ctx = ctx;
+    op.peer = peer;
+    // NOTES: a zero-length write still passes a valid local address (shm hangs on NULL).
+    void* src = region_ + local_off;
+    const uint64_t data = source_in_data_ ? (uint64_t(opt_.rank + 1) << 32) | imm : imm;
+    ssize_t rc = has_imm ? fi_writedata(ep_, src, len, desc_, data, p.addr, p.base + remote_off, p.key, &op.fi_ctx)
+                         : fi_write(ep_, src, len, desc_, p.addr, p.base + remote_off, p.key, &op.fi_ctx);
+    if (rc == -FI_EAGAIN) return PostResult::kAgain;
+    if (rc != 0) {
+      if (error) *error = fi_err(has_imm ? "fi_writedata" : "fi_write", rc);
+      return PostResult::kError;
+    }
+    free_.pop_back();
+    return PostResult::kOk;
+  }
+
+  size_t poll(std::vector<Completion>& out, size_t max) override {
+    fi_cq_data_entry entries[32];
+    fi_addr_t sources[32];
+    size_t n = 0;
+    while (n < max) {
+      const size_t want = std::min<size_t>(32, max - n);
+      ssize_t got = fi_cq_readfrom(cq_, entries, want, sources);
+      if (got == -FI_EAGAIN) break;
+      if (got == -FI_EAVAIL) {
+        n += read_error(out);
+        continue;
+      }
+      if (got < 0) {
+        out.push_back({Completion::kLocalError, -1, 0, 0, int(-got), fi_err("fi_cq_readfrom", got)});
+        return n + 1;
+      }
+      for (ssize_t i = 0; i < got; ++i) {
+        const fi_cq_data_entry& e = entries[i];
+        if (e.flags & FI_REMOTE_CQ_DATA) {
+          int src = -1;
+          if (source_in_data_) {
+            const uint64_t tag = e.data >> 32;
+            src = tag >= 1 && tag <= peers_.size() ? int(tag - 1) : -1;
+          } else if (sources[i] < rank_of_.size()) {
+            src = rank_of_[size_t(sources[i])];
+          }
+          if (src < 0)
+            out.push_back({Completion::kRemoteError, -1, 0, 0, EPROTO, "write with immediate from an address outside the group"});
+          else
+            out.push_back({Completion::kRemoteImm, src, uint32_t(e.data & 0xFFFFFFFFu), 0, 0, {}});
+        } else if (e.op_context != nullptr) {
+          Op* op = static_cast<Op*>(e.op_context);
+          out.push_back({Completion::kLocalDone, op->peer, 0, op->ctx, 0, {}});
+          free_.push_back(uint32_t(op - ops_.data()));
+        }
+        ++n;
+      }
+      if (size_t(got) < want) break;
+    }
+    return n;
+  }
+
+ private:
+  struct Peer {
+    fi_addr_t addr;
+    uint64_t key;
+    uint64_t base;
+    uint64_t bytes;
+  };
+  struct Op {
+    fi_context2 fi_ctx;  // provider scratch (FI_CONTEXT / FI_CONTEXT2 modes); must stay first
+    uint64_t ctx;
+    int peer;
+  };
+
+  size_t read_error(std::vector<Completion>& out) {
+    fi_cq_err_entry err{};
+    if (fi_cq_readerr(cq_, &err, 0) != 1) return 0;
+    char buf[256];
+    const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof buf);
+    std::string detail = std::string(api().strerror(err.err)) + (prov ? std::string(" / ") + prov : "");
+    if (err.op_context != nullptr && !(err.flags & FI_REMOTE_CQ_DATA)) {
+      Op* op = static_cast<Op*>(err.op_context);
+      out.push_back({Completion::kLocalError, op->peer, 0, op->ctx, err.err, detail});
+      free_.push_back(uint32_t(op - ops_.data()));
+    } else {
+      out.push_back({Completion::kRemoteError, -1, 0, 0, err.err, "incoming transfer failed: " + detail});
+    }
+    return 1;
+  }
+
+  // Tries one provider; on failure records why in *tried and returns false.
+  bool open(const std::string& provider, std::vector<std::string>* tried) {
+    fi_info* hints = api().dupinfo(nullptr);
+    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SOURCE;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->fabric_attr->prov_name = strdup(provider.c_str());
+    // NOTES: ask for the 1.18 API when the library has it: older API versions make efa emulate
+    // RDMA writes on p5/p5e (Mooncake's production notes, transport.md §5).
+    const uint32_t lib = api().version();
+    const uint32_t want = lib >= FI_VERSION(1, 18) ? FI_VERSION(1, 18) : FI_VERSION(1, 17);
+    fi_info* info = nullptr;
+    int rc = api().getinfo(want, nullptr, nullptr, 0, hints, &info);
+    api().freeinfo(hints);
+    if (rc != 0 || info == nullptr) {
+      tried->push_back(provider + ": " + fi_err("fi_getinfo", rc));
+      return false;
+    }
+    if (info->mode & FI_RX_CQ_DATA) {
+      tried->push_back(provider + ": needs FI_RX_CQ_DATA (posted receives per immediate), not supported");
+      api().freeinfo(info);
+      return false;
+    }
+    if (info->domain_attr->cq_data_size < 4) {
+      tried->push_back(provider + ": carries fewer than 4 bytes of CQ data");
+      api().freeinfo(info);
+      return false;
+    }
+    source_in_data_ = info->domain_attr->cq_data_size >= 8;
+    if (!source_in_data_ && !(info->caps & FI_SOURCE)) {
+      tried->push_back(provider + ": 4-byte CQ data and no FI_SOURCE: cannot tell which rank wrote");
+      api().freeinfo(info);
+      return false;
+    }
+    info_ = info;
+    std::string step;
+    int r = 0;
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.size = std::max<size_t>(4096, info->tx_attr->size + info->rx_attr->size);
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    if ((r = api().fabric(info->fabric_attr, &fabric_, nullptr))) step = "fi_fabric";
+    else if ((r = fi_domain(fabric_, info, &domain_, nullptr))) step = "fi_domain";
+    else if ((r = fi_cq_open(domain_, &cq_attr, &cq_, nullptr))) step = "fi_cq_open";
+    else if ((r = fi_av_open(domain_, &av_attr, &av_, nullptr))) step = "fi_av_open";
+    else if ((r = fi_endpoint(domain_, info, &ep_, nullptr))) step = "fi_endpoint";
+    else if ((r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) step = "fi_ep_bind(cq)";
+    else if ((r = fi_ep_bind(ep_, &av_->fid, 0))) step = "fi_ep_bind(av)";
+    else if ((r = fi_enable(ep_))) step = "fi_enable";
+    if (!step.empty()) {
+      tried->push_back(provider + ": " + fi_err(step.c_str(), r));
+      if (ep_) fi_close(&ep_->fid);
+      if (av_) fi_close(&av_->fid);
+      if (cq_) fi_close(&cq_->fid);
+      if (domain_) fi_close(&domain_->fid);
+      if (fabric_) fi_close(&fabric_->fid);
+      ep_ = nullptr, av_ = nullptr, cq_ = nullptr, domain_ = nullptr, fabric_ = nullptr;
+      api().freeinfo(info_);
+      info_ = nullptr;
+      return false;
+    }
+    const size_t depth = std::min<size_t>(info->tx_attr->size, opt_.max_outstanding);
+    ops_.resize(std::max<size_t>(depth, 1));
+    for (size_t i = 0; i < ops_.size(); ++i) free_.push_back(uint32_t(ops_.size() - 1 - i));
+    return true;
+  }
+
+  Options opt_;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  fid_mr* mr_ = nullptr;
+  void* desc_ = nullptr;
+  uint64_t key_ = 0, base_ = 0;
+  uint8_t* region_ = nullptr;
+  uint64_t region_bytes_ = 0;
+  std::vector<Peer> peers_;
+  std::vector<int> rank_of_;  // AV index -> rank (FI_SOURCE providers)
+  bool source_in_data_ = false;  // upper 32 bits of the CQ data carry the writer's rank + 1
+  std::vector<Op> ops_;
+  std::vector<uint32_t> free_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_fabric(const Options& options) { return std::make_unique<FabricTransport>(options); }
+
+std::string fabric_unavailable_reason() {
+  if (api().getinfo == nullptr) return api().error;
+  return "";
+}
+
+#else  // no libfabric headers at build time
+
+std::unique_ptr<Transport> make_fabric(const Options&) {
+  throw TransportError("uccl_ep was built without libfabric headers (install libfabric-dev and rebuild)");
+}
+std::string fabric_unavailable_reason() {
+  return "uccl_ep was built without libfabric headers (install libfabric-dev and rebuild)";
+}
+
+#endif
+
+}  // namespace transport
+}  // namespace uccl_ep

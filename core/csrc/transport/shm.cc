@@ -1,0 +1,88 @@
+#include "transport/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "transport/transport.h"
+
+namespace uccl_ep {
+namespace transport {
+
+namespace {
+
+std::string errno_text(const std::string& what, const std::string& name) {
+  return what + " of shared memory '" + name + "' failed: " + strerror(errno);
+}
+
+void* map_fd(int fd, size_t bytes, const std::string& name) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const std::string msg = errno_text("mmap", name);
+    close(fd);
+    throw TransportError(msg);
+  }
+  close(fd);
+  return p;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmObject> ShmObject::create(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throw TransportError(errno_text("shm_open(create)", name));
+  if (ftruncate(fd, off_t(bytes)) != 0) {
+    const std::string msg = errno_text("ftruncate to " + std::to_string(bytes) + " bytes", name);
+    close(fd);
+    shm_unlink(name.c_str());
+    throw TransportError(msg + " (is /dev/shm large enough?)");
+  }
+  void* p = nullptr;
+  try {
+    p = map_fd(fd, bytes, name);
+  } catch (...) {
+    shm_unlink(name.c_str());
+    throw;
+  }
+  return std::unique_ptr<ShmObject>(new ShmObject(name, p, bytes, true));
+}
+
+std::unique_ptr<ShmObject> ShmObject::open(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) throw TransportError(errno_text("shm_open", name) + " (is the peer on this host and alive?)");
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || size_t(st.st_size) < bytes) {
+    close(fd);
+    throw TransportError("shared memory '" + name + "' is smaller than the " + std::to_string(bytes) +
+                         " bytes its owner announced");
+  }
+  return std::unique_ptr<ShmObject>(new ShmObject(name, map_fd(fd, bytes, name), bytes, false));
+}
+
+ShmObject::~ShmObject() {
+  if (owner_) unlink();
+  munmap(data_, bytes_);
+}
+
+void ShmObject::unlink() {
+  if (owner_ && !unlinked_) {
+    shm_unlink(name_.c_str());
+    unlinked_ = true;
+  }
+}
+
+std::string shm_name(const std::string& job_key, const std::string& what) {
+  // NOTES: the per-process sequence number keeps two proxies of one process (two Buffers, or
+  // every rank of an in-process test) from colliding.
+  static std::atomic<uint64_t> sequence{0};
+  const uint64_t n = sequence.fetch_add(1, std::memory_order_relaxed);
+  return "/uccl_ep_" + job_key.substr(0, 16) + "_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_" + what;
+}
+
+}  // namespace transport
+}  // namespace uccl_ep

@@ -1,0 +1,110 @@
+// The one narrow interface between a proxy thread and the network (or the peer copy engine).
+//
+// One Transport instance = one endpoint owned by one proxy thread (no locking inside). The
+// application always addresses memory by offsets into the one registered region of a rank; the
+// backend turns an offset into whatever the provider wants (virtual address, offset, key).
+//
+// Lifecycle: create -> register_region -> local_address / region_key (bootstrap blob)
+//            -> connect(every rank's address + key) -> write / poll ... -> destroy.
+//
+// Adding a backend: implement this interface in transport/<name>.cc and add one line to the table
+// in transport/registry.cc.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace uccl_ep {
+namespace transport {
+
+using Bytes = std::vector<uint8_t>;
+
+// What a poll returns.
+struct Completion {
+  enum Kind : uint32_t {
+    kLocalDone = 1,    // a write this endpoint posted finished locally (source reusable)
+    kLocalError = 2,   // a write this endpoint posted failed
+    kRemoteImm = 3,    // a peer's write-with-immediate landed in our region
+    kRemoteError = 4,  // a peer's write was refused here (out of bounds, unknown source)
+  };
+  Kind kind;
+  int peer;            // kRemoteImm: source rank; local kinds: destination rank
+  uint32_t imm;        // kRemoteImm only
+  uint64_t ctx;        // local kinds: the ctx passed to write()
+  int error;           // error kinds: errno-style code
+  std::string detail;  // error kinds: what went wrong
+};
+
+enum class PostResult { kOk, kAgain, kError };
+
+struct Caps {
+  bool ordered = false;        // writes to one peer land in posting order (tcp/rxm: yes; efa: no)
+  bool remote_bounds_checked = false;  // the receiver side validates offsets (loop does)
+  uint64_t max_write_bytes = 0;
+  uint32_t max_outstanding = 0;  // posted-but-not-completed writes the endpoint accepts
+};
+
+// Everything a backend needs to know at creation.
+struct Options {
+  int rank = 0;
+  int num_ranks = 1;
+  int thread_index = 0;         // proxy thread this endpoint belongs to
+  std::string provider;         // fabric: libfabric provider name ("" = first that works)
+  std::string job_key;          // hex digest of the job token: names shared objects, MR keys
+  std::string region_name;      // shared-memory object holding the region ("" = not shared)
+  uint32_t max_outstanding = 1024;
+  uint64_t fault_seed = 0;      // fault decorator
+  double fault_reorder = 0.0;   // probability an op or completion is held back and reordered
+  uint32_t fault_max_delay = 0; // polls an op may be held
+  double fault_tear = 0.0;      // probability a write is torn into pieces
+  uint32_t fault_max_pieces = 4;
+};
+
+// The error a backend throws from setup calls (bad provider, failed registration, bad blob).
+struct TransportError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  virtual Caps caps() const = 0;
+
+  // Registers [base, base + bytes) as this rank's region: local source and remote target.
+  virtual void register_region(void* base, uint64_t bytes) = 0;
+  // Opaque blobs to publish at bootstrap.
+  virtual Bytes local_address() = 0;
+  virtual Bytes region_key() = 0;
+  // Every rank's (address, key, region bytes), index = rank (includes ourselves).
+  virtual void connect(const std::vector<Bytes>& addresses, const std::vector<Bytes>& keys,
+                       const std::vector<uint64_t>& region_bytes) = 0;
+
+  // Copies [local_off, +len) of our region to [remote_off, +len) of peer's region, then delivers
+  // `imm` to the peer (when has_imm). Never blocks: kAgain means "poll, then retry".
+  virtual PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm,
+                           uint32_t imm, uint64_t ctx, std::string* error) = 0;
+  // Appends up to max completions to out; returns how many.
+  virtual size_t poll(std::vector<Completion>& out, size_t max) = 0;
+  // Called once after every rank connected (e.g. to drop names used only for setup).
+  virtual void finalize_setup() {}
+};
+
+using Factory = std::function<std::unique_ptr<Transport>(const Options&)>;
+
+// Creates a backend by name: "loop", "fabric", or "fault:<inner>". Throws TransportError with
+// the list of known names when `name` is unknown.
+std::unique_ptr<Transport> create(const std::string& name, const Options& options);
+// Names in the table (without the "fault:" form).
+std::vector<std::string> backend_names();
+// Whether a backend can work on this machine; "" when yes, else why not.
+std::string unavailable_reason(const std::string& name);
+
+}  // namespace transport
+}  // namespace uccl_ep

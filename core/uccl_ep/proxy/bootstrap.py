@@ -1,0 +1,187 @@
+"""Bootstrap of the proxies of a process group over its torch.distributed Store.
+
+Three rounds, each bounded by the timeout and naming the rank that is missing:
+1. host names (to pick `loop` for one host, `fabric` across hosts when the transport is `auto`);
+2. endpoint records (`Proxy.local_info()`: token digest, settings, per-thread addresses and
+   region keys); every rank checks every record, so a rank with another job token is refused
+   by all of them with `PeerProtocolError`;
+3. "connected" marks, after which shared-memory names are unlinked and the threads start.
+
+A rank that fails during setup publishes its error under ``.../error/<rank>`` so the others
+raise `PeerFailure` naming it at once instead of waiting for their timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from .. import env
+from ..errors import InvalidArgument, MissingDependency, PeerFailure, Timeout, Unsupported
+
+__all__ = ["native", "start_proxy", "token_digest", "transport_unavailable_reason", "parse_fault_spec"]
+
+_lock = threading.Lock()
+_sequence: dict[int, int] = {}
+
+
+def native():
+    """The native module, or `MissingDependency` saying how to get it."""
+    try:
+        from .. import _C
+    except ImportError as e:  # pragma: no cover - the package always ships _C
+        raise MissingDependency(f"uccl_ep's native module is missing ({e}); reinstall uccl-ep (pip install uccl-ep)") from e
+    return _C
+
+
+def token_digest(token: str) -> str:
+    """Hex digest published in place of the job token (the token itself never leaves the rank)."""
+    return hashlib.sha256(("uccl_ep-job-token:" + token).encode()).hexdigest()
+
+
+def transport_unavailable_reason(name: str) -> str | None:
+    """None when the transport can be created here, else why not."""
+    if name == "ipc":
+        return "the ipc transport serves GPU buffers (CUDA executor), not host memory"
+    reason = native().transport_unavailable_reason(name)
+    return reason or None
+
+
+def parse_fault_spec(spec: str | dict | None) -> dict[str, Any]:
+    """``"reorder=1,delay=16,tear=0.3,pieces=4,seed=7"`` (or a dict) -> proxy fault options."""
+    if spec is None or spec == "":
+        return {}
+    items = dict(spec) if isinstance(spec, dict) else {}
+    if isinstance(spec, str):
+        for part in spec.split(","):
+            if "=" not in part:
+                raise InvalidArgument("UCCL_EP_FAULT", "comma-separated key=value pairs", repr(spec))
+            k, v = part.split("=", 1)
+            items[k.strip()] = v.strip()
+    names = {"reorder": ("fault_reorder", float), "delay": ("fault_max_delay", int), "tear": ("fault_tear", float),
+             "pieces": ("fault_max_pieces", int), "seed": ("fault_seed", int)}
+    out: dict[str, Any] = {}
+    for k, v in items.items():
+        if k not in names:
+            raise InvalidArgument("UCCL_EP_FAULT", f"keys among {', '.join(names)}", repr(k))
+        key, kind = names[k]
+        try:
+            out[key] = kind(v)
+        except (TypeError, ValueError):
+            raise InvalidArgument("UCCL_EP_FAULT", f"{k}=<{kind.__name__}>", repr(v)) from None
+    if not 0.0 <= out.get("fault_reorder", 0.0) <= 1.0 or not 0.0 <= out.get("fault_tear", 0.0) <= 1.0:
+        raise InvalidArgument("UCCL_EP_FAULT", "reorder and tear probabilities in [0, 1]", repr(spec))
+    return out
+
+
+def _store_of(group) -> Any:
+    from torch.distributed import distributed_c10d as c10d
+    try:
+        return c10d._get_process_group_store(group)
+    except Exception:  # noqa: BLE001 - older torch: the default store with our own prefix
+        return c10d._get_default_store()
+
+
+def _wait_all(store, prefix: str, what: str, rank: int, world: int, deadline: float, started: float,
+              phase: str) -> list[bytes]:
+    """Values of ``prefix/what/<r>`` for every rank; PeerFailure / Timeout name the missing rank."""
+    missing = list(range(world))
+    pause = 0.001
+    while missing:
+        still = []
+        for r in missing:
+            if store.check([f"{prefix}/{what}/{r}"]):
+                continue
+            if store.check([f"{prefix}/error/{r}"]):
+                msg = store.get(f"{prefix}/error/{r}").decode(errors="replace")
+                raise PeerFailure(rank, r, phase, f"its setup failed: {msg}")
+            still.append(r)
+        missing = still
+        if not missing:
+            break
+        now = time.monotonic()
+        if now >= deadline:
+            raise Timeout(rank, missing[0], phase, now - started,
+                          outstanding=f"ranks {missing} have not published '{what}'")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return [store.get(f"{prefix}/{what}/{r}") for r in range(world)]
+
+
+def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str | None = None,
+                provider: str | None = None, num_threads: int | None = None, fifos_per_thread: int = 2,
+                fifo_capacity: int = 2048, max_inflight: int | None = None, timeout_s: float | None = None,
+                ranks_per_node: int | None = None, fault: str | dict | None = None, token: str | None = None,
+                check_remote_bounds: bool = True, heartbeat_s: float = 0.0, cpus: str = ""):
+    """Create, bootstrap, connect and start this rank's proxy (collective over ``group``).
+
+    Unset arguments come from the env registry (UCCL_EP_TRANSPORT, UCCL_EP_FABRIC_PROVIDER,
+    UCCL_EP_NUM_PROXY_THREADS, UCCL_EP_MAX_INFLIGHT, UCCL_EP_TIMEOUT_S, UCCL_EP_JOB_TOKEN,
+    UCCL_EP_FAULT). Returns the native ``uccl_ep._C.Proxy`` (call ``stop()`` when done).
+    """
+    C = native()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    timeout_s = float(env.get("UCCL_EP_TIMEOUT_S") if timeout_s is None else timeout_s)
+    if timeout_s <= 0:
+        raise InvalidArgument("timeout_s", "a positive number of seconds", timeout_s)
+    ranks_per_node = ranks_per_node or world
+    store = _store_of(group)
+    with _lock:
+        n = _sequence.get(id(group), 0)
+        _sequence[id(group)] = n + 1
+    prefix = f"uccl_ep/proxy/{n}"
+    started = time.monotonic()
+    deadline = started + timeout_s
+    try:
+        if rank == 0:
+            store.set(f"{prefix}/session/0", secrets.token_hex(16))
+        session = _wait_all(store, prefix, "session", rank, 1, deadline, started, "bootstrap (session)")[0].decode()
+        token = token if token is not None else (env.get("UCCL_EP_JOB_TOKEN") or session)
+        store.set(f"{prefix}/host/{rank}", socket.gethostname())
+        hosts = _wait_all(store, prefix, "host", rank, world, deadline, started, "bootstrap (host names)")
+
+        name = transport or env.get("UCCL_EP_TRANSPORT")
+        if name == "auto":
+            name = "loop" if len(set(hosts)) == 1 else "fabric"
+        base = name[len("fault:"):] if name.startswith("fault:") else name
+        reason = transport_unavailable_reason(base)
+        if reason:
+            raise Unsupported(f"transport '{base}' is not available on this machine: {reason}")
+        fault_opts = parse_fault_spec(fault if fault is not None else env.get("UCCL_EP_FAULT"))
+        if fault_opts and not name.startswith("fault:"):
+            name = "fault:" + name
+        config = dict(rank=rank, num_ranks=world, ranks_per_node=ranks_per_node,
+                      num_threads=int(num_threads or env.get("UCCL_EP_NUM_PROXY_THREADS")),
+                      fifos_per_thread=fifos_per_thread, fifo_capacity=fifo_capacity, num_counters=num_counters,
+                      region_bytes=int(region_bytes), transport=name,
+                      provider=provider if provider is not None else env.get("UCCL_EP_FABRIC_PROVIDER"),
+                      token_digest=token_digest(token),
+                      max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
+                      heartbeat_s=heartbeat_s, check_remote_bounds=check_remote_bounds, cpus=cpus, **fault_opts)
+        proxy = C.Proxy(config)
+        try:
+            store.set(f"{prefix}/ep/{rank}", proxy.local_info())
+            infos = _wait_all(store, prefix, "ep", rank, world, deadline, started, "bootstrap (endpoint records)")
+            proxy.connect(infos)
+            store.set(f"{prefix}/connected/{rank}", b"1")
+            _wait_all(store, prefix, "connected", rank, world, deadline, started, "bootstrap (connect)")
+            proxy.finalize_setup()
+            proxy.start()
+        except BaseException:
+            proxy.stop()
+            raise
+        return proxy
+    except (PeerFailure, Timeout):
+        raise
+    except BaseException as e:
+        try:
+            store.set(f"{prefix}/error/{rank}", f"{type(e).__name__}: {e}"[:2000])
+        except Exception:  # noqa: BLE001 - the store itself may be gone
+            pass
+        raise
