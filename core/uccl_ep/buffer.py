@@ -43,7 +43,8 @@ class Buffer(LowLatencyMixin):
 
     - ``backend``: "auto" (default), "reference", "host" or "cuda" (see `uccl_ep.backends`);
     - ``timeout_s`` / ``gpu_timeout_s``: bound of every host / device wait;
-    - ``ranks_per_node``: NVLink-domain size (0 = detect from host names).
+    - ``ranks_per_node``: NVLink-domain size (0 = detect from host names);
+    - ``num_proxy_threads``: CPU proxy threads per rank (host and proxy paths).
 
     Extra keyword arguments that other DeepEP forks accept are tolerated when they ask for
     nothing (None/False/0) and refused with `Unsupported` otherwise.
@@ -58,7 +59,7 @@ class Buffer(LowLatencyMixin):
                  use_fabric: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
                  comm: Any = None, *, backend: str = "auto", timeout_s: Optional[float] = None,
                  gpu_timeout_s: Optional[float] = None, ranks_per_node: Optional[int] = None,
-                 **extra_kwargs: Any) -> None:
+                 num_proxy_threads: Optional[int] = None, **extra_kwargs: Any) -> None:
         self._destroyed = True  # until construction completes
         check_extra_kwargs("Buffer()", extra_kwargs)
         if group is None:
@@ -99,6 +100,9 @@ class Buffer(LowLatencyMixin):
         if not isinstance(gpu_timeout_s, (int, float)) or gpu_timeout_s <= 0:
             raise InvalidArgument("gpu_timeout_s", "a positive number of seconds", repr(gpu_timeout_s))
         check_int("ranks_per_node", ranks_per_node, minimum=0)
+        if num_proxy_threads is None:
+            num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
+        check_int("num_proxy_threads", num_proxy_threads, minimum=1)
         hostnames = [None] * self.group_size
         dist.all_gather_object(hostnames, local_hostname(), group=group)
         self.topology = detect_topology(hostnames, ranks_per_node)
@@ -109,7 +113,8 @@ class Buffer(LowLatencyMixin):
                             low_latency_mode=self.low_latency_mode,
                             allow_nvlink_for_low_latency_mode=self.allow_nvlink_for_low_latency_mode,
                             enable_shrink=self.enable_shrink, num_qps_per_rank=self.num_qps_per_rank,
-                            timeout_s=float(timeout_s), gpu_timeout_s=float(gpu_timeout_s))
+                            timeout_s=float(timeout_s), gpu_timeout_s=float(gpu_timeout_s),
+                            options={"num_proxy_threads": int(num_proxy_threads)})
         self._executor = create_executor(backend, ctx, self)
         self.backend = self._executor.name
         self._comm_stream = None
