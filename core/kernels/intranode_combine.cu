@@ -22,6 +22,13 @@ using namespace uccl_ep::dev;
 
 namespace {
 
+// Register arrays are sized for this many ranks; the JIT builds one variant per group size.
+#ifndef UCCL_EP_RANKS
+#define UCCL_EP_RANKS kHTMaxRanks
+#endif
+constexpr int kRanks = UCCL_EP_RANKS;
+static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
+
 constexpr int kPublishEvery = 4;     // sender: own tokens between publishes (see intranode_dispatch.cu)
 constexpr int kHeadSlack = 16;       // receiver: positions a head may lag before it is republished
 
@@ -46,9 +53,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
   const int64_t w_off = (H * 2 + 15) / 16 * 16;  // slot: bf16 row, then K fp32 weights
   const auto* rank_prefix = reinterpret_cast<const int*>(p.rank_prefix);
 
-  uint64_t bases[kHTMaxRanks];
+  uint64_t bases[kRanks];
 #pragma unroll
-  for (int j = 0; j < kHTMaxRanks; ++j)
+  for (int j = 0; j < kRanks; ++j)
     bases[j] = j < R ? reinterpret_cast<const uint64_t*>(sender ? p.sent : p.consumed)[c * R + j] : 0;
   __syncthreads();
   if (warp >= NW) return;
@@ -87,10 +94,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
   // Receiver: token-major over channel c.
   const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
   const auto* send_head = reinterpret_cast<const int*>(p.send_head);
-  uint64_t tail_min[kHTMaxRanks], published[kHTMaxRanks];
-  int counts[kHTMaxRanks];
+  uint64_t tail_min[kRanks], published[kRanks];
+  int counts[kRanks];
 #pragma unroll
-  for (int j = 0; j < kHTMaxRanks; ++j) {
+  for (int j = 0; j < kRanks; ++j) {
     tail_min[j] = 0;
     published[j] = bases[j];
     counts[j] = 0;
@@ -98,23 +105,23 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
   }
   for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
     const int tl = tb + lane;
-    uint64_t masks[kHTMaxRanks];
+    uint64_t masks[kRanks];
 #pragma unroll
-    for (int j = 0; j < kHTMaxRanks; ++j) masks[j] = j < R ? warp_ballot(tl < t_end && in_rank[int64_t(tl) * R + j]) : 0;
+    for (int j = 0; j < kRanks; ++j) masks[j] = j < R ? warp_ballot(tl < t_end && in_rank[int64_t(tl) * R + j]) : 0;
     for (int o = 0; o < kWarpSize && tb + o < t_end; ++o) {
       const int t = tb + o;
       if ((t - t_begin) % NW != warp) continue;
-      const uint8_t* rows[kHTMaxRanks];
-      uint64_t before[kHTMaxRanks];
+      const uint8_t* rows[kRanks];
+      uint64_t before[kRanks];
       int nsrc = 0;
       bool must_wait = false;
 #pragma unroll
-      for (int j = 0; j < kHTMaxRanks; ++j) {
+      for (int j = 0; j < kRanks; ++j) {
         before[j] = j < R ? bases[j] + counts[j] + popc64(masks[j] & ((uint64_t(1) << o) - 1)) : 0;
         if (j < R && ((masks[j] >> o) & 1) && before[j] >= tail_min[j]) must_wait = true;
       }
 #pragma unroll
-      for (int j = 0; j < kHTMaxRanks; ++j) {  // publish lazily, but always before blocking
+      for (int j = 0; j < kRanks; ++j) {  // publish lazily, but always before blocking
         if (j < R && (before[j] >= published[j] + kHeadSlack || (must_wait && before[j] > published[j]))) {
           warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), before[j]);
           published[j] = before[j];
@@ -122,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       }
       bool failed = false;
 #pragma unroll
-      for (int j = 0; j < kHTMaxRanks; ++j) {
+      for (int j = 0; j < kRanks; ++j) {
         if (j >= R || !((masks[j] >> o) & 1)) continue;
         const uint64_t pos = bases[j] + send_head[int64_t(t) * R + j];
         if (pos >= tail_min[j]) {
@@ -135,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       }
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
-      constexpr int U = 2;  // vectors per lane per step; loads of two sources in flight at once
+      constexpr int U = 4;  // vectors per lane per step, loads in flight together
       for (int64_t v0 = lane; v0 < H / 8; v0 += U * kWarpSize) {
         float acc[U][8];
 #pragma unroll
@@ -154,16 +161,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
         }
-        for (int s0 = 0; s0 < nsrc; s0 += 2) {
-          Vec16 ra[U], rb[U];
+        for (int s0 = 0; s0 < nsrc; ++s0) {
+          Vec16 ra[U];
 #pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const int64_t v = v0 + u * kWarpSize;
-            if (v < H / 8) {
-              ra[u] = ld16_cg(rows[s0] + v * 16);
-              if (s0 + 1 < nsrc) rb[u] = ld16_cg(rows[s0 + 1] + v * 16);
-            }
-          }
+          for (int u = 0; u < U; ++u)
+            if (v0 + u * kWarpSize < H / 8) ra[u] = ld16_cg(rows[s0] + (v0 + u * kWarpSize) * 16);
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             if (v0 + u * kWarpSize >= H / 8) continue;
@@ -171,11 +173,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
             unpack_bf16x8(ra[u], f);
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-            if (s0 + 1 < nsrc) {
-              unpack_bf16x8(rb[u], f);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-            }
           }
         }
 #pragma unroll
@@ -192,10 +189,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       sync_warp();
     }
 #pragma unroll
-    for (int j = 0; j < kHTMaxRanks; ++j) counts[j] += popc64(masks[j]);
+    for (int j = 0; j < kRanks; ++j) counts[j] += popc64(masks[j]);
   }
 #pragma unroll
-  for (int j = 0; j < kHTMaxRanks; ++j) {
+  for (int j = 0; j < kRanks; ++j) {
     if (j >= R) continue;
     warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j] + counts[j]);
     if (warp == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + j] = bases[j] + counts[j];

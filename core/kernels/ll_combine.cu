@@ -1,9 +1,11 @@
 // Low-latency combine over NVLink: weighted sum of expert outputs back at the source rank.
 //
-// Send (ll_combine_send, one block per local expert e): for every row of e's slab that came from
-// source rank j (layout_range / src_info of the dispatch handle), copy the BF16 expert output into
-// rank j's combine area at [global expert][source token]; then publish (tag << 32) into rank j's
-// signal[global expert] with a system-scope release (every source gets one, even for 0 rows).
+// Send (ll_combine_send, a grid of a few blocks per SM): the rows of all local experts' slabs are
+// one flat list of work items (prefix of the per-expert counts from layout_range); a warp copies
+// row (e, r), which came from source rank j with token src_info[e][r], into rank j's combine area
+// at [global expert][token], then counts it in finish[e]; the warp that completes expert e resets
+// the counter and publishes (tag << 32) into every source's signal[global expert] with a
+// system-scope release (every source gets one, even for 0 rows).
 // Recv (ll_combine_recv, one block per token t): wait (bounded) for the signal of every expert
 // in topk_idx[t] (skipping -1 and masked ranks), then out[t] = sum_k w[t,k] * y_k in fp32 with k
 // ascending, one IEEE-rounded multiply and add each (bit-exact with uccl_ep.refs), cast to BF16.
@@ -18,47 +20,79 @@ using namespace uccl_ep;
 using namespace uccl_ep::dev;
 
 namespace {
-constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRID_CONSTANT LLCombineParams p) {
-  __shared__ int s_seg_begin[kMaxRanks];   // begin row of source j's segment in e's slab
-  __shared__ int s_flat[kMaxRanks + 1];    // prefix of counts over j
-  const int e = blockIdx.x, tid = threadIdx.x;
-  const int R = int(p.num_ranks);
+  extern __shared__ int smem[];  // [E_loc + 1] prefix of rows per local expert
+  const int tid = threadIdx.x;
+  const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
-  const int g = int(p.rank * p.num_local_experts) + e;
+  const auto* lr = reinterpret_cast<const int64_t*>(p.layout_range);
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
-  if (tid == 0) {
-    int acc = 0;
-    for (int j = 0; j < R; ++j) {
-      int64_t packed = reinterpret_cast<const int64_t*>(p.layout_range)[int64_t(e) * R + j];
-      s_seg_begin[j] = int(packed >> 32);
-      s_flat[j] = acc;
-      acc += is_masked(p.masked, j) ? 0 : int(packed & 0xffffffff);
-    }
-    s_flat[R] = acc;
+  const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
+  const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
+  int* prefix = smem;
+  int* scratch = smem + E_loc + 1;  // [2 * blockDim.x]
+  int carry = 0;
+  for (int e0 = 0; e0 < E_loc; e0 += blockDim.x) {
+    const int e = e0 + tid;
+    int cnt = 0;
+    if (e < E_loc)
+      for (int j = 0; j < R; ++j)
+        if (!is_masked(p.masked, j)) cnt += int(lr[int64_t(e) * R + j] & 0xffffffff);
+    int sum = 0;
+    const int excl = block_exclusive_scan(cnt, scratch, &sum);
+    if (e < E_loc) prefix[e] = carry + excl;
+    carry += sum;
   }
+  if (tid == 0) prefix[E_loc] = carry;
   __syncthreads();
-  const int total = s_flat[R];
+  const int total = prefix[E_loc];
   const int64_t row_bytes = p.hidden * 2;
-  const auto* y = reinterpret_cast<const uint8_t*>(p.y);
-  const auto* src_info = reinterpret_cast<const int*>(p.src_info);
-  for (int f = warp_id(); f < total; f += num_warps()) {
-    int j = 0;
-    while (f >= s_flat[j + 1]) ++j;
-    const int row = s_seg_begin[j] + (f - s_flat[j]);
-    const int t = src_info[int64_t(e) * rows_per_expert + row];
-    auto* dst = reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(p.peer_recv)[j]);
-    warp_copy16(dst + (int64_t(g) * p.num_max + t) * row_bytes, y + (int64_t(e) * rows_per_expert + row) * row_bytes,
-                row_bytes);
+  const int gw = blockIdx.x * num_warps() + warp_id(), nw = gridDim.x * num_warps();
+  for (int item = gw; item < total; item += nw) {
+    int lo = 0, hi = E_loc;  // largest e with prefix[e] <= item
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (prefix[mid] <= item) lo = mid; else hi = mid;
+    }
+    const int e = lo;
+    int r = item - prefix[e], j = 0, row = 0;
+    for (; j < R; ++j) {
+      if (is_masked(p.masked, j)) continue;
+      const int64_t packed = lr[int64_t(e) * R + j];
+      const int cnt = int(packed & 0xffffffff);
+      if (r < cnt) {
+        row = int(packed >> 32) + r;
+        break;
+      }
+      r -= cnt;
+    }
+    const int g = int(p.rank) * E_loc + e;
+    const int t = reinterpret_cast<const int*>(p.src_info)[int64_t(e) * rows_per_expert + row];
+    warp_copy16(reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes,
+                reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes, row_bytes);
+    sync_warp();
+    if (lane_id() == 0) {
+      fence_system();
+      const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
+      if (int(prev) + 1 == prefix[e + 1] - prefix[e]) {
+        reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
+        fence_system();
+        for (int jj = 0; jj < R; ++jj)
+          if (!is_masked(p.masked, jj))
+            st_release_sys(reinterpret_cast<uint64_t*>(peer_signal[jj]) + g, uint64_t(tag) << 32);
+      }
+    }
+    sync_warp();
   }
-  __syncthreads();
-  if (tid < R && !is_masked(p.masked, tid)) {
-    auto* sig = reinterpret_cast<uint64_t*>(reinterpret_cast<const uint64_t*>(p.peer_signal)[tid]);
-    fence_system();
-    st_release_sys(sig + g, uint64_t(tag) << 32);
+  // Experts with no rows at all: signal every source from one thread.
+  for (int e = blockIdx.x + int(gridDim.x) * tid; e < E_loc; e += int(gridDim.x) * int(blockDim.x)) {
+    if (prefix[e + 1] != prefix[e]) continue;
+    const int g = int(p.rank) * E_loc + e;
+    for (int jj = 0; jj < R; ++jj)
+      if (!is_masked(p.masked, jj)) st_release_sys(reinterpret_cast<uint64_t*>(peer_signal[jj]) + g, uint64_t(tag) << 32);
   }
 }
 

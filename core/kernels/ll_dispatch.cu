@@ -1,12 +1,16 @@
 // Low-latency dispatch over NVLink: per-expert padded slabs with in-kernel FP8 (DeepEP V1 LL).
 //
-// Send (ll_dispatch_send, one block per global expert e, on the current stream):
-//   1. the block finds the tokens of this rank that select e, in token order (a block scan over
-//      topk_idx), so slot i of (e, this rank) holds the i-th such token: deterministic, no atomics;
-//   2. its warps cast each token (FP8 per 128 channels, or BF16 as is) straight into the slot of
-//      the owner rank's receive area (a peer pointer through an IPC map, or local memory);
-//   3. after a block barrier, thread 0 publishes (tag << 32 | count) into signal[e_loc][rank] of
-//      the owner with a system-scope release.
+// Send (ll_dispatch_send, one block per token t of this rank, on the current stream):
+//   1. every block histograms topk_idx (shared-memory counts per expert over all tokens, and over
+//      tokens before t), so the slot of t in expert e's segment is the number of earlier tokens
+//      selecting e: deterministic (token order, as the reference) and without global atomics;
+//   2. its threads cast token t once (FP8 per 128 channels via 8-lane amax, or BF16 as is) and
+//      store each 16-byte piece into the slot of every selected expert, straight into the owner
+//      rank's receive area (a peer pointer through an IPC map, or local memory);
+//   3. after a block barrier and a system fence, thread 0 counts the token in finish[e]; the block
+//      that brings finish[e] to the expert's total resets it and publishes (tag << 32 | count)
+//      into signal[e_loc][rank] of the owner with a system-scope release. Experts nobody selects
+//      are signalled (count 0) by block e % grid.
 // Recv (ll_dispatch_recv, one block per local expert, now or in the recv hook):
 //   waits (bounded) for every source's signal, lays the sources out in rank order (begin_j =
 //   prefix of counts), writes layout_range / recv_count / stats, and copies messages into the
@@ -26,104 +30,103 @@ using namespace uccl_ep::dev;
 namespace {
 
 constexpr int kMaxRanks = 64;
-
-// Cast one BF16 token to FP8 (per 128 channels) into msg payload + scales, one warp.
-UCCL_DEVICE void warp_cast_fp8(const uint16_t* x_row, uint8_t* dst_data, float* dst_scales, int64_t hidden,
-                               bool round_scale) {
-  const int lane = lane_id();
-  const int64_t nchunk = hidden / 16;  // 16 channels per lane and step; 8 lanes per 128-block
-  for (int64_t base = 0; base < nchunk; base += 2 * kWarpSize) {
-    float v[2][16];
-    float amax[2] = {0.0f, 0.0f};
-    Vec16 raw[2][2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {  // issue both chunks' loads before any use
-      const int64_t c = base + u * kWarpSize + lane;
-      if (c < nchunk) {
-        raw[u][0] = ld16(x_row + c * 16);
-        raw[u][1] = ld16(x_row + c * 16 + 8);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int64_t c = base + u * kWarpSize + lane;
-      if (c < nchunk) {
-        unpack_bf16x8(raw[u][0], v[u]);
-        unpack_bf16x8(raw[u][1], v[u] + 8);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) amax[u] = fmaxf(amax[u], fabsf(v[u][i]));
-      }
-      amax[u] = fmaxf(amax[u], shfl_xor(amax[u], 1));
-      amax[u] = fmaxf(amax[u], shfl_xor(amax[u], 2));
-      amax[u] = fmaxf(amax[u], shfl_xor(amax[u], 4));
-      if (c < nchunk) {
-        float scale, scale_inv;
-        fp8_block_scales(amax[u], round_scale, &scale, &scale_inv);
-        st16(dst_data + c * 16, quantize16(v[u], scale));
-        if ((c & 7) == 0) dst_scales[c >> 3] = scale_inv;
-      }
-    }
-  }
-}
+constexpr int kMaxTopk = 32;
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256) ll_dispatch_send(const UCCL_GRID_CONSTANT LLDispatchParams p) {
-  extern __shared__ int smem[];
-  const int e = blockIdx.x;
-  const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens);
-  const int E_loc = int(p.num_experts / p.num_ranks);
-  const int dst = e / E_loc, e_loc = e % E_loc;
-  const int tid = threadIdx.x;
-  int* tokens = smem;                       // [T] tokens selecting e, in order
-  int* scratch = smem + (T > 0 ? T : 1);    // [2 * blockDim.x]
-
-  // 1. tokens of this rank selecting e, in token order. The K ids of a token are loaded
-  //    independently (no early exit) so a thread has all its loads in flight at once.
-  const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
-  const int per = (T + int(blockDim.x) - 1) / int(blockDim.x);
-  const int t0 = min(T, tid * per), t1 = min(T, t0 + per);
-  uint32_t hits = 0;  // bit i: token t0 + i selects e (per <= 32 checked by the host)
-  for (int t = t0; t < t1; ++t) {
-    bool hit = false;
-    for (int k = 0; k < K; ++k) hit |= topk[int64_t(t) * K + k] == e;
-    hits |= uint32_t(hit) << (t - t0);
-  }
-  int count = 0;
-  int pos = block_exclusive_scan(__popc(hits), scratch, &count);
-  for (int t = t0; t < t1; ++t)
-    if ((hits >> (t - t0)) & 1u) tokens[pos++] = t;
+extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GRID_CONSTANT LLDispatchParams p) {
+  extern __shared__ int smem[];  // [E] selections before this token, [E] selections in total
+  __shared__ int s_expert[kMaxTopk];
+  __shared__ uint8_t* s_msg[kMaxTopk];
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
+  const int E_loc = E / R;
+  int* before = smem;
+  int* total = smem + E;
+  for (int i = tid; i < 2 * E; i += blockDim.x) smem[i] = 0;
   __syncthreads();
-  count = min(count, int(p.num_max));
-  const bool skip = is_masked(p.masked, dst);
+  const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
+  for (int i = tid; i < T * K; i += blockDim.x) {
+    const int64_t e = topk[i];
+    if (e < 0 || e >= E) continue;
+    atomicAdd(total + e, 1);
+    if (i / K < t) atomicAdd(before + e, 1);
+  }
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
+  const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
+  const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
+  __syncthreads();
 
-  // 2. write the messages into the owner's receive area.
-  if (!skip) {
-    auto* recv = reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(p.peer_recv)[dst]);
-    const int64_t slot0 = (int64_t(e_loc) * R + p.rank) * p.num_max;
-    const auto* x = reinterpret_cast<const uint16_t*>(p.x);
-    for (int i = warp_id(); i < count; i += num_warps()) {
-      const int t = tokens[i];
-      uint8_t* msg = recv + (slot0 + i) * p.msg_bytes;
-      if (lane_id() == 0) {
+  if (t < T) {
+    if (tid < K) {
+      int e = int(topk[int64_t(t) * K + tid]);
+      if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
+      s_expert[tid] = e;
+      s_msg[tid] = e < 0 ? nullptr
+                         : reinterpret_cast<uint8_t*>(peer_recv[e / E_loc]) +
+                               ((int64_t(e % E_loc) * R + p.rank) * p.num_max + before[e]) * p.msg_bytes;
+      if (e >= 0) {
         Vec16 header = {{uint32_t(t), 0u, 0u, 0u}};
-        st16(msg, header);
+        st16(s_msg[tid], header);
       }
-      const uint16_t* row = x + int64_t(t) * p.hidden;
-      if (p.use_fp8) {
-        warp_cast_fp8(row, msg + 16, reinterpret_cast<float*>(msg + 16 + p.hidden), p.hidden, p.round_scale != 0);
-      } else {
-        warp_copy16(msg + 16, row, p.hidden * 2);
+    }
+    __syncthreads();
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(p.x) + int64_t(t) * p.hidden;
+    if (p.use_fp8) {
+      const int nchunk = int(p.hidden / 16);  // 16 channels per thread; 8 threads per 128-block
+      for (int base = 0; base < nchunk; base += blockDim.x) {
+        const int c = base + tid;
+        float v[16];
+        float amax = 0.0f;
+        if (c < nchunk) {
+          unpack_bf16x8(ld16(row + c * 16), v);
+          unpack_bf16x8(ld16(row + c * 16 + 8), v + 8);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        }
+        amax = fmaxf(amax, shfl_xor(amax, 1));
+        amax = fmaxf(amax, shfl_xor(amax, 2));
+        amax = fmaxf(amax, shfl_xor(amax, 4));
+        if (c < nchunk) {
+          float scale, scale_inv;
+          fp8_block_scales(amax, p.round_scale != 0, &scale, &scale_inv);
+          const Vec16 q = quantize16(v, scale);
+          for (int k = 0; k < K; ++k) {
+            uint8_t* msg = s_msg[k];
+            if (msg == nullptr) continue;
+            st16(msg + 16 + c * 16, q);
+            if ((c & 7) == 0) reinterpret_cast<float*>(msg + 16 + p.hidden)[c >> 3] = scale_inv;
+          }
+        }
+      }
+    } else {
+      for (int c = tid; c < p.hidden / 8; c += blockDim.x) {
+        const Vec16 v = ld16(row + c * 8);
+        for (int k = 0; k < K; ++k)
+          if (s_msg[k] != nullptr) st16(s_msg[k] + 16 + c * 16, v);
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      fence_system();  // this block's stores, before its count
+      for (int k = 0; k < K; ++k) {
+        const int e = s_expert[k];
+        if (e < 0) continue;
+        const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
+        if (int(prev) + 1 == total[e]) {  // last writer of e: everyone's stores are ordered before
+          reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
+          fence_system();
+          auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
+          st_release_sys(sig + int64_t(e % E_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(total[e]));
+        }
       }
     }
   }
-  // 3. publish the count once every warp's stores are done.
-  __syncthreads();
-  if (tid == 0 && !skip) {
-    auto* sig = reinterpret_cast<uint64_t*>(reinterpret_cast<const uint64_t*>(p.peer_signal)[dst]);
-    fence_system();
-    st_release_sys(sig + int64_t(e_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(count));
+  // Experts that no token of this rank selects still get their (empty) signal.
+  for (int e = blockIdx.x + int(gridDim.x) * tid; e < E; e += int(gridDim.x) * int(blockDim.x)) {
+    if (total[e] != 0 || is_masked(p.masked, e / E_loc)) continue;
+    auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
+    st_release_sys(sig + int64_t(e % E_loc) * R + p.rank, uint64_t(tag) << 32);
   }
 }
 

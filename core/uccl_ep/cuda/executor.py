@@ -202,7 +202,7 @@ class CudaExecutor(Executor):
         for m in (self.nvl_mem, self.ll_mem):
             if m is not None:
                 m.free()
-        if self._ll is not None:
+        if self._ll is not None and self._ll.work is not None:
             self._ll.work.free()
         if self._ht is not None:
             self._ht.free()

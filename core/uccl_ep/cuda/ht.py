@@ -72,8 +72,9 @@ class NormalEngine:
         self.slot_bytes = 0
         self.host_tag = 0
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
-            ("layout.cu", "ht_layout"), ("intranode_notify.cu", "ht_notify"),
-            ("intranode_dispatch.cu", "ht_dispatch"), ("intranode_combine.cu", "ht_combine"))}
+            ("layout.cu", "ht_layout"), ("intranode_notify.cu", "ht_notify"), ("intranode_dispatch.cu", "ht_dispatch"))}
+        self._k["ht_combine"] = load_kernel(self.dev, "intranode_combine.cu", "ht_combine",
+                                            defines=(f"UCCL_EP_RANKS={self.R}",))
 
     @property
     def _sent(self) -> int:

@@ -29,7 +29,7 @@ __all__ = ["LowLatencyEngine"]
 
 _ALIGN = 128
 # Threads per block of each kernel (one block per expert or token; see the kernels' notes).
-_SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 128, 256, 128
+_SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
 
 
 def _align(n: int) -> int:
@@ -72,8 +72,11 @@ class LowLatencyEngine:
         self.peer_base: list[int] = ex.ll_peer_base
         self.idx = 0
         self.layout: _Layout | None = None
-        # seq[2] | done[2] as u32 words, then the peer pointer tables (6 x R u64).
-        self.work = DeviceMemory(self.dev, 64 + 6 * 8 * self.R)
+        # seq[2] | done[2] as u32 words, the peer pointer tables (6 x R u64), then the finish counters
+        # (dispatch [E], combine [E_loc] u32); sized by ensure_layout.
+        self.work: DeviceMemory | None = None
+        drv = ex.drv
+        self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
             ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}
@@ -81,6 +84,10 @@ class LowLatencyEngine:
     # -- layout ------------------------------------------------------------------------------
     def _table(self, i: int) -> int:
         return self.work.ptr + 64 + i * 8 * self.R
+
+    def _finish(self, combine: bool) -> int:
+        base = self.work.ptr + 64 + 6 * 8 * self.R
+        return base + 4 * self.layout.num_experts if combine else base
 
     def _seq(self, s: int) -> int:
         return self.work.ptr + 4 * s
@@ -103,6 +110,10 @@ class LowLatencyEngine:
             tables.append([b + lay.dispatch_signal_off(s) for b in self.peer_base])
             tables.append([b + lay.combine_signal_off(s) for b in self.peer_base])
         blob = b"".join(struct.pack(f"<{self.R}Q", *t) for t in tables)
+        torch.cuda.synchronize(self.dev)
+        if self.work is not None:
+            self.work.free()
+        self.work = DeviceMemory(self.dev, 64 + 6 * 8 * self.R + 4 * (num_experts + num_experts // self.R))
         drv.memcpy_htod(self.dev, self.work.ptr + 64, blob)
         self.layout = lay
         self.clean()
@@ -115,6 +126,7 @@ class LowLatencyEngine:
         self.ex.host_barrier()
         drv.memset_d8(self.dev, self.mem.ptr, 0, self.mem.nbytes, 0)
         drv.memset_d8(self.dev, self.work.ptr, 0, 64, 0)
+        drv.memset_d8(self.dev, self._finish(False), 0, self.work.nbytes - (self._finish(False) - self.work.ptr), 0)
         drv.synchronize(self.dev)
         self.idx = 0
         self.ex.host_barrier()
@@ -139,8 +151,6 @@ class LowLatencyEngine:
         s = self._flip()
         dev = x.device
         rows = R * num_max
-        if T > 32 * _SEND_BLOCK:
-            raise LimitExceeded("x", "tokens per rank of the CUDA low-latency kernels", T, 32 * _SEND_BLOCK)
         # NOTES: one allocation for all outputs (views into it): each torch.empty costs microseconds
         # of host time, which is most of a small LL call.
         data_bytes = E_loc * rows * H * (1 if use_fp8 else 2)
@@ -164,13 +174,13 @@ class LowLatencyEngine:
         mask = sum(1 << r for r in masked)
         x = x.contiguous()
         topk_idx = topk_idx.contiguous()
-        smem = 4 * (max(T, 1) + 2 * _SEND_BLOCK)
         params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              peer_recv=self._table(3 * s), peer_signal=self._table(3 * s + 1), seq=self._seq(s),
+                             finish=self._finish(False),
                              num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
                              num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
                              msg_bytes=lay.msg_bytes, masked=mask)
-        self._k["ll_dispatch_send"].launch(num_experts, _SEND_BLOCK, params, current_stream(), smem=smem)
+        self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(), smem=8 * num_experts)
         recv_params = pack_params(
             "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
             signal=self._signal_area(s, False), seq=self._seq(s), done=self._done(s), recv_x=recv_x.data_ptr(),
@@ -220,9 +230,11 @@ class LowLatencyEngine:
         topk_weights = topk_weights.contiguous()
         params = pack_params("LLCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
                              layout_range=layout_range.data_ptr(), peer_recv=self._table(3 * s),
-                             peer_signal=self._table(3 * s + 2), seq=self._seq(s), num_max=num_max, hidden=H,
+                             peer_signal=self._table(3 * s + 2), seq=self._seq(s), finish=self._finish(True),
+                             num_max=num_max, hidden=H,
                              num_local_experts=E_loc, num_ranks=R, rank=self.rank, masked=mask)
-        self._k["ll_combine_send"].launch(E_loc, _RECV_BLOCK, params, current_stream())
+        self._k["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
+                                          smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK))
         recv_params = pack_params(
             "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
             signal=self._signal_area(s, True), seq=self._seq(s), done=self._done(s), topk_idx=topk_idx.data_ptr(),

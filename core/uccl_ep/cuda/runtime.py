@@ -89,8 +89,8 @@ class Kernel:
         driver().launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative)
 
 
-_modules: dict[tuple[int, str, str], int] = {}
-_kernels: dict[tuple[int, str, str], Kernel] = {}
+_modules: dict[tuple, int] = {}
+_kernels: dict[tuple, Kernel] = {}
 _lock = threading.Lock()
 
 
@@ -103,20 +103,21 @@ def device_arch(device: int) -> str:
                                    drv.device_attribute(device, drv.ATTR_CC_MINOR))
 
 
-def load_kernel(device: int, source: str, name: str) -> Kernel:
-    """Compile (cached) core/kernels/<source> for the device and return kernel ``name``."""
+def load_kernel(device: int, source: str, name: str, defines: tuple[str, ...] = ()) -> Kernel:
+    """Compile (cached) core/kernels/<source> for the device and return kernel ``name``;
+    ``defines`` are extra ``-D`` macros (a separate cached variant each)."""
     arch = device_arch(device)
     with _lock:
-        k = _kernels.get((device, source, name))
+        k = _kernels.get((device, source, name, defines))
         if k is not None:
             return k
-        mod = _modules.get((device, source, arch))
+        mod = _modules.get((device, source, arch, defines))
         if mod is None:
-            cubin = jit.compile_cubin(source, arch)
+            cubin = jit.compile_cubin(source, arch, extra_flags=[f"-D{d}" for d in defines])
             mod = driver().module_load(device, cubin.read_bytes())
-            _modules[(device, source, arch)] = mod
+            _modules[(device, source, arch, defines)] = mod
         k = Kernel(device, driver().module_function(mod, name), name)
-        _kernels[(device, source, name)] = k
+        _kernels[(device, source, name, defines)] = k
         return k
 
 

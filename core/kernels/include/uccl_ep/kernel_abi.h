@@ -44,6 +44,7 @@ struct LLDispatchParams {
   uint64_t peer_recv;       // u64[R]: each rank's recv area of this set (own entry = local)
   uint64_t peer_signal;     // u64[R]: each rank's dispatch signal area of this set
   uint64_t seq;             // u32 device word: completed ops on this set (tag = seq + 1)
+  uint64_t finish;          // u32 [E] device counters: tokens written per expert (last writer signals)
   int64_t num_tokens;       // T (this rank)
   int64_t num_max;          // slots per (expert, source)
   int64_t hidden;
@@ -89,6 +90,7 @@ struct LLCombineParams {
   uint64_t peer_recv;       // u64[R]: combine recv areas of this set ([E][T][H] bf16)
   uint64_t peer_signal;     // u64[R]: combine signal areas of this set ([E] u64)
   uint64_t seq;
+  uint64_t finish;          // u32 [E_loc] device counters: rows written per local expert
   int64_t num_max;
   int64_t hidden;
   int64_t num_local_experts;
