@@ -10,8 +10,11 @@
 
 #include "bindings/register.h"
 #include "fifo/fifo_host.h"
+#include "fifo/fifo_stress.h"
 #include "proxy/errors.h"
 #include "proxy/proxy.h"
+#include "proxy/proxy_bench.h"
+#include "proxy/receiver.h"
 #include "transport/transport.h"
 #include "uccl_ep/fifo_layout.h"
 #include "uccl_ep/immediate.h"
@@ -68,6 +71,13 @@ void translate(const std::exception_ptr& p, void*) {
 }
 
 nb::tuple words(const TransferCmd& c) { return nb::make_tuple(c.word0, c.word1); }
+
+void check_offsets(uint64_t soff, uint64_t doff) {
+  if (soff % protocol::kOffsetUnitBytes || doff % protocol::kOffsetUnitBytes)
+    throw_error(ErrorKind::kInvalidArgument, -1, -1, "", "offset: expected multiples of " +
+                std::to_string(protocol::kOffsetUnitBytes) + " bytes, got src " + std::to_string(soff) + ", dst " +
+                std::to_string(doff));
+}
 TransferCmd cmd_of(uint64_t w0, uint64_t w1) { return TransferCmd{w0, w1}; }
 
 nb::dict protocol_limits() {
@@ -98,6 +108,7 @@ U64Array encode_writes(I64Input dst, I64Input src_off, I64Input dst_off, I64Inpu
   for (const auto* a : {&src_off, &dst_off, &len, &counter, &increment})
     if (a->shape(0) != n) throw std::invalid_argument("encode_writes: arrays of different lengths");
   auto* out = new uint64_t[2 * n];
+  for (size_t i = 0; i < n; ++i) check_offsets(uint64_t(src_off(i)), uint64_t(dst_off(i)));
   for (size_t i = 0; i < n; ++i) {
     const TransferCmd c = ordered ? protocol::make_ordered_write(uint32_t(dst(i)), uint64_t(src_off(i)), uint64_t(dst_off(i)),
                                                                  uint32_t(len(i)), uint32_t(counter(i)), uint32_t(increment(i)))
@@ -160,10 +171,14 @@ void register_proxy(nb::module_& m) {
         "'' when the transport can be created on this machine, else why not.");
   m.def("protocol_limits", &protocol_limits, "Limits implied by the TransferCmd and immediate field widths.");
   m.def("encode_counted_write", [](uint32_t dst, uint64_t soff, uint64_t doff, uint32_t len, uint32_t counter) {
+    check_offsets(soff, doff);
     return words(protocol::make_counted_write(dst, soff, doff, len, counter));
   });
   m.def("encode_ordered_write", [](uint32_t dst, uint64_t soff, uint64_t doff, uint32_t len, uint32_t counter,
-                                   uint32_t inc) { return words(protocol::make_ordered_write(dst, soff, doff, len, counter, inc)); });
+                                   uint32_t inc) {
+    check_offsets(soff, doff);
+    return words(protocol::make_ordered_write(dst, soff, doff, len, counter, inc));
+  });
   m.def("encode_atomic", [](uint32_t dst, uint32_t counter, int32_t value, bool fenced) {
     return words(protocol::make_atomic(dst, counter, value, fenced));
   });
@@ -204,6 +219,26 @@ void register_proxy(nb::module_& m) {
     return d;
   });
 
+  m.def(
+      "fifo_stress",
+      [](uint32_t capacity, int producers, uint64_t per_producer, double timeout_s, long slow_consumer_ns) {
+        fifo::StressResult r;
+        {
+          nb::gil_scoped_release g;
+          r = fifo::run_stress(capacity, producers, per_producer, timeout_s, slow_consumer_ns);
+        }
+        nb::dict d;
+        d["pushed"] = r.pushed;
+        d["consumed"] = r.consumed;
+        d["out_of_order"] = r.out_of_order;
+        d["corrupt"] = r.corrupt;
+        d["timeouts"] = r.timeouts;
+        d["seconds"] = r.seconds;
+        return d;
+      },
+      nb::arg("capacity"), nb::arg("producers"), nb::arg("per_producer"), nb::arg("timeout_s") = 60.0,
+      nb::arg("slow_consumer_ns") = 0, "Multi-producer stress of one HostFifo with a checking consumer thread.");
+
   nb::class_<fifo::HostFifo>(m, "HostFifo", "One proxy FIFO's host half (tests and benchmarks drive it directly).")
       .def(nb::init<uint32_t>(), nb::arg("capacity"))
       .def_prop_ro("capacity", &fifo::HostFifo::capacity)
@@ -231,6 +266,22 @@ void register_proxy(nb::module_& m) {
       .def("check_completion", &fifo::HostFifo::check_completion)
       .def("set_status", &fifo::HostFifo::set_status)
       .def_prop_ro("reserved", &fifo::HostFifo::reserved);
+
+  // A Receiver with its own counters, fed by hand: unit tests of the ordering / fence logic.
+  struct OwnedReceiver {
+    std::vector<int64_t> counters;
+    proxy::Receiver receiver;
+    OwnedReceiver(int ranks, uint32_t c)
+        : counters(size_t(ranks) * c, 0), receiver(ranks, c, counters.data()) {}
+  };
+  nb::class_<OwnedReceiver>(m, "Receiver", "The receiver semantics of one proxy thread, driven directly (tests).")
+      .def(nb::init<int, uint32_t>(), nb::arg("num_ranks"), nb::arg("num_counters"))
+      .def("on_imm", [](OwnedReceiver& r, int src, uint32_t imm) { return r.receiver.on_imm(src, imm); },
+           "Applies one immediate; returns '' or the protocol violation.")
+      .def("counters", [](OwnedReceiver& r) {
+        const size_t c = r.counters.size();
+        return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(r.counters.data(), {c}, nb::find(&r));
+      });
 
   nb::class_<proxy::Proxy>(m, "Proxy", "The CPU proxy of one rank (see csrc/proxy/proxy.h).")
       .def("__init__", [](proxy::Proxy* p, const nb::dict& cfg) { new (p) proxy::Proxy(config_from(cfg)); })
@@ -270,6 +321,10 @@ void register_proxy(nb::module_& m) {
           }, nb::arg("fifo"), nb::arg("commands"), nb::arg("timeout_s"), "Pushes rows in order; returns the last index.")
       .def("wait_completion", &proxy::Proxy::wait_completion, nb::arg("fifo"), nb::arg("index"), nb::arg("timeout_s"),
            nb::arg("phase"), nb::call_guard<nb::gil_scoped_release>())
+      .def("check_completion", [](proxy::Proxy& p, int f, uint64_t idx) {
+        if (f < 0 || f >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
+        return p.fifo(f).check_completion(idx);
+      }, nb::arg("fifo"), nb::arg("index"))
       .def("counter", &proxy::Proxy::counter)
       .def("wait_counter", &proxy::Proxy::wait_counter, nb::arg("src"), nb::arg("counter"), nb::arg("target"),
            nb::arg("timeout_s"), nb::arg("phase"), nb::call_guard<nb::gil_scoped_release>())
@@ -282,6 +337,31 @@ void register_proxy(nb::module_& m) {
       .def("region", [](proxy::Proxy& p) {
         return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(p.region(), {size_t(p.region_bytes())}, nb::find(&p));
       }, "uint8 view of this rank's registered region (owned by the proxy).")
+      .def(
+          "run_load",
+          [](proxy::Proxy& p, int producers, uint64_t per_producer, int dst, uint32_t write_bytes, uint64_t src_off,
+             uint64_t dst_off, uint32_t slots, bool fence, double timeout_s) {
+            proxy::LoadSpec s;
+            s.producers = producers;
+            s.per_producer = per_producer;
+            s.dst = dst;
+            s.write_bytes = write_bytes;
+            s.src_off = src_off;
+            s.dst_off = dst_off;
+            s.slots = slots < 1 ? 1 : slots;
+            s.fence = fence;
+            s.timeout_s = timeout_s;
+            proxy::LoadResult r;
+            {
+              nb::gil_scoped_release g;
+              r = proxy::run_load(p, s);
+            }
+            return nb::make_tuple(r.commands, r.seconds);
+          },
+          nb::arg("producers"), nb::arg("per_producer"), nb::arg("dst") = -1, nb::arg("write_bytes") = 0,
+          nb::arg("src_off") = 0, nb::arg("dst_off") = 0, nb::arg("slots") = 1, nb::arg("fence") = false,
+          nb::arg("timeout_s") = 60.0,
+          "Host threads push commands into the FIFOs and wait for completion; returns (commands, seconds).")
       .def_prop_ro("failed", &proxy::Proxy::failed)
       .def("raise_if_failed", &proxy::Proxy::throw_if_failed);
 }

@@ -70,6 +70,9 @@ PushStatus HostFifo::push(const TransferCmd& cmd, double timeout_s, uint64_t* id
   uint64_t idx = __atomic_load_n(layout_.head, __ATOMIC_RELAXED);
   // relaxed: a stale cache only sends us to the acquire load of tail.
   uint64_t tail = __atomic_load_n(layout_.tail_cache, __ATOMIC_RELAXED);
+  // A stopped or failed proxy never consumes again: refuse at once instead of queueing blind.
+  if (const uint64_t st = status(); st != kStatusRunning)
+    return st == kStatusStopped ? PushStatus::kStopped : PushStatus::kFailed;
   Backoff backoff(timeout_s);
   for (;;) {
     if (idx >= tail + cap) {

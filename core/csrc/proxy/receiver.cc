@@ -1,5 +1,7 @@
 #include "proxy/receiver.h"
 
+#include <stdio.h>
+
 #include "uccl_ep/immediate.h"
 
 namespace uccl_ep {
@@ -30,7 +32,11 @@ void Receiver::release_fenced(int src, uint32_t counter) {
 
 std::string Receiver::on_imm(int src, uint32_t v) {
   if (src < 0 || src >= num_ranks_) return "immediate from unknown rank " + std::to_string(src);
-  if (!imm::well_formed(v)) return "malformed immediate 0x" + std::to_string(v);
+  if (!imm::well_formed(v)) {
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08x", v);
+    return std::string("malformed immediate 0x") + hex;
+  }
   const uint32_t c = imm::counter(v);
   if (c >= num_counters_)
     return "counter " + std::to_string(c) + " out of range (this buffer has " + std::to_string(num_counters_) + ")";

@@ -105,8 +105,9 @@ constexpr int64_t kMinAtomicValue = -(int64_t(1) << (kFieldValue.width - 1));   
 }  // namespace limits
 
 // ---- encoders (producer side) --------------------------------------------------------------------
-// All take byte offsets; they must be multiples of kOffsetUnitBytes (checked by the proxy, which
-// fails the command with a protocol error otherwise: the encoders stay branch-free for kernels).
+// All take byte offsets, which must be multiples of kOffsetUnitBytes: the encoders stay
+// branch-free for kernels and drop the low bits, so callers align their layouts (the host
+// bindings reject misaligned offsets).
 
 // LL-style write: the receiver counts it under (src, counter); a fenced Atomic waits for the count.
 UCCL_EP_HOST_DEVICE constexpr TransferCmd make_counted_write(uint32_t dst_rank, uint64_t src_off_bytes,

@@ -1,0 +1,260 @@
+"""The proxy in one process: receiver semantics driven directly, and whole proxies (several ranks
+in one process over `loop`, `fabric` and `fault:`) for commands, quiet, barrier, errors, shutdown
+and protocol limits."""
+
+import hashlib
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from uccl_ep.errors import Aborted, InvalidArgument, LimitExceeded, PeerProtocolError, Unsupported
+from uccl_ep.proxy import check_protocol_limits, native, transport_unavailable_reason
+
+pytestmark = pytest.mark.cpu
+
+C = native()
+TRANSPORTS = ["loop", "fault:loop"] + ([] if transport_unavailable_reason("fabric") else ["fabric", "fault:fabric"])
+FAULT = dict(fault_seed=11, fault_reorder=1.0, fault_max_delay=16, fault_tear=0.5)
+
+
+def make_group(world, transport="loop", **kw):
+    """`world` proxies of one job in this process, connected and started."""
+    digest = hashlib.sha256(f"test-{random.random()}".encode()).hexdigest()
+    cfg = dict(num_ranks=world, num_threads=2, fifos_per_thread=2, num_counters=32, region_bytes=1 << 20,
+               transport=transport, token_digest=digest, timeout_s=10.0)
+    if transport.startswith("fault:"):
+        cfg.update(FAULT)
+    cfg.update(kw)
+    proxies = [C.Proxy(dict(cfg, rank=r)) for r in range(world)]
+    infos = [p.local_info() for p in proxies]
+    for p in proxies:
+        p.connect(infos)
+    for p in proxies:
+        p.finalize_setup()
+        p.start()
+    return proxies
+
+
+def stop_all(proxies):
+    for p in proxies:
+        p.stop()
+
+
+# --------------------------------------------------------------------------------------------------
+# receiver semantics, driven imm by imm
+# --------------------------------------------------------------------------------------------------
+def test_ordered_writes_apply_only_in_sequence_order():
+    rng = random.Random(3)
+    for trial in range(50):
+        r = C.Receiver(2, 4)
+        n = rng.randrange(1, 60)
+        incs = [rng.randrange(0, 512) for _ in range(n)]
+        order = list(range(n))
+        rng.shuffle(order)
+        seen = set()
+        for s in order:
+            assert r.on_imm(1, C.imm_ordered(3, s, incs[s])) == ""
+            seen.add(s)
+            prefix = 0
+            while prefix in seen:
+                prefix += 1
+            # the counter is exactly the in-order prefix: never ahead of a missing write
+            assert r.counters()[1 * 4 + 3] == sum(incs[:prefix])
+        assert r.counters()[4 + 3] == sum(incs)
+
+
+def test_ordered_sequence_wraps_and_rejects_duplicates_and_stale():
+    r = C.Receiver(1, 2)
+    for s in range(5000):  # wraps the 2048 sequence space twice
+        assert r.on_imm(0, C.imm_ordered(1, s % 2048, 1)) == ""
+    assert r.counters()[1] == 5000
+    assert "expecting" in r.on_imm(0, C.imm_ordered(1, (5000 - 1) % 2048, 1))     # stale
+    assert r.on_imm(0, C.imm_ordered(1, (5000 + 3) % 2048, 1)) == ""             # early, held
+    assert "duplicate" in r.on_imm(0, C.imm_ordered(1, (5000 + 3) % 2048, 1))
+    assert "in flight" in r.on_imm(0, C.imm_ordered(1, (5000 + 1500) % 2048, 1))  # beyond the window
+
+
+def test_fenced_atomic_waits_for_its_writes():
+    r = C.Receiver(3, 8)
+    assert r.on_imm(2, C.imm_atomic(5, 4, True)) == ""       # 3 writes announced before they land
+    for _ in range(2):
+        r.on_imm(2, C.imm_counted(5))
+        assert r.counters()[2 * 8 + 5] == 0
+    r.on_imm(2, C.imm_counted(5))
+    assert r.counters()[2 * 8 + 5] == 4
+    # writes of the next round arriving first are kept for the next fence
+    r.on_imm(2, C.imm_counted(5))
+    r.on_imm(2, C.imm_atomic(5, 2, True))
+    assert r.counters()[2 * 8 + 5] == 6
+    r.on_imm(2, C.imm_atomic(5, 1, True))                       # zero writes: signal at once
+    assert r.counters()[2 * 8 + 5] == 7
+    # unfenced atomics add at once, negative values too; other sources are independent
+    r.on_imm(0, C.imm_atomic(5, -9, False))
+    assert r.counters()[5] == -9 and r.counters()[2 * 8 + 5] == 7
+
+
+@pytest.mark.parametrize("imm,src,msg", [
+    (lambda: C.imm_counted(8), 0, "out of range"),
+    (lambda: C.imm_counted(1) | (1 << 20), 0, "malformed"),
+    (lambda: C.imm_atomic(1, 0, True), 0, "count + 1"),
+    (lambda: C.imm_counted(1), 5, "unknown rank"),
+])
+def test_receiver_rejects_protocol_violations(imm, src, msg):
+    assert msg in C.Receiver(2, 8).on_imm(src, imm())
+
+
+# --------------------------------------------------------------------------------------------------
+# proxies
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_counted_writes_and_fence_between_two_ranks(transport):
+    ps = make_group(2, transport)
+    try:
+        rng = np.random.default_rng(5)
+        for r, p in enumerate(ps):
+            p.region()[:65536] = rng.integers(0, 256, 65536, dtype=np.uint8)
+        srcs = [p.region()[:65536].copy() for p in ps]
+        for r, p in enumerate(ps):
+            dst = 1 - r
+            for i in range(40):
+                p.push(i % 4, *C.encode_counted_write(dst, i * 1024, 65536 + r * 65536 + i * 1008, 1000, 7 + i % 4),
+                       5.0)
+            for c in range(4):
+                p.push(c, *C.encode_atomic(dst, 7 + c, 11, True), 5.0)
+        for r, p in enumerate(ps):
+            src = 1 - r
+            for c in range(4):
+                assert p.wait_counter(src, 7 + c, 11, 10.0, "test") == 11
+            got = p.region()[65536 + src * 65536:65536 + src * 65536 + 40 * 1008]
+            exp = np.concatenate([np.pad(srcs[src][i * 1024:i * 1024 + 1000], (0, 8)) for i in range(40)])
+            assert np.array_equal(got, exp)
+        assert all(p.commands_posted == 44 for p in ps)
+    finally:
+        stop_all(ps)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_barrier_two_nodes_of_two_and_rail(transport):
+    ps = make_group(4, transport, ranks_per_node=2)
+    try:
+        for rail in (False, True, False, True):
+            idx = [p.push(0, *C.encode_barrier(rail), 5.0) for p in ps[:3]]
+            time.sleep(0.05)
+            # Rank 3 has not arrived. All ranks: nobody passes. Rail scope (rails {0, 2} and
+            # {1, 3}): ranks 0 and 2 pass, rank 1 waits for rank 3.
+            assert [ps[i].check_completion(0, idx[i]) for i in range(3)] == ([True, False, True] if rail else [False] * 3)
+            ps[3].wait_completion(0, ps[3].push(0, *C.encode_barrier(rail), 5.0), 5.0, "barrier")
+            for i in range(3):
+                ps[i].wait_completion(0, idx[i], 5.0, "barrier")
+    finally:
+        stop_all(ps)
+
+
+def test_quiet_scopes():
+    (p,) = make_group(1, "fault:loop", num_threads=1, fifos_per_thread=3)
+    try:
+        for f in range(3):
+            for i in range(50):
+                p.push(f, *C.encode_counted_write(0, 0, 4096 + f * 65536 + i * 64, 64, f), 5.0)
+        q = p.push(0, *C.encode_quiet(True), 5.0)
+        p.wait_completion(0, q, 5.0, "quiet")
+        # a whole-thread quiet completes only after every FIFO's earlier commands did
+        assert p.check_completion(1, 49) and p.check_completion(2, 49)
+        q0 = p.push(1, *C.encode_quiet(False), 5.0)
+        p.wait_completion(1, q0, 5.0, "fifo quiet")
+    finally:
+        p.stop()
+
+
+def test_bad_commands_fail_the_proxy_with_protocol_errors():
+    ps = make_group(2)
+    try:
+        # write beyond the peer's region: refused before posting, names the peer
+        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)
+        with pytest.raises(PeerProtocolError, match="outside its region"):
+            ps[0].wait_counter(1, 0, 1, 5.0, "oob")
+        with pytest.raises(PeerProtocolError):
+            ps[0].push(1, *C.encode_atomic(1, 0, 1, False), 5.0)
+        # an invalid command type
+        ps[1].push(0, 0, 0, 5.0)
+        with pytest.raises(PeerProtocolError, match="invalid command type"):
+            ps[1].wait_counter(0, 0, 1, 5.0, "bad type")
+    finally:
+        stop_all(ps)
+
+
+def test_receiver_side_bounds_check():
+    ps = make_group(2, check_remote_bounds=False)
+    try:
+        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)
+        # the target refuses the range and reports the peer; the sender learns it too
+        with pytest.raises(PeerProtocolError, match="outside this rank's region"):
+            ps[1].wait_counter(0, 0, 1, 5.0, "oob at target")
+        with pytest.raises(PeerProtocolError, match="refused"):
+            ps[0].wait_counter(1, 0, 1, 5.0, "oob at sender")
+        assert ps[1].region()[(1 << 20) - 16:].sum() == 0
+    finally:
+        stop_all(ps)
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_stop_releases_waiters_and_joins_threads():
+    before = _threads()
+    ps = make_group(2)
+    assert _threads() >= before + 4
+    errors = []
+
+    def waiter():
+        try:
+            ps[0].wait_counter(1, 3, 1, 60.0, "never")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    ps[0].stop()
+    t.join(5.0)
+    assert not t.is_alive() and time.monotonic() - t0 < 3.0
+    assert isinstance(errors[0], Aborted)
+    with pytest.raises(Aborted):
+        ps[0].push(0, *C.encode_quiet(False), 1.0)
+    ps[1].stop()
+    assert _threads() == before
+
+
+def test_config_errors_are_typed():
+    digest = "0" * 64
+    with pytest.raises(InvalidArgument, match="num_counters"):
+        C.Proxy(dict(num_counters=0, token_digest=digest))
+    with pytest.raises(InvalidArgument, match="rank"):
+        C.Proxy(dict(rank=2, num_ranks=2, token_digest=digest))
+    with pytest.raises(InvalidArgument, match="unknown proxy option"):
+        C.Proxy(dict(nonsense=1, token_digest=digest))
+    with pytest.raises(Unsupported, match="unknown transport"):
+        C.Proxy(dict(transport="carrier-pigeon", token_digest=digest))
+
+
+def test_check_protocol_limits_says_which_limit_and_by_how_much():
+    check_protocol_limits(256, num_experts=256 * 32, num_max_tokens=1024, hidden=7168, num_rdma_bytes=1 << 30,
+                          num_channels=24, chunk_tokens=6, ring_tokens=256)
+    with pytest.raises(LimitExceeded, match=r"num_ranks.*4096.*over by 1"):
+        check_protocol_limits(4097)
+    with pytest.raises(LimitExceeded, match=r"num_experts.*2048.*over by 2"):
+        check_protocol_limits(2, num_experts=2 * 2050)
+    with pytest.raises(LimitExceeded, match="num_max_dispatch_tokens_per_rank"):
+        check_protocol_limits(2, num_max_tokens=40000)
+    with pytest.raises(LimitExceeded, match="num_rdma_bytes"):
+        check_protocol_limits(2, num_rdma_bytes=64 << 30)
+    with pytest.raises(LimitExceeded, match="ring_tokens"):
+        check_protocol_limits(2, ring_tokens=2048)
+    with pytest.raises(LimitExceeded, match="chunk_tokens"):
+        check_protocol_limits(2, chunk_tokens=600)
