@@ -21,10 +21,11 @@ ROOT=$PWD
 VENV=$ROOT/.venv-sglang
 BASE_SITE=$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 REQ=integrations/sglang/ci-requirements.txt
+REQ_OLD=integrations/sglang/ci-requirements-0.5.12.txt
 OLD_VERSION=0.5.12
 log() { printf '\033[1m[setup sglang]\033[0m %s\n' "$*"; }
 
-stamp_inputs() { cat "$REQ" integrations/sglang/pyproject.toml ci/setup.d/40-sglang.sh; echo "$BASE_SITE"; }
+stamp_inputs() { cat "$REQ" "$REQ_OLD" integrations/sglang/pyproject.toml ci/setup.d/40-sglang.sh; echo "$BASE_SITE"; }
 STAMP=$VENV/.stamp-$(stamp_inputs | sha256sum | cut -c1-16)
 if [[ -f $STAMP ]] && "$VENV/bin/python" -c 'import sglang, uccl_ep, uccl_ep_sglang, torch' 2>/dev/null \
    && [[ -d $VENV/alt/sglang-$OLD_VERSION/sglang ]]; then
@@ -48,11 +49,9 @@ log "pip: uccl-ep-sglang (editable)"
 if ! out=$("$VENV/bin/python" -m pip install -q --no-deps -e integrations/sglang 2>&1); then
   printf '%s\n' "$out" >&2; exit 1
 fi
-if [[ ! -d $VENV/alt/sglang-$OLD_VERSION/sglang ]]; then
-  log "pip: sglang $OLD_VERSION wheel unpacked into .venv-sglang/alt (older plugin-era release)"
-  rm -rf "$VENV/alt/sglang-$OLD_VERSION"
-  "$VENV/bin/python" -m pip install -q --no-deps --target "$VENV/alt/sglang-$OLD_VERSION" "sglang==$OLD_VERSION"
-fi
+log "pip: sglang $OLD_VERSION unpacked into .venv-sglang/alt (older plugin-era release, --no-deps --target)"
+rm -rf "$VENV/alt/sglang-$OLD_VERSION"
+"$VENV/bin/python" -m pip install -q --no-deps --target "$VENV/alt/sglang-$OLD_VERSION" -r "$REQ_OLD"
 rm -f "$VENV"/.stamp-*
 touch "$STAMP"
 log "ready in $((SECONDS - t0)) s: $("$VENV/bin/python" -c 'import sglang, torch; print("sglang", sglang.__version__, "torch", torch.__version__)')"
