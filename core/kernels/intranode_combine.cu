@@ -161,11 +161,15 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
         }
-        for (int s0 = 0; s0 < nsrc; ++s0) {
-          Vec16 ra[U];
+        for (int s0 = 0; s0 < nsrc; s0 += 2) {  // two sources' loads in flight together
+          Vec16 ra[U], rb[U];
+          const bool two = s0 + 1 < nsrc;
 #pragma unroll
-          for (int u = 0; u < U; ++u)
-            if (v0 + u * kWarpSize < H / 8) ra[u] = ld16_cg(rows[s0] + (v0 + u * kWarpSize) * 16);
+          for (int u = 0; u < U; ++u) {
+            if (v0 + u * kWarpSize >= H / 8) continue;
+            ra[u] = ld16_cg(rows[s0] + (v0 + u * kWarpSize) * 16);
+            if (two) rb[u] = ld16_cg(rows[s0 + 1] + (v0 + u * kWarpSize) * 16);
+          }
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             if (v0 + u * kWarpSize >= H / 8) continue;
@@ -173,6 +177,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
             unpack_bf16x8(ra[u], f);
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+            if (two) {
+              unpack_bf16x8(rb[u], f);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+            }
           }
         }
 #pragma unroll

@@ -49,19 +49,19 @@ UCCL_DEVICE void last_block_bumps_seq(unsigned* done, unsigned* seq) {
 
 // Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) with 8 loads per lane in
 // flight (4 KiB per warp): enough bytes outstanding to cover NVLink / HBM latency.
-template <bool kCg>
+template <bool kCg, int kUnroll = 8>
 UCCL_DEVICE void warp_copy16_impl(void* dst, const void* src, int64_t bytes) {
   const int lane = lane_id();
   const int64_t n = bytes / 16;
   auto* d = reinterpret_cast<Vec16*>(dst);
   auto* s = reinterpret_cast<const Vec16*>(src);
   int64_t i = lane;
-  for (; i + 7 * kWarpSize < n; i += 8 * kWarpSize) {
-    Vec16 v[8];
+  for (; i + (kUnroll - 1) * kWarpSize < n; i += kUnroll * kWarpSize) {
+    Vec16 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = kCg ? ld16_cg(s + i + u * kWarpSize) : s[i + u * kWarpSize];
+    for (int u = 0; u < kUnroll; ++u) v[u] = kCg ? ld16_cg(s + i + u * kWarpSize) : s[i + u * kWarpSize];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) d[i + u * kWarpSize] = v[u];
+    for (int u = 0; u < kUnroll; ++u) d[i + u * kWarpSize] = v[u];
   }
   for (; i < n; i += kWarpSize) d[i] = kCg ? ld16_cg(s + i) : s[i];
 }
