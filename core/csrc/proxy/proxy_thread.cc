@@ -42,6 +42,7 @@ ProxyThread::ProxyThread(Proxy& owner, int index, std::unique_ptr<transport::Tra
       transport_(std::move(transport)),
       receiver_(owner.config().num_ranks, owner.config().num_counters, owner.counters()),
       inflight_(size_t(owner.config().num_ranks), 0),
+      control_out_(size_t(owner.config().num_ranks)),
       next_seq_(size_t(owner.config().num_ranks)) {
   for (fifo::HostFifo* f : fifos) {
     FifoState s;
@@ -86,7 +87,7 @@ void ProxyThread::run(std::vector<int> cpus) {
       }
       uint32_t pending = 0;
       for (uint32_t n : inflight_) pending += n;
-      if ((control_out_.empty() && pending == 0) || now_ns() > leave_by) break;
+      if ((control_pending_ == 0 && pending == 0) || now_ns() > leave_by) break;
     }
     if (step()) idle.reset();
     else idle.pause();
@@ -191,8 +192,11 @@ bool ProxyThread::post_command(int f, const TransferCmd& cmd, uint64_t idx) {
         transport_->write(dst, soff, doff, len, true, imm_value, make_ctx(uint64_t(f), idx), &err);
     if (r == transport::PostResult::kAgain) return false;
     if (r == transport::PostResult::kError) {
-      ErrorInfo e = error_info(ErrorKind::kPeerFailure, rank_, dst, "transport", err);
-      owner_.fail(e);
+      if (owner_.departed(dst)) {
+        complete(f, idx);  // the peer left: the write is moot (see on_completion)
+        return true;
+      }
+      owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, dst, "transport", err));
       return false;
     }
     ++inflight_[size_t(dst)];
@@ -246,7 +250,9 @@ void ProxyThread::on_completion(const transport::Completion& c) {
     case transport::Completion::kLocalDone:
     case transport::Completion::kLocalError: {
       if (c.peer >= 0 && c.peer < num_ranks_ && inflight_[size_t(c.peer)] > 0) --inflight_[size_t(c.peer)];
-      if (c.kind == transport::Completion::kLocalError) {
+      // NOTES: a peer that said goodbye closes its endpoint; our writes still in flight to it
+      // fail, which is expected and must not fail this rank (its waits on that peer do).
+      if (c.kind == transport::Completion::kLocalError && !(c.peer >= 0 && owner_.departed(c.peer))) {
         // EFAULT: the target refused the range (loop checks bounds at the target).
         const ErrorKind kind = c.error == EFAULT ? ErrorKind::kPeerProtocolError : ErrorKind::kPeerFailure;
         owner_.fail(error_info(kind, rank_, c.peer, "transport", c.detail));
@@ -278,22 +284,30 @@ void ProxyThread::on_completion(const transport::Completion& c) {
   }
 }
 
-void ProxyThread::send_control(int peer, uint32_t imm) { control_out_.emplace_back(peer, imm); }
+void ProxyThread::send_control(int peer, uint32_t imm) {
+  control_out_[size_t(peer)].push_back(imm);
+  ++control_pending_;
+}
 
 bool ProxyThread::flush_control() {
+  if (control_pending_ == 0) return false;
   bool progress = false;
-  while (!control_out_.empty()) {
-    const auto [peer, value] = control_out_.front();
-    std::string err;
-    const transport::PostResult r = transport_->write(peer, 0, 0, 0, true, value, make_ctx(kCtxControl, 0), &err);
-    if (r == transport::PostResult::kAgain) break;
-    control_out_.pop_front();
-    progress = true;
-    if (r == transport::PostResult::kError) {
-      if (!owner_.stopping()) owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, peer, "transport", err));
-      continue;
+  for (int peer = 0; peer < num_ranks_; ++peer) {
+    std::deque<uint32_t>& q = control_out_[size_t(peer)];
+    while (!q.empty()) {
+      std::string err;
+      const transport::PostResult r = transport_->write(peer, 0, 0, 0, true, q.front(), make_ctx(kCtxControl, 0), &err);
+      if (r == transport::PostResult::kAgain) break;  // this peer stalls; the others still go
+      q.pop_front();
+      --control_pending_;
+      progress = true;
+      if (r == transport::PostResult::kError) {
+        if (!owner_.stopping() && !owner_.departed(peer))
+          owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, peer, "transport", err));
+        continue;
+      }
+      ++inflight_[size_t(peer)];
     }
-    ++inflight_[size_t(peer)];
   }
   return progress;
 }
@@ -396,21 +410,22 @@ void ProxyThread::housekeeping() {
   const int64_t now = now_ns();
   if (now >= next_heartbeat_ns_) {
     next_heartbeat_ns_ = now + int64_t(owner_.heartbeat_interval_s() * 1e9);
-    // NOTES: never queue heartbeats behind a peer that stopped draining them.
-    if (control_out_.size() < size_t(num_ranks_))
-      for (int p = 0; p < num_ranks_; ++p)
-        if (p != rank_ && !owner_.departed(p)) send_control(p, imm::control(imm::kOpHeartbeat, 0));
-    const int64_t grace_ns = int64_t(owner_.failure_grace_s() * 1e9);
+    for (int p = 0; p < num_ranks_; ++p)
+      // NOTES: never pile heartbeats behind a peer that stopped draining them.
+      if (p != rank_ && !owner_.departed(p) && control_out_[size_t(p)].size() < 4)
+        send_control(p, imm::control(imm::kOpHeartbeat, 0));
+    // The peer silent the longest is the one to blame (others may only be stuck behind it).
+    int worst = -1;
+    int64_t worst_silent = int64_t(owner_.failure_grace_s() * 1e9);
     for (int p = 0; p < num_ranks_; ++p) {
       if (p == rank_ || owner_.departed(p)) continue;
       const int64_t silent = now - owner_.last_heard_ns(p);
-      if (silent > grace_ns) {
-        owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, p, "liveness",
-                              "no message or heartbeat for " + std::to_string(silent / 1000000) +
-                                  " ms (the process died or its proxy is stuck)"));
-        return;
-      }
+      if (silent > worst_silent) worst = p, worst_silent = silent;
     }
+    if (worst >= 0)
+      owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, worst, "liveness",
+                             "no message or heartbeat for " + std::to_string(worst_silent / 1000000) +
+                                 " ms (the process died or its proxy is stuck)"));
   }
 }
 

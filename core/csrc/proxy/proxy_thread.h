@@ -82,7 +82,10 @@ class ProxyThread {
   Receiver receiver_;
   std::vector<uint32_t> inflight_;                  // per peer
   std::vector<std::vector<uint16_t>> next_seq_;     // per peer, per ordered counter (lazy)
-  std::deque<std::pair<int, uint32_t>> control_out_;
+  // Control messages waiting to go out, per peer: a peer whose endpoint stalls (dead, or full)
+  // must not hold back heartbeats and barrier messages to the others.
+  std::vector<std::deque<uint32_t>> control_out_;
+  size_t control_pending_ = 0;
   std::vector<WholeQuiet> whole_quiets_;
   Barrier barrier_;
   uint32_t epoch_all_ = 0, epoch_rail_ = 0;

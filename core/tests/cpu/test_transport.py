@@ -1,0 +1,166 @@
+"""Proxies in separate processes (2 and 4 ranks, and 2 nodes x 2 ranks), bootstrapped over the
+torch.distributed store, over `loop` and `tcp;ofi_rxm` on 127.0.0.1, with and without `fault`
+(100% reorder, delays, torn writes): randomized LL- and HT-pattern command streams with every
+byte and counter checked; a rank killed mid-stream; a wrong job token."""
+
+import datetime
+import os
+import queue
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+from multirank import free_port, run_ranks
+from uccl_ep.proxy import transport_unavailable_reason
+
+pytestmark = pytest.mark.cpu
+
+HAVE_FABRIC = transport_unavailable_reason("fabric") is None
+FAULT = "reorder=1,delay=24,tear=0.5,pieces=4,seed={seed}"
+
+
+def _streams_worker(rank, world, cases, rounds, ranks_per_node):
+    import torch.distributed as dist
+
+    from uccl_ep import proxy
+    from uccl_ep.proxy.streams import StreamSpec, region_bytes_for, run_streams
+    out = []
+    for i, (transport, fault) in enumerate(cases):
+        spec = StreamSpec(seed=100 + i)
+        p = proxy.start_proxy(dist.group.WORLD, region_bytes=region_bytes_for(spec, world),
+                              num_counters=spec.num_counters, transport=transport, num_threads=2, timeout_s=60,
+                              fault=fault.format(seed=rank + 17 * i) if fault else "", ranks_per_node=ranks_per_node)
+        try:
+            n = run_streams(rank, world, p, spec, rounds=rounds, timeout_s=60)
+            out.append((transport, bool(fault), p.transport_name, n))
+        finally:
+            p.stop()
+    return out
+
+
+def _cases():
+    cases = [("loop", ""), ("loop", FAULT)]
+    if HAVE_FABRIC:
+        cases += [("fabric", ""), ("fabric", FAULT)]
+    return cases
+
+
+@pytest.mark.parametrize("world,ranks_per_node", [(2, 2), (4, 2)])
+def test_random_streams_every_byte_and_counter(world, ranks_per_node):
+    results = run_ranks(_streams_worker, world, _cases(), 4, ranks_per_node, timeout_s=240)
+    for per_rank in results:
+        for transport, faulty, name, n in per_rank:
+            assert n > 300
+            assert name.startswith(("fault:" if faulty else "") + transport)
+
+
+@pytest.mark.slow
+def test_random_streams_full_count():
+    """>= 100,000 commands through every transport, with faults, on 4 ranks (2 nodes x 2)."""
+    results = run_ranks(_streams_worker, 4, [c for c in _cases() if c[1]], 80, 2, timeout_s=1200)
+    for i in range(len(results[0])):
+        assert sum(r[i][3] for r in results) >= 100_000
+
+
+# --------------------------------------------------------------------------------------------------
+# a rank dies mid-stream
+# --------------------------------------------------------------------------------------------------
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _victim_worker(rank, world, transport, results):
+    import torch.distributed as dist
+
+    from uccl_ep import proxy
+    from uccl_ep.errors import PeerFailure
+    from uccl_ep.proxy.streams import StreamSpec, region_bytes_for, run_streams
+    spec = StreamSpec(seed=3)
+    before = _threads()
+    p = proxy.start_proxy(dist.group.WORLD, region_bytes=region_bytes_for(spec, world), num_counters=spec.num_counters,
+                          transport=transport, num_threads=2, timeout_s=6.0)
+    run_streams(rank, world, p, spec, rounds=1, timeout_s=6.0)
+    if rank == 1:
+        os._exit(3)  # dies without a word, mid-job
+    C = proxy.native()
+    # keep sending to everyone, and wait for what rank 1 would have sent next
+    t0 = time.monotonic()
+    try:
+        for _ in range(20):
+            for dst in range(world):
+                p.push(0, *C.encode_atomic(dst, 0, 1, False), 6.0)
+        p.wait_counter(1, 0, 10 ** 9, 6.0, "after the victim died")
+        outcome = "no error"
+    except PeerFailure as e:
+        outcome = ("PeerFailure", e.peer, str(e))
+    elapsed = time.monotonic() - t0
+    p.stop()
+    results.put((rank, outcome, elapsed, _threads() - before))
+
+
+def _entry(rank, world, port, fn, args, results):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    fn(rank, world, *args, results)
+
+
+@pytest.mark.parametrize("transport", ["loop"] + (["fabric"] if HAVE_FABRIC else []))
+def test_killed_rank_makes_survivors_raise_peer_failure(transport):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    world, port = 3, free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, _victim_worker, (transport,), results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        deadline = time.monotonic() + 120
+        while len(got) < world - 1 and time.monotonic() < deadline:
+            try:
+                rank, outcome, elapsed, leaked = results.get(timeout=1.0)
+                got[rank] = (outcome, elapsed, leaked)
+            except queue.Empty:
+                if procs[0].exitcode not in (None, 0) or procs[2].exitcode not in (None, 0):
+                    break
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert procs[1].exitcode == 3
+    assert sorted(got) == [0, 2], f"survivors did not report: {got}"
+    for rank, (outcome, elapsed, leaked) in got.items():
+        assert outcome[:2] == ("PeerFailure", 1), (rank, outcome)
+        assert elapsed < 6.0, f"rank {rank} took {elapsed:.1f}s (timeout 6s)"
+        assert leaked == 0, f"rank {rank} leaked {leaked} threads"
+
+
+# --------------------------------------------------------------------------------------------------
+# a rank of another job
+# --------------------------------------------------------------------------------------------------
+def _token_worker(rank, world):
+    import torch.distributed as dist
+
+    from uccl_ep import proxy
+    from uccl_ep.errors import PeerFailure, PeerProtocolError
+    try:
+        p = proxy.start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport="loop",
+                              token="intruder" if rank == 1 else "the-job", timeout_s=20)
+        p.stop()
+        return "connected"
+    except PeerProtocolError as e:
+        return ("PeerProtocolError", str(e))
+    except PeerFailure as e:
+        return ("PeerFailure", str(e))
+
+
+def test_wrong_job_token_is_refused():
+    out = run_ranks(_token_worker, 3, timeout_s=120)
+    for rank, (kind, msg) in enumerate(out):
+        assert kind == "PeerProtocolError", (rank, kind, msg)
+        assert "different job token" in msg
+        # ranks of the job blame the intruder; the intruder blames the first rank it checked
+        assert ("rank 1 presented" in msg) if rank != 1 else ("rank 0 presented" in msg)
