@@ -32,9 +32,6 @@ static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range"
 constexpr int kPublishEvery = 4;     // sender: own tokens between publishes (see intranode_dispatch.cu)
 constexpr int kHeadSlack = 16;       // receiver: positions a head may lag before it is republished
 
-UCCL_DEVICE uint64_t* counter(uint64_t buf, uint64_t offset, int c, int R, int peer, int w) {
-  return reinterpret_cast<uint64_t*>(buf + offset) + (int64_t(c) * R + peer) * kHTMaxWarps + w;
-}
 
 }  // namespace
 

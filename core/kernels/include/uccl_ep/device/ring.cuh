@@ -54,6 +54,11 @@ UCCL_DEVICE uint64_t warp_wait_above(const uint64_t* counters, int n, uint64_t t
   }
 }
 
+// Counter of warp w for (channel c, peer) in the counter array at `offset` of an NVL buffer.
+UCCL_DEVICE uint64_t* counter(uint64_t buf, uint64_t offset, int c, int R, int peer, int w) {
+  return reinterpret_cast<uint64_t*>(buf + offset) + (int64_t(c) * R + peer) * kHTMaxWarps + w;
+}
+
 // Publish a counter after this warp's stores (all lanes) are done.
 UCCL_DEVICE void warp_publish(uint64_t* counter, uint64_t value) {
   sync_warp();
