@@ -88,7 +88,7 @@ def slurm(lab):
 
 @pytest.fixture(scope="session")
 def ray_lab(lab):
-    lab.up("ray", 300)
+    lab.up("ray", 700)
     return lab
 
 

@@ -34,13 +34,15 @@ SL=$LAB/slurm
 say() { printf '[lab] %s\n' "$*" >&2; }
 fail() { say "ERROR: $*"; exit 1; }
 
-# wait_until SECONDS WHAT CMD...: poll CMD every 0.5 s; fail with WHAT when the time is up.
+# wait_until SECONDS WHAT CMD...: poll CMD every 0.5 s; fail with WHAT when the time is up, or at
+# once when the process in $WATCH_PID (if set) has died.
 wait_until() {
   local secs=$1 what=$2 end
   shift 2
   end=$((SECONDS + secs))
   while ((SECONDS < end)); do
     if timeout 20 "$@" >/dev/null 2>&1; then return 0; fi
+    if [[ -n ${WATCH_PID:-} ]] && ! kill -0 "$WATCH_PID" 2>/dev/null; then fail "$what: the process exited"; fi
     sleep 0.5
   done
   fail "gave up after ${secs}s waiting for $what"
@@ -217,16 +219,16 @@ ray_up() {
   # dashboard is off (the launcher talks to the GCS), which saves ~1 GB of memory on a 2-core box.
   if ! alive "$LAB/ray-head.pid"; then
     setsid "$OPS_RAY" start --block --head --node-ip-address=$RAY_HEAD_IP --port="$RAY_PORT" \
-      --ray-client-server-port=$((RAY_PORT + 1)) --num-cpus=2 --num-gpus=8 --include-dashboard=false \
+      --num-cpus=2 --num-gpus=8 --include-dashboard=false \
       --disable-usage-stats --temp-dir="$LAB/ray" >"$LAB/ray-head.log" 2>&1 </dev/null &
     echo $! >"$LAB/ray-head.pid"
-    wait_until 120 "the Ray head (see $LAB/ray-head.log)" "$OPS_RAY" status --address "$RAY_HEAD_IP:$RAY_PORT"
+    WATCH_PID=$(cat "$LAB/ray-head.pid") wait_until 300 "the Ray head (see $LAB/ray-head.log)" "$OPS_RAY" status --address "$RAY_HEAD_IP:$RAY_PORT"
   fi
   if ! alive "$LAB/ray-worker.pid"; then
     setsid "$OPS_RAY" start --block --address="$RAY_HEAD_IP:$RAY_PORT" --node-ip-address=$RAY_WORKER_IP \
       --num-cpus=2 --num-gpus=8 --disable-usage-stats >"$LAB/ray-worker.log" 2>&1 </dev/null &
     echo $! >"$LAB/ray-worker.pid"
-    wait_until 120 "the Ray worker to join (see $LAB/ray-worker.log)" \
+    WATCH_PID=$(cat "$LAB/ray-worker.pid") wait_until 300 "the Ray worker to join (see $LAB/ray-worker.log)" \
       bash -c "'$OPS_RAY' status --address '$RAY_HEAD_IP:$RAY_PORT' | grep -q '/16.0 GPU'"
   fi
   say "ray ready: head $RAY_HEAD_IP:$RAY_PORT, worker $RAY_WORKER_IP"
