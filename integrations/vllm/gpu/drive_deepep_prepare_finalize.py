@@ -145,8 +145,9 @@ def rank_main(rank: int, world: int, device_kind: str, modes: list, tokens: int,
                                         use_fp8_dispatch=False)
         rx, _, meta, _, _ = pf.prepare(x, w, ids, num_experts, None, False, QC)
         counts = meta.expert_num_tokens.cpu()
-        want = torch.tensor([int((ids == rank * num_local + e).sum()) for e in range(num_local)])
-        dist.all_reduce(want, group=cpu_group)  # every rank's tokens routed to this rank's experts
+        want = torch.bincount(ids.flatten().cpu(), minlength=num_experts)
+        dist.all_reduce(want, group=cpu_group)  # every rank's tokens, per expert
+        want = want[rank * num_local:(rank + 1) * num_local]
         results["ll_counts_match"] = bool(torch.equal(counts.to(torch.int64), want.to(torch.int64)))
         y = torch.zeros_like(rx)
         for e in range(num_local):
