@@ -68,27 +68,72 @@ def wheel_server():
     thread.join(timeout=10)
 
 
-@pytest.mark.timeout(1500)
-def test_build_base_image_and_bench_inside(docker_lab, wheel_server, tmp_path):
-    ctx = tmp_path / "ctx"
+@pytest.fixture(scope="module")
+def base_image(docker_lab, wheel_server, tmp_path_factory):
+    """containers/base built on the debootstrap Debian, torch from the loopback wheel server."""
+    ctx = tmp_path_factory.mktemp("ctx")
     shutil.copytree(ROOT / "containers" / "scripts", ctx / "scripts")
     shutil.copy(ROOT / "containers" / ".dockerignore", ctx / ".dockerignore")
     p = run([str(VENV_PY), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(ctx / "dist"),
              str(ROOT / "core")], 600)
     assert p.returncode == 0, p.stdout[-3000:]
-    env = docker_lab.docker_env
     p = run(["docker", "build", "--network", "host", "-f", str(ROOT / "containers" / "base" / "Dockerfile"),
              "--build-arg", "BASE_IMAGE=uccl-ep-ops/debian:bookworm", "--build-arg", f"PIP_FIND_LINKS={wheel_server}",
-             "--build-arg", "PIP_NO_INDEX=1", "-t", "uccl-ep-ops/base:test", str(ctx)], 1200, env)
+             "--build-arg", "PIP_NO_INDEX=1", "-t", "uccl-ep-ops/base:test", str(ctx)], 1200, docker_lab.docker_env)
     assert p.returncode == 0, p.stdout[-5000:]
-    p = run(["docker", "run", "--rm", "--network", "none", "-e", "UCCL_EP_VERBOSE_ENV=1", "uccl-ep-ops/base:test",
-             "uccl-ep", "bench", "--cpu", "--num-tokens", "64", "--hidden", "256", "--num-experts", "16",
-             "--iters", "1", "--warmup", "0"], 300, env)
+    return "uccl-ep-ops/base:test", ctx
+
+
+def docker(lab, *args: str, timeout: float = 300):
+    return run(["docker", *args], timeout, lab.docker_env)
+
+
+@pytest.mark.timeout(1500)
+def test_build_base_image_and_bench_inside(docker_lab, base_image):
+    image, _ = base_image
+    p = docker(docker_lab, "run", "--rm", "--network", "none", "-e", "UCCL_EP_VERBOSE_ENV=1", image,
+               "uccl-ep", "bench", "--cpu", "--num-tokens", "64", "--hidden", "256", "--num-experts", "16",
+               "--iters", "1", "--warmup", "0")
     assert p.returncode == 0, p.stdout[-5000:]
     assert "uccl-ep bench: 2 x CPU" in p.stdout
     rows = [ln for ln in p.stdout.splitlines() if ln.count("│") > 10 and ("dispatch" in ln or "combine" in ln)]
     assert len(rows) == 5 and all("│ ok" in r for r in rows), p.stdout[-3000:]
-    p = run(["docker", "run", "--rm", "--network", "none", "uccl-ep-ops/base:test", "bash", "-c",
-             "ldconfig -p | grep -c -E 'lib(fabric|ibverbs)\\.so' && fi_info -l | grep -q tcp && uccl-ep launch --help"],
-            120, env)
+    p = docker(docker_lab, "run", "--rm", "--network", "none", image, "bash", "-c",
+               "ldconfig -p | grep -c -E 'lib(fabric|ibverbs)\\.so' && fi_info -l | grep -q tcp && uccl-ep launch --help",
+               timeout=120)
     assert p.returncode == 0, p.stdout
+
+
+FAKE_CONFIGURE = """#!/bin/sh
+# stands in for Broadcom's configure: a Makefile that builds and installs a provider library
+cat > Makefile <<'MK'
+all:
+\tprintf 'int bnxt_fake(void) { return 0; }\\n' > fake.c
+\tgcc -shared -fPIC -o libbnxt_re-rdmav34.so fake.c
+install:
+\tmkdir -p /usr/lib/libibverbs
+\tcp libbnxt_re-rdmav34.so /usr/lib/libibverbs/
+MK
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_thor2_image_rebuilds_bnxt_re_at_start(docker_lab, base_image, tmp_path):
+    """The Thor-2 layer builds, carries its NIC env, and REBUILD_BNXT=1 swaps in a rebuilt provider."""
+    image, ctx = base_image
+    p = docker(docker_lab, "build", "--network", "host", "-f", str(ROOT / "containers" / "mi300x-thor2" / "Dockerfile"),
+               "--build-arg", f"UCCL_EP_BASE={image}", "-t", "uccl-ep-ops/thor2:test", str(ctx), timeout=900)
+    assert p.returncode == 0, p.stdout[-5000:]
+    src = tmp_path / "libbnxt_re-9.9.9"
+    src.mkdir()
+    (src / "configure").write_text(FAKE_CONFIGURE)
+    (src / "configure").chmod(0o755)
+    run(["tar", "-C", str(tmp_path), "-czf", str(tmp_path / "libbnxt_re-9.9.9.tar.gz"), src.name], 60, check=True)
+    p = docker(docker_lab, "run", "--rm", "--network", "none", "-v", f"{tmp_path}:/mnt:ro", "-e", "REBUILD_BNXT=1",
+               "-e", "PATH_TO_BNXT_TAR_PACKAGE=/mnt/libbnxt_re-9.9.9.tar.gz", "uccl-ep-ops/thor2:test", "bash", "-c",
+               "cat /etc/libibverbs.d/bnxt_re.driver; ls /usr/lib/x86_64-linux-gnu/libibverbs/; "
+               "echo FI=$FI_VERBS_DEVICE_NAME GID=$FI_VERBS_GID_IDX INFLIGHT=$UCCL_EP_MAX_INFLIGHT")
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "driver /usr/lib/libibverbs/libbnxt_re" in p.stdout, p.stdout
+    assert "libbnxt_re-rdmav34.so.distro" in p.stdout, p.stdout  # the distribution's copy moved aside
+    assert "FI=bnxt_re GID=3 INFLIGHT=32" in p.stdout, p.stdout

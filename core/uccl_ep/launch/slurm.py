@@ -124,11 +124,17 @@ def submit(script_path: Path, wait: bool, timeout_s: float) -> tuple[int, str]:
     if shutil.which("sbatch") is None:
         raise MissingDependency("`sbatch` is not on PATH: run on a Slurm login node, or use --dry-run")
     cmd = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + [str(script_path)]
+    import selectors
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    # NOTES: --parsable prints the job id as soon as the job is queued, long before --wait returns.
-    job_id = proc.stdout.readline().strip().split(";")[0]
     deadline = time.monotonic() + timeout_s
+    # NOTES: --parsable prints the job id as soon as the job is queued, long before --wait returns;
+    # the read is bounded too, in case the controller never answers.
+    job_id = ""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if sel.select(timeout=min(timeout_s, 300.0)):
+            job_id = proc.stdout.readline().strip().split(";")[0]
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     if proc.poll() is None:
