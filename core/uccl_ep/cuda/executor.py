@@ -37,6 +37,10 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     why = driver_unavailable_reason()
     if why:
         return why
+    from .. import env
+    if env.get("UCCL_EP_FORCE_PROXY"):
+        return ("UCCL_EP_FORCE_PROXY=1 asks for the GPU -> queue -> proxy path, which the cuda executor does not "
+                "drive yet (its kernels use NVLink stores only)")
     if ctx.topology.is_internode:
         return ("ranks span several hosts; the cuda executor moves data over NVLink only (the proxy path for "
                 "other hosts is not wired to the kernels yet)")
