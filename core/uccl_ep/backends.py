@@ -153,3 +153,16 @@ def _cuda_unavailable(ctx: BufferContext) -> str | None:
 
 
 register_executor("cuda", _cuda_loader, _cuda_unavailable)
+
+
+def _host_loader() -> type[Executor]:
+    from .host.executor import HostExecutor
+    return HostExecutor
+
+
+def _host_unavailable(ctx: BufferContext) -> str | None:
+    from .host.executor import unavailable_reason
+    return unavailable_reason(ctx)
+
+
+register_executor("host", _host_loader, _host_unavailable)

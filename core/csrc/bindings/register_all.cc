@@ -4,12 +4,14 @@ namespace uccl_ep::bindings {
 
 void register_runtime(nanobind::module_& m);
 void register_proxy(nanobind::module_& m);
+void register_executor(nanobind::module_& m);
 
 // NOTES: subsystems add a declaration here and one call below; keeping the list in one small
 // file makes the module's surface reviewable at a glance.
 void register_all(nanobind::module_& m) {
   register_runtime(m);
   register_proxy(m);
+  register_executor(m);
 }
 
 }  // namespace uccl_ep::bindings

@@ -1,0 +1,41 @@
+// Host executor, low-latency path: host threads push the per-token counted writes and the
+// per-(destination, expert) fenced atomics exactly as the LL kernels do, routed to FIFO
+// (counter % num_fifos) so that a counter's writes and its fence share one FIFO (and thread).
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+
+#include "proxy/proxy.h"
+
+namespace uccl_ep {
+namespace executor {
+
+struct CountedWrites {
+  const int32_t* dst = nullptr;
+  const int64_t* src_off = nullptr;
+  const int64_t* dst_off = nullptr;
+  const int32_t* counter = nullptr;
+  uint64_t count = 0;
+  uint32_t len = 0;  // bytes of every write
+};
+
+struct FencedAtomics {
+  const int32_t* dst = nullptr;
+  const int32_t* counter = nullptr;
+  const int32_t* writes = nullptr;  // writes each fence waits for (the atomic carries writes + 1)
+  uint64_t count = 0;
+};
+
+// Pushes every write, then every fence, on `threads` threads (FIFO f belongs to thread f % threads);
+// returns after all are pushed (not completed). Throws EpError.
+void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const FencedAtomics& fences, int threads,
+                  double timeout_s);
+
+// Waits until counters[src[i]][counter[i]] >= target[i] for every i (in order). Throws EpError.
+void wait_counters(proxy::Proxy& proxy, const int32_t* src, const int32_t* counter, const int64_t* target,
+                   uint64_t count, double timeout_s, const std::string& phase);
+
+}  // namespace executor
+}  // namespace uccl_ep
