@@ -24,7 +24,7 @@ VERSIONS = [("0.5.23", None), ("0.5.12", ALT_0512)]
 
 def run_py(code: str, *, version_path=None, env=None, timeout=240) -> dict:
     """Run `code` in a fresh python; its last stdout line must be JSON. Fails with the output."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("UCCL_EP_SGLANG", "UCCL_EP_ALLOW"))}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("UCCL_EP_SGLANG",))}
     full_env.update(env or {})
     if version_path is not None:
         if not Path(version_path, "sglang").is_dir():

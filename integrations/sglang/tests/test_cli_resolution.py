@@ -124,7 +124,7 @@ def test_unsupported_combinations_fail_clearly(model_dir, sglang_version):
         assert out["nvfp4"]["error"] == "InvalidArgument"
         assert "--deepep-dispatcher-output-dtype" in out["nvfp4"]["msg"] and "nvfp4" in out["nvfp4"]["msg"]
     assert out["untested"]["error"] == "Unsupported"
-    assert "0.5.40" in out["untested"]["msg"] and "UCCL_EP_ALLOW_UNTESTED_FRAMEWORK" in out["untested"]["msg"]
+    assert "0.5.40" in out["untested"]["msg"] and "UCCL_EP_SGLANG_ALLOW_UNTESTED" in out["untested"]["msg"]
     assert out["untested_allowed"]["error"] is None
     assert out["too_old"]["error"] == "Unsupported" and "deep_ep drop-in" in out["too_old"]["msg"]
     # typed errors still satisfy callers that catch builtins

@@ -31,7 +31,7 @@ __all__ = [
 #: `--moe-a2a-backend deepep` selects uccl_ep the same way (registered in uccl_ep.env).
 FLAG = "UCCL_EP_SGLANG"
 #: "1" lets the plugin run on an SGLang newer than the newest tested one (uccl_ep.env).
-ALLOW_UNTESTED = "UCCL_EP_ALLOW_UNTESTED_FRAMEWORK"
+ALLOW_UNTESTED = "UCCL_EP_SGLANG_ALLOW_UNTESTED"
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "uccl_ep"

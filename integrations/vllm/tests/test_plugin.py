@@ -112,7 +112,7 @@ def test_errors_name_the_problem():
     assert out["nvfp4"][0] == "Unsupported" and "VLLM_DEEPEPLL_NVFP4_DISPATCH" in out["nvfp4"][1]
     assert out["nvfp4_ht"] is None
     assert out["untested"][0] == "Unsupported" and "0.34.1" in out["untested"][1]
-    assert "0.33.0" in out["untested"][1] and "UCCL_EP_ALLOW_UNTESTED_FRAMEWORK" in out["untested"][1]
+    assert "0.33.0" in out["untested"][1] and "UCCL_EP_VLLM_ALLOW_UNTESTED" in out["untested"][1]
     assert out["allowed"] is None
 
 

@@ -15,7 +15,7 @@ __all__ = ["FLAG", "ALLOW_UNTESTED", "BACKENDS", "TESTED_VERSIONS", "ENTRY_POINT
 #: managers. Setting it by hand with `--all2all-backend deepep_*` does the same (uccl_ep.env).
 FLAG = "UCCL_EP_VLLM"
 #: "1" lets the plugin run on a vLLM version it was not tested with (uccl_ep.env).
-ALLOW_UNTESTED = "UCCL_EP_ALLOW_UNTESTED_FRAMEWORK"
+ALLOW_UNTESTED = "UCCL_EP_VLLM_ALLOW_UNTESTED"
 
 #: The values `--all2all-backend` gains, and vLLM's DeepEP path each one runs through.
 BACKENDS = {
