@@ -39,6 +39,7 @@ void register_executor(nb::module_& m) {
             s.ring_slots = nb::cast<uint32_t>(spec["ring_slots"]);
             s.chunk = nb::cast<uint32_t>(spec["chunk"]);
             s.num_rings = nb::cast<uint32_t>(spec["num_rings"]);
+            s.first_ring = spec.contains("first_ring") ? nb::cast<uint32_t>(spec["first_ring"]) : 0;
             s.recv_base = nb::cast<uint64_t>(spec["recv_base"]);
             s.send_base = nb::cast<uint64_t>(spec["send_base"]);
             s.threads = nb::cast<int>(spec["threads"]);

@@ -39,7 +39,8 @@ void RingEngine::run_phase(const PhaseSpec& spec, const uint8_t* table, uint64_t
     invalid("ring_slots: expected 1.." + std::to_string(imm::limits::kMaxOrderedInFlight) + ", got " + std::to_string(slots));
   if (spec.chunk < 1 || spec.chunk > protocol::limits::kMaxIncrement || spec.chunk > slots)
     invalid("chunk: expected 1..min(ring_slots, " + std::to_string(protocol::limits::kMaxIncrement) + ")");
-  if (spec.num_rings < 1 || spec.num_rings > kMaxRings) invalid("num_rings: expected 1.." + std::to_string(kMaxRings));
+  if (spec.num_rings < 1 || spec.first_ring + spec.num_rings > kMaxRings)
+    invalid("rings: expected ids within [0, " + std::to_string(kMaxRings) + ")");
   if (msg * spec.chunk > protocol::limits::kMaxWriteBytes) invalid("chunk: a chunk of messages exceeds one write");
   const uint64_t area = uint64_t(R) * spec.num_rings * slots * msg;
   const uint64_t region = proxy_.region_bytes();
@@ -47,12 +48,14 @@ void RingEngine::run_phase(const PhaseSpec& spec, const uint8_t* table, uint64_t
     throw_error(ErrorKind::kInvalidArgument, me, -1, spec.phase, "ring layout: rings exceed the region of " +
                 std::to_string(region) + " bytes");
   for (const SendStream& s : sends) {
-    if (s.dst < 0 || s.dst >= R || s.ring >= spec.num_rings) invalid("send stream: bad destination or ring");
+    if (s.dst < 0 || s.dst >= R || s.ring < spec.first_ring || s.ring >= spec.first_ring + spec.num_rings)
+      invalid("send stream: bad destination or ring");
     for (uint64_t i = 0; i < s.count; ++i)
       if (s.rows[i] < 0 || uint64_t(s.rows[i]) >= table_rows) invalid("send stream: row index outside the table");
   }
   for (const RecvStream& r : recvs)
-    if (r.src < 0 || r.src >= R || r.ring >= spec.num_rings || r.out_row + r.count > out_rows)
+    if (r.src < 0 || r.src >= R || r.ring < spec.first_ring || r.ring >= spec.first_ring + spec.num_rings ||
+        r.out_row + r.count > out_rows)
       invalid("receive stream: bad source, ring or output rows");
 
   const int threads = std::max(1, std::min<int>(spec.threads, int(spec.num_rings)));
@@ -84,9 +87,10 @@ void RingEngine::run_phase(const PhaseSpec& spec, const uint8_t* table, uint64_t
         if (free == 0) continue;
         const uint64_t slot = pos % slots;
         const uint64_t n = std::min({s.count - t.done, free, uint64_t(spec.chunk), slots - slot});
-        const uint64_t stage = spec.send_base + ((uint64_t(s.dst) * spec.num_rings + s.ring) * slots + slot) * msg;
+        const uint64_t lane = s.ring - spec.first_ring;
+        const uint64_t stage = spec.send_base + ((uint64_t(s.dst) * spec.num_rings + lane) * slots + slot) * msg;
         for (uint64_t i = 0; i < n; ++i) memcpy(base + stage + i * msg, table + uint64_t(s.rows[t.done + i]) * msg, msg);
-        const uint64_t target = spec.recv_base + ((uint64_t(me) * spec.num_rings + s.ring) * slots + slot) * msg;
+        const uint64_t target = spec.recv_base + ((uint64_t(me) * spec.num_rings + lane) * slots + slot) * msg;
         proxy_.push(int(s.ring % uint32_t(num_fifos)),
                     protocol::make_ordered_write(uint32_t(s.dst), stage, target, uint32_t(n * msg), s.ring, uint32_t(n)),
                     spec.timeout_s);
@@ -103,7 +107,7 @@ void RingEngine::run_phase(const PhaseSpec& spec, const uint8_t* table, uint64_t
         const int64_t tail = proxy_.counter(r.src, r.ring);
         if (tail <= int64_t(pos)) continue;
         const uint64_t n = std::min(uint64_t(tail) - pos, r.count - x.done);
-        const uint64_t ring0 = spec.recv_base + (uint64_t(r.src) * spec.num_rings + r.ring) * slots * msg;
+        const uint64_t ring0 = spec.recv_base + (uint64_t(r.src) * spec.num_rings + (r.ring - spec.first_ring)) * slots * msg;
         const uint64_t slot = pos % slots, first = std::min(n, slots - slot);
         memcpy(out + (r.out_row + x.done) * msg, base + ring0 + slot * msg, first * msg);
         if (n > first) memcpy(out + (r.out_row + x.done + first) * msg, base + ring0, (n - first) * msg);

@@ -31,9 +31,10 @@ struct PhaseSpec {
   uint32_t msg_bytes = 0;    // bytes per message (multiple of 16)
   uint32_t ring_slots = 0;   // messages per ring
   uint32_t chunk = 1;        // most messages per write (<= 511)
+  uint32_t first_ring = 0;   // this phase uses ring ids [first_ring, first_ring + num_rings)
   uint32_t num_rings = 1;    // rings per peer in this layout
-  uint64_t recv_base = 0;    // region offset of the receive rings [src][ring][slot]
-  uint64_t send_base = 0;    // region offset of the staging rings [dst][ring][slot]
+  uint64_t recv_base = 0;    // region offset of the receive rings [src][ring - first_ring][slot]
+  uint64_t send_base = 0;    // region offset of the staging rings [dst][ring - first_ring][slot]
   int threads = 1;
   double timeout_s = 60.0;
   std::string phase;         // for errors

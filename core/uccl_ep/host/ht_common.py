@@ -82,6 +82,7 @@ class RingSpec:
     phase: str
     recv_base: int = 0
     send_base: int = 0
+    first_ring: int = 0
 
     def as_dict(self, phase: str) -> dict:
         d = dict(self.__dict__)
@@ -89,18 +90,27 @@ class RingSpec:
         return d
 
 
-def ring_spec(ex, msg_bytes: int, num_rings: int, cfg_slots: int, cfg_chunk: int, phase: str) -> RingSpec:
-    """Rings of `num_rings` per peer, as deep as the config asks and the shared area allows."""
+def ring_spec(ex, msg_bytes: int, num_rings: int, cfg_slots: int, cfg_chunk: int, phase: str, area: int = 0,
+              areas: int = 1) -> RingSpec:
+    """Rings of `num_rings` per peer in area `area` of `areas` equal parts of the shared area
+    (ring ids ``area * num_rings + [0, num_rings)``), as deep as the config asks and space allows.
+
+    NOTES: phases that may overlap in time on some rank (e.g. the two hops of internode combine,
+    which carry messages of different sizes) take different areas, so one hop's slots can never
+    overlay the other's."""
     R = ex.num_ranks
-    budget = ex.shared_bytes // (2 * R * num_rings)
+    part = ex.shared_bytes // areas // 16 * 16
+    budget = part // (2 * R * num_rings)
     slots = min(cfg_slots, budget // msg_bytes, 1024)
     if slots < 1:
         raise LimitExceeded("num_nvl_bytes", f"bytes of one message ({msg_bytes}) in the host executor's rings "
-                            f"({2 * R * num_rings} rings in {ex.shared_bytes} bytes)", msg_bytes, budget)
+                            f"({2 * R * num_rings * areas} rings in {ex.shared_bytes} bytes)", msg_bytes, budget)
     chunk = max(1, min(cfg_chunk, max(1, slots // 2), 511, ((1 << 24) - 1) // msg_bytes))
     check_protocol_limits(R, chunk_tokens=chunk, ring_tokens=slots, message_bytes=chunk * msg_bytes)
     spec = RingSpec(msg_bytes, slots, chunk, num_rings, ex.threads, ex.timeout_s, phase)
-    spec.send_base = R * num_rings * slots * msg_bytes
+    spec.first_ring = area * num_rings
+    spec.recv_base = area * part
+    spec.send_base = spec.recv_base + R * num_rings * slots * msg_bytes
     return spec
 
 
