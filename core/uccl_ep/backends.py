@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import InvalidArgument, Unsupported
+from .events import OpScope
 from .topology import Topology
 
 __all__ = ["BufferContext", "Executor", "register_executor", "available_backends", "create_executor"]
@@ -54,6 +55,12 @@ class Executor:
     def __init__(self, ctx: BufferContext, owner: object) -> None:
         self.ctx = ctx
         self.owner = owner
+
+    # streams ------------------------------------------------------------------------------------
+    def op_scope(self, previous_event, async_finish: bool, allocate_on_comm_stream: bool) -> OpScope:
+        """Context in which one normal-mode op runs; its ``finish(outputs)`` makes the returned
+        event. Override to run on a comm stream (CUDA)."""
+        return OpScope(previous_event, async_finish, allocate_on_comm_stream)
 
     # normal mode -------------------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int):

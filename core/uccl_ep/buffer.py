@@ -215,22 +215,6 @@ class Buffer(LowLatencyMixin):
             raise InvalidArgument("allocate_on_comm_stream", "False unless previous_event is given and async_finish=True",
                                   True)
 
-    @staticmethod
-    def _wait_previous(previous_event) -> None:
-        if previous_event is None:
-            return
-        inner = previous_event.event if isinstance(previous_event, EventOverlap) else previous_event
-        if inner is not None:
-            inner.current_stream_wait()
-
-    @staticmethod
-    def _finish_event(async_finish: bool, tensors=()) -> EventOverlap:
-        # NOTES: the reference and host executors complete work in-stream (CPU: before returning),
-        # so the event of an async call is recorded at the end of the work on the current stream.
-        if async_finish:
-            return EventOverlap(EventHandle(), extra_tensors=tensors if tensors else None)
-        return EventOverlap(None)
-
     # ----------------------------------------------------------------------------------------------
     # normal mode
     # ----------------------------------------------------------------------------------------------
@@ -244,9 +228,9 @@ class Buffer(LowLatencyMixin):
         self._check_num_experts(num_experts)
         if topk_idx.device.type == "cpu":
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
-        self._wait_previous(previous_event)
-        out = self._executor.get_dispatch_layout(topk_idx, num_experts)
-        return (*out, self._finish_event(async_finish, tuple(t for t in out if t is not None)))
+        with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
+            out = self._executor.get_dispatch_layout(topk_idx, num_experts)
+        return (*out, scope.finish(out))
 
     def _check_num_experts(self, num_experts: int) -> int:
         check_int("num_experts", num_experts, minimum=1)
@@ -304,10 +288,10 @@ class Buffer(LowLatencyMixin):
             if num_worst_tokens:
                 raise InvalidArgument("num_worst_tokens", "0 with a cached `handle` (the handle fixes the row count)",
                                       num_worst_tokens)
-            self._wait_previous(previous_event)
-            recv_x, recv_scales = self._executor.cached_dispatch(data, scales, handle, config)
+            with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
+                recv_x, recv_scales = self._executor.cached_dispatch(data, scales, handle, config)
             recv = (recv_x, recv_scales) if scales is not None else recv_x
-            return recv, None, None, None, None, self._finish_event(async_finish, (recv_x,))
+            return recv, None, None, None, None, scope.finish((recv_x, recv_scales))
 
         num_tokens = data.shape[0]
         R = self.group_size
@@ -335,13 +319,13 @@ class Buffer(LowLatencyMixin):
                 check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         elif num_worst_tokens:
             raise InvalidArgument("topk_idx", "a tensor when num_worst_tokens > 0", None)
-        self._wait_previous(previous_event)
-        recv_x, recv_scales, recv_topk_idx, recv_topk_weights, counts, new_handle = self._executor.dispatch(
-            data, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-            expert_alignment, num_worst_tokens, config)
+        with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
+            recv_x, recv_scales, recv_topk_idx, recv_topk_weights, counts, new_handle = self._executor.dispatch(
+                data, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+                expert_alignment, num_worst_tokens, config)
         recv = (recv_x, recv_scales) if scales is not None else recv_x
-        keep = tuple(t for t in (recv_x, recv_scales, recv_topk_idx, recv_topk_weights) if t is not None)
-        return recv, recv_topk_idx, recv_topk_weights, counts, new_handle, self._finish_event(async_finish, keep)
+        event = scope.finish((recv_x, recv_scales, recv_topk_idx, recv_topk_weights))
+        return recv, recv_topk_idx, recv_topk_weights, counts, new_handle, event
 
     def combine(self, x: torch.Tensor, handle: tuple, topk_weights: Optional[torch.Tensor] = None,
                 bias: Union[torch.Tensor, tuple, None] = None, config: Optional[Config] = None,
@@ -363,10 +347,9 @@ class Buffer(LowLatencyMixin):
             check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2, device=x.device)
         num_tokens = handle.plan.num_tokens if hasattr(handle.plan, "num_tokens") else None
         biases = self._split_bias(bias, x, num_tokens)
-        self._wait_previous(previous_event)
-        combined, combined_w = self._executor.combine(x, handle, topk_weights, biases, config)
-        keep = tuple(t for t in (combined, combined_w) if t is not None)
-        return combined, combined_w, self._finish_event(async_finish, keep)
+        with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
+            combined, combined_w = self._executor.combine(x, handle, topk_weights, biases, config)
+        return combined, combined_w, scope.finish((combined, combined_w))
 
     @staticmethod
     def _split_bias(bias, x: torch.Tensor, num_tokens):

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["EventHandle", "EventOverlap"]
+__all__ = ["EventHandle", "EventOverlap", "OpScope"]
 
 
 def _cuda_ready() -> bool:
@@ -66,3 +66,41 @@ class EventOverlap:
 
     def __repr__(self) -> str:
         return f"EventOverlap(event={self.event!r})"
+
+
+class OpScope:
+    """Where one normal-mode op runs, and the event it returns (DeepEP §1.7 semantics).
+
+    Default, used by the reference and host executors: the op runs on the current stream (CPU
+    work is complete when the call returns), after waiting for ``previous_event``; with
+    ``async_finish`` the returned `EventOverlap` holds an event recorded at the end of the work
+    and keeps the outputs alive. The CUDA executor subclasses it to run on its comm stream.
+
+        with executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
+            outputs = ...
+        return ..., scope.finish(outputs)
+    """
+
+    def __init__(self, previous_event, async_finish: bool, allocate_on_comm_stream: bool) -> None:
+        self.previous_event = previous_event
+        self.async_finish = async_finish
+        self.allocate_on_comm_stream = allocate_on_comm_stream
+
+    def _wait_previous(self) -> None:
+        prev = self.previous_event
+        inner = prev.event if isinstance(prev, EventOverlap) else prev
+        if inner is not None:
+            inner.current_stream_wait()
+
+    def __enter__(self) -> "OpScope":
+        self._wait_previous()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        return None
+
+    def finish(self, tensors=()) -> EventOverlap:
+        if self.async_finish:
+            kept = tuple(t for t in tensors if t is not None)
+            return EventOverlap(EventHandle(), extra_tensors=kept if kept else None)
+        return EventOverlap(None)
