@@ -5,7 +5,8 @@
 # Idempotent: each step checks first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[[ ${WANT_TEST:-0} == 1 || ${1:-} == --test ]] || exit 0
+# Skipped for ./run.sh (ci/setup.sh without --test exports WANT_TEST=0); run by hand, it installs.
+[[ ${WANT_TEST:-1} == 1 || ${1:-} == --test ]] || exit 0
 log() { printf '\033[1m[setup ops]\033[0m %s\n' "$*"; }
 
 APT=(docker.io debootstrap slurm-wlm munge libslurm-dev gcc libc6-dev)
