@@ -200,6 +200,8 @@ def main(argv=None) -> int:
     # NOTES: UCCL_EP_SGLANG is not preset: each rank resolves `--moe-a2a-backend uccl`, whose hook
     # sets it and swaps the dispatcher, exactly as the launcher + scheduler pair does.
     env = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(max(args.tokens, 1))}
+    if args.device == "cpu":
+        env["UCCL_EP_BACKEND"] = "reference"  # the framework contract, on the semantic ground truth
     model_dir = tempfile.mkdtemp(prefix="tiny-moe-")
     shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_qwen3_moe_config.json"),
                 os.path.join(model_dir, "config.json"))

@@ -180,6 +180,9 @@ def main(argv=None) -> int:
     env = {"UCCL_EP_VLLM": "1"}
     if args.device == "cpu":
         env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = "64"  # the reference executor allocates it in host memory
+        # NOTES: CPU runs pin the reference executor (the semantic ground truth) so this test checks
+        # the framework contract, not whichever CPU executor `auto` picks while those are in progress.
+        env["UCCL_EP_BACKEND"] = "reference"
     t0 = time.time()
     results = run_ranks(rank_main, args.world, args.device, modes, args.tokens, args.hidden, args.experts,
                         args.topk, timeout_s=args.timeout, backend="nccl" if args.device == "cuda" else "gloo",
