@@ -57,9 +57,13 @@ def _load_plugin() -> str:
         from sglang.srt.plugins import load_plugins
         load_plugins()
         return "entry point (sglang.srt.plugins.load_plugins)"
+    from sglang.srt.plugins.hook_registry import HookRegistry
     from uccl_ep_sglang.plugin import register
     register()
-    return "uccl_ep_sglang.plugin.register() (entry point not installed here)"
+    # NOTES: load_plugins() applies the registered hooks after running the plugins; without the
+    # entry point we do both steps ourselves.
+    HookRegistry.apply_hooks()
+    return "uccl_ep_sglang.plugin.register() + HookRegistry.apply_hooks() (entry point not installed here)"
 
 
 def _tensors(rank: int, step: int, tokens: int, hidden: int, num_experts: int, topk: int, device):
