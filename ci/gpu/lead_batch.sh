@@ -3,7 +3,8 @@
 # CPU side, writing logs and JSON to $OUT:
 #   1. Megatron-Core parity: alltoall vs flex + uccl, 20 bf16 steps (integrations/megatron/gpu)
 #   2. SGLang's own DeepEPDispatcher on uccl_ep (needs .venv-sglang/gpu-bundle.tar.xz carried)
-#   3. uccl-ep bench fifo / transport on this machine's CPUs
+#   3. vLLM's DeepEP prepare/finalize on uccl_ep (needs .venv-vllm/gpu-bundle.tar.xz carried)
+#   4. uccl-ep bench fifo / transport on this machine's CPUs; memcheck of a small LL case
 # Usage (repo root, on the GPU machine): bash ci/gpu/lead_batch.sh [steps...]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -30,6 +31,13 @@ for step in $STEPS; do
       PYTHONPATH=$B/gpu-bundle/site:integrations/sglang:core:${PYTHONPATH:-} timeout 200 \
         python3 integrations/sglang/gpu/drive_deepep_dispatcher.py --device cuda >"$OUT/sglang.log" 2>&1
       echo "sglang driver exit $?"; tail -12 "$OUT/sglang.log" ;;
+    vllm)
+      B=/tmp/vlb; mkdir -p $B && tar -C $B -xJf .venv-vllm/gpu-bundle.tar.xz && \
+      python3 -m pip install -q --no-index --no-deps --target $B/gpu-bundle/site $B/gpu-bundle/wheels/*.whl \
+        >"$OUT/vllm_install.log" 2>&1 || tail -5 "$OUT/vllm_install.log"
+      PYTHONPATH=$B/gpu-bundle/site:integrations/vllm:core:${PYTHONPATH:-} timeout 200 \
+        python3 integrations/vllm/gpu/drive_deepep_prepare_finalize.py --device cuda >"$OUT/vllm.log" 2>&1
+      echo "vllm driver exit $?"; tail -12 "$OUT/vllm.log" ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 120 compute-sanitizer --tool memcheck --target-processes all \
         python3 core/tests/gpu/test_cuda_ll.py small >"$OUT/sanitize.log" 2>&1; echo "sanitize exit $?"
