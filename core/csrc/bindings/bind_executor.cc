@@ -72,18 +72,21 @@ void register_executor(nb::module_& m) {
   m.def(
       "push_counted",
       [](proxy::Proxy& p, Vec<int32_t> dst, Vec<int64_t> src_off, Vec<int64_t> dst_off, Vec<int32_t> counter,
-         uint32_t len, Vec<int32_t> fence_dst, Vec<int32_t> fence_counter, Vec<int32_t> fence_writes, int threads,
-         double timeout_s) {
+         uint32_t len, Vec<int32_t> atomic_dst, Vec<int32_t> atomic_counter, Vec<int32_t> atomic_value,
+         Vec<uint8_t> atomic_fenced, int threads, double timeout_s) {
         same_length(dst.shape(0), {src_off.shape(0), dst_off.shape(0), counter.shape(0)}, "writes");
-        same_length(fence_dst.shape(0), {fence_counter.shape(0), fence_writes.shape(0)}, "fences");
+        same_length(atomic_dst.shape(0), {atomic_counter.shape(0), atomic_value.shape(0), atomic_fenced.shape(0)},
+                    "atomics");
         executor::CountedWrites w{dst.data(), src_off.data(), dst_off.data(), counter.data(), dst.shape(0), len};
-        executor::FencedAtomics f{fence_dst.data(), fence_counter.data(), fence_writes.data(), fence_dst.shape(0)};
+        executor::Atomics a{atomic_dst.data(), atomic_counter.data(), atomic_value.data(), atomic_fenced.data(),
+                            atomic_dst.shape(0)};
         nb::gil_scoped_release g;
-        executor::push_counted(p, w, f, threads, timeout_s);
+        executor::push_counted(p, w, a, threads, timeout_s);
       },
       nb::arg("proxy"), nb::arg("dst"), nb::arg("src_off"), nb::arg("dst_off"), nb::arg("counter"), nb::arg("len"),
-      nb::arg("fence_dst"), nb::arg("fence_counter"), nb::arg("fence_writes"), nb::arg("threads"), nb::arg("timeout_s"),
-      "LL sends: counted writes, then the fences, each to FIFO counter % num_fifos.");
+      nb::arg("atomic_dst"), nb::arg("atomic_counter"), nb::arg("atomic_value"), nb::arg("atomic_fenced"),
+      nb::arg("threads"), nb::arg("timeout_s"),
+      "LL sends: counted writes, then the atomics (fenced: value = writes + 1), each to FIFO counter % num_fifos.");
   m.def(
       "wait_counters",
       [](proxy::Proxy& p, Vec<int32_t> src, Vec<int32_t> counter, Vec<int64_t> target, double timeout_s,

@@ -362,6 +362,9 @@ void register_proxy(nb::module_& m) {
           nb::arg("src_off") = 0, nb::arg("dst_off") = 0, nb::arg("slots") = 1, nb::arg("fence") = false,
           nb::arg("timeout_s") = 60.0,
           "Host threads push commands into the FIFOs and wait for completion; returns (commands, seconds).")
+      .def("set_excluded", &proxy::Proxy::set_excluded, nb::arg("peer"), nb::arg("excluded"),
+           "Shrink mode: an excluded peer's failure marks it dead instead of failing the proxy.")
+      .def("peer_dead", &proxy::Proxy::dead, nb::arg("peer"))
       .def_prop_ro("failed", &proxy::Proxy::failed)
       .def("raise_if_failed", &proxy::Proxy::throw_if_failed);
 }

@@ -13,14 +13,19 @@
 namespace uccl_ep {
 namespace executor {
 
-void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const FencedAtomics& fences, int threads,
+void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const Atomics& atomics, int threads,
                   double timeout_s) {
   const int num_fifos = proxy.num_fifos();
   const uint32_t num_counters = proxy.config().num_counters;
-  for (uint64_t i = 0; i < fences.count; ++i)
-    if (fences.writes[i] < 0 || uint64_t(fences.writes[i]) > protocol::limits::kMaxFencedCount)
-      throw_error(ErrorKind::kInvalidArgument, proxy.config().rank, fences.dst[i], "push",
-                  "fence count: expected 0.." + std::to_string(protocol::limits::kMaxFencedCount));
+  for (uint64_t i = 0; i < atomics.count; ++i) {
+    const int32_t v = atomics.value[i];
+    const bool bad = atomics.fenced[i] ? (v < 1 || v > protocol::limits::kMaxAtomicValue)
+                                       : (v < protocol::limits::kMinAtomicValue || v > protocol::limits::kMaxAtomicValue);
+    if (bad)
+      throw_error(ErrorKind::kInvalidArgument, proxy.config().rank, atomics.dst[i], "push",
+                  "atomic value: expected " + std::string(atomics.fenced[i] ? "1" : std::to_string(protocol::limits::kMinAtomicValue)) +
+                      ".." + std::to_string(protocol::limits::kMaxAtomicValue) + ", got " + std::to_string(v));
+  }
   threads = std::max(1, std::min(threads, num_fifos));
   std::mutex mu;
   std::exception_ptr error;
@@ -34,11 +39,11 @@ void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const Fenced
                                                    uint64_t(writes.dst_off[i]), writes.len, uint32_t(writes.counter[i])),
                    timeout_s);
       }
-      for (uint64_t i = 0; i < fences.count && !abort.load(std::memory_order_relaxed); ++i) {
-        const int f = int(uint32_t(fences.counter[i]) % num_counters % uint32_t(num_fifos));
+      for (uint64_t i = 0; i < atomics.count && !abort.load(std::memory_order_relaxed); ++i) {
+        const int f = int(uint32_t(atomics.counter[i]) % num_counters % uint32_t(num_fifos));
         if (f % threads != w) continue;
-        proxy.push(f, protocol::make_atomic(uint32_t(fences.dst[i]), uint32_t(fences.counter[i]),
-                                            protocol::fenced_signal_for_count(uint32_t(fences.writes[i])), true),
+        proxy.push(f, protocol::make_atomic(uint32_t(atomics.dst[i]), uint32_t(atomics.counter[i]), atomics.value[i],
+                                            atomics.fenced[i] != 0),
                    timeout_s);
       }
     } catch (...) {

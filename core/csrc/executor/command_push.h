@@ -21,16 +21,17 @@ struct CountedWrites {
   uint32_t len = 0;  // bytes of every write
 };
 
-struct FencedAtomics {
+struct Atomics {
   const int32_t* dst = nullptr;
   const int32_t* counter = nullptr;
-  const int32_t* writes = nullptr;  // writes each fence waits for (the atomic carries writes + 1)
+  const int32_t* value = nullptr;   // fenced: writes to wait for + 1 (protocol::fenced_signal_for_count)
+  const uint8_t* fenced = nullptr;
   uint64_t count = 0;
 };
 
-// Pushes every write, then every fence, on `threads` threads (FIFO f belongs to thread f % threads);
-// returns after all are pushed (not completed). Throws EpError.
-void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const FencedAtomics& fences, int threads,
+// Pushes every write, then every atomic, on `threads` threads (FIFO f belongs to thread
+// f % threads); returns after all are pushed (not completed). Throws EpError.
+void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const Atomics& atomics, int threads,
                   double timeout_s);
 
 // Waits until counters[src[i]][counter[i]] >= target[i] for every i (in order). Throws EpError.

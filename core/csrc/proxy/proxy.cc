@@ -87,9 +87,13 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
   for (int j = 0; j < num_fifos; ++j) fifos_.push_back(std::make_unique<fifo::HostFifo>(c.fifo_capacity));
   last_heard_.reset(new std::atomic<int64_t>[size_t(c.num_ranks)]);
   departed_at_.reset(new std::atomic<int64_t>[size_t(c.num_ranks)]);
+  excluded_.reset(new std::atomic<uint8_t>[size_t(c.num_ranks)]);
+  dead_.reset(new std::atomic<uint8_t>[size_t(c.num_ranks)]);
   for (int r = 0; r < c.num_ranks; ++r) {
     last_heard_[size_t(r)].store(0, std::memory_order_relaxed);
     departed_at_[size_t(r)].store(0, std::memory_order_relaxed);
+    excluded_[size_t(r)].store(0, std::memory_order_relaxed);
+    dead_[size_t(r)].store(0, std::memory_order_relaxed);
   }
   for (int t = 0; t < c.num_threads; ++t) {
     transport::Options o;
@@ -264,6 +268,8 @@ int64_t Proxy::wait_counter(int src, uint32_t c, int64_t target, double timeout_
     const int64_t v = counter(src, c);
     if (v >= target) return v;
     if (failed() || stopping()) throw_if_failed();
+    if (dead(src))
+      throw_error(ErrorKind::kPeerFailure, config_.rank, src, phase, "the peer is excluded (masked) and stopped responding");
     const int64_t gone = departed_at_[size_t(src)].load(std::memory_order_acquire);
     if (gone != 0 && now_ns() - gone > int64_t(2e9 * heartbeat_s_))
       throw_error(ErrorKind::kPeerFailure, config_.rank, src, phase,
@@ -310,6 +316,26 @@ void Proxy::heard_from(int peer) {
 void Proxy::mark_departed(int peer) {
   // release: pairs with the acquire in wait_counter / departed().
   if (peer >= 0 && peer < config_.num_ranks) departed_at_[size_t(peer)].store(now_ns(), std::memory_order_release);
+}
+
+void Proxy::set_excluded(int peer, bool on) {
+  if (peer < 0 || peer >= config_.num_ranks) invalid("peer: expected 0.." + std::to_string(config_.num_ranks - 1));
+  // release / acquire: a thread that sees the flag sees everything the caller did before it.
+  excluded_[size_t(peer)].store(on ? 1 : 0, std::memory_order_release);
+}
+
+bool Proxy::excluded(int peer) const { return excluded_[size_t(peer)].load(std::memory_order_acquire) != 0; }
+
+void Proxy::mark_dead(int peer) { dead_[size_t(peer)].store(1, std::memory_order_release); }
+
+bool Proxy::dead(int peer) const { return dead_[size_t(peer)].load(std::memory_order_acquire) != 0; }
+
+void Proxy::peer_failed(const ErrorInfo& error) {
+  if (error.peer >= 0 && error.peer < config_.num_ranks && excluded(error.peer)) {
+    mark_dead(error.peer);
+    return;
+  }
+  fail(error);
 }
 
 bool Proxy::departed(int peer) const { return departed_at_[size_t(peer)].load(std::memory_order_acquire) != 0; }

@@ -98,6 +98,14 @@ class Proxy {
   void heard_from(int peer);
   void mark_departed(int peer);
   bool departed(int peer) const;
+  // Shrink mode: an excluded peer's death does not fail this proxy; it is recorded (dead()),
+  // commands to it are dropped, and waits on it raise PeerFailure.
+  void set_excluded(int peer, bool excluded);
+  bool excluded(int peer) const;
+  void mark_dead(int peer);
+  bool dead(int peer) const;
+  // A peer failed: fails the proxy, or only marks the peer dead when it is excluded.
+  void peer_failed(const ErrorInfo& error);
   int64_t last_heard_ns(int peer) const;
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   double heartbeat_interval_s() const { return heartbeat_s_; }
@@ -118,6 +126,8 @@ class Proxy {
   std::vector<uint64_t> peer_region_bytes_;
   std::unique_ptr<std::atomic<int64_t>[]> last_heard_;
   std::unique_ptr<std::atomic<int64_t>[]> departed_at_;
+  std::unique_ptr<std::atomic<uint8_t>[]> excluded_;
+  std::unique_ptr<std::atomic<uint8_t>[]> dead_;
   mutable std::mutex error_mu_;
   ErrorInfo error_;
   std::atomic<bool> failed_{false};

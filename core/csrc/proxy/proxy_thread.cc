@@ -147,6 +147,10 @@ bool ProxyThread::post_command(int f, const TransferCmd& cmd, uint64_t idx) {
                               std::to_string(cfg.num_counters) + " per source)" + where());
       return false;
     }
+    if (owner_.dead(dst)) {
+      complete(f, idx);  // an excluded peer that died: nothing to send it, nothing to wait for
+      return true;
+    }
     uint64_t soff = 0, doff = 0, len = 0;
     uint32_t imm_value;
     bool ordered = false;
@@ -192,8 +196,9 @@ bool ProxyThread::post_command(int f, const TransferCmd& cmd, uint64_t idx) {
         transport_->write(dst, soff, doff, len, true, imm_value, make_ctx(uint64_t(f), idx), &err);
     if (r == transport::PostResult::kAgain) return false;
     if (r == transport::PostResult::kError) {
-      if (owner_.departed(dst)) {
-        complete(f, idx);  // the peer left: the write is moot (see on_completion)
+      if (owner_.departed(dst) || owner_.excluded(dst)) {
+        if (owner_.excluded(dst)) owner_.mark_dead(dst);
+        complete(f, idx);  // the peer left (or is excluded and failed): the write is moot
         return true;
       }
       owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, dst, "transport", err));
@@ -255,17 +260,11 @@ void ProxyThread::on_completion(const transport::Completion& c) {
       if (c.kind == transport::Completion::kLocalError && !(c.peer >= 0 && owner_.departed(c.peer))) {
         // EFAULT: the target refused the range (loop checks bounds at the target).
         const ErrorKind kind = c.error == EFAULT ? ErrorKind::kPeerProtocolError : ErrorKind::kPeerFailure;
-        owner_.fail(error_info(kind, rank_, c.peer, "transport", c.detail));
+        owner_.peer_failed(error_info(kind, rank_, c.peer, "transport", c.detail));
+        if (!owner_.failed()) complete_ctx(c.ctx);
         return;
       }
-      const uint64_t f = c.ctx >> kCtxFifoShift;
-      if (f != kCtxControl && f < fifos_.size()) {
-        // Rebuild the full index from the low bits: indices in flight are within one lap of the watermark.
-        const uint64_t wm = fifos_[f].watermark;
-        uint64_t idx = (wm & ~kCtxIdxMask) | (c.ctx & kCtxIdxMask);
-        if (idx < wm) idx += kCtxIdxMask + 1;
-        complete(int(f), idx);
-      }
+      complete_ctx(c.ctx);
       return;
     }
     case transport::Completion::kRemoteImm: {
@@ -284,6 +283,16 @@ void ProxyThread::on_completion(const transport::Completion& c) {
   }
 }
 
+void ProxyThread::complete_ctx(uint64_t ctx) {
+  const uint64_t f = ctx >> kCtxFifoShift;
+  if (f == kCtxControl || f >= fifos_.size()) return;
+  // Rebuild the full index from the low bits: indices in flight are within one lap of the watermark.
+  const uint64_t wm = fifos_[f].watermark;
+  uint64_t idx = (wm & ~kCtxIdxMask) | (ctx & kCtxIdxMask);
+  if (idx < wm) idx += kCtxIdxMask + 1;
+  complete(int(f), idx);
+}
+
 void ProxyThread::send_control(int peer, uint32_t imm) {
   control_out_[size_t(peer)].push_back(imm);
   ++control_pending_;
@@ -294,6 +303,10 @@ bool ProxyThread::flush_control() {
   bool progress = false;
   for (int peer = 0; peer < num_ranks_; ++peer) {
     std::deque<uint32_t>& q = control_out_[size_t(peer)];
+    if (owner_.dead(peer)) {
+      control_pending_ -= q.size();
+      q.clear();
+    }
     while (!q.empty()) {
       std::string err;
       const transport::PostResult r = transport_->write(peer, 0, 0, 0, true, q.front(), make_ctx(kCtxControl, 0), &err);
@@ -303,7 +316,7 @@ bool ProxyThread::flush_control() {
       progress = true;
       if (r == transport::PostResult::kError) {
         if (!owner_.stopping() && !owner_.departed(peer))
-          owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, peer, "transport", err));
+          owner_.peer_failed(error_info(ErrorKind::kPeerFailure, rank_, peer, "transport", err));
         continue;
       }
       ++inflight_[size_t(peer)];
@@ -412,18 +425,18 @@ void ProxyThread::housekeeping() {
     next_heartbeat_ns_ = now + int64_t(owner_.heartbeat_interval_s() * 1e9);
     for (int p = 0; p < num_ranks_; ++p)
       // NOTES: never pile heartbeats behind a peer that stopped draining them.
-      if (p != rank_ && !owner_.departed(p) && control_out_[size_t(p)].size() < 4)
+      if (p != rank_ && !owner_.departed(p) && !owner_.dead(p) && control_out_[size_t(p)].size() < 4)
         send_control(p, imm::control(imm::kOpHeartbeat, 0));
     // The peer silent the longest is the one to blame (others may only be stuck behind it).
     int worst = -1;
     int64_t worst_silent = int64_t(owner_.failure_grace_s() * 1e9);
     for (int p = 0; p < num_ranks_; ++p) {
-      if (p == rank_ || owner_.departed(p)) continue;
+      if (p == rank_ || owner_.departed(p) || owner_.dead(p)) continue;
       const int64_t silent = now - owner_.last_heard_ns(p);
       if (silent > worst_silent) worst = p, worst_silent = silent;
     }
     if (worst >= 0)
-      owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, worst, "liveness",
+      owner_.peer_failed(error_info(ErrorKind::kPeerFailure, rank_, worst, "liveness",
                              "no message or heartbeat for " + std::to_string(worst_silent / 1000000) +
                                  " ms (the process died or its proxy is stuck)"));
   }

@@ -64,6 +64,7 @@ class ProxyThread {
   // Returns false when the command must wait (back-pressure); fails the proxy on bad commands.
   bool post_command(int f, const protocol::TransferCmd& cmd, uint64_t idx);
   void complete(int f, uint64_t idx);
+  void complete_ctx(uint64_t ctx);
   void on_completion(const transport::Completion& c);
   void send_control(int peer, uint32_t imm);
   bool flush_control();

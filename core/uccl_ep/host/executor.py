@@ -76,6 +76,7 @@ class HostExecutor(Executor):
         self.counters = torch.from_numpy(self.proxy.counters())
         # Counter values already accounted for, per (source, counter): counters only grow.
         self.seen = np.zeros((self.num_ranks, NUM_COUNTERS), dtype=np.int64)
+        self.excluded = [False] * self.num_ranks  # mirrors Proxy.set_excluded (LL shrink masks)
         self.ht_ops = 0
         self._ll_buffer_idx = 0
         self._raw_buffers: dict[bool, torch.Tensor] = {}

@@ -37,13 +37,14 @@ def exchange_meta(ex, parity: int, per_dst: np.ndarray | None, phase: str) -> np
             ex.region[send_offs[d]:send_offs[d] + nbytes] = torch.from_numpy(per_dst[d].view(np.uint8))
         C.push_counted(ex.proxy, dsts, send_offs, np.full(R, ex.meta.recv(parity, me), dtype=np.int64),
                        np.full(R, counter, dtype=np.int32), nbytes, dsts, np.full(R, counter, dtype=np.int32),
-                       np.ones(R, dtype=np.int32), 1, ex.timeout_s)
-        step = 2
+                       np.full(R, 2, dtype=np.int32), np.ones(R, dtype=np.uint8), 1, ex.timeout_s)
+        step = 2  # one write, then its fence: count 1 -> signal 2
     else:
         empty = np.zeros(0, dtype=np.int64)
         C.push_counted(ex.proxy, empty.astype(np.int32), empty, empty, empty.astype(np.int32), 0, dsts,
-                       np.full(R, counter, dtype=np.int32), np.zeros(R, dtype=np.int32), 1, ex.timeout_s)
-        step = 1
+                       np.full(R, counter, dtype=np.int32), np.ones(R, dtype=np.int32), np.ones(R, dtype=np.uint8), 1,
+                       ex.timeout_s)
+        step = 1  # a fence over no writes
     target = ex.seen[:, counter] + step
     C.wait_counters(ex.proxy, dsts, np.full(R, counter, dtype=np.int32), target, ex.timeout_s, phase)
     ex.seen[:, counter] = target
@@ -161,7 +162,9 @@ def specs_width(specs) -> int:
 def pack_table(cols: list[torch.Tensor], num_rows: int) -> tuple[torch.Tensor, int]:
     """Rows of `cols` packed into uint8 [num_rows, msg] with msg a multiple of 16."""
     if cols:
-        packed = pack_rows(cols)
+        # NOTES: a column-major [T, 1] scale tensor counts as contiguous yet has stride(-1) != 1,
+        # which byte views refuse: give every column plain row-major strides first.
+        packed = pack_rows([c if c.stride(-1) == 1 else torch.empty(c.shape, dtype=c.dtype).copy_(c) for c in cols])
     else:
         packed = torch.zeros(num_rows, 0, dtype=torch.uint8)
     width = packed.shape[1]

@@ -4,6 +4,7 @@ Counters (per source rank, see csrc/executor/ring_engine.h for the ring part):
     [0, 512)            ring TAIL(r): ordered writes of HT streams (sequence-applied)
     [512, 1024)         ring HEAD(r): credits returned by the receiver of ring r
     1024, 1025          META(parity): HT op handshake (parity = op count % 2)
+    [1026, 1030)        LL_CTRL(set, phase): per-op LL control signal (num_max, "I mask you")
     [1088, +4*1024)     LL(set, phase, local expert): fenced count signals
 
 Region (per rank):
@@ -14,12 +15,14 @@ Region (per rank):
 
 from __future__ import annotations
 
-__all__ = ["align16", "RING_HEAD_BASE", "MAX_RINGS", "META_COUNTER", "LL_COUNTER_BASE", "LL_MAX_LOCAL_EXPERTS",
-           "NUM_COUNTERS", "ll_counter", "meta_slot_bytes", "MetaLayout", "region_plan"]
+__all__ = ["align16", "RING_HEAD_BASE", "MAX_RINGS", "META_COUNTER", "LL_CTRL_BASE", "LL_COUNTER_BASE",
+           "LL_MAX_LOCAL_EXPERTS", "NUM_COUNTERS", "ll_counter", "ll_ctrl_counter", "meta_slot_bytes", "MetaLayout",
+           "region_plan"]
 
 MAX_RINGS = 512
 RING_HEAD_BASE = 512
 META_COUNTER = (1024, 1025)
+LL_CTRL_BASE = 1026
 LL_COUNTER_BASE = 1088
 LL_MAX_LOCAL_EXPERTS = 1024
 NUM_COUNTERS = LL_COUNTER_BASE + 4 * LL_MAX_LOCAL_EXPERTS
@@ -37,6 +40,10 @@ def align16(n: int) -> int:
 def ll_counter(set_idx: int, phase: int, local_expert: int) -> int:
     """Counter of LL buffer set `set_idx`, phase 0 (dispatch) / 1 (combine), local expert."""
     return LL_COUNTER_BASE + (set_idx * 2 + phase) * LL_MAX_LOCAL_EXPERTS + local_expert
+
+
+def ll_ctrl_counter(set_idx: int, phase: int) -> int:
+    return LL_CTRL_BASE + set_idx * 2 + phase
 
 
 def meta_slot_bytes(num_ranks: int) -> int:
