@@ -28,6 +28,7 @@
 
 #include "runtime/dynlib.h"
 #include "transport/transport.h"
+#include "transport/wire.h"
 
 #if defined(UCCL_EP_HAVE_FABRIC_HEADERS)
 #include <rdma/fabric.h>
@@ -92,14 +93,6 @@ uint64_t fnv1a(const std::string& s, uint64_t salt) {
   return h;
 }
 
-void put_u64(Bytes& b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(uint8_t(v >> (8 * i)));
-}
-uint64_t get_u64(const Bytes& b, size_t at) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t(b.at(at + i)) << (8 * i);
-  return v;
-}
 
 class FabricTransport final : public Transport {
  public:

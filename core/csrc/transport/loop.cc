@@ -15,6 +15,7 @@
 
 #include "transport/shm.h"
 #include "transport/transport.h"
+#include "transport/wire.h"
 
 namespace uccl_ep {
 namespace transport {
@@ -65,14 +66,6 @@ struct Mapped {
   }
 };
 
-void put_u64(Bytes& b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(uint8_t(v >> (8 * i)));
-}
-uint64_t get_u64(const Bytes& b, size_t at) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t(b.at(at + i)) << (8 * i);
-  return v;
-}
 Bytes encode_name(const std::string& name, uint64_t extra) {
   Bytes b;
   put_u64(b, extra);

@@ -15,7 +15,7 @@ import hashlib
 import os
 import secrets
 
-__all__ = ["add_arguments", "run", "measure"]
+__all__ = ["add_arguments", "run", "measure", "emit"]
 
 
 def add_arguments(parser) -> None:
@@ -61,7 +61,6 @@ def measure(threads: int, producers: int, commands: int, capacity: int) -> dict:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
     cpus = os.cpu_count() or 2
     producers = _counts(args.fifo_producers, [n for n in (1, 2, 4, 8, 16) if n <= max(cpus, 2)])
@@ -74,16 +73,25 @@ def run(args) -> int:
     for r in rows:
         table.add_row(str(r["threads"]), str(r["producers"]), str(r["commands"]), f"{r['queue_mops']:.2f}",
                       f"{r['proxy_mops']:.2f}")
+    emit(table, args, {"cpus": cpus, "rows": rows})
+    return 0
+
+
+def emit(table, args, payload: dict, notes: list[str] = ()) -> None:
+    """Print a rich table (never truncated in logs) and, with --json, the rows as JSON."""
+    import json
+
+    from rich.console import Console
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
     console.print(table)
+    for note in notes:
+        console.print(note)
     if getattr(args, "json", None):
-        import json
-        text = json.dumps({"cpus": cpus, "rows": rows}, indent=2)
+        text = json.dumps(payload, indent=2)
         if args.json == "-":
             print(text)
         else:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
-    return 0

@@ -63,10 +63,10 @@ def measure_pair(cases, sizes, writes, threads, timeout_s=900.0):
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from ..proxy import transport_unavailable_reason
+    from .fifo import emit
     cases, skipped = [], []
     for item in [t.strip() for t in args.transports.split(",") if t.strip()]:
         name, _, provider = item.partition(":")
@@ -84,18 +84,5 @@ def run(args) -> int:
     for r in rows:
         table.add_row(r["transport"], str(r["size"]), str(r["writes"]), f"{r['seconds'] * 1e3:.1f}",
                       f"{r['rate']:,.0f}", f"{r['gbps']:.2f}")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
-    console.print(table)
-    for s in skipped:
-        console.print(f"skipped {s}")
-    if getattr(args, "json", None):
-        import json
-        text = json.dumps({"rows": rows, "skipped": skipped}, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+    emit(table, args, {"rows": rows, "skipped": skipped}, [f"skipped {s}" for s in skipped])
     return 0

@@ -24,7 +24,7 @@ from ..refs.packing import unpack_rows
 from .ht_common import Streams, exchange_meta, host_rings, pack_table, ring_spec, run_phase, specs_width, token_rings
 
 __all__ = ["HostPlan", "dispatch", "cached_dispatch", "combine", "dispatch_specs", "unpack_dispatch",
-           "reduce_combine"]
+           "reduce_combine", "shape_outputs", "unpack_cached"]
 
 
 @dataclass
@@ -68,11 +68,21 @@ def unpack_dispatch(rows: torch.Tensor, specs, x, x_scales, topk_idx, me: int, e
     return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, [p.view(-1) for p in parts]
 
 
-def _check_capacity(num_recv: int, num_worst_tokens: int, me: int) -> int:
-    if num_worst_tokens > 0 and num_recv > num_worst_tokens:
+def shape_outputs(outs, recv_expert: torch.Tensor, expert_alignment: int, num_worst_tokens: int, me: int):
+    """DeepEP's dispatch outputs from the placed rows: per-expert counts rounded to the
+    alignment, and with num_worst_tokens every output padded to that many rows (expert list
+    empty). outs = (recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx)."""
+    num_recv = outs[0].shape[0]
+    a = expert_alignment
+    expert_list = [int((c + a - 1) // a * a) for c in recv_expert.sum(0).tolist()]
+    if num_worst_tokens <= 0:
+        return outs, expert_list, num_recv
+    if num_recv > num_worst_tokens:
         raise LimitExceeded("num_worst_tokens", "tokens received by this rank", num_recv, num_worst_tokens,
                             hint=f"rank {me} received {num_recv} rows")
-    return num_worst_tokens if num_worst_tokens > 0 else num_recv
+    fills = (0, 0, -1, 0, -1)
+    padded = tuple(_pad_rows(t, num_worst_tokens, f) if t is not None else None for t, f in zip(outs, fills))
+    return padded, [], num_worst_tokens
 
 
 def dispatch(ex, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
@@ -131,19 +141,9 @@ def dispatch(ex, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_to
     rows = got[order]
     recv_x, recv_scales, recv_topk_idx, recv_topk_weights, extra = unpack_dispatch(
         rows, specs, x, x_scales, topk_idx, me, E_loc)
-    recv_src_idx = extra[0]
-
-    per_expert = recv_expert.sum(0)
-    a = expert_alignment
-    num_recv_tokens_per_expert_list = [int((c + a - 1) // a * a) for c in per_expert.tolist()]
-    num_rows = _check_capacity(num_recv, num_worst_tokens, me)
-    if num_worst_tokens > 0:
-        recv_x = _pad_rows(recv_x, num_rows, 0)
-        recv_scales = _pad_rows(recv_scales, num_rows, 0) if recv_scales is not None else None
-        recv_topk_idx = _pad_rows(recv_topk_idx, num_rows, -1) if recv_topk_idx is not None else None
-        recv_topk_weights = _pad_rows(recv_topk_weights, num_rows, 0) if recv_topk_weights is not None else None
-        recv_src_idx = _pad_rows(recv_src_idx, num_rows, -1)
-        num_recv_tokens_per_expert_list = []
+    (recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx), num_recv_tokens_per_expert_list, num_rows = \
+        shape_outputs((recv_x, recv_scales, recv_topk_idx, recv_topk_weights, extra[0]), recv_expert,
+                      expert_alignment, num_worst_tokens, me)
 
     # 4. DeepEP's intranode handle, from the exchanged counts.
     rank_prefix = counts.cumsum(0).to(torch.int32)
@@ -172,7 +172,12 @@ def cached_dispatch(ex, x, x_scales, handle, config):
     spec = ring_spec(ex, msg, plan.rings, config.num_max_nvl_chunked_recv_tokens,
                      config.num_max_nvl_chunked_send_tokens, "cached dispatch")
     got = run_phase(ex, spec, table, plan.send_streams, "cached dispatch")
-    parts = unpack_rows(got[plan.order][:, :specs_width(specs)].contiguous(), specs, plan.num_recv)
+    return unpack_cached(got[plan.order], specs, x_scales, plan)
+
+
+def unpack_cached(rows: torch.Tensor, specs, x_scales, plan: HostPlan):
+    """(recv_x, recv_scales) of a cached dispatch from its placed rows, padded like the dispatch."""
+    parts = unpack_rows(rows[:, :specs_width(specs)].contiguous(), specs, plan.num_recv)
     recv_x = _pad_rows(parts[0], plan.num_rows, 0)
     recv_scales = _pad_rows(parts[1], plan.num_rows, 0) if x_scales is not None else None
     return recv_x, recv_scales

@@ -15,7 +15,7 @@ from ..refs.packing import pack_rows, row_bytes
 from .layout import META_COUNTER, META_MAX_CHANNELS, align16
 
 __all__ = ["exchange_meta", "ring_spec", "host_rings", "token_rings", "Streams", "pack_table", "specs_width",
-           "run_phase"]
+           "run_phase", "plain"]
 
 _MAX_HOST_RINGS = 8
 
@@ -159,12 +159,16 @@ def specs_width(specs) -> int:
     return sum(row_bytes(d, s) for d, s in specs)
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """`t` with row-major strides. NOTES: a column-major [T, 1] (or empty) tensor counts as
+    contiguous yet can have stride(-1) != 1, which byte views refuse."""
+    return t if t.stride(-1) == 1 and t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype).copy_(t)
+
+
 def pack_table(cols: list[torch.Tensor], num_rows: int) -> tuple[torch.Tensor, int]:
     """Rows of `cols` packed into uint8 [num_rows, msg] with msg a multiple of 16."""
     if cols:
-        # NOTES: a column-major [T, 1] scale tensor counts as contiguous yet has stride(-1) != 1,
-        # which byte views refuse: give every column plain row-major strides first.
-        packed = pack_rows([c if c.stride(-1) == 1 else torch.empty(c.shape, dtype=c.dtype).copy_(c) for c in cols])
+        packed = pack_rows([plain(c) for c in cols])
     else:
         packed = torch.zeros(num_rows, 0, dtype=torch.uint8)
     width = packed.shape[1]

@@ -26,9 +26,9 @@ import torch
 
 from ..errors import InvalidArgument
 from ..handles import NormalHandle
-from ..refs.normal import _order_mask, _pad_rows, _per_channel_counts
+from ..refs.normal import _order_mask, _per_channel_counts
 from ..refs.packing import unpack_rows
-from .ht import HostPlan, _check_capacity, dispatch_specs, reduce_combine, unpack_dispatch
+from .ht import HostPlan, dispatch_specs, reduce_combine, shape_outputs, unpack_cached, unpack_dispatch
 from .ht_common import Streams, exchange_meta, host_rings, pack_table, ring_spec, run_phase, specs_width, token_rings
 
 __all__ = ["dispatch", "cached_dispatch", "combine"]
@@ -130,18 +130,10 @@ def dispatch(ex, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_to
                               f"{int(counts[:, me].sum())} announced, {num_recv} forwarded")
     recv_x, recv_scales, recv_topk_idx, recv_topk_weights, extra = unpack_dispatch(
         rows, specs, x, x_scales, topk_idx, me, E_loc)
-    recv_src_idx, recv_src_rank, recv_mask = extra
-    per_expert = recv_expert.sum(0)
-    a = expert_alignment
-    expert_list = [int((c + a - 1) // a * a) for c in per_expert.tolist()]
-    num_rows = _check_capacity(num_recv, num_worst_tokens, me)
-    if num_worst_tokens > 0:
-        recv_x = _pad_rows(recv_x, num_rows, 0)
-        recv_scales = _pad_rows(recv_scales, num_rows, 0) if recv_scales is not None else None
-        recv_topk_idx = _pad_rows(recv_topk_idx, num_rows, -1) if recv_topk_idx is not None else None
-        recv_topk_weights = _pad_rows(recv_topk_weights, num_rows, 0) if recv_topk_weights is not None else None
-        recv_src_idx = _pad_rows(recv_src_idx, num_rows, -1)
-        expert_list = []
+    _, recv_src_rank, recv_mask = extra
+    (recv_x, recv_scales, recv_topk_idx, recv_topk_weights, recv_src_idx), expert_list, num_rows = shape_outputs(
+        (recv_x, recv_scales, recv_topk_idx, recv_topk_weights, extra[0]), recv_expert, expert_alignment,
+        num_worst_tokens, me)
 
     # 5. DeepEP's internode handle.
     order1 = torch.argsort(fields1[:, 1].long() * (1 << 40) + fields1[:, 0].long())
@@ -203,10 +195,7 @@ def cached_dispatch(ex, x, x_scales, handle, config):
     rdma, nvl = _specs(ex, config, msg, plan.rings, "cached dispatch")
     got1 = run_phase(ex, rdma, table, hops.hop1, "cached dispatch hop 1")
     got2 = run_phase(ex, nvl, got1, hops.hop2, "cached dispatch hop 2")
-    parts = unpack_rows(got2[plan.order][:, :specs_width(specs)].contiguous(), specs, plan.num_recv)
-    recv_x = _pad_rows(parts[0], plan.num_rows, 0)
-    recv_scales = _pad_rows(parts[1], plan.num_rows, 0) if x_scales is not None else None
-    return recv_x, recv_scales
+    return unpack_cached(got2[plan.order], specs, x_scales, plan)
 
 
 def combine(ex, x, handle, topk_weights, biases, config):

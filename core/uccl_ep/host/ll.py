@@ -28,6 +28,7 @@ from ..handles import LowLatencyHandle
 from ..proxy import check_protocol_limits
 from ..refs.fp8 import pack_ue8m0, per_token_cast_to_fp8
 from ..refs.low_latency import LowLatencyPlan
+from .ht_common import plain
 from .layout import LL_MAX_LOCAL_EXPERTS, align16, ll_counter, ll_ctrl_counter
 
 __all__ = ["LowLatencyLayout", "dispatch", "combine", "combine_send_view"]
@@ -174,9 +175,9 @@ def dispatch(ex, set_idx, x, topk_idx, num_max, num_experts, use_fp8, round_scal
     # 1. Token messages in the send slab: header (token index) + payload.
     if use_fp8:
         q, scale_inv = per_token_cast_to_fp8(x, round_scale=round_scale)
-        payload = torch.cat([q.view(torch.uint8), scale_inv.contiguous().view(torch.uint8)], dim=1)
+        payload = torch.cat([plain(q).view(torch.uint8), plain(scale_inv).view(torch.uint8)], dim=1)
     else:
-        payload = x.contiguous().view(torch.uint8)
+        payload = plain(x).view(torch.uint8)
     used = _HEADER + payload.shape[1]
     send = _view(ex, lay.send(set_idx), T * msg).view(T, msg)
     send[:, :_HEADER] = 0

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .. import env
 from ..errors import InvalidArgument, MissingDependency, PeerFailure, Timeout, Unsupported
 
-__all__ = ["native", "start_proxy", "token_digest", "transport_unavailable_reason", "parse_fault_spec"]
+__all__ = ["native", "start_proxy", "token_digest", "transport_unavailable_reason", "parse_fault_spec", "numa_cpus"]
 
 _lock = threading.Lock()
 _sequence: dict[int, int] = {}
@@ -80,6 +80,17 @@ def parse_fault_spec(spec: str | dict | None) -> dict[str, Any]:
     return out
 
 
+def numa_cpus(node: int | None) -> str:
+    """CPU list of NUMA node `node` ("" when unknown), for pinning proxy threads near a GPU/NIC."""
+    if node is None or node < 0:
+        return ""
+    try:
+        with open(f"/sys/devices/system/node/node{int(node)}/cpulist") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _store_of(group) -> Any:
     from torch.distributed import distributed_c10d as c10d
     try:
@@ -118,12 +129,15 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                 provider: str | None = None, num_threads: int | None = None, fifos_per_thread: int = 2,
                 fifo_capacity: int = 2048, max_inflight: int | None = None, timeout_s: float | None = None,
                 ranks_per_node: int | None = None, fault: str | dict | None = None, token: str | None = None,
-                check_remote_bounds: bool = True, heartbeat_s: float = 0.0, cpus: str = ""):
+                check_remote_bounds: bool = True, heartbeat_s: float = 0.0, cpus: str = "",
+                numa_node: int | None = None):
     """Create, bootstrap, connect and start this rank's proxy (collective over ``group``).
 
     Unset arguments come from the env registry (UCCL_EP_TRANSPORT, UCCL_EP_FABRIC_PROVIDER,
     UCCL_EP_NUM_PROXY_THREADS, UCCL_EP_MAX_INFLIGHT, UCCL_EP_TIMEOUT_S, UCCL_EP_JOB_TOKEN,
-    UCCL_EP_FAULT). Returns the native ``uccl_ep._C.Proxy`` (call ``stop()`` when done).
+    UCCL_EP_FAULT). ``cpus`` (a CPU list) or ``numa_node`` pins the proxy threads (the GPU
+    runtime passes its device's NUMA node). Returns the native ``uccl_ep._C.Proxy`` (call
+    ``stop()`` when done).
     """
     C = native()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -163,7 +177,8 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       provider=provider if provider is not None else env.get("UCCL_EP_FABRIC_PROVIDER"),
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
-                      heartbeat_s=heartbeat_s, check_remote_bounds=check_remote_bounds, cpus=cpus, **fault_opts)
+                      heartbeat_s=heartbeat_s, check_remote_bounds=check_remote_bounds,
+                      cpus=cpus or numa_cpus(numa_node), **fault_opts)
         proxy = C.Proxy(config)
         try:
             store.set(f"{prefix}/ep/{rank}", proxy.local_info())

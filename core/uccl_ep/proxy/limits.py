@@ -57,15 +57,10 @@ def check_protocol_limits(num_ranks: int, *, num_experts: int = 0, num_max_token
         if value > lim["max_region_bytes"]:
             raise LimitExceeded(name, f"bytes addressable by a 31-bit offset in {lim['offset_unit_bytes']}-byte units",
                                 value, lim["max_region_bytes"])
-    if num_channels > lim["max_ordered_counters"]:
-        raise LimitExceeded("num_channels", "channels (ordered counters per source)", num_channels,
-                            lim["max_ordered_counters"])
-    if chunk_tokens > lim["max_increment"]:
-        raise LimitExceeded("chunk_tokens", "tokens one ordered write adds to a channel tail", chunk_tokens,
-                            lim["max_increment"])
-    if ring_tokens > lim["max_ordered_in_flight"]:
-        raise LimitExceeded("ring_tokens", "ordered writes in flight per channel (reorder window)", ring_tokens,
-                            lim["max_ordered_in_flight"])
-    if message_bytes > lim["max_write_bytes"]:
-        raise LimitExceeded("message_bytes", "bytes of one write (24-bit length)", message_bytes,
-                            lim["max_write_bytes"])
+    for argument, value, what, key in (
+            ("num_channels", num_channels, "channels (ordered counters per source)", "max_ordered_counters"),
+            ("chunk_tokens", chunk_tokens, "tokens one ordered write adds to a channel tail", "max_increment"),
+            ("ring_tokens", ring_tokens, "ordered writes in flight per channel (reorder window)", "max_ordered_in_flight"),
+            ("message_bytes", message_bytes, "bytes of one write (24-bit length)", "max_write_bytes")):
+        if value > lim[key]:
+            raise LimitExceeded(argument, what, value, lim[key])
