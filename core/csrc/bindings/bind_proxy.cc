@@ -305,6 +305,11 @@ void register_proxy(nb::module_& m) {
       .def_prop_ro("transport_name", &proxy::Proxy::transport_name)
       .def_prop_ro("region_bytes", &proxy::Proxy::region_bytes)
       .def_prop_ro("commands_posted", &proxy::Proxy::stat_commands)
+      .def("transport_counters", [](const proxy::Proxy& p) {
+        nb::dict d;
+        for (const auto& [name, value] : p.transport_counters()) d[name.c_str()] = value;
+        return d;
+      }, "Named transport event counts summed over threads (e.g. the fault decorator's).")
       .def("push", [](proxy::Proxy& p, int f, uint64_t w0, uint64_t w1, double t) {
             nb::gil_scoped_release g;
             return p.push(f, cmd_of(w0, w1), t);

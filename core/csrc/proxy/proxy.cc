@@ -342,7 +342,16 @@ bool Proxy::departed(int peer) const { return departed_at_[size_t(peer)].load(st
 
 int64_t Proxy::last_heard_ns(int peer) const { return last_heard_[size_t(peer)].load(std::memory_order_relaxed); }
 
-std::string Proxy::pending_summary() const { return {}; }
+std::vector<std::pair<std::string, uint64_t>> Proxy::transport_counters() const {
+  std::vector<std::pair<std::string, uint64_t>> sum;
+  for (const auto& t : threads_)
+    for (const auto& [name, value] : t->transport().counters()) {
+      auto it = std::find_if(sum.begin(), sum.end(), [&](const auto& kv) { return kv.first == name; });
+      if (it == sum.end()) sum.emplace_back(name, value);
+      else it->second += value;
+    }
+  return sum;
+}
 
 uint64_t Proxy::stat_commands() const {
   uint64_t n = 0;

@@ -110,8 +110,9 @@ class Proxy {
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   double heartbeat_interval_s() const { return heartbeat_s_; }
   double failure_grace_s() const { return grace_s_; }
-  std::string pending_summary() const;
   uint64_t stat_commands() const;
+  // Every thread's transport counters, summed by name.
+  std::vector<std::pair<std::string, uint64_t>> transport_counters() const;
 
  private:
   ProxyConfig config_;

@@ -446,7 +446,5 @@ void ProxyThread::protocol_error(int peer, const std::string& detail) {
   owner_.fail(error_info(ErrorKind::kPeerProtocolError, rank_, peer, "proxy thread " + std::to_string(index_), detail));
 }
 
-std::string ProxyThread::pending_summary() const { return {}; }
-
 }  // namespace proxy
 }  // namespace uccl_ep

@@ -32,9 +32,9 @@ class ProxyThread {
   ~ProxyThread();
 
   transport::Transport& transport() { return *transport_; }
+  const transport::Transport& transport() const { return *transport_; }
   void start(const std::vector<int>& cpus);
   void join();
-  std::string pending_summary() const;
   uint64_t commands_posted() const { return commands_.load(std::memory_order_relaxed); }
 
  private:

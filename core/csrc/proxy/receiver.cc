@@ -86,22 +86,5 @@ std::string Receiver::on_imm(int src, uint32_t v) {
   }
 }
 
-std::string Receiver::pending_summary() const {
-  std::string s;
-  size_t shown = 0;
-  for (const auto& kv : fenced_) {
-    if (kv.second.empty()) continue;
-    if (shown++ == 4) {
-      s += ", ...";
-      break;
-    }
-    const int src = int(kv.first / num_counters_);
-    const uint32_t c = uint32_t(kv.first % num_counters_);
-    s += std::string(s.empty() ? "" : ", ") + "counter " + std::to_string(c) + " from rank " + std::to_string(src) +
-         " holds for " + std::to_string(kv.second.front() - 1) + " writes, has " + std::to_string(counted_[kv.first]);
-  }
-  return s;
-}
-
 }  // namespace proxy
 }  // namespace uccl_ep

@@ -32,9 +32,6 @@ class Receiver {
   // Applies one data/atomic immediate from `src`. Returns "" or why it breaks the protocol.
   std::string on_imm(int src, uint32_t imm);
 
-  // Fenced atomics still waiting for their writes (diagnostics for timeouts).
-  std::string pending_summary() const;
-
  private:
   struct Stream {
     uint32_t expected = 0;                 // next sequence number to apply

@@ -12,6 +12,7 @@
 #include <errno.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <unordered_map>
 
@@ -42,6 +43,13 @@ class FaultTransport final : public Transport {
     inner_->connect(a, k, b);
   }
   void finalize_setup() override { inner_->finalize_setup(); }
+  std::vector<std::pair<std::string, uint64_t>> counters() const override {
+    // relaxed: statistics only.
+    return {{"fault_held_writes", held_writes_.load(std::memory_order_relaxed)},
+            {"fault_torn_writes", torn_writes_.load(std::memory_order_relaxed)},
+            {"fault_pieces", pieces_.load(std::memory_order_relaxed)},
+            {"fault_held_completions", held_completions_.load(std::memory_order_relaxed)}};
+  }
 
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string*) override {
@@ -73,8 +81,12 @@ class FaultTransport final : public Transport {
       }
       if (op.pieces_left == 0) held_out_.push_back(op.last);
       else op.last_waiting = true;
+      torn_writes_.fetch_add(1, std::memory_order_relaxed);
+      pieces_.fetch_add(cuts.size() - 1, std::memory_order_relaxed);
     } else {
-      held_out_.push_back({op_id, peer, local_off, remote_off, len, has_imm, imm, chance(opt_.fault_reorder) ? delay() : 0});
+      const uint32_t hold = chance(opt_.fault_reorder) ? delay() : 0;
+      if (hold) held_writes_.fetch_add(1, std::memory_order_relaxed);
+      held_out_.push_back({op_id, peer, local_off, remote_off, len, has_imm, imm, hold});
     }
     return PostResult::kOk;
   }
@@ -87,7 +99,9 @@ class FaultTransport final : public Transport {
       if (c.kind == Completion::kLocalDone || c.kind == Completion::kLocalError) {
         if (!finish_piece(c)) continue;
       }
-      held_in_.push_back({std::move(c), chance(opt_.fault_reorder) ? delay() : 0});
+      const uint32_t hold = chance(opt_.fault_reorder) ? delay() : 0;
+      if (hold) held_completions_.fetch_add(1, std::memory_order_relaxed);
+      held_in_.push_back({std::move(c), hold});
     }
     // Release what is due, in random order.
     std::shuffle(held_in_.begin(), held_in_.end(), rng_);
@@ -194,6 +208,7 @@ class FaultTransport final : public Transport {
   std::vector<Piece> held_out_;
   std::vector<Held> held_in_;
   std::vector<Completion> inner_buf_;
+  std::atomic<uint64_t> held_writes_{0}, torn_writes_{0}, pieces_{0}, held_completions_{0};
 };
 
 }  // namespace

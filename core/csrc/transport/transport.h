@@ -18,6 +18,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace uccl_ep {
@@ -94,6 +95,8 @@ class Transport {
   virtual size_t poll(std::vector<Completion>& out, size_t max) = 0;
   // Called once after every rank connected (e.g. to drop names used only for setup).
   virtual void finalize_setup() {}
+  // Named event counts for diagnostics and tests (safe to call from any thread).
+  virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
 
 using Factory = std::function<std::unique_ptr<Transport>(const Options&)>;

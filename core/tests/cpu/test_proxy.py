@@ -170,8 +170,9 @@ def test_quiet_scopes():
         p.stop()
 
 
-def test_bad_commands_fail_the_proxy_with_protocol_errors():
-    ps = make_group(2)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bad_commands_fail_the_proxy_with_protocol_errors(transport):
+    ps = make_group(2, transport)
     try:
         # write beyond the peer's region: refused before posting, names the peer
         ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)

@@ -33,7 +33,7 @@ def _streams_worker(rank, world, cases, rounds, ranks_per_node):
                               fault=fault.format(seed=rank + 17 * i) if fault else "", ranks_per_node=ranks_per_node)
         try:
             n = run_streams(rank, world, p, spec, rounds=rounds, timeout_s=60)
-            out.append((transport, bool(fault), p.transport_name, n))
+            out.append((transport, bool(fault), p.transport_name, n, p.transport_counters()))
         finally:
             p.stop()
     return out
@@ -50,9 +50,12 @@ def _cases():
 def test_random_streams_every_byte_and_counter(world, ranks_per_node):
     results = run_ranks(_streams_worker, world, _cases(), 4, ranks_per_node, timeout_s=240)
     for per_rank in results:
-        for transport, faulty, name, n in per_rank:
+        for transport, faulty, name, n, counters in per_rank:
             assert n > 300
             assert name.startswith(("fault:" if faulty else "") + transport)
+            if faulty:  # the faults really happened: writes held back and reordered, writes torn
+                assert counters["fault_held_writes"] > 0 and counters["fault_torn_writes"] > 0, counters
+                assert counters["fault_pieces"] >= 2 * counters["fault_torn_writes"], counters
 
 
 @pytest.mark.slow
