@@ -79,9 +79,21 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
   if (mem == MAP_FAILED) invalid("cannot allocate " + std::to_string(counters_bytes_) + " bytes of counters");
   counters_ = static_cast<int64_t*>(mem);
 
-  region_shm_ = transport::ShmObject::create(
-      transport::shm_name(c.token_digest, "r" + std::to_string(c.rank) + "_region"), config_.region_bytes);
-  region_ = static_cast<uint8_t*>(region_shm_->data());
+  // NOTES: only the loop transport needs the region in named shared memory (peers map it);
+  // elsewhere plain anonymous memory avoids /dev/shm limits (64 MiB in default containers).
+  if (c.transport.find("loop") != std::string::npos) {
+    try {
+      region_shm_ = transport::ShmObject::create(
+          transport::shm_name(c.token_digest, "r" + std::to_string(c.rank) + "_region"), config_.region_bytes);
+    } catch (const transport::TransportError& e) {
+      throw_error(ErrorKind::kUnsupported, c.rank, -1, "setup", std::string("region: ") + e.what());
+    }
+    region_ = static_cast<uint8_t*>(region_shm_->data());
+  } else {
+    void* r = mmap(nullptr, config_.region_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) invalid("cannot allocate a region of " + std::to_string(config_.region_bytes) + " bytes");
+    region_ = static_cast<uint8_t*>(r);
+  }
 
   const int num_fifos = c.num_threads * c.fifos_per_thread;
   for (int j = 0; j < num_fifos; ++j) fifos_.push_back(std::make_unique<fifo::HostFifo>(c.fifo_capacity));
@@ -102,7 +114,7 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
     o.thread_index = t;
     o.provider = c.provider;
     o.job_key = c.token_digest;
-    o.region_name = region_shm_->name();
+    o.region_name = region_shm_ ? region_shm_->name() : "";
     o.max_outstanding = std::min<uint32_t>(8192, c.max_inflight * uint32_t(c.num_ranks) + 64);
     o.fault_seed = c.fault_seed;
     o.fault_reorder = c.fault_reorder;
@@ -127,6 +139,7 @@ Proxy::~Proxy() {
   stop();
   threads_.clear();
   if (counters_ != nullptr) munmap(counters_, counters_bytes_);
+  if (!region_shm_ && region_ != nullptr) munmap(region_, config_.region_bytes);
 }
 
 std::string Proxy::transport_name() const { return threads_.empty() ? config_.transport : threads_[0]->transport().name(); }
@@ -187,7 +200,7 @@ void Proxy::connect(const std::vector<std::vector<uint8_t>>& infos) {
 
 void Proxy::finalize_setup() {
   for (auto& t : threads_) t->transport().finalize_setup();
-  region_shm_->unlink();
+  if (region_shm_) region_shm_->unlink();
 }
 
 void Proxy::start() {

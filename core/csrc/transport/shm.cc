@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,6 +35,13 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
 }  // namespace
 
 std::unique_ptr<ShmObject> ShmObject::create(const std::string& name, size_t bytes) {
+  // NOTES: tmpfs allocates pages when they are touched; a region larger than what /dev/shm has
+  // left would die of SIGBUS mid-transfer, so refuse it here with a clear error instead.
+  struct statvfs vfs {};
+  if (statvfs("/dev/shm", &vfs) == 0 && uint64_t(vfs.f_bavail) * vfs.f_frsize < bytes)
+    throw TransportError("/dev/shm has " + std::to_string(uint64_t(vfs.f_bavail) * vfs.f_frsize) +
+                         " bytes free, shared memory '" + name + "' needs " + std::to_string(bytes) +
+                         " (enlarge /dev/shm, e.g. docker --shm-size, or use smaller buffers)");
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw TransportError(errno_text("shm_open(create)", name));
   if (ftruncate(fd, off_t(bytes)) != 0) {
