@@ -134,6 +134,7 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
   get("fifo_capacity", c.fifo_capacity);
   get("num_counters", c.num_counters);
   get("region_bytes", c.region_bytes);
+  get("external_region", c.external_region);
   get("transport", c.transport);
   get("provider", c.provider);
   get("token_digest", c.token_digest);
@@ -150,7 +151,8 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
   for (auto item : d) {
     const std::string k = nb::cast<std::string>(item.first);
     static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
-                                  "fifo_capacity", "num_counters", "region_bytes", "transport", "provider",
+                                  "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport",
+                                  "provider",
                                   "token_digest", "max_inflight", "timeout_s", "heartbeat_s", "check_remote_bounds",
                                   "cpus", "fault_seed", "fault_reorder", "fault_max_delay", "fault_tear",
                                   "fault_max_pieces"};

@@ -81,7 +81,12 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
 
   // NOTES: only the loop transport needs the region in named shared memory (peers map it);
   // elsewhere plain anonymous memory avoids /dev/shm limits (64 MiB in default containers).
-  if (c.transport.find("loop") != std::string::npos) {
+  if (c.external_region != 0) {
+    if (c.transport.find("loop") != std::string::npos)
+      invalid("external_region: the loop transport needs a region it allocates in shared memory");
+    if (c.region_bytes < kMinRegionBytes) invalid("region_bytes: an external region needs its real size (>= 4096)");
+    region_ = reinterpret_cast<uint8_t*>(c.external_region);
+  } else if (c.transport.find("loop") != std::string::npos) {
     try {
       region_shm_ = transport::ShmObject::create(
           transport::shm_name(c.token_digest, "r" + std::to_string(c.rank) + "_region"), config_.region_bytes);
@@ -139,7 +144,7 @@ Proxy::~Proxy() {
   stop();
   threads_.clear();
   if (counters_ != nullptr) munmap(counters_, counters_bytes_);
-  if (!region_shm_ && region_ != nullptr) munmap(region_, config_.region_bytes);
+  if (!region_shm_ && region_ != nullptr && config_.external_region == 0) munmap(region_, config_.region_bytes);
 }
 
 std::string Proxy::transport_name() const { return threads_.empty() ? config_.transport : threads_[0]->transport().name(); }

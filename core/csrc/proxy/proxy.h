@@ -36,6 +36,8 @@ struct ProxyConfig {
   uint32_t fifo_capacity = fifo::kDefaultCapacity;
   uint32_t num_counters = 256;   // counters per source rank
   uint64_t region_bytes = 0;     // this rank's registered region
+  uint64_t external_region = 0;  // address of caller-owned memory to register instead of allocating
+                                 // (e.g. a GPU runtime's buffer); must outlive the proxy
   std::string transport = "loop";
   std::string provider;          // fabric provider ("" = first usable)
   std::string token_digest;      // job token digest (hex); also names shared objects

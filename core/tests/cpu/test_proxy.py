@@ -170,6 +170,34 @@ def test_quiet_scopes():
         p.stop()
 
 
+def test_external_region_is_registered_in_place():
+    transport = "fault:fabric" if "fabric" in TRANSPORTS else None
+    if transport is None:
+        pytest.skip("libfabric is not installed")
+    mem = [np.zeros(1 << 16, dtype=np.uint8) for _ in range(2)]
+    digest = hashlib.sha256(b"external").hexdigest()
+    ps = [C.Proxy(dict(rank=r, num_ranks=2, num_threads=1, num_counters=4, region_bytes=mem[r].nbytes,
+                       external_region=mem[r].ctypes.data, transport=transport, token_digest=digest, timeout_s=10.0,
+                       **FAULT)) for r in range(2)]
+    try:
+        infos = [p.local_info() for p in ps]
+        for p in ps:
+            p.connect(infos)
+            p.finalize_setup()
+            p.start()
+        mem[0][:4096] = np.arange(4096) % 251
+        ps[0].push(0, *C.encode_counted_write(1, 0, 8192, 4096, 2), 5.0)
+        ps[0].push(0, *C.encode_atomic(1, 2, 2, True), 5.0)
+        assert ps[1].wait_counter(0, 2, 2, 10.0, "external") == 2
+        assert np.array_equal(mem[1][8192:8192 + 4096], np.arange(4096) % 251)
+        assert np.shares_memory(ps[1].region(), mem[1])
+    finally:
+        stop_all(ps)
+    with pytest.raises(InvalidArgument, match="shared memory"):
+        C.Proxy(dict(region_bytes=mem[0].nbytes, external_region=mem[0].ctypes.data, transport="loop",
+                     token_digest=digest))
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_bad_commands_fail_the_proxy_with_protocol_errors(transport):
     ps = make_group(2, transport)

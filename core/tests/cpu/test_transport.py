@@ -160,6 +160,26 @@ def _token_worker(rank, world):
         return ("PeerFailure", str(e))
 
 
+def _store_worker(rank, world):
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from uccl_ep import proxy
+    store = dist.PrefixStore("an-explicit-store", c10d._get_default_store())
+    p = proxy.start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport="loop", store=store,
+                          timeout_s=20)
+    C = proxy.native()
+    try:
+        p.push(0, *C.encode_atomic(1 - rank, 3, 5, False), 5.0)
+        return int(p.wait_counter(1 - rank, 3, 5, 10.0, "explicit store")), store.check(["uccl_ep/proxy/0/ep/0"])
+    finally:
+        p.stop()
+
+
+def test_bootstrap_over_an_explicit_store():
+    assert run_ranks(_store_worker, 2, timeout_s=120) == [(5, True), (5, True)]
+
+
 def test_wrong_job_token_is_refused():
     out = run_ranks(_token_worker, 3, timeout_s=120)
     for rank, (kind, msg) in enumerate(out):

@@ -130,14 +130,15 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                 fifo_capacity: int = 2048, max_inflight: int | None = None, timeout_s: float | None = None,
                 ranks_per_node: int | None = None, fault: str | dict | None = None, token: str | None = None,
                 check_remote_bounds: bool = True, heartbeat_s: float = 0.0, cpus: str = "",
-                numa_node: int | None = None):
+                numa_node: int | None = None, store=None, external_region: int = 0):
     """Create, bootstrap, connect and start this rank's proxy (collective over ``group``).
 
     Unset arguments come from the env registry (UCCL_EP_TRANSPORT, UCCL_EP_FABRIC_PROVIDER,
     UCCL_EP_NUM_PROXY_THREADS, UCCL_EP_MAX_INFLIGHT, UCCL_EP_TIMEOUT_S, UCCL_EP_JOB_TOKEN,
     UCCL_EP_FAULT). ``cpus`` (a CPU list) or ``numa_node`` pins the proxy threads (the GPU
-    runtime passes its device's NUMA node). Returns the native ``uccl_ep._C.Proxy`` (call
-    ``stop()`` when done).
+    runtime passes its device's NUMA node). ``store`` replaces the group's Store (e.g. a TCPStore
+    shared by the job); ``external_region`` registers caller-owned memory of ``region_bytes``
+    instead of allocating it. Returns the native ``uccl_ep._C.Proxy`` (call ``stop()`` when done).
     """
     C = native()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -145,7 +146,7 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
     if timeout_s <= 0:
         raise InvalidArgument("timeout_s", "a positive number of seconds", timeout_s)
     ranks_per_node = ranks_per_node or world
-    store = _store_of(group)
+    store = store if store is not None else _store_of(group)
     with _lock:
         n = _sequence.get(id(group), 0)
         _sequence[id(group)] = n + 1
@@ -178,7 +179,7 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
                       heartbeat_s=heartbeat_s, check_remote_bounds=check_remote_bounds,
-                      cpus=cpus or numa_cpus(numa_node), **fault_opts)
+                      cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)
         try:
             store.set(f"{prefix}/ep/{rank}", proxy.local_info())
