@@ -328,6 +328,26 @@ void register_proxy(nb::module_& m) {
           }, nb::arg("fifo"), nb::arg("commands"), nb::arg("timeout_s"), "Pushes rows in order; returns the last index.")
       .def("wait_completion", &proxy::Proxy::wait_completion, nb::arg("fifo"), nb::arg("index"), nb::arg("timeout_s"),
            nb::arg("phase"), nb::call_guard<nb::gil_scoped_release>())
+      .def("fifo_layout", [](proxy::Proxy& p, int f) {
+        if (f < 0 || f >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
+        const fifo::HostFifo& q = p.fifo(f);
+        const fifo::FifoLayout& l = q.layout();
+        auto addr = [](const void* ptr) { return uint64_t(reinterpret_cast<uintptr_t>(ptr)); };
+        nb::dict d;
+        d["memory"] = addr(q.memory());
+        d["memory_bytes"] = uint64_t(q.memory_bytes());
+        d["slots"] = addr(l.slots);
+        d["head"] = addr(l.head);
+        d["tail"] = addr(l.tail);
+        d["tail_cache"] = addr(l.tail_cache);
+        d["completed"] = addr(l.completed);
+        d["status"] = addr(l.status);
+        d["capacity"] = l.capacity;
+        d["capacity_log2"] = l.capacity_log2;
+        return d;
+      }, nb::arg("fifo"),
+      "Addresses of one FIFO (fifo_layout.h) for a GPU runtime: register `memory` (mapped) and hand "
+      "kernels a FifoLayout with device-side head/tail_cache.")
       .def("check_completion", [](proxy::Proxy& p, int f, uint64_t idx) {
         if (f < 0 || f >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
         return p.fifo(f).check_completion(idx);

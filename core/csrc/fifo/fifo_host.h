@@ -27,6 +27,9 @@ class HostFifo {
   HostFifo& operator=(const HostFifo&) = delete;
 
   const FifoLayout& layout() const { return layout_; }
+  // The one page-aligned block holding slots and control words (what a GPU runtime registers).
+  void* memory() const { return memory_; }
+  size_t memory_bytes() const { return memory_bytes_; }
   uint32_t capacity() const { return layout_.capacity; }
 
   // ---- producers (any number of host threads) ------------------------------------------------

@@ -76,3 +76,24 @@ def test_multi_producer_stress_full_count():
     r = C.fifo_stress(256, 8, 500000, 300.0)
     assert r["pushed"] == r["consumed"] == 4_000_000
     assert r["corrupt"] == 0 and r["out_of_order"] == 0
+
+
+def test_fifo_layout_addresses_match_the_ring():
+    """What a GPU runtime reads from Proxy.fifo_layout: slot words with the lap-parity commit bit
+    (fifo_layout.h), head and tail at the advertised addresses."""
+    import ctypes
+    import hashlib
+
+    p = C.Proxy(dict(token_digest=hashlib.sha256(b"layout").hexdigest(), num_threads=1, fifos_per_thread=1,
+                     fifo_capacity=4))
+    lay = p.fifo_layout(0)
+    u64 = lambda addr: ctypes.c_uint64.from_address(addr).value  # noqa: E731
+    cmds = [C.encode_counted_write(0, 16 * i, 32 * i, 100 + i, i) for i in range(6)]
+    for i, (w0, w1) in enumerate(cmds[:4]):     # not started: nothing consumes, lap 0 commits with bit 1
+        assert p.push(0, w0, w1, 1.0) == i
+        slot = lay["slots"] + 16 * i
+        assert u64(slot) == w0 and u64(slot + 8) == w1 | (1 << 63)
+    assert u64(lay["head"]) == 4 and u64(lay["tail"]) == 0 and u64(lay["completed"]) == 0
+    assert lay["capacity"] == 4 and lay["capacity_log2"] == 2
+    assert lay["memory"] <= lay["head"] < lay["slots"] + 16 * 4 <= lay["memory"] + lay["memory_bytes"]
+    p.stop()
