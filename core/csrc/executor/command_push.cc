@@ -32,6 +32,7 @@ void push_counted(proxy::Proxy& proxy, const CountedWrites& writes, const Atomic
   std::atomic<bool> abort{false};
   auto worker = [&](int w) {
     try {
+      // relaxed (abort): a hint to stop early; the first exception is the result.
       for (uint64_t i = 0; i < writes.count && !abort.load(std::memory_order_relaxed); ++i) {
         const int f = int(uint32_t(writes.counter[i]) % num_counters % uint32_t(num_fifos));
         if (f % threads != w) continue;

@@ -35,10 +35,12 @@ StressResult run_stress(uint32_t capacity, int producers, uint64_t per_producer,
   std::vector<std::thread> threads;
   for (int p = 0; p < producers; ++p) {
     threads.emplace_back([&, p] {
+      // acquire: pairs with the release of `go`; the FIFO is fully built before anyone pushes.
       while (!go.load(std::memory_order_acquire)) cpu_relax();
       for (uint64_t i = 0; i < per_producer; ++i) {
         const uint64_t w0 = uint64_t(p) | (i << 16);
         protocol::TransferCmd c{w0, checksum(w0)};
+        // relaxed (both counters): totals read after join().
         if (fifo.push(c, timeout_s, nullptr) == PushStatus::kOk) {
           pushed.fetch_add(1, std::memory_order_relaxed);
         } else {
@@ -50,7 +52,7 @@ StressResult run_stress(uint32_t capacity, int producers, uint64_t per_producer,
   }
   std::vector<uint64_t> next(size_t(producers), 0);
   const auto start = std::chrono::steady_clock::now();
-  go.store(true, std::memory_order_release);
+  go.store(true, std::memory_order_release);  // release: see the producers' acquire
   Backoff backoff(timeout_s);
   protocol::TransferCmd c;
   while (r.consumed < total) {

@@ -106,6 +106,7 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
   departed_at_.reset(new std::atomic<int64_t>[size_t(c.num_ranks)]);
   excluded_.reset(new std::atomic<uint8_t>[size_t(c.num_ranks)]);
   dead_.reset(new std::atomic<uint8_t>[size_t(c.num_ranks)]);
+  // relaxed: no thread runs yet; start() publishes everything through thread creation.
   for (int r = 0; r < c.num_ranks; ++r) {
     last_heard_[size_t(r)].store(0, std::memory_order_relaxed);
     departed_at_[size_t(r)].store(0, std::memory_order_relaxed);
@@ -212,6 +213,7 @@ void Proxy::start() {
   if (!connected_) invalid("Proxy.start() before connect()");
   if (started_) return;
   const int64_t now = now_ns();
+  // relaxed: the threads start after these stores (thread creation orders them).
   for (int r = 0; r < config_.num_ranks; ++r) last_heard_[size_t(r)].store(now, std::memory_order_relaxed);
   const std::vector<int> cpus = parse_cpus(config_.cpus);
   for (auto& t : threads_) t->start(cpus);
@@ -288,6 +290,7 @@ int64_t Proxy::wait_counter(int src, uint32_t c, int64_t target, double timeout_
     if (failed() || stopping()) throw_if_failed();
     if (dead(src))
       throw_error(ErrorKind::kPeerFailure, config_.rank, src, phase, "the peer is excluded (masked) and stopped responding");
+    // acquire: pairs with mark_departed's release.
     const int64_t gone = departed_at_[size_t(src)].load(std::memory_order_acquire);
     if (gone != 0 && now_ns() - gone > int64_t(2e9 * heartbeat_s_))
       throw_error(ErrorKind::kPeerFailure, config_.rank, src, phase,
@@ -308,6 +311,7 @@ void Proxy::reset_counters() { std::memset(counters_, 0, counters_bytes_); }
 void Proxy::fail(const ErrorInfo& error) {
   {
     std::lock_guard<std::mutex> lock(error_mu_);
+    // relaxed: read under error_mu_, which every writer of failed_ holds.
     if (failed_.load(std::memory_order_relaxed)) return;
     error_ = error;
     // release: error_ is written before anyone can observe failed_ == true.

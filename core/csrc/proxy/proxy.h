@@ -94,6 +94,7 @@ class Proxy {
   // ---- state shared with the threads --------------------------------------------------------------
   // Records the first error, flips every FIFO to failed; later errors are dropped.
   void fail(const ErrorInfo& error);
+  // acquire: pairs with fail()'s release; error() is then complete.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   ErrorInfo error() const;
   void throw_if_failed() const;
@@ -109,6 +110,7 @@ class Proxy {
   // A peer failed: fails the proxy, or only marks the peer dead when it is excluded.
   void peer_failed(const ErrorInfo& error);
   int64_t last_heard_ns(int peer) const;
+  // acquire: pairs with stop()'s release.
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
   double heartbeat_interval_s() const { return heartbeat_s_; }
   double failure_grace_s() const { return grace_s_; }

@@ -31,6 +31,7 @@ LoadResult run_load(Proxy& proxy, const LoadSpec& spec) {
       const uint32_t counter = uint32_t(f) % cfg.num_counters;
       std::vector<uint64_t> mine(size_t(cfg.num_ranks), 0);
       uint64_t idx = 0;
+      // acquire: pairs with the release of `go` below; every producer starts together.
       while (!go.load(std::memory_order_acquire)) cpu_relax();
       try {
         for (uint64_t i = 0; i < spec.per_producer; ++i) {
@@ -45,7 +46,7 @@ LoadResult run_load(Proxy& proxy, const LoadSpec& spec) {
             ++mine[size_t(dst)];
           }
           idx = proxy.push(f, c, spec.timeout_s);
-          pushed.fetch_add(1, std::memory_order_relaxed);
+          pushed.fetch_add(1, std::memory_order_relaxed);  // relaxed: read after join()
         }
         std::lock_guard<std::mutex> lock(mu);
         for (int d = 0; d < cfg.num_ranks; ++d) writes[size_t(f)][size_t(d)] += mine[size_t(d)];
@@ -58,7 +59,7 @@ LoadResult run_load(Proxy& proxy, const LoadSpec& spec) {
     });
   }
   const auto start = std::chrono::steady_clock::now();
-  go.store(true, std::memory_order_release);
+  go.store(true, std::memory_order_release);  // release: see the producers' acquire
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
   LoadResult r;

@@ -121,7 +121,7 @@ bool ProxyThread::post_from(int f) {
     s.fifo->pop();
     ++n;
   }
-  if (n > 0) commands_.fetch_add(uint64_t(n), std::memory_order_relaxed);
+  if (n > 0) commands_.fetch_add(uint64_t(n), std::memory_order_relaxed);  // relaxed: a statistic
   return n > 0;
 }
 

@@ -81,7 +81,7 @@ class FaultTransport final : public Transport {
       }
       if (op.pieces_left == 0) held_out_.push_back(op.last);
       else op.last_waiting = true;
-      torn_writes_.fetch_add(1, std::memory_order_relaxed);
+      torn_writes_.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics (also below)
       pieces_.fetch_add(cuts.size() - 1, std::memory_order_relaxed);
     } else {
       const uint32_t hold = chance(opt_.fault_reorder) ? delay() : 0;

@@ -234,6 +234,8 @@ class LoopTransport final : public Transport {
       Peer& p = peers_[size_t(peer)];
       // acquire: pairs with the receiver's release increment; its copy of our bytes is done.
       const uint64_t delivered = __atomic_load_n(&mine_.acks[peer].delivered, __ATOMIC_ACQUIRE);
+      // relaxed: the receiver stores `rejected` before its release increment of `delivered`,
+      // which the acquire above synchronizes with.
       const uint64_t rejected = __atomic_load_n(&mine_.acks[peer].rejected, __ATOMIC_RELAXED);
       while (p.retired < delivered && !p.outstanding.empty() && n < max) {
         ++p.retired;

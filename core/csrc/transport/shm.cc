@@ -88,7 +88,7 @@ std::string shm_name(const std::string& job_key, const std::string& what) {
   // NOTES: the per-process sequence number keeps two proxies of one process (two Buffers, or
   // every rank of an in-process test) from colliding.
   static std::atomic<uint64_t> sequence{0};
-  const uint64_t n = sequence.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t n = sequence.fetch_add(1, std::memory_order_relaxed);  // relaxed: only uniqueness matters
   return "/uccl_ep_" + job_key.substr(0, 16) + "_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_" + what;
 }
 
