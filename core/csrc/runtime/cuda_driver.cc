@@ -38,6 +38,18 @@ struct Api {
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*FuncSetAttribute)(CUfunction, int, int);
   CUresult (*LaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
+  CUresult (*MemHostRegister)(void*, size_t, unsigned);
+  CUresult (*MemHostUnregister)(void*);
+  CUresult (*PointerGetAttribute)(void*, int, CUdeviceptr);
+  CUresult (*MemGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr);
+  CUresult (*StreamCreate)(CUstream*, unsigned);
+  CUresult (*StreamDestroy)(CUstream);
+  CUresult (*EventCreate)(CUevent*, unsigned);
+  CUresult (*EventDestroy)(CUevent);
+  CUresult (*EventRecord)(CUevent, CUstream);
+  CUresult (*EventQuery)(CUevent);
+  CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*ThreadExchangeStreamCaptureMode)(int*);
 };
 
 std::once_flag g_once;
@@ -87,6 +99,18 @@ void load() {
   resolve(lib, "cuModuleGetFunction", a.ModuleGetFunction);
   resolve(lib, "cuFuncSetAttribute", a.FuncSetAttribute);
   resolve(lib, "cuLaunchKernelEx", a.LaunchKernelEx);
+  resolve(lib, "cuMemHostRegister_v2", a.MemHostRegister);
+  resolve(lib, "cuMemHostUnregister", a.MemHostUnregister);
+  resolve(lib, "cuPointerGetAttribute", a.PointerGetAttribute);
+  resolve(lib, "cuMemGetAddressRange_v2", a.MemGetAddressRange);
+  resolve(lib, "cuStreamCreate", a.StreamCreate);
+  resolve(lib, "cuStreamDestroy_v2", a.StreamDestroy);
+  resolve(lib, "cuEventCreate", a.EventCreate);
+  resolve(lib, "cuEventDestroy_v2", a.EventDestroy);
+  resolve(lib, "cuEventRecord", a.EventRecord);
+  resolve(lib, "cuEventQuery", a.EventQuery);
+  resolve(lib, "cuMemcpyDtoDAsync_v2", a.MemcpyDtoDAsync);
+  resolve(lib, "cuThreadExchangeStreamCaptureMode", a.ThreadExchangeStreamCaptureMode);
   if (!g_error.empty()) {
     g_error += " (driver too old? uccl_ep needs a CUDA 12.0+ driver)";
     return;
@@ -230,6 +254,83 @@ CUdeviceptr ipc_open_handle(int device, const CUipcMemHandle& handle) {
 void ipc_close_handle(int device, CUdeviceptr ptr) {
   use_device(device);
   check(api().IpcCloseMemHandle(ptr), "cuIpcCloseMemHandle");
+}
+
+CUdeviceptr host_register(int device, void* p, size_t bytes) {
+  use_device(device);
+  check(api().MemHostRegister(p, bytes, kHostRegisterPortable | kHostRegisterDeviceMap), "cuMemHostRegister");
+  return host_device_pointer(device, p);
+}
+
+void host_unregister(int device, void* p) {
+  use_device(device);
+  check(api().MemHostUnregister(p), "cuMemHostUnregister");
+}
+
+CUdeviceptr host_device_pointer(int device, void* p) {
+  use_device(device);
+  CUdeviceptr d = 0;
+  check(api().MemHostGetDevicePointer(&d, p, 0), "cuMemHostGetDevicePointer");
+  return d;
+}
+
+int pointer_memory_type(CUdeviceptr p) {
+  unsigned type = 0;
+  // NOTES: memory the driver never saw (malloc, mmap) answers CUDA_ERROR_INVALID_VALUE: "not ours".
+  if (api().PointerGetAttribute(&type, kPointerAttrMemoryType, p) != 0) return 0;
+  return int(type);
+}
+
+int pointer_device(CUdeviceptr p) {
+  int ordinal = -1;
+  if (api().PointerGetAttribute(&ordinal, kPointerAttrDeviceOrdinal, p) != 0) return -1;
+  return ordinal;
+}
+
+void mem_address_range(CUdeviceptr p, CUdeviceptr* base, size_t* bytes) {
+  check(api().MemGetAddressRange(base, bytes, p), "cuMemGetAddressRange");
+}
+
+CUstream stream_create_nonblocking(int device) {
+  use_device(device);
+  CUstream s = nullptr;
+  check(api().StreamCreate(&s, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+  return s;
+}
+
+void stream_destroy(int device, CUstream s) {
+  use_device(device);
+  check(api().StreamDestroy(s), "cuStreamDestroy");
+}
+
+CUevent event_create(int device) {
+  use_device(device);
+  CUevent e = nullptr;
+  check(api().EventCreate(&e, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+  return e;
+}
+
+void event_destroy(int device, CUevent e) {
+  use_device(device);
+  check(api().EventDestroy(e), "cuEventDestroy");
+}
+
+void event_record(CUevent e, CUstream s) { check(api().EventRecord(e, s), "cuEventRecord"); }
+
+bool event_done(CUevent e) {
+  const CUresult r = api().EventQuery(e);
+  if (r == kErrorNotReady) return false;
+  check(r, "cuEventQuery");
+  return true;
+}
+
+void memcpy_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  check(api().MemcpyDtoDAsync(dst, src, bytes, s), "cuMemcpyDtoDAsync");
+}
+
+void relax_capture_mode_on_this_thread() {
+  int mode = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+  check(api().ThreadExchangeStreamCaptureMode(&mode), "cuThreadExchangeStreamCaptureMode");
 }
 
 CUmodule module_load(int device, const void* image) {

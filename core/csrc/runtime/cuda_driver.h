@@ -21,6 +21,7 @@ using CUcontext = struct CUctx_st*;
 using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
+using CUevent = struct CUevent_st*;
 
 struct CUipcMemHandle {
   char reserved[64];
@@ -60,6 +61,13 @@ constexpr int kDevAttrMaxSharedPerBlockOptin = 97;
 constexpr unsigned kHostAllocPortable = 0x01;
 constexpr unsigned kHostAllocDeviceMap = 0x02;
 constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;
+constexpr unsigned kHostRegisterPortable = 0x01;
+constexpr unsigned kHostRegisterDeviceMap = 0x02;
+constexpr int kPointerAttrMemoryType = 2;
+constexpr int kPointerAttrDeviceOrdinal = 9;
+constexpr int kMemoryTypeHost = 1;
+constexpr int kMemoryTypeDevice = 2;
+constexpr int kErrorNotReady = 600;
 
 // Raised for any failing driver call: "<call>: <CUDA_ERROR_NAME> (<description>)".
 class DriverError : public std::runtime_error {
@@ -96,6 +104,30 @@ void synchronize(int device);
 CUipcMemHandle ipc_get_handle(int device, CUdeviceptr ptr);
 CUdeviceptr ipc_open_handle(int device, const CUipcMemHandle& handle);
 void ipc_close_handle(int device, CUdeviceptr ptr);
+
+// ---- for the proxy path (ipc transport, GPU-visible FIFOs and counters) ------------------------
+// Page-locks existing host memory [p, p + bytes) and maps it for the device; returns the device
+// address of p. host_device_pointer gives the device address of any byte of such a range.
+CUdeviceptr host_register(int device, void* p, size_t bytes);
+void host_unregister(int device, void* p);
+CUdeviceptr host_device_pointer(int device, void* p);
+// Memory type of a pointer (kMemoryTypeDevice, kMemoryTypeHost, ...) and its device ordinal; 0 and
+// -1 when the driver does not know the pointer (plain malloc'ed / mmap'ed memory).
+int pointer_memory_type(CUdeviceptr p);
+int pointer_device(CUdeviceptr p);
+// Base and size of the allocation that contains p.
+void mem_address_range(CUdeviceptr p, CUdeviceptr* base, size_t* bytes);
+CUstream stream_create_nonblocking(int device);
+void stream_destroy(int device, CUstream s);
+CUevent event_create(int device);  // without timing
+void event_destroy(int device, CUevent e);
+void event_record(CUevent e, CUstream s);
+// True once everything recorded before the event completed; throws DriverError on a failed copy.
+bool event_done(CUevent e);
+void memcpy_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s);
+// Lets this thread issue CUDA calls while another thread captures a CUDA graph in global mode
+// (cuThreadExchangeStreamCaptureMode RELAXED); the proxy's threads call it once.
+void relax_capture_mode_on_this_thread();
 
 CUmodule module_load(int device, const void* image);
 CUfunction module_function(CUmodule module, const std::string& name);
