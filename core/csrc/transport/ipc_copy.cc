@@ -1,0 +1,229 @@
+// The copy engines of the `ipc` transport (see ipc.h): memcpy on a worker thread for host
+// regions, cuMemcpyDtoDAsync on proxy-owned streams for device regions; and the process-wide
+// table of peers' device memory opened through CUDA IPC handles.
+#include <string.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/cuda_driver.h"
+#include "transport/ipc.h"
+#include "transport/transport.h"
+
+namespace uccl_ep {
+namespace transport {
+namespace ipc {
+
+namespace cu = runtime::cu;
+
+namespace {
+
+// ---- host: one worker thread, jobs in submission order ---------------------------------------------
+class HostEngine final : public CopyEngine {
+ public:
+  explicit HostEngine(int num_peers) : done_(new std::atomic<int64_t>[size_t(num_peers)]) {
+    for (int p = 0; p < num_peers; ++p) done_[size_t(p)].store(0, std::memory_order_relaxed);
+    worker_ = std::thread([this] { run(); });
+  }
+  ~HostEngine() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();
+  }
+  const char* kind() const override { return "host"; }
+
+  bool submit(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string*) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back({peer, dst, src, len});
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+  int64_t completed(int peer, std::string*) override {
+    // acquire: pairs with the worker's release; the copied bytes are visible to whoever we
+    // hand the immediate to (they acquire the inbox record we release after this).
+    return done_[size_t(peer)].load(std::memory_order_acquire);
+  }
+
+ private:
+  struct Job {
+    int peer;
+    uint64_t dst, src, len;
+  };
+  void run() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        // NOTES: on stop, finish the queued copies: the transport is being destroyed, and a copy
+        // left half done would land later in memory the peer may have reused.
+        if (jobs_.empty()) return;
+        job = jobs_.front();
+        jobs_.pop_front();
+      }
+      memcpy(reinterpret_cast<void*>(job.dst), reinterpret_cast<const void*>(job.src), job.len);
+      // release: the bytes above happen-before a completed() that observes this count.
+      done_[size_t(job.peer)].fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::unique_ptr<std::atomic<int64_t>[]> done_;
+  std::thread worker_;
+};
+
+// ---- CUDA: one non-blocking stream per peer, one event per batch of copies ------------------------
+class CudaEngine final : public CopyEngine {
+ public:
+  CudaEngine(int device, int num_peers) : device_(device), peers_(size_t(num_peers)) {
+    std::string why;
+    if (!cu::available(&why)) throw TransportError("ipc: device regions need the CUDA driver: " + why);
+  }
+
+  ~CudaEngine() override {
+    try {
+      cu::use_device(device_);
+      // Bounded drain: copies still in flight target peers' memory, which is closed after us.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (PeerQueue& q : peers_) {
+        if (q.stream == nullptr) continue;
+        cu::CUevent last = cu::event_create(device_);
+        cu::event_record(last, q.stream);
+        while (!cu::event_done(last) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+        cu::event_destroy(device_, last);
+        for (auto& ev : q.events) cu::event_destroy(device_, ev.first);
+        cu::stream_destroy(device_, q.stream);
+      }
+      for (cu::CUevent e : spare_) cu::event_destroy(device_, e);
+    } catch (const std::exception&) {
+      // NOTES: a failed context (e.g. a peer died mid-copy) cannot be cleaned; the process's
+      // driver teardown reclaims it.
+    }
+  }
+
+  const char* kind() const override { return "cuda"; }
+
+  void bind_thread() override {
+    cu::use_device(device_);
+    // NOTES: the proxy thread issues copies and event queries while the application may be
+    // capturing a CUDA graph in global mode on another thread; relaxed mode keeps those calls
+    // legal (they touch only our own streams, never the captured one).
+    cu::relax_capture_mode_on_this_thread();
+  }
+
+  bool submit(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string* error) override {
+    PeerQueue& q = peers_[size_t(peer)];
+    try {
+      if (q.stream == nullptr) q.stream = cu::stream_create_nonblocking(device_);
+      cu::memcpy_dtod_async(dst, src, len, q.stream);
+    } catch (const std::exception& e) {
+      if (error) *error = std::string("ipc copy to rank ") + std::to_string(peer) + ": " + e.what();
+      return false;
+    }
+    ++q.submitted;
+    return true;
+  }
+
+  int64_t completed(int peer, std::string* error) override {
+    PeerQueue& q = peers_[size_t(peer)];
+    try {
+      // NOTES: one event per poll round covers every copy submitted since the last one, so a
+      // burst of small writes costs one cuEventRecord, not one per write.
+      if (q.submitted > q.recorded) {
+        cu::CUevent e = spare_.empty() ? cu::event_create(device_) : spare_.back();
+        if (!spare_.empty()) spare_.pop_back();
+        cu::event_record(e, q.stream);
+        q.events.emplace_back(e, q.submitted);
+        q.recorded = q.submitted;
+      }
+      while (!q.events.empty() && cu::event_done(q.events.front().first)) {
+        q.completed = q.events.front().second;
+        spare_.push_back(q.events.front().first);
+        q.events.pop_front();
+      }
+    } catch (const std::exception& e) {
+      if (error) *error = std::string("ipc copy to rank ") + std::to_string(peer) + " failed: " + e.what();
+      return -1;
+    }
+    return q.completed;
+  }
+
+ private:
+  struct PeerQueue {
+    cu::CUstream stream = nullptr;
+    int64_t submitted = 0, recorded = 0, completed = 0;
+    std::deque<std::pair<cu::CUevent, int64_t>> events;  // (event, copies covered), in order
+  };
+  int device_;
+  std::vector<PeerQueue> peers_;
+  std::vector<cu::CUevent> spare_;
+};
+
+// ---- peers' device memory, opened once per process -------------------------------------------------
+std::mutex g_open_mu;
+std::map<std::string, std::pair<uint64_t, int>> g_open;  // (device:handle) -> (address, users)
+
+std::string open_key(int device, const std::string& handle) { return std::to_string(device) + ":" + handle; }
+
+}  // namespace
+
+std::unique_ptr<CopyEngine> make_host_engine(int num_peers) { return std::make_unique<HostEngine>(num_peers); }
+
+std::unique_ptr<CopyEngine> make_cuda_engine(int device, int num_peers) {
+  return std::make_unique<CudaEngine>(device, num_peers);
+}
+
+uint64_t open_peer_memory(int device, const std::string& handle, std::string* error) {
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  auto it = g_open.find(open_key(device, handle));
+  if (it != g_open.end()) {
+    ++it->second.second;
+    return it->second.first;
+  }
+  if (handle.size() != sizeof(cu::CUipcMemHandle)) {
+    if (error) *error = "malformed CUDA IPC handle (" + std::to_string(handle.size()) + " bytes)";
+    return 0;
+  }
+  cu::CUipcMemHandle h;
+  memcpy(h.reserved, handle.data(), sizeof h.reserved);
+  uint64_t p = 0;
+  try {
+    p = cu::ipc_open_handle(device, h);
+  } catch (const std::exception& e) {
+    if (error) *error = e.what();
+    return 0;
+  }
+  g_open[open_key(device, handle)] = {p, 1};
+  return p;
+}
+
+void close_peer_memory(int device, const std::string& handle) {
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  auto it = g_open.find(open_key(device, handle));
+  if (it == g_open.end() || --it->second.second > 0) return;
+  try {
+    cu::ipc_close_handle(device, it->second.first);
+  } catch (const std::exception&) {
+    // the peer's process may be gone; nothing else to release
+  }
+  g_open.erase(it);
+}
+
+}  // namespace ipc
+}  // namespace transport
+}  // namespace uccl_ep
