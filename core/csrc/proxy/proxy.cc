@@ -79,14 +79,15 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
   if (mem == MAP_FAILED) invalid("cannot allocate " + std::to_string(counters_bytes_) + " bytes of counters");
   counters_ = static_cast<int64_t*>(mem);
 
-  // NOTES: only the loop transport needs the region in named shared memory (peers map it);
+  // NOTES: only the loop and ipc transports need the region in named shared memory (peers map it);
   // elsewhere plain anonymous memory avoids /dev/shm limits (64 MiB in default containers).
   if (c.external_region != 0) {
     if (c.transport.find("loop") != std::string::npos)
       invalid("external_region: the loop transport needs a region it allocates in shared memory");
     if (c.region_bytes < kMinRegionBytes) invalid("region_bytes: an external region needs its real size (>= 4096)");
     region_ = reinterpret_cast<uint8_t*>(c.external_region);
-  } else if (c.transport.find("loop") != std::string::npos) {
+  } else if (c.transport.find("loop") != std::string::npos || c.transport.find("ipc") != std::string::npos) {
+    // (ipc: host regions are copied into by peers' proxies, so they live in shared memory too)
     try {
       region_shm_ = transport::ShmObject::create(
           transport::shm_name(c.token_digest, "r" + std::to_string(c.rank) + "_region"), config_.region_bytes);

@@ -15,6 +15,8 @@ std::unique_ptr<Transport> make_loop(const Options&);
 std::string loop_unavailable_reason();
 std::unique_ptr<Transport> make_fabric(const Options&);
 std::string fabric_unavailable_reason();
+std::unique_ptr<Transport> make_ipc(const Options&);
+std::string ipc_unavailable_reason();
 std::unique_ptr<Transport> make_fault(std::unique_ptr<Transport> inner, const Options&);
 
 namespace {
@@ -28,6 +30,7 @@ struct Entry {
 const Entry kBackends[] = {
     {"loop", &make_loop, &loop_unavailable_reason},
     {"fabric", &make_fabric, &fabric_unavailable_reason},
+    {"ipc", &make_ipc, &ipc_unavailable_reason},
 };
 
 const Entry* find(const std::string& name) {

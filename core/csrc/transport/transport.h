@@ -101,7 +101,7 @@ class Transport {
 
 using Factory = std::function<std::unique_ptr<Transport>(const Options&)>;
 
-// Creates a backend by name: "loop", "fabric", or "fault:<inner>". Throws TransportError with
+// Creates a backend by name: "loop", "fabric", "ipc", or "fault:<inner>". Throws TransportError with
 // the list of known names when `name` is unknown.
 std::unique_ptr<Transport> create(const std::string& name, const Options& options);
 // Names in the table (without the "fault:" form).

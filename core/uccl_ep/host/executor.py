@@ -34,8 +34,6 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     if torch.cuda.is_available() and "nccl" in str(torch.distributed.get_backend(ctx.group)).lower():
         return "the group is NCCL (GPU tensors); the host executor serves CPU tensors"
     name = env.get("UCCL_EP_TRANSPORT")
-    if name == "ipc":
-        return "UCCL_EP_TRANSPORT=ipc moves GPU memory; the host executor needs loop or fabric"
     if name != "auto":
         reason = C.transport_unavailable_reason(name)
         if reason:

@@ -47,8 +47,6 @@ def token_digest(token: str) -> str:
 
 def transport_unavailable_reason(name: str) -> str | None:
     """None when the transport can be created here, else why not."""
-    if name == "ipc":
-        return "the ipc transport serves GPU buffers (CUDA executor), not host memory"
     reason = native().transport_unavailable_reason(name)
     return reason or None
 
