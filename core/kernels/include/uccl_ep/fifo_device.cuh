@@ -1,0 +1,161 @@
+// Device half of the proxy FIFO: any GPU thread pushes a 16-byte TransferCmd into a ring whose
+// consumer is one CPU proxy thread (layout, lap-parity commit bit and the host half:
+// uccl_ep/fifo_layout.h, core/csrc/fifo/fifo_host.*).
+//
+// Where the parts live for GPU producers (built by uccl_ep/cuda/proxy_path.py):
+//   slots, tail, completed, status   pinned host memory of the proxy, registered and mapped for
+//                                    the device (these are device addresses of that mapping)
+//   head, tail_cache                 device memory: producers reserve and cache without crossing
+//                                    PCIe; only a ring that looks full reads the host's tail
+//
+// Push (fifo_push): reserve an index with one device-scope fetch_add, wait (bounded) while the
+// ring is full, then publish the command with ONE 16-byte store whose release orders everything
+// the producer (and, through the caller's fences, its block) wrote before it -- the payload the
+// proxy will copy. A producer that gives up (timeout, stopped proxy, another waiter's error)
+// fills the error word (device/wait.cuh) and returns false; it never traps.
+//
+// NOTES: a producer that gives up leaves its reserved slot uncommitted, so the proxy stops
+// consuming that ring: the buffer is failed from then on (the error word is sticky on the host),
+// as it is after any device timeout.
+#pragma once
+
+#include "uccl_ep/device/arch.cuh"
+#include "uccl_ep/device/wait.cuh"
+#include "uccl_ep/fifo_layout.h"
+#include "uccl_ep/kernel_abi.h"
+#include "uccl_ep/protocol.h"
+
+namespace uccl_ep::dev {
+
+using fifo::FifoLayout;
+using protocol::TransferCmd;
+
+// Who pushes, for the error word of a push that gives up.
+struct PushSite {
+  int phase;
+  int rank;
+  int peer;    // destination rank of the command
+  int expert;  // expert (or -1)
+};
+
+// Short pause between polls of host memory (each poll is a PCIe read).
+UCCL_DEVICE void poll_pause() {
+#if UCCL_EP_HIP
+#if defined(__HIP_DEVICE_COMPILE__)
+  __builtin_amdgcn_s_sleep(2);
+#endif
+#else
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  __nanosleep(200);
+#endif
+#endif
+}
+
+// relaxed, device scope: a value only other GPU threads write (the cached tail).
+UCCL_DEVICE uint64_t ld_relaxed_gpu(const uint64_t* p) {
+#if UCCL_EP_HIP
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+// The commit store: word0 and word1 (commit bit included) as one 16-byte store with release
+// semantics at system scope.
+UCCL_DEVICE void store_command(TransferCmd* slot, uint64_t word0, uint64_t word1) {
+#if UCCL_EP_HIP
+  // NOTES: HIP has no 128-bit release store: word0 relaxed first, then word1 (which carries the
+  // commit bit) with release; the proxy acquires word1 and only then reads word0, so it never
+  // sees a committed slot with a stale word0.
+  __hip_atomic_store(&slot->word0, word0, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_store(&slot->word1, word1, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+#elif defined(UCCL_EP_FIFO_SPLIT_STORE)
+  // Same two-store publication for platforms where a 16-byte PCIe write may reach the CPU torn.
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(&slot->word0), "l"(word0) : "memory");
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(&slot->word1), "l"(word1) : "memory");
+#else
+  // release (sys): every write this thread made -- and every write it observed through the
+  // caller's fence -- is visible to the CPU and its copy engines before the command is.
+  // NOTES: one aligned 16-byte store goes out as one PCIe write and lands in one cache line of
+  // the CPU (x86 and Grace root complexes deliver it whole), so the proxy, which acquires word1
+  // and then reads word0, sees both halves of the same command; build with
+  // -DUCCL_EP_FIFO_SPLIT_STORE where that does not hold.
+  asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(word0), "l"(word1) : "memory");
+#endif
+}
+
+// Pushes `cmd`; true on success. Any thread may call it; each call costs one device atomic and
+// one 16-byte store to host memory (plus PCIe reads of `tail` only while the ring looks full).
+UCCL_DEVICE bool fifo_push(const FifoLayout& f, const TransferCmd& cmd, uint64_t timeout_ns, ErrorWord* err,
+                           const PushSite& site) {
+  // relaxed (device scope): the add only hands out a unique index; publication is the store below.
+  const uint64_t idx = atomicAdd(reinterpret_cast<unsigned long long*>(f.head), 1ull);
+  uint64_t tail = ld_relaxed_gpu(f.tail_cache);
+  if (idx >= tail + f.capacity) {
+    const uint64_t start = clock_ns();
+    for (uint32_t spins = 0;; ++spins) {
+      // acquire (sys): pairs with the proxy's release of tail after it read the slot we are
+      // about to overwrite, so our store cannot overtake its read.
+      tail = ld_acquire_sys(f.tail);
+      if (idx < tail + f.capacity) break;
+      // acquire (sys): pairs with the proxy's release of status when it stops or fails.
+      if (ld_acquire_sys(f.status) != fifo::kStatusRunning) {
+        raise_error(err, kErrProxy, site.phase, site.rank, site.peer, site.expert, clock_ns() - start);
+        return false;
+      }
+      if ((spins & 63u) == 63u) {
+        const uint64_t now = clock_ns();
+        if (now - start > timeout_ns) {
+          raise_error(err, kErrTimeout, site.phase, site.rank, site.peer, site.expert, now - start);
+          return false;
+        }
+        if (error_raised(err)) return false;
+      }
+      poll_pause();
+    }
+    // relaxed (device scope): a monotone hint shared by producers; a lost race only costs a
+    // later PCIe read of tail.
+    atomicMax(reinterpret_cast<unsigned long long*>(f.tail_cache), (unsigned long long)tail);
+  }
+  TransferCmd* slot = f.slots + fifo::slot_of(idx, f.capacity);
+  store_command(slot, cmd.word0, fifo::committed_word1(cmd.word1, idx, f.capacity_log2));
+  return true;
+}
+
+// FIFO used for a key (expert, (peer, expert), ...): commands of one receiver counter always go
+// through the same FIFO, hence the same proxy thread (the receiver's ordering and fences rely on it).
+UCCL_DEVICE int fifo_for(int key, int num_fifos) { return key % num_fifos; }
+
+// Waits (bounded) until *counter >= target, a counter the receiving proxy bumps in mapped host
+// memory; gives up early when the proxy stopped or failed (its FIFO status word) or another wait
+// recorded an error. Returns the value, or -1 (error word filled). `waited` gets the ns.
+UCCL_DEVICE int64_t wait_counter(const int64_t* counter, int64_t target, const uint64_t* status, uint64_t timeout_ns,
+                                 ErrorWord* err, int phase, int rank, int peer, int expert, uint64_t* waited) {
+  const uint64_t start = clock_ns();
+  for (uint32_t spins = 0;; ++spins) {
+    // acquire (sys): pairs with the receiving proxy's release add, which it made only after the
+    // copies this count accounts for completed into our memory.
+    const int64_t v = int64_t(ld_acquire_sys(reinterpret_cast<const uint64_t*>(counter)));
+    if (v >= target) {
+      if (waited != nullptr) *waited = clock_ns() - start;
+      return v;
+    }
+    if ((spins & 255u) == 255u) {
+      const uint64_t now = clock_ns();
+      // acquire (sys): pairs with the proxy's release of status.
+      if (ld_acquire_sys(status) != fifo::kStatusRunning) {
+        raise_error(err, kErrProxy, phase, rank, peer, expert, now - start);
+        return -1;
+      }
+      if (now - start > timeout_ns) {
+        raise_error(err, kErrTimeout, phase, rank, peer, expert, now - start);
+        return -1;
+      }
+      if (error_raised(err)) return -1;
+    }
+  }
+}
+
+}  // namespace uccl_ep::dev
