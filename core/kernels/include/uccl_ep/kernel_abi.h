@@ -21,7 +21,9 @@ struct ErrorWord {
   int pad[2];
 };
 
-enum ErrorCode : int { kErrNone = 0, kErrTimeout = 1, kErrProtocol = 2 };
+// kErrProxy: the CPU proxy a kernel pushes to (or waits on) stopped or failed; the host raises the
+// proxy's own error.
+enum ErrorCode : int { kErrNone = 0, kErrTimeout = 1, kErrProtocol = 2, kErrProxy = 3 };
 
 enum Phase : int {
   kPhaseLLDispatchRecv = 1,
@@ -32,6 +34,8 @@ enum Phase : int {
   kPhaseHTCombineSend = 6,
   kPhaseHTCombineRecv = 7,
   kPhaseBarrier = 8,
+  kPhaseLLDispatchSend = 9,   // proxy path: pushing commands
+  kPhaseLLCombineSend = 10,
 };
 
 // ---- low-latency ---------------------------------------------------------------------------------
@@ -226,6 +230,120 @@ struct HTCombineParams {
   int64_t ring_slots;
   int64_t slot_bytes;
   int64_t warps_per_peer;
+  int64_t timeout_ns;
+};
+
+// ---- low-latency through the CPU proxy (ll_dispatch_proxy.cu, ll_combine_proxy.cu) ---------------
+// Kernels push Write + fenced Atomic commands into proxy FIFOs instead of storing to peers; the
+// receiving proxy bumps counters[src][counter] in mapped host memory. Per buffer set, inside the
+// region the proxy registered (this rank's LL buffer; same offsets on every rank):
+//   send area  staging: dispatch blocks [E][block_bytes], or combine rows [E_loc][R*T][H] bf16
+//   recv area  dispatch blocks [E_loc][R][block_bytes], or combine rows [E][T][H] bf16
+// A dispatch block = 16-byte header {count, magic, 0, 0}, int32 source token index per slot
+// (idx_bytes), then one payload per slot (payload_bytes apart). Every (destination, expert) gets
+// exactly one Write and one fenced Atomic (value 2) per op, so counter (src, c) grows by 2 per op:
+// receivers wait for 2 * (rounds[src] + 1), rounds counting the ops seen from src on that phase.
+constexpr uint32_t kLLProxyBlockMagic = 0x55454c4cu;  // "LLEU"
+
+struct LLProxyDispatchParams {
+  uint64_t x;               // bf16 [T, H]
+  uint64_t topk_idx;        // int64 [T, K]
+  uint64_t fifos;           // fifo::FifoLayout[num_fifos] (device addresses)
+  uint64_t finish;          // u32 [E] device counters: tokens staged per expert (last writer pushes)
+  uint64_t send_area;       // device address of this set's send area
+  uint64_t error;           // ErrorWord*
+  int64_t send_off;         // byte offset of this set's send area in the region
+  int64_t recv_off;         // byte offset of this set's recv area in the region (every rank)
+  int64_t num_tokens;
+  int64_t num_max;
+  int64_t hidden;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t use_fp8;
+  int64_t round_scale;
+  int64_t block_bytes;
+  int64_t idx_bytes;
+  int64_t payload_bytes;
+  int64_t num_fifos;
+  int64_t counter_base;     // receiver counter of local expert e = counter_base + e
+  int64_t masked;
+  int64_t timeout_ns;
+};
+
+struct LLProxyDispatchRecvParams {
+  uint64_t recv_area;       // device address of this set's recv area
+  uint64_t counters;        // int64 [R][num_counters], mapped host memory (device address)
+  uint64_t rounds;          // int64 [R] device words: dispatch ops seen per source on this set
+  uint64_t done;            // u32 device word: blocks finished
+  uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
+  uint64_t recv_x;
+  uint64_t recv_scales;
+  uint64_t recv_count;
+  uint64_t src_info;
+  uint64_t layout_range;
+  uint64_t cumulative_stats;
+  uint64_t wait_stats;
+  uint64_t error;
+  int64_t num_counters;
+  int64_t counter_base;
+  int64_t num_max;
+  int64_t hidden;
+  int64_t num_local_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t use_fp8;
+  int64_t use_ue8m0;
+  int64_t block_bytes;
+  int64_t idx_bytes;
+  int64_t payload_bytes;
+  int64_t masked;
+  int64_t timeout_ns;
+};
+
+struct LLProxyCombineParams {
+  uint64_t y;               // bf16 [E_loc, R*T, H] (may be the send area itself: zero copy)
+  uint64_t src_info;
+  uint64_t layout_range;
+  uint64_t fifos;
+  uint64_t finish;          // u32 [E_loc][R] device counters: rows staged per (expert, source)
+  uint64_t send_area;       // device address of this set's send area (staging [E_loc][R*T][H])
+  uint64_t error;
+  int64_t send_off;
+  int64_t recv_off;
+  int64_t num_max;
+  int64_t hidden;
+  int64_t num_local_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_fifos;
+  int64_t counter_base;
+  int64_t masked;
+  int64_t timeout_ns;
+};
+
+struct LLProxyCombineRecvParams {
+  uint64_t recv_area;       // [E][T][H] bf16, row of token t for expert g at slot rank-of-t-in-g
+  uint64_t counters;
+  uint64_t rounds;          // int64 [R]: combine ops seen per source on this set
+  uint64_t done;
+  uint64_t status;
+  uint64_t topk_idx;
+  uint64_t topk_weights;
+  uint64_t out;
+  uint64_t wait_stats;
+  uint64_t error;
+  int64_t num_counters;
+  int64_t counter_base;
+  int64_t num_tokens;
+  int64_t num_max;
+  int64_t hidden;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t masked;
   int64_t timeout_ns;
 };
 
