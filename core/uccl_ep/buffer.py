@@ -21,6 +21,7 @@ from .config import (NUM_BUFFER_ALIGNMENT_BYTES, Config, combine_config_table, d
 from .errors import InvalidArgument, LimitExceeded, Unsupported
 from .events import EventHandle, EventOverlap
 from .handles import NormalHandle
+from .proxy.limits import check_protocol_limits
 from .topology import detect_topology, local_hostname
 from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
                        split_fp8_tuple)
@@ -103,6 +104,8 @@ class Buffer(LowLatencyMixin):
         if num_proxy_threads is None:
             num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
         check_int("num_proxy_threads", num_proxy_threads, minimum=1)
+        # The TransferCmd / immediate field widths bound ranks and region sizes (issue 3).
+        check_protocol_limits(self.group_size, num_rdma_bytes=self.num_rdma_bytes, num_nvl_bytes=self.num_nvl_bytes)
         hostnames = [None] * self.group_size
         dist.all_gather_object(hostnames, local_hostname(), group=group)
         self.topology = detect_topology(hostnames, ranks_per_node)
@@ -239,6 +242,11 @@ class Buffer(LowLatencyMixin):
         return num_experts
 
     def _check_nvl_capacity(self, x: torch.Tensor, config: Config) -> None:
+        check_protocol_limits(self.group_size, num_channels=config.num_channels,
+                              chunk_tokens=max(config.num_max_nvl_chunked_send_tokens,
+                                               config.num_max_rdma_chunked_send_tokens),
+                              ring_tokens=max(config.num_max_nvl_chunked_recv_tokens,
+                                              config.num_max_rdma_chunked_recv_tokens))
         hidden_bytes = x.shape[1] * x.element_size()
         need = config.get_nvl_buffer_size_hint(hidden_bytes, self.group_size)
         if need > self.num_nvl_bytes:

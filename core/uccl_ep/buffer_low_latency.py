@@ -12,6 +12,7 @@ from .config import NUM_MAX_LOCAL_EXPERTS, low_latency_rdma_size_hint
 from .errors import InvalidArgument, LimitExceeded
 from .events import EventHandle, EventOverlap
 from .handles import LowLatencyHandle
+from .proxy.limits import check_protocol_limits
 from .validate import check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range
 
 __all__ = ["LowLatencyMixin"]
@@ -30,6 +31,7 @@ class LowLatencyMixin:
                                   hint="build the Buffer with low_latency_mode=True")
 
     def _check_ll_capacity(self, num_max: int, hidden: int, num_experts: int) -> None:
+        check_protocol_limits(self.group_size, num_experts=num_experts, num_max_tokens=num_max, hidden=hidden)
         need = low_latency_rdma_size_hint(num_max, hidden, self.group_size, num_experts)
         if need > self.num_rdma_bytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the low-latency buffer ({num_max} tokens, hidden "

@@ -14,7 +14,7 @@ from uccl_ep.utils import calc_diff
 
 pytestmark = pytest.mark.cpu
 
-BACKEND = "reference"
+BACKENDS = ["reference", "host"]
 
 
 def _make(rank, world, num_max, hidden, num_experts, backend, **kw):
@@ -123,10 +123,11 @@ def _ll_worker(rank, world, backend, seed, T, num_max):
     return checked
 
 
-@pytest.mark.parametrize("world,T,num_max", [(2, 24, 32), (4, 8, 8), (2, 0, 4)])
-def test_ll_dispatch_combine_options(world, T, num_max):
+@pytest.mark.parametrize("backend,world,T,num_max", [
+    ("reference", 2, 24, 32), ("reference", 4, 8, 8), ("reference", 2, 0, 4), ("host", 2, 24, 32), ("host", 4, 8, 8)])
+def test_ll_dispatch_combine_options(backend, world, T, num_max):
     seed = int(torch.randint(0, 10_000, ()).item())
-    run_ranks(_ll_worker, world, BACKEND, seed, T, num_max, timeout_s=300)
+    run_ranks(_ll_worker, world, backend, seed, T, num_max, timeout_s=300)
 
 
 def _zero_copy_and_parity_worker(rank, world, backend, seed):
@@ -154,9 +155,10 @@ def _zero_copy_and_parity_worker(rank, world, backend, seed):
     return True
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_zero_copy_parity_and_clean(world):
-    run_ranks(_zero_copy_and_parity_worker, world, BACKEND, int(torch.randint(0, 10_000, ()).item()), timeout_s=240)
+def test_zero_copy_parity_and_clean(backend, world):
+    run_ranks(_zero_copy_and_parity_worker, world, backend, int(torch.randint(0, 10_000, ()).item()), timeout_s=240)
 
 
 def _mask_worker(rank, world, backend, seed):
@@ -198,6 +200,7 @@ def _mask_worker(rank, world, backend, seed):
     return True
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_shrink_masking(world):
-    run_ranks(_mask_worker, world, BACKEND, int(torch.randint(0, 10_000, ()).item()), timeout_s=240)
+def test_shrink_masking(backend, world):
+    run_ranks(_mask_worker, world, backend, int(torch.randint(0, 10_000, ()).item()), timeout_s=240)

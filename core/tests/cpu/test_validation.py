@@ -74,6 +74,18 @@ def test_constructor_forms_and_attributes(world1):
         _raises(InvalidArgument, "self", buf.get_dispatch_layout, _topk(), E, match="destroyed")
 
 
+def test_protocol_limits_checked_at_construction_and_per_call(world1):
+    # offsets are 31 bits of 16-byte units: 32 GiB per region
+    e = _raises(LimitExceeded, "num_nvl_bytes", Buffer, world1, 64 << 30, backend="reference")
+    assert e.needed == 64 << 30 and e.limit == 32 << 30
+    buf = Buffer(world1, 0, 16 << 30, low_latency_mode=True, backend="reference")
+    xb = torch.zeros(4, H, dtype=torch.bfloat16)
+    # a fenced atomic counts at most 32766 tokens per (source, expert)
+    e = _raises(LimitExceeded, "num_max_dispatch_tokens_per_rank", buf.low_latency_dispatch, xb,
+                torch.zeros(4, 1, dtype=torch.int64), 40000, E)
+    assert e.limit == 32766
+
+
 def test_destroy_requires_explicit_flag(world1):
     buf = Buffer(world1, 0, 0, backend="reference")
     _raises(InvalidArgument, "explicitly_destroy", buf.destroy)

@@ -175,7 +175,15 @@ def run(args) -> int:
         module = __import__(BENCH_TARGETS[args.what][0], fromlist=["run"])
         return int(module.run(args) or 0)
     if args.dist == "env" or (args.dist == "auto" and _launched_by_env()):
-        return _run_in_job(args)
+        import os
+        rc = _run_in_job(args)
+        # NOTES: leave without interpreter shutdown. Gloo's worker thread can drop a tensor's
+        # Python object after the interpreter has finalized, which aborts the rank ("terminate
+        # called without an active exception") and makes torchrun report a failure although the
+        # run succeeded. Spawned ranks leave the same way (multiprocessing calls os._exit).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     import torch
     import torch.multiprocessing as mp
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import NormalHandle
-from ..refs.normal import _order_mask, _pad_rows, _per_channel_counts
+from ..routing import local_topk, order_index, pad_rows, per_channel_counts
 from ..refs.packing import unpack_rows
 from .ht_common import Streams, exchange_meta, host_rings, pack_table, ring_spec, run_phase, specs_width, token_rings
 
@@ -61,10 +61,7 @@ def unpack_dispatch(rows: torch.Tensor, specs, x, x_scales, topk_idx, me: int, e
     recv_topk_idx = recv_topk_weights = None
     if topk_idx is not None:
         gidx, w = parts.pop(0), parts.pop(0)
-        lo = me * experts_per_rank
-        local = (gidx >= lo) & (gidx < lo + experts_per_rank)
-        recv_topk_idx = torch.where(local, gidx - lo, torch.full_like(gidx, -1))
-        recv_topk_weights = torch.where(local, w, torch.zeros_like(w))
+        recv_topk_idx, recv_topk_weights = local_topk(gidx, w, me, experts_per_rank)
     return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, [p.view(-1) for p in parts]
 
 
@@ -81,7 +78,7 @@ def shape_outputs(outs, recv_expert: torch.Tensor, expert_alignment: int, num_wo
         raise LimitExceeded("num_worst_tokens", "tokens received by this rank", num_recv, num_worst_tokens,
                             hint=f"rank {me} received {num_recv} rows")
     fills = (0, 0, -1, 0, -1)
-    padded = tuple(_pad_rows(t, num_worst_tokens, f) if t is not None else None for t, f in zip(outs, fills))
+    padded = tuple(pad_rows(t, num_worst_tokens, f) if t is not None else None for t, f in zip(outs, fills))
     return padded, [], num_worst_tokens
 
 
@@ -95,7 +92,7 @@ def dispatch(ex, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_to
     rings = host_rings(ex, C)
     ring_of = token_rings(T, C, rings)
     send_idx = [torch.nonzero(is_token_in_rank[:, d], as_tuple=False).flatten() for d in range(R)]
-    channel_counts = _per_channel_counts(is_token_in_rank, C)  # [R, C]
+    channel_counts = per_channel_counts(is_token_in_rank, C)  # [R, C]
     ring_counts = torch.stack([torch.bincount(ring_of[s], minlength=rings) for s in send_idx]) if R else None
 
     # 1. meta: [counts row R | channel counts C | expert counts E_loc | ring counts]
@@ -151,7 +148,7 @@ def dispatch(ex, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_to
     recv_block_start = [0] + rank_prefix[:, me].tolist()[:-1]
     starts = torch.cat([torch.zeros(R, 1, dtype=torch.int64), recv_channel.cumsum(1)[:, :-1]], dim=1)
     recv_channel_prefix = (starts + torch.tensor(recv_block_start).view(-1, 1)).to(torch.int32)
-    send_head = torch.stack([_order_mask(send_idx[d], T, x.device) for d in range(R)], 1) \
+    send_head = torch.stack([order_index(send_idx[d], T, x.device) for d in range(R)], 1) \
         if R else torch.empty(T, 0, dtype=torch.int32)
     items = (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head)
     plan = HostPlan(num_tokens=T, send_idx=send_idx, recv_counts=counts[:, me].tolist(), num_recv=num_recv,
@@ -178,8 +175,8 @@ def cached_dispatch(ex, x, x_scales, handle, config):
 def unpack_cached(rows: torch.Tensor, specs, x_scales, plan: HostPlan):
     """(recv_x, recv_scales) of a cached dispatch from its placed rows, padded like the dispatch."""
     parts = unpack_rows(rows[:, :specs_width(specs)].contiguous(), specs, plan.num_recv)
-    recv_x = _pad_rows(parts[0], plan.num_rows, 0)
-    recv_scales = _pad_rows(parts[1], plan.num_rows, 0) if x_scales is not None else None
+    recv_x = pad_rows(parts[0], plan.num_rows, 0)
+    recv_scales = pad_rows(parts[1], plan.num_rows, 0) if x_scales is not None else None
     return recv_x, recv_scales
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded
 from ..proxy import check_protocol_limits
-from ..refs.normal import channel_ranges
+from ..routing import channel_ranges
 from ..refs.packing import pack_rows, row_bytes
 from .layout import META_COUNTER, META_MAX_CHANNELS, align16
 

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import InvalidArgument
 from ..handles import NormalHandle
-from ..refs.normal import _order_mask, _per_channel_counts
+from ..routing import order_index, per_channel_counts
 from ..refs.packing import unpack_rows
 from .ht import HostPlan, dispatch_specs, reduce_combine, shape_outputs, unpack_cached, unpack_dispatch
 from .ht_common import Streams, exchange_meta, host_rings, pack_table, ring_spec, run_phase, specs_width, token_rings
@@ -61,8 +61,8 @@ def dispatch(ex, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_to
     in_node = is_token_in_rank.view(T, N, G).any(-1)
     send_idx = [torch.nonzero(is_token_in_rank[:, d], as_tuple=False).flatten() for d in range(R)]
     node_idx = [torch.nonzero(in_node[:, n], as_tuple=False).flatten() for n in range(N)]
-    channel_counts = _per_channel_counts(is_token_in_rank, C)        # [R, C]
-    node_channel_counts = _per_channel_counts(in_node, C)            # [N, C]
+    channel_counts = per_channel_counts(is_token_in_rank, C)        # [R, C]
+    node_channel_counts = per_channel_counts(in_node, C)            # [N, C]
     ring_counts = torch.stack([torch.bincount(ring_of[s], minlength=rings) for s in send_idx])
     node_ring_counts = torch.stack([torch.bincount(ring_of[s], minlength=rings) for s in node_idx])
 
@@ -159,7 +159,7 @@ def _handle_items(topo, me, T, counts, channel_counts, node_channel_counts, recv
     n_valid = recv_src_rank.numel()
     recv_src_meta[:n_valid, 0:4] = (recv_src_rank // G).to(torch.int32).view(-1, 1).view(torch.uint8).view(-1, 4)
     recv_src_meta[:n_valid, 4:8] = recv_mask.to(torch.int32).contiguous().view(-1, 1).view(torch.uint8).view(-1, 4)
-    send_rdma_head = torch.stack([_order_mask(torch.nonzero(in_node[:, n]).flatten(), T, "cpu") for n in range(N)], 1)
+    send_rdma_head = torch.stack([order_index(torch.nonzero(in_node[:, n]).flatten(), T, "cpu") for n in range(N)], 1)
     # send_nvl_head: for every token received at RDMA level ((source, token) order), its row in
     # each local rank of this node: rows of sources before it there + its rank among the source's
     # tokens for that local rank.

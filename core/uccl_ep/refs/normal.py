@@ -22,6 +22,7 @@ from ..errors import InvalidArgument, LimitExceeded
 from ..handles import NormalHandle
 from ..topology import Topology
 from .comm import GroupComm
+from ..routing import channel_ranges, local_topk, order_index, pad_rows, per_channel_counts
 from .packing import pack_rows, unpack_rows
 
 __all__ = ["dispatch_layout", "NormalPlan", "dispatch", "cached_dispatch", "combine", "channel_ranges"]
@@ -47,18 +48,6 @@ def dispatch_layout(topk_idx: torch.Tensor, num_experts: int, topo: Topology):
     return num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert, is_token_in_rank
 
 
-def channel_ranges(num_tokens: int, num_channels: int) -> list[tuple[int, int]]:
-    """DeepEP's split of a rank's tokens into contiguous per-channel ranges."""
-    per = (num_tokens + num_channels - 1) // num_channels
-    return [(min(c * per, num_tokens), min((c + 1) * per, num_tokens)) for c in range(num_channels)]
-
-
-def _per_channel_counts(mask: torch.Tensor, num_channels: int) -> torch.Tensor:
-    """Counts of True in ``mask`` [T, X] per channel range -> [X, C] int64."""
-    cols = [mask[s:e].sum(0, dtype=torch.int64) for s, e in channel_ranges(mask.shape[0], num_channels)]
-    return torch.stack(cols, dim=1) if cols else torch.zeros(mask.shape[1], 0, dtype=torch.int64)
-
-
 @dataclass
 class NormalPlan:
     """What a reference dispatch decided, reused by cached dispatch and combine."""
@@ -68,13 +57,6 @@ class NormalPlan:
     recv_counts: list[int]          # per source rank: rows received
     num_recv: int                   # valid received rows
     num_rows: int                   # rows of dispatch outputs (num_recv, or num_worst_tokens)
-
-
-def _order_mask(send_idx: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
-    """head[t] = position of t in ``send_idx`` or -1."""
-    head = torch.full((num_tokens,), -1, dtype=torch.int32, device=device)
-    head[send_idx] = torch.arange(send_idx.numel(), dtype=torch.int32, device=device)
-    return head
 
 
 def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_scales: torch.Tensor | None,
@@ -93,11 +75,11 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
     rank_prefix = counts.cumsum(0).to(torch.int32)                      # [R, R] inclusive over sources
     send_idx = [torch.nonzero(is_token_in_rank[:, r], as_tuple=False).flatten() for r in range(num_ranks)]
 
-    channel_counts = _per_channel_counts(is_token_in_rank, num_channels)  # [R, C]
+    channel_counts = per_channel_counts(is_token_in_rank, num_channels)  # [R, C]
     channel_prefix = channel_counts.cumsum(1)
     nodes, gpn = topo.num_nodes, topo.ranks_per_node
     is_token_in_node = is_token_in_rank.view(num_tokens, nodes, gpn).any(-1)
-    node_channel_counts = _per_channel_counts(is_token_in_node, num_channels)  # [N, C]
+    node_channel_counts = per_channel_counts(is_token_in_node, num_channels)  # [N, C]
 
     # Small per-destination metadata: this rank's counts of the destination's experts, its
     # channel prefix toward the destination, and its per-channel count toward the destination's node.
@@ -141,10 +123,7 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
     recv_topk_idx = recv_topk_weights = None
     if topk_idx is not None:
         gidx, w = parts.pop(0), parts.pop(0)
-        lo = me * experts_per_rank
-        local = (gidx >= lo) & (gidx < lo + experts_per_rank)
-        recv_topk_idx = torch.where(local, gidx - lo, torch.full_like(gidx, -1))
-        recv_topk_weights = torch.where(local, w, torch.zeros_like(w))
+        recv_topk_idx, recv_topk_weights = local_topk(gidx, w, me, experts_per_rank)
     recv_src_idx = parts.pop(0).view(-1)
     recv_nvl_mask = parts.pop(0).view(-1)
 
@@ -161,11 +140,11 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
             raise LimitExceeded("num_worst_tokens", "tokens received by this rank", num_recv, num_worst_tokens,
                                 hint=f"rank {me} received {num_recv} rows")
         num_rows = num_worst_tokens
-        recv_x = _pad_rows(recv_x, num_rows, 0)
-        recv_scales = _pad_rows(recv_scales, num_rows, 0) if recv_scales is not None else None
-        recv_topk_idx = _pad_rows(recv_topk_idx, num_rows, -1) if recv_topk_idx is not None else None
-        recv_topk_weights = _pad_rows(recv_topk_weights, num_rows, 0) if recv_topk_weights is not None else None
-        recv_src_idx = _pad_rows(recv_src_idx, num_rows, -1)
+        recv_x = pad_rows(recv_x, num_rows, 0)
+        recv_scales = pad_rows(recv_scales, num_rows, 0) if recv_scales is not None else None
+        recv_topk_idx = pad_rows(recv_topk_idx, num_rows, -1) if recv_topk_idx is not None else None
+        recv_topk_weights = pad_rows(recv_topk_weights, num_rows, 0) if recv_topk_weights is not None else None
+        recv_src_idx = pad_rows(recv_src_idx, num_rows, -1)
         num_recv_tokens_per_expert_list = []
 
     plan = NormalPlan(num_tokens=num_tokens, send_idx=send_idx, recv_counts=recv_counts, num_recv=num_recv,
@@ -178,7 +157,7 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
         starts = torch.cat([torch.zeros(1, dtype=torch.int64), src_channel_prefix[:-1]])
         recv_channel_prefix[i] = (starts + recv_block_start[i]).to(torch.int32)
 
-    send_head = torch.stack([_order_mask(send_idx[r], num_tokens, device) for r in range(num_ranks)], 1) \
+    send_head = torch.stack([order_index(send_idx[r], num_tokens, device) for r in range(num_ranks)], 1) \
         if num_ranks else torch.empty(num_tokens, 0, dtype=torch.int32, device=device)
     if not topo.is_internode:
         items = (rank_prefix.to(device), channel_prefix.to(torch.int32).to(device),
@@ -217,7 +196,7 @@ def _internode_handle_items(comm, topo, device, counts, recv_counts, recv_meta, 
     n_valid = src_node.numel()
     recv_src_meta[:n_valid, 0:4] = src_node.to(device).view(-1, 1).view(torch.uint8).view(-1, 4)
     recv_src_meta[:n_valid, 4:8] = recv_nvl_mask[:n_valid].contiguous().view(-1, 1).view(torch.uint8).view(-1, 4)
-    send_rdma_head = torch.stack([_order_mask(torch.nonzero(is_token_in_node[:, n]).flatten(), num_tokens, device)
+    send_rdma_head = torch.stack([order_index(torch.nonzero(is_token_in_node[:, n]).flatten(), num_tokens, device)
                                   for n in range(nodes)], 1)
     # send_nvl_head: for every token this rank receives at RDMA level, its row in each local rank
     # of this node, or -1. The sender computes the rows and ships them to (node, same local).
@@ -244,15 +223,6 @@ def _internode_handle_items(comm, topo, device, counts, recv_counts, recv_meta, 
             send_rdma_head, send_nvl_head)
 
 
-def _pad_rows(t: torch.Tensor, rows: int, fill) -> torch.Tensor:
-    if t.shape[0] == rows:
-        return t
-    out = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=t.device) if fill != 0 else \
-        torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    out[: t.shape[0]] = t
-    return out
-
-
 def cached_dispatch(comm: GroupComm, x: torch.Tensor, x_scales: torch.Tensor | None, handle: NormalHandle):
     """Dispatch ``x`` with the routing of an earlier dispatch. Returns (recv_x, recv_scales)."""
     plan: NormalPlan = handle.plan
@@ -264,8 +234,8 @@ def cached_dispatch(comm: GroupComm, x: torch.Tensor, x_scales: torch.Tensor | N
     blob = torch.cat(received)
     specs = [(x.dtype, tuple(x.shape[1:]))] + ([(x_scales.dtype, tuple(x_scales.shape[1:]))] if x_scales is not None else [])
     parts = unpack_rows(blob, specs, plan.num_recv)
-    recv_x = _pad_rows(parts[0], plan.num_rows, 0)
-    recv_scales = _pad_rows(parts[1], plan.num_rows, 0) if x_scales is not None else None
+    recv_x = pad_rows(parts[0], plan.num_rows, 0)
+    recv_scales = pad_rows(parts[1], plan.num_rows, 0) if x_scales is not None else None
     return recv_x, recv_scales
 
 
