@@ -5,6 +5,7 @@ namespace uccl_ep::bindings {
 void register_runtime(nanobind::module_& m);
 void register_proxy(nanobind::module_& m);
 void register_executor(nanobind::module_& m);
+void register_ipc(nanobind::module_& m);
 
 // NOTES: subsystems add a declaration here and one call below; keeping the list in one small
 // file makes the module's surface reviewable at a glance.
@@ -12,6 +13,7 @@ void register_all(nanobind::module_& m) {
   register_runtime(m);
   register_proxy(m);
   register_executor(m);
+  register_ipc(m);
 }
 
 }  // namespace uccl_ep::bindings

@@ -1,0 +1,85 @@
+// Bindings of the GPU proxy path (uccl_ep/cuda/proxy_path.py): where a proxy's FIFOs and counters
+// live, the device-side FifoLayout table kernels push through, and the driver calls that make
+// the proxy's host memory visible to kernels (`uccl_ep._C.cuda.host_register`, ...).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+
+#include "bindings/register.h"
+#include "proxy/proxy.h"
+#include "runtime/cuda_driver.h"
+#include "uccl_ep/fifo_layout.h"
+
+namespace nb = nanobind;
+namespace cu = uccl_ep::runtime::cu;
+
+namespace uccl_ep::bindings {
+
+namespace {
+
+uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+nb::dict fifo_layout(proxy::Proxy& p, int index) {
+  if (index < 0 || index >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
+  const fifo::FifoLayout& f = p.fifo(index).layout();
+  nb::dict d;
+  d["slots"] = addr(f.slots);
+  d["head"] = addr(f.head);
+  d["tail"] = addr(f.tail);
+  d["tail_cache"] = addr(f.tail_cache);
+  d["completed"] = addr(f.completed);
+  d["status"] = addr(f.status);
+  d["capacity"] = f.capacity;
+  d["capacity_log2"] = f.capacity_log2;
+  d["slots_end"] = addr(f.slots + f.capacity);
+  return d;
+}
+
+// One FifoLayout as kernels read it (the struct of fifo_layout.h, packed by the compiler that
+// also compiles the proxy, so Python never restates its layout).
+nb::bytes pack_fifo_layout(uint64_t slots, uint64_t head, uint64_t tail, uint64_t tail_cache, uint64_t completed,
+                           uint64_t status, uint32_t capacity, uint32_t capacity_log2) {
+  fifo::FifoLayout f{};
+  f.slots = reinterpret_cast<protocol::TransferCmd*>(slots);
+  f.head = reinterpret_cast<uint64_t*>(head);
+  f.tail = reinterpret_cast<uint64_t*>(tail);
+  f.tail_cache = reinterpret_cast<uint64_t*>(tail_cache);
+  f.completed = reinterpret_cast<uint64_t*>(completed);
+  f.status = reinterpret_cast<uint64_t*>(status);
+  f.capacity = capacity;
+  f.capacity_log2 = capacity_log2;
+  char raw[sizeof f];
+  std::memcpy(raw, &f, sizeof f);
+  return nb::bytes(raw, sizeof raw);
+}
+
+}  // namespace
+
+void register_ipc(nb::module_& m) {
+  m.def("proxy_fifo_layout", &fifo_layout, nb::arg("proxy"), nb::arg("index"),
+        "Host addresses of one FIFO of a Proxy (slots, head, tail, tail_cache, completed, status).");
+  m.def("proxy_counters_address", [](proxy::Proxy& p) {
+    const proxy::ProxyConfig& c = p.config();
+    return nb::make_tuple(addr(p.counters()), uint64_t(c.num_ranks) * c.num_counters * sizeof(int64_t));
+  }, nb::arg("proxy"), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
+  m.def("proxy_region_address", [](proxy::Proxy& p) { return addr(p.region()); }, nb::arg("proxy"));
+  m.def("pack_fifo_layout", &pack_fifo_layout, nb::arg("slots"), nb::arg("head"), nb::arg("tail"),
+        nb::arg("tail_cache"), nb::arg("completed"), nb::arg("status"), nb::arg("capacity"), nb::arg("capacity_log2"));
+  m.attr("FIFO_LAYOUT_BYTES") = sizeof(fifo::FifoLayout);
+
+  nb::module_ c = nb::cast<nb::module_>(m.attr("cuda"));
+  c.def("host_register", [](int device, uint64_t ptr, size_t bytes) {
+    return static_cast<uint64_t>(cu::host_register(device, reinterpret_cast<void*>(ptr), bytes));
+  }, nb::arg("device"), nb::arg("ptr"), nb::arg("bytes"),
+     "Page-lock existing host memory and map it for the device; returns the device address of ptr.");
+  c.def("host_unregister", [](int device, uint64_t ptr) { cu::host_unregister(device, reinterpret_cast<void*>(ptr)); });
+  c.def("host_device_pointer", [](int device, uint64_t ptr) {
+    return static_cast<uint64_t>(cu::host_device_pointer(device, reinterpret_cast<void*>(ptr)));
+  }, nb::arg("device"), nb::arg("ptr"), "Device address of a byte of registered host memory.");
+  c.def("pointer_memory_type", [](uint64_t ptr) { return cu::pointer_memory_type(ptr); });
+  c.attr("MEMORY_TYPE_DEVICE") = cu::kMemoryTypeDevice;
+  c.attr("MEMORY_TYPE_HOST") = cu::kMemoryTypeHost;
+}
+
+}  // namespace uccl_ep::bindings
