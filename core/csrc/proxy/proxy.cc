@@ -227,6 +227,7 @@ void Proxy::stop() {
   // release: threads and waiters that acquire `stopping` see everything before it.
   stopping_.store(true, std::memory_order_release);
   for (auto& t : threads_) t->join();
+  for (auto& t : threads_) t->transport().shutdown();
   if (!failed()) {
     std::lock_guard<std::mutex> lock(error_mu_);
     error_ = error_info(ErrorKind::kAborted, config_.rank, -1, "shutdown", "the proxy was stopped");

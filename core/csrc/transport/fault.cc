@@ -38,6 +38,7 @@ class FaultTransport final : public Transport {
   }
   void register_region(void* base, uint64_t bytes) override { inner_->register_region(base, bytes); }
   Bytes local_address() override { return inner_->local_address(); }
+  void shutdown() override { inner_->shutdown(); }
   Bytes region_key() override { return inner_->region_key(); }
   void connect(const std::vector<Bytes>& a, const std::vector<Bytes>& k, const std::vector<uint64_t>& b) override {
     inner_->connect(a, k, b);
@@ -45,10 +46,13 @@ class FaultTransport final : public Transport {
   void finalize_setup() override { inner_->finalize_setup(); }
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
     // relaxed: statistics only.
-    return {{"fault_held_writes", held_writes_.load(std::memory_order_relaxed)},
-            {"fault_torn_writes", torn_writes_.load(std::memory_order_relaxed)},
-            {"fault_pieces", pieces_.load(std::memory_order_relaxed)},
-            {"fault_held_completions", held_completions_.load(std::memory_order_relaxed)}};
+    std::vector<std::pair<std::string, uint64_t>> c = {
+        {"fault_held_writes", held_writes_.load(std::memory_order_relaxed)},
+        {"fault_torn_writes", torn_writes_.load(std::memory_order_relaxed)},
+        {"fault_pieces", pieces_.load(std::memory_order_relaxed)},
+        {"fault_held_completions", held_completions_.load(std::memory_order_relaxed)}};
+    for (auto& kv : inner_->counters()) c.push_back(std::move(kv));  // the wrapped backend's own
+    return c;
   }
 
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,

@@ -95,6 +95,9 @@ class Transport {
   virtual size_t poll(std::vector<Completion>& out, size_t max) = 0;
   // Called once after every rank connected (e.g. to drop names used only for setup).
   virtual void finalize_setup() {}
+  // Called once after the owning proxy thread stopped for good: release helper threads and finish
+  // work in flight. Nothing else is called afterwards except counters() and the destructor.
+  virtual void shutdown() {}
   // Named event counts for diagnostics and tests (safe to call from any thread).
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
