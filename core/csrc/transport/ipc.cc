@@ -119,12 +119,14 @@ class IpcTransport final : public Transport {
         throw TransportError(std::string("ipc: cannot export the device region: ") + e.what());
       }
       engine_ = ipc::make_cuda_engine(device_, opt_.num_ranks);
+      kind_ = "cuda";
     } else {
       if (opt_.region_name.empty())
         throw TransportError("ipc: the region is neither CUDA device memory nor host memory in named shared "
                              "memory (host regions must be allocated by the proxy)");
       key_.insert(key_.end(), opt_.region_name.begin(), opt_.region_name.end());
       engine_ = ipc::make_host_engine(opt_.num_ranks);
+      kind_ = "host";
     }
   }
 
@@ -183,10 +185,18 @@ class IpcTransport final : public Transport {
 
   void finalize_setup() override { inbox_->unlink(); }
 
+  // The copy engine's helper thread (host) or streams (CUDA) go with the proxy thread; copies in
+  // flight finish first (the engines drain on destruction).
+  void shutdown() override { engine_.reset(); }
+
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string* error) override {
     if (peer < 0 || size_t(peer) >= peers_.size()) {
       if (error) *error = "ipc: no such peer " + std::to_string(peer);
+      return PostResult::kError;
+    }
+    if (engine_ == nullptr) {
+      if (error) *error = "ipc: the endpoint was shut down";
       return PostResult::kError;
     }
     bind_thread();
@@ -233,7 +243,7 @@ class IpcTransport final : public Transport {
   }
 
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
-    return {{std::string("ipc_") + (engine_ ? engine_->kind() : "none") + "_copies", copies_.load(std::memory_order_relaxed)},
+    return {{"ipc_" + kind_ + "_copies", copies_.load(std::memory_order_relaxed)},
             {"ipc_copy_bytes", copy_bytes_.load(std::memory_order_relaxed)},
             {"ipc_inbox_full", inbox_full_.load(std::memory_order_relaxed)}};
   }
@@ -352,6 +362,7 @@ class IpcTransport final : public Transport {
   uint8_t* region_ = nullptr;
   uint64_t region_bytes_ = 0;
   int device_ = -1;  // >= 0: device regions (CUDA copy engine)
+  std::string kind_ = "none";
   Bytes key_;
   std::vector<Peer> peers_;
   std::vector<int> active_;       // peers with pending ops

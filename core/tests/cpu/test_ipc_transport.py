@@ -1,0 +1,205 @@
+"""The `ipc` transport (core/csrc/transport/ipc.cc) on CPU, through its host-memory mode: the
+sending proxy's copy engine (a memcpy worker here, cuMemcpyDtoDAsync on a GPU) copies into the
+receiver's region, and only then is the immediate appended to the receiver's inbox.
+
+Covered here with the real transport code: counted writes and count fences, ordered (HT) writes,
+control messages and barriers, bounds checks on both sides, back-pressure, a rank that dies,
+proxies in one process and in separate processes (with the fault decorator reordering, delaying
+and tearing), and the host executor's LL and HT protocols over ipc against the reference.
+
+NOT covered on CPU: the CUDA copy engine (device regions, CUDA IPC handles, per-peer streams and
+events). That part is verified only on a GPU machine, by core/tests/gpu/test_cuda_ll_proxy.py
+(run with `bash core/tests/gpu/run_device.sh build proxy`).
+"""
+
+import hashlib
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from multirank import run_ranks
+from test_host_executor import FAULT_ENV, LL_CASES, _check, _ht_worker, _ll_worker
+from test_transport import _streams_worker
+from uccl_ep.errors import Aborted, PeerFailure, PeerProtocolError, Unsupported
+from uccl_ep.proxy import native
+
+pytestmark = pytest.mark.cpu
+
+C = native()
+FAULT = "reorder=1,delay=24,tear=0.5,pieces=4,seed={seed}"
+
+
+def make_group(world, transport="ipc", **kw):
+    digest = hashlib.sha256(f"ipc-test-{random.random()}".encode()).hexdigest()
+    cfg = dict(num_ranks=world, num_threads=2, fifos_per_thread=2, num_counters=32, region_bytes=1 << 20,
+               transport=transport, token_digest=digest, timeout_s=10.0)
+    cfg.update(kw)
+    proxies = [C.Proxy(dict(cfg, rank=r)) for r in range(world)]
+    infos = [p.local_info() for p in proxies]
+    for p in proxies:
+        p.connect(infos)
+    for p in proxies:
+        p.finalize_setup()
+        p.start()
+    return proxies
+
+
+def stop_all(proxies):
+    for p in proxies:
+        p.stop()
+
+
+def test_backend_is_registered_and_available():
+    assert "ipc" in C.transport_backends()
+    assert C.transport_unavailable_reason("ipc") == ""
+
+
+@pytest.mark.parametrize("transport", ["ipc", "fault:ipc"])
+def test_counted_writes_land_before_their_fence(transport):
+    extra = dict(fault_seed=5, fault_reorder=1.0, fault_max_delay=16, fault_tear=0.5) if "fault" in transport else {}
+    ps = make_group(3, transport, **extra)
+    try:
+        assert ps[0].transport_name.endswith("ipc:host")
+        rng = np.random.default_rng(1)
+        for r, p in enumerate(ps):
+            p.region()[:65536] = rng.integers(0, 256, 65536, dtype=np.uint8)
+        for src in range(3):
+            for dst in range(3):
+                for c in range(4):
+                    n = 5 + c
+                    for i in range(n):
+                        off = 65536 + ((src * 3 + dst) * 4 + c) * 16 * 256 + i * 256
+                        ps[src].push(c % ps[src].num_fifos,
+                                     *C.encode_counted_write(dst, 1024 * i + 16 * c, off, 240, c), 5.0)
+                    ps[src].push(c % ps[src].num_fifos, *C.encode_atomic(dst, c, n + 1, True), 5.0)
+        for dst in range(3):
+            region = ps[dst].region()
+            for src in range(3):
+                for c in range(4):
+                    n = 5 + c
+                    assert ps[dst].wait_counter(src, c, n + 1, 10.0, "test") == n + 1
+                    for i in range(n):
+                        off = 65536 + ((src * 3 + dst) * 4 + c) * 16 * 256 + i * 256
+                        want = ps[src].region()[1024 * i + 16 * c:1024 * i + 16 * c + 240]
+                        assert np.array_equal(region[off:off + 240], want), (src, dst, c, i)
+        counters = ps[0].transport_counters()
+        # the bytes moved through the ipc copy engine (not the receiver, as loop does); torn writes
+        # (fault) are several copies each
+        writes = 3 * (5 + 6 + 7 + 8)
+        assert counters["ipc_host_copies"] >= writes
+        assert counters["ipc_copy_bytes"] == 240 * writes
+    finally:
+        stop_all(ps)
+
+
+def test_barrier_two_nodes_of_two_and_rail():
+    ps = make_group(4, ranks_per_node=2)
+    try:
+        for rail in (False, True, False):
+            idx = [p.push(1, *C.encode_barrier(rail), 5.0) for p in ps]
+            for p, i in zip(ps, idx):
+                p.wait_completion(1, i, 10.0, "barrier")
+    finally:
+        stop_all(ps)
+
+
+def test_sender_refuses_out_of_bounds_before_copying():
+    # with the proxy's own check off, the transport's check is what stops the copy
+    ps = make_group(2, check_remote_bounds=False)
+    try:
+        before = ps[1].region()[-64:].copy()
+        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 32, 64, 1), 5.0)
+        deadline = time.monotonic() + 10
+        while not ps[0].failed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(PeerProtocolError, match="refused"):
+            ps[0].raise_if_failed()
+        assert np.array_equal(ps[1].region()[-64:], before)  # nothing was copied
+        assert ps[0].transport_counters()["ipc_host_copies"] == 0
+    finally:
+        stop_all(ps)
+
+
+def test_proxy_check_names_the_peer():
+    ps = make_group(2)
+    try:
+        ps[0].push(0, *C.encode_counted_write(1, 0, 1 << 20, 16, 1), 5.0)
+        deadline = time.monotonic() + 10
+        while not ps[0].failed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(PeerProtocolError, match="outside its region"):
+            ps[0].raise_if_failed()
+    finally:
+        stop_all(ps)
+
+
+def test_back_pressure_with_a_tiny_window():
+    # max_inflight 1: every write waits for the previous one's delivery; nothing is lost
+    ps = make_group(2, max_inflight=1, fifo_capacity=8)
+    try:
+        for i in range(300):
+            ps[0].push(0, *C.encode_counted_write(1, 0, 4096 + 16 * (i % 64), 16, 2), 5.0)
+        ps[0].push(0, *C.encode_atomic(1, 2, 301, True), 5.0)
+        assert ps[1].wait_counter(0, 2, 301, 20.0, "window") == 301
+    finally:
+        stop_all(ps)
+
+
+def test_stop_releases_a_waiter():
+    ps = make_group(2)
+    got = []
+
+    def wait():
+        try:
+            ps[0].wait_counter(1, 0, 1, 20.0, "never")
+        except (Aborted, PeerFailure) as e:
+            got.append(type(e).__name__)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.2)
+    stop_all(ps)
+    t.join(timeout=10)
+    assert not t.is_alive() and got, got
+
+
+def test_host_region_must_be_shared_memory():
+    # an external host buffer cannot be copied into by other processes' proxies
+    buf = np.zeros(1 << 16, dtype=np.uint8)
+    digest = hashlib.sha256(b"ipc-external").hexdigest()
+    with pytest.raises(Unsupported, match="neither CUDA device memory nor host memory in named shared"):
+        C.Proxy(dict(rank=0, num_ranks=1, num_threads=1, region_bytes=buf.size, external_region=buf.ctypes.data,
+                     transport="ipc", token_digest=digest))
+
+
+# --------------------------------------------------------------------------------------------------
+# separate processes
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world,ranks_per_node", [(2, 2), (4, 2)])
+def test_random_streams_every_byte_and_counter(world, ranks_per_node):
+    results = run_ranks(_streams_worker, world, [("ipc", ""), ("ipc", FAULT)], 3, ranks_per_node, timeout_s=240)
+    for per_rank in results:
+        for transport, faulty, name, n, counters in per_rank:
+            assert n > 200
+            assert name == ("fault:ipc:host" if faulty else "ipc:host")
+            assert counters["ipc_host_copies"] > 0
+            if faulty:
+                assert counters["fault_held_writes"] > 0 and counters["fault_torn_writes"] > 0, counters
+
+
+def test_killed_rank_makes_survivors_raise_peer_failure():
+    from test_transport import test_killed_rank_makes_survivors_raise_peer_failure as killed
+    killed("ipc")
+
+
+def test_host_executor_ll_over_ipc_matches_reference():
+    _check(run_ranks(_ll_worker, 2, 0, 41, LL_CASES, timeout_s=300, env={"UCCL_EP_TRANSPORT": "ipc"}))
+
+
+def test_host_executor_over_faulty_ipc_matches_reference():
+    env = dict(FAULT_ENV, UCCL_EP_TRANSPORT="ipc")
+    _check(run_ranks(_ll_worker, 2, 0, 43, LL_CASES[:5], timeout_s=300, env=env))
+    _check(run_ranks(_ht_worker, 2, 0, 47, ["random", "fp8"], timeout_s=300, env=env))
