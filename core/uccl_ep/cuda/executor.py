@@ -18,14 +18,17 @@ import socket
 import torch
 import torch.distributed as dist
 
+from .. import env
 from ..backends import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
+from . import proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
 
 __all__ = ["CudaExecutor", "unavailable_reason"]
 
 _PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
-           5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier"}
+           5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier",
+           9: "ll_dispatch_send", 10: "ll_combine_send"}
 _MAX_NVLINK_RANKS = 8
 
 
@@ -37,11 +40,12 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     why = driver_unavailable_reason()
     if why:
         return why
-    from .. import env
-    if env.get("UCCL_EP_FORCE_PROXY"):
-        return ("UCCL_EP_FORCE_PROXY=1 asks for the GPU -> queue -> proxy path, which the cuda executor does not "
-                "drive yet (its kernels use NVLink stores only)")
-    if ctx.topology.is_internode:
+    from . import proxy_path
+    if proxy_path.proxy_forced(ctx):
+        why = proxy_path.unavailable_reason(ctx)
+        if why:
+            return why
+    elif ctx.topology.is_internode:
         return ("ranks span several hosts; the cuda executor moves data over NVLink only (the proxy path for "
                 "other hosts is not wired to the kernels yet)")
     if ctx.num_ranks > _MAX_NVLINK_RANKS:
@@ -82,7 +86,9 @@ class CudaExecutor(Executor):
                 raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
                                   "executor needs NVLink/PCIe peer access")
         self.nvl_peer_base = self._open_peers(self.nvl_mem, [i[2] for i in infos])
-        self.ll_peer_base = self._open_peers(self.ll_mem, [i[3] for i in infos])
+        # The proxy path's ipc transport opens the peers' LL buffers itself (once per process).
+        self.ll_proxy = proxy_path.proxy_forced(ctx)
+        self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
         self._ll = None
         self._ht = None
         self.host_barrier()
@@ -108,6 +114,8 @@ class CudaExecutor(Executor):
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
                                          "unusable now (destroy it and build a new one)")
+        elif code == 3 and self._ll is not None and hasattr(self._ll, "proxy_failure"):
+            self._failure = self._ll.proxy_failure()
         elif code == 2 and what == "ht_notify":
             self._failure = LimitExceeded("num_worst_tokens", f"rows received by rank {rank}", expert,
                                           getattr(self, "_last_worst", 0) or 0)
@@ -131,7 +139,7 @@ class CudaExecutor(Executor):
                 raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
                                     hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
             from .ll import LowLatencyEngine
-            self._ll = LowLatencyEngine(self)
+            self._ll = (proxy_path.ProxyLowLatencyEngine if self.ll_proxy else LowLatencyEngine)(self)
         return self._ll
 
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
@@ -162,6 +170,10 @@ class CudaExecutor(Executor):
 
     # -- normal mode --------------------------------------------------------------------------------
     def _ht_engine(self):
+        if self.ctx.topology.is_internode or env.get("UCCL_EP_FORCE_PROXY"):
+            raise Unsupported("normal (high-throughput) mode through the CPU proxy is not implemented yet (internode "
+                              "HT, issue 11); the cuda executor runs it over NVLink only: unset UCCL_EP_FORCE_PROXY "
+                              "and UCCL_EP_RANKS_PER_NODE")
         if self._ht is None:
             from .ht import NormalEngine
             self._ht = NormalEngine(self)
@@ -203,6 +215,8 @@ class CudaExecutor(Executor):
 
     def destroy(self):
         torch.cuda.synchronize(self.device)
+        if self._ll is not None and hasattr(self._ll, "close"):
+            self._ll.close()  # the proxy stops before the LL buffer it copies into is freed
         for m in (self.nvl_mem, self.ll_mem):
             if m is not None:
                 m.free()

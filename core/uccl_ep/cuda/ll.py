@@ -25,7 +25,7 @@ from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params, raw_tensor
 
-__all__ = ["LowLatencyEngine"]
+__all__ = ["LowLatencyEngine", "dispatch_outputs"]
 
 _ALIGN = 128
 # Threads per block of each kernel (one block per expert or token; see the kernels' notes).
@@ -61,6 +61,30 @@ class _Layout:
 
     def combine_signal_off(self, s: int) -> int:
         return s * self.set_bytes + self.sig_off + self.num_experts * 8
+
+
+def dispatch_outputs(dev, E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
+    """(recv_x, scales or None, recv_count, src_info, layout_range) of a low-latency dispatch."""
+    rows = R * num_max
+    # NOTES: one allocation for all outputs (views into it): each torch.empty costs microseconds
+    # of host time, which is most of a small LL call.
+    data_bytes = E_loc * rows * H * (1 if use_fp8 else 2)
+    scale_cols = (H // 512 if use_ue8m0 else H // 128) if use_fp8 else 0
+    parts = [data_bytes, E_loc * scale_cols * rows * 4, E_loc * 4, E_loc * rows * 4, E_loc * R * 8]
+    offs, total = [], 0
+    for n in parts:
+        offs.append(total)
+        total += (n + 255) // 256 * 256
+    blob = torch.empty(total, dtype=torch.uint8, device=dev)
+    view = lambda i, dtype, shape: blob[offs[i]:offs[i] + parts[i]].view(dtype).view(shape)  # noqa: E731
+    if use_fp8:
+        recv_x = view(0, torch.float8_e4m3fn, (E_loc, rows, H))
+        scales = view(1, torch.int32 if use_ue8m0 else torch.float32, (E_loc, scale_cols, rows)).transpose(1, 2)
+    else:
+        recv_x = view(0, torch.bfloat16, (E_loc, rows, H))
+        scales = None
+    return recv_x, scales, view(2, torch.int32, (E_loc,)), view(3, torch.int32, (E_loc, rows)), \
+        view(4, torch.int64, (E_loc, R))
 
 
 class LowLatencyEngine:
@@ -149,28 +173,8 @@ class LowLatencyEngine:
         E_loc = num_experts // R
         lay = self.ensure_layout(num_max, H, num_experts)
         s = self._flip()
-        dev = x.device
-        rows = R * num_max
-        # NOTES: one allocation for all outputs (views into it): each torch.empty costs microseconds
-        # of host time, which is most of a small LL call.
-        data_bytes = E_loc * rows * H * (1 if use_fp8 else 2)
-        scale_cols = (H // 512 if use_ue8m0 else H // 128) if use_fp8 else 0
-        parts = [data_bytes, E_loc * scale_cols * rows * 4, E_loc * 4, E_loc * rows * 4, E_loc * R * 8]
-        offs, total = [], 0
-        for n in parts:
-            offs.append(total)
-            total += (n + 255) // 256 * 256
-        blob = torch.empty(total, dtype=torch.uint8, device=dev)
-        view = lambda i, dtype, shape: blob[offs[i]:offs[i] + parts[i]].view(dtype).view(shape)  # noqa: E731
-        if use_fp8:
-            recv_x = view(0, torch.float8_e4m3fn, (E_loc, rows, H))
-            scales = view(1, torch.int32 if use_ue8m0 else torch.float32, (E_loc, scale_cols, rows)).transpose(1, 2)
-        else:
-            recv_x = view(0, torch.bfloat16, (E_loc, rows, H))
-            scales = None
-        recv_count = view(2, torch.int32, (E_loc,))
-        src_info = view(3, torch.int32, (E_loc, rows))
-        layout_range = view(4, torch.int64, (E_loc, R))
+        recv_x, scales, recv_count, src_info, layout_range = dispatch_outputs(x.device, E_loc, R, num_max, H, use_fp8,
+                                                                              use_ue8m0)
         mask = sum(1 << r for r in masked)
         x = x.contiguous()
         topk_idx = topk_idx.contiguous()

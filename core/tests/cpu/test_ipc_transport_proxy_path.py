@@ -1,0 +1,219 @@
+"""Host-side orchestration of the CUDA executor's proxy path (uccl_ep/cuda/proxy_path.py) on CPU,
+with the driver, device memory and kernel launches replaced by recording fakes and real proxies
+(loop transport) in this process: which host memory is registered for the device, the FifoLayout
+table the kernels push through, every kernel parameter struct packed from the header's own field
+list, buffer-set alternation and counter bases, and the layout against DeepEP's size hint.
+
+What this cannot show: that the kernels and the CUDA copy engine work. That is
+core/tests/gpu/test_cuda_ll_proxy.py, on a GPU machine (compiled here, not yet run there).
+"""
+
+import hashlib
+import random
+import struct
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from uccl_ep.config import low_latency_rdma_size_hint
+from uccl_ep.cuda import proxy_path, runtime
+from uccl_ep.cuda.proxy_path import NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base, fifo_table_entry
+from uccl_ep.proxy import native
+from uccl_ep.topology import Topology
+
+pytestmark = pytest.mark.cpu
+
+C = native()
+DEV = 1 << 46  # fake device address = host address + DEV
+
+
+class FakeDrv:
+    ATTR_SM_COUNT = 16
+
+    def __init__(self):
+        self.registered, self.unregistered, self.h2d = [], [], {}
+
+    def device_attribute(self, dev, attr):
+        return 3
+
+    def host_register(self, dev, base, nbytes):
+        assert base % 4096 == 0 and nbytes % 4096 == 0
+        self.registered.append((base, nbytes))
+
+    def host_unregister(self, dev, base):
+        self.unregistered.append(base)
+
+    def host_device_pointer(self, dev, p):
+        assert any(b <= p < b + n for b, n in self.registered), f"{p:#x} is not registered"
+        return p + DEV
+
+    def memset_d8(self, dev, ptr, value, nbytes, stream):
+        pass
+
+    def memcpy_htod(self, dev, ptr, blob):
+        self.h2d[ptr] = bytes(blob)
+
+    def memcpy_dtoh(self, dev, ptr, nbytes):
+        return self.h2d[ptr][:nbytes]
+
+    def synchronize(self, dev):
+        pass
+
+
+class FakeMem:
+    next_ptr = 1 << 40
+
+    def __init__(self, device, nbytes):
+        self.device, self.nbytes, self.ptr = device, nbytes, FakeMem.next_ptr
+        FakeMem.next_ptr += (nbytes // 4096 + 2) * 4096
+
+    def free(self):
+        self.ptr = 0
+
+
+class FakeKernel:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def launch(self, grid, block, params, stream, smem=0, cooperative=False):
+        self.log.append((self.name, grid, block, params, smem))
+
+
+def _unpack(struct_name, params):
+    fields = runtime.param_fields(struct_name)
+    assert len(params) == 8 * len(fields)
+    return dict(zip(fields, struct.unpack(f"<{len(fields)}q", params)))
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    R, rank = 2, 0
+    digest = hashlib.sha256(f"pp-{random.random()}".encode()).hexdigest()
+    cfg = dict(num_ranks=R, num_threads=2, fifos_per_thread=2, num_counters=NUM_COUNTERS, region_bytes=1 << 16,
+               transport="loop", token_digest=digest, timeout_s=10.0)
+    proxies = [C.Proxy(dict(cfg, rank=r)) for r in range(R)]
+    infos = [p.local_info() for p in proxies]
+    for p in proxies:
+        p.connect(infos)
+    for p in proxies:
+        p.finalize_setup()
+        p.start()
+    asked, launches = {}, []
+    monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
+    monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
+    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name: FakeKernel(launches, name))
+    monkeypatch.setattr(proxy_path, "current_stream", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    T, H, E = 16, 512, 8
+    nbytes = low_latency_rdma_size_hint(T, H, R, E)
+    ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
+                          topology=Topology(R, 1))
+    ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000,
+                         timeout_ns=123, host_barrier=lambda: None, check_error=lambda: None)
+    eng = ProxyLowLatencyEngine(ex)
+    yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R)
+    eng.close()
+    for p in proxies:
+        p.stop()
+
+
+def test_proxy_is_started_on_the_ll_buffer_over_ipc(engine):
+    a = engine.asked
+    assert a["transport"] == "ipc" and a["external_region"] == engine.ex.ll_mem.ptr
+    assert a["region_bytes"] == engine.ex.ll_mem.nbytes and a["num_counters"] == NUM_COUNTERS
+    assert a["ranks_per_node"] == 1 and a["num_threads"] == 2
+
+
+def test_fifos_and_counters_are_registered_and_tabled(engine):
+    eng, drv, p = engine.eng, engine.ex.drv, engine.proxy
+    covered = lambda lo, hi: any(b <= lo and hi <= b + n for b, n in drv.registered)  # noqa: E731
+    blob = eng.fifo_table_bytes()
+    assert len(blob) == p.num_fifos * C.FIFO_LAYOUT_BYTES
+    for f in range(p.num_fifos):
+        lay = C.proxy_fifo_layout(p, f)
+        assert covered(lay["slots"], lay["slots_end"])
+        for k in ("tail", "completed", "status"):
+            assert covered(lay[k], lay[k] + 8), k
+        got = fifo_table_entry(blob, f, C.FIFO_LAYOUT_BYTES)
+        for k in ("slots", "tail", "completed", "status"):
+            assert got[k] == lay[k] + DEV, k    # host memory, through its device mapping
+        # producer words in device memory, a cache line each
+        assert got["head"] == eng.fifo_words.ptr + 128 * f and got["tail_cache"] == got["head"] + 64
+        assert (got["capacity"], got["capacity_log2"]) == (lay["capacity"], lay["capacity_log2"])
+    addr, nbytes = C.proxy_counters_address(p)
+    assert covered(addr, addr + nbytes) and eng.counters_dev == addr + DEV
+    assert nbytes == engine.R * NUM_COUNTERS * 8
+
+
+def test_kernel_parameters_and_set_alternation(engine):
+    eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
+    w = torch.rand(T, 4, generator=g)
+    log = engine.launches
+    for it in range(2):
+        out = eng.dispatch(None, x, topk, T, E, True, False, False, {1} if it else set(), None, None)
+        handle, finish = out[2], out[3]
+        lay = eng.layout
+        s = 0  # dispatch on set 0, combine on set 1, every iteration
+        name, grid, _, params, smem = log[-1]
+        d = _unpack("LLProxyDispatchParams", params)
+        assert name == "ll_dispatch_proxy_send" and grid == T and smem == 8 * E
+        assert d["fifos"] == eng.fifo_table.ptr and d["num_fifos"] == engine.proxy.num_fifos
+        assert d["send_area"] == engine.ex.ll_mem.ptr + lay.send(s) and d["send_off"] == lay.send(s)
+        assert d["recv_off"] == lay.recv(s) and d["counter_base"] == counter_base(s, 0)
+        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["masked"] == (2 if it else 0)
+        assert lay.block_bytes >= 16 + lay.idx_bytes + T * d["payload_bytes"]
+        finish()
+        name, grid, _, params, _ = log[-1]
+        r = _unpack("LLProxyDispatchRecvParams", params)
+        assert name == "ll_dispatch_proxy_recv" and grid == E // R
+        assert r["counters"] == eng.counters_dev and r["num_counters"] == NUM_COUNTERS
+        assert r["counter_base"] == counter_base(s, 0) and r["recv_area"] == engine.ex.ll_mem.ptr + lay.recv(s)
+        assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
+        y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
+        _, cfinish = eng.combine(y, topk, w, handle, set(), None, None, False)
+        c = _unpack("LLProxyCombineParams", log[-1][3])
+        assert c["counter_base"] == counter_base(1 - s, 1) and c["send_off"] == lay.send(1 - s)
+        assert c["y"] == y.data_ptr() != c["send_area"]
+        cfinish()
+        cr = _unpack("LLProxyCombineRecvParams", log[-1][3])
+        assert log[-1][1] == T and cr["counter_base"] == counter_base(1 - s, 1) and cr["num_experts"] == E
+        # the four (set, phase) pairs use disjoint rounds words
+        assert len({r["rounds"], cr["rounds"], eng._rounds(1, 0), eng._rounds(0, 1)}) == 4
+
+
+def test_close_unregisters_everything(engine):
+    eng, drv = engine.eng, engine.ex.drv
+    bases = [b for b, _ in drv.registered]
+    eng.close()
+    assert sorted(drv.unregistered) == sorted(bases) and eng.proxy is None
+    eng.close()  # idempotent
+
+
+@pytest.mark.parametrize("T", [3, 8, 64, 128, 256])
+@pytest.mark.parametrize("H", [128, 512, 2048, 7168])
+def test_layout_fits_deepep_size_hint(T, H):
+    for R, E in ((2, 2), (2, 32), (4, 64), (8, 256), (2, 288)):
+        lay = ProxyLayout.make(T, H, E, R)
+        assert 2 * lay.set_bytes <= low_latency_rdma_size_hint(T, H, R, E), (T, H, R, E)
+        assert lay.set_bytes % 128 == 0 and lay.block_bytes % 16 == 0 and lay.idx_bytes >= 4 * T
+
+
+def test_forced_routes(monkeypatch):
+    for name in ("UCCL_EP_FORCE_PROXY", "UCCL_EP_TRANSPORT"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = SimpleNamespace(low_latency_mode=True, allow_nvlink_for_low_latency_mode=False, num_ranks=2)
+    assert proxy_path.proxy_forced(ctx)              # DeepEP's flag: LL through the network path
+    ctx.allow_nvlink_for_low_latency_mode = True
+    assert not proxy_path.proxy_forced(ctx)
+    monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
+    assert proxy_path.proxy_forced(ctx)
+    assert proxy_path.unavailable_reason(ctx) is None
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
+    assert "ipc transport only" in proxy_path.unavailable_reason(ctx)
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "ipc")
+    ctx.num_ranks = 65
+    assert "at most 64" in proxy_path.unavailable_reason(ctx)

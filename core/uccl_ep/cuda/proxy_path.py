@@ -1,0 +1,338 @@
+"""Low-latency mode of the CUDA executor through the CPU proxy: GPU -> queue -> proxy ->
+transport -> proxy -> counter (ARCHITECTURE.md, "Data path, one LL dispatch").
+
+Used instead of the NVLink-direct kernels when ``UCCL_EP_FORCE_PROXY=1`` or the Buffer is built
+with ``allow_nvlink_for_low_latency_mode=False`` (DeepEP's meaning: LL traffic goes through the
+network path even between GPUs of one host). On one host the transport is ``ipc``: the sending
+proxy copies into the receiver's LL buffer (CUDA IPC) and then hands the immediate to the
+receiving proxy, exactly like an RDMA write with immediate, so two GPUs act as two nodes.
+
+Set-up (collective): a Proxy per rank whose registered region is this rank's LL buffer (device
+memory); its FIFO rings, completion words and receive counters (pinned host memory of the proxy)
+are registered with the driver and mapped for the device; each FIFO's producer words (head,
+cached tail) live in device memory. Kernels: ll_dispatch_proxy.cu, ll_combine_proxy.cu.
+
+Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy"):
+  send  [E][block] dispatch staging, or the combine staging [E_loc][R*T][H] bf16 (the zero-copy
+        buffer of get_next_low_latency_combine_buffer)
+  recv  [E_loc][R][block] dispatch blocks, or [E][T][H] bf16 combine rows
+Counters per source: (set, phase, local expert) -> (2 * set + phase) * 1024 + local expert; each
+op adds 2 to every counter of its (set, phase) from every unmasked source.
+
+Status: compiled (sm_90a, sm_100a, gfx90a) and its transport and proxy logic tested on CPU; the
+GPU path itself is verified by core/tests/gpu/test_cuda_ll_proxy.py on a GPU machine only.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from .. import env
+from ..config import NUM_MAX_LOCAL_EXPERTS
+from ..errors import Aborted, LimitExceeded
+from ..handles import LowLatencyHandle
+from ..refs.low_latency import LowLatencyPlan
+from .ll import LowLatencyEngine, dispatch_outputs
+from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
+
+__all__ = ["proxy_forced", "unavailable_reason", "ProxyLayout", "ProxyLowLatencyEngine", "NUM_COUNTERS",
+           "counter_base"]
+
+_ALIGN = 128
+_SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
+_MAX_RANKS, _MAX_TOPK = 64, 32
+NUM_COUNTERS = 4 * NUM_MAX_LOCAL_EXPERTS
+_FIFOS_PER_THREAD = 2
+
+
+def counter_base(s: int, phase: int) -> int:
+    """Receiver counter of local expert 0 for buffer set ``s``, phase 0 (dispatch) / 1 (combine)."""
+    return (2 * s + phase) * NUM_MAX_LOCAL_EXPERTS
+
+
+def proxy_forced(ctx) -> bool:
+    """Whether the Buffer's low-latency traffic must go through the proxy."""
+    return bool(env.get("UCCL_EP_FORCE_PROXY")) or (ctx.low_latency_mode and not ctx.allow_nvlink_for_low_latency_mode)
+
+
+def unavailable_reason(ctx) -> str | None:
+    """None when the proxy path can serve ``ctx`` (cheap, no collective)."""
+    transport = env.get("UCCL_EP_TRANSPORT")
+    if transport not in ("auto", "ipc"):
+        return (f"UCCL_EP_TRANSPORT={transport}: the GPU proxy path moves GPU memory with the ipc transport only "
+                "(fabric needs FI_HMEM registration of GPU memory, not wired yet)")
+    if ctx.num_ranks > _MAX_RANKS:
+        return f"{ctx.num_ranks} ranks; the proxy-path LL kernels support at most {_MAX_RANKS}"
+    return None
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _align16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+@dataclass(frozen=True)
+class ProxyLayout:
+    num_max: int
+    hidden: int
+    num_experts: int
+    num_ranks: int
+    idx_bytes: int
+    block_bytes: int
+    send_off: int
+    recv_off: int
+    set_bytes: int
+
+    @staticmethod
+    def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "ProxyLayout":
+        idx = _align16(4 * num_max)
+        block = _align16(16 + idx + num_max * 2 * hidden)
+        rows = num_experts * num_max * 2 * hidden
+        area = _align(max(num_experts * block, rows))
+        return ProxyLayout(num_max, hidden, num_experts, num_ranks, idx, block, 0, area, 2 * area)
+
+    @staticmethod
+    def payload_bytes(hidden: int, use_fp8: bool) -> int:
+        return _align16(hidden + hidden // 128 * 4) if use_fp8 else 2 * hidden
+
+    def send(self, s: int) -> int:
+        return s * self.set_bytes + self.send_off
+
+    def recv(self, s: int) -> int:
+        return s * self.set_bytes + self.recv_off
+
+
+class ProxyLowLatencyEngine(LowLatencyEngine):
+    """LowLatencyEngine whose send phases push commands to the proxy (see the module doc)."""
+
+    def __init__(self, ex) -> None:  # noqa: D107 - replaces the NVLink engine's set-up
+        from ..proxy import native, start_proxy
+        self.ex = ex
+        self.dev = ex.device
+        self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
+        self.mem: DeviceMemory = ex.ll_mem
+        self.idx = 0
+        self.layout: ProxyLayout | None = None
+        self.work: DeviceMemory | None = None
+        drv = ex.drv
+        self.drv = drv
+        self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
+        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
+            ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send"), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv"),
+            ("ll_combine_proxy.cu", "ll_combine_proxy_send"), ("ll_combine_proxy.cu", "ll_combine_proxy_recv"))}
+        ctx = ex.ctx
+        threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
+        self.C = native()
+        self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=NUM_COUNTERS, transport="ipc",
+                                 num_threads=threads, fifos_per_thread=_FIFOS_PER_THREAD, timeout_s=ctx.timeout_s,
+                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr)
+        self._registered: list[int] = []
+        try:
+            self._map_proxy_memory()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- proxy memory as the kernels see it -----------------------------------------------------
+    def _register(self, start: int, end: int) -> int:
+        """Register the pages of [start, end) for the device; returns the device address of start."""
+        page = 4096
+        base = start // page * page
+        self.drv.host_register(self.dev, base, (end - base + page - 1) // page * page)
+        self._registered.append(base)
+        return self.drv.host_device_pointer(self.dev, start)
+
+    def _map_proxy_memory(self) -> None:
+        C, drv, p = self.C, self.drv, self.proxy
+        nf = p.num_fifos
+        self.num_fifos = nf
+        # Producer words: head and cached tail of every FIFO, one cache line each.
+        self.fifo_words = DeviceMemory(self.dev, 128 * nf)
+        drv.memset_d8(self.dev, self.fifo_words.ptr, 0, 128 * nf, 0)
+        table = []
+        for f in range(nf):
+            lay = C.proxy_fifo_layout(p, f)
+            parts = [lay[k] for k in ("slots", "head", "tail", "tail_cache", "completed", "status")]
+            self._register(min(parts), lay["slots_end"])
+            dev = {k: drv.host_device_pointer(self.dev, lay[k]) for k in ("slots", "tail", "completed", "status")}
+            table.append(C.pack_fifo_layout(dev["slots"], self.fifo_words.ptr + 128 * f, dev["tail"],
+                                            self.fifo_words.ptr + 128 * f + 64, dev["completed"], dev["status"],
+                                            lay["capacity"], lay["capacity_log2"]))
+            if f == 0:
+                self.status_dev = dev["status"]
+        blob = b"".join(table)
+        self.fifo_table = DeviceMemory(self.dev, len(blob))
+        drv.memcpy_htod(self.dev, self.fifo_table.ptr, blob)
+        addr, nbytes = C.proxy_counters_address(p)
+        self.counters_dev = self._register(addr, addr + nbytes)
+
+    def proxy_failure(self):
+        """The proxy's own error (it stopped or failed under a kernel), as an exception."""
+        try:
+            self.proxy.raise_if_failed()
+        except Exception as e:  # noqa: BLE001 - the typed uccl_ep error of the proxy
+            return e
+        return Aborted(f"rank {self.rank}: the CPU proxy stopped while a kernel pushed to or waited on it")
+
+    def close(self) -> None:
+        """Stop the proxy (before the LL buffer it copies from/into is freed) and release mappings."""
+        proxy = getattr(self, "proxy", None)
+        if proxy is None:
+            return
+        torch.cuda.synchronize(self.dev)
+        proxy.stop()
+        for base in self._registered:
+            self.drv.host_unregister(self.dev, base)
+        self._registered.clear()
+        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.work):
+            if m is not None:
+                m.free()
+        self.work = None
+        self.proxy = None
+
+    # -- layout ----------------------------------------------------------------------------------
+    def _rounds(self, s: int, phase: int) -> int:
+        return self.work.ptr + 64 + (2 * s + phase) * 8 * self.R
+
+    def _done(self, s: int, phase: int = 0) -> int:
+        return self.work.ptr + 4 * (2 * s + phase)
+
+    def _finish(self, combine: bool) -> int:
+        base = self.work.ptr + 64 + 4 * 8 * self.R
+        return base + 4 * self.layout.num_experts if combine else base
+
+    def ensure_layout(self, num_max: int, hidden: int, num_experts: int) -> ProxyLayout:
+        lay = self.layout
+        if lay is not None and (lay.num_max, lay.hidden, lay.num_experts) == (num_max, hidden, num_experts):
+            return lay
+        if num_experts // self.R > NUM_MAX_LOCAL_EXPERTS:
+            raise LimitExceeded("num_experts", "experts per rank of the proxy path", num_experts // self.R,
+                                NUM_MAX_LOCAL_EXPERTS)
+        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R)
+        if 2 * lay.set_bytes > self.mem.nbytes:
+            raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
+                                f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
+        if lay.block_bytes + num_max * 2 * hidden >= 1 << 24:
+            raise LimitExceeded("num_max_dispatch_tokens_per_rank", "bytes of one proxy write (24-bit length)",
+                                lay.block_bytes, (1 << 24) - 1)
+        torch.cuda.synchronize(self.dev)
+        if self.work is not None:
+            self.work.free()
+        # done[2][2] u32 | rounds[2][2][R] i64 | finish: dispatch [E] u32, combine [E_loc][R] u32
+        self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 8 * num_experts)
+        self.layout = lay
+        self.clean()
+        return lay
+
+    def clean(self) -> None:
+        """Zero rounds, finish counters and the proxy's receive counters on every rank (collective)."""
+        torch.cuda.synchronize(self.dev)
+        self.ex.host_barrier()  # every rank idle: nothing in flight through the proxies
+        self.drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
+        self.drv.synchronize(self.dev)
+        self.proxy.reset_counters()
+        self.idx = 0
+        self.ex.host_barrier()
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
+                 cumulative_stats, wait_stats):
+        R = self.R
+        T, H = x.shape
+        K = topk_idx.shape[1]
+        E_loc = num_experts // R
+        lay = self.ensure_layout(num_max, H, num_experts)
+        s = self._flip()
+        recv_x, scales, recv_count, src_info, layout_range = dispatch_outputs(x.device, E_loc, R, num_max, H, use_fp8,
+                                                                              use_ue8m0)
+        mask = sum(1 << r for r in masked)
+        x = x.contiguous()
+        topk_idx = topk_idx.contiguous()
+        payload = ProxyLayout.payload_bytes(H, use_fp8)
+        shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
+                     block_bytes=lay.block_bytes, idx_bytes=lay.idx_bytes, payload_bytes=payload, masked=mask,
+                     timeout_ns=self.ex.timeout_ns, counter_base=counter_base(s, 0))
+        params = pack_params("LLProxyDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
+                             fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
+                             error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
+                             num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
+                             **shape)
+        self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
+                                                 smem=8 * num_experts)
+        recv_params = pack_params(
+            "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
+            rounds=self._rounds(s, 0), done=self._done(s, 0), status=self.status_dev, recv_x=recv_x.data_ptr(),
+            recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
+            src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
+            cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, **shape)
+        keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
+
+        def finish() -> None:
+            self.ex.check_error()
+            _ = keep
+            self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream())
+
+        plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
+                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
+        handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
+        return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
+
+    # -- combine ---------------------------------------------------------------------------------
+    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy):
+        src_info, layout_range, num_max, H, num_experts = handle
+        R = self.R
+        E_loc = num_experts // R
+        lay = self.ensure_layout(num_max, H, num_experts)
+        s = self._flip()
+        T, K = topk_idx.shape
+        send_area = self.mem.ptr + lay.send(s)
+        if zero_copy:
+            y_ptr = send_area
+        else:
+            y = y.contiguous()
+            y_ptr = y.data_ptr()
+        result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
+        mask = sum(1 << r for r in masked)
+        topk_idx = topk_idx.contiguous()
+        topk_weights = topk_weights.contiguous()
+        shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, masked=mask,
+                     timeout_ns=self.ex.timeout_ns, counter_base=counter_base(s, 1))
+        params = pack_params("LLProxyCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
+                             layout_range=layout_range.data_ptr(), fifos=self.fifo_table.ptr,
+                             finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
+                             send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
+                             num_fifos=self.num_fifos, **shape)
+        self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
+                                                smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK))
+        recv_params = pack_params(
+            "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
+            rounds=self._rounds(s, 1), done=self._done(s, 1), status=self.status_dev, topk_idx=topk_idx.data_ptr(),
+            topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, **shape)
+        keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
+
+        def finish() -> None:
+            self.ex.check_error()
+            _ = keep
+            self._k["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream())
+
+        return result, finish
+
+    def fifo_table_bytes(self) -> bytes:  # diagnostics: the packed FifoLayout table the kernels read
+        return self.drv.memcpy_dtoh(self.dev, self.fifo_table.ptr, self.num_fifos * self.C.FIFO_LAYOUT_BYTES)
+
+
+def fifo_table_entry(blob: bytes, index: int, entry_bytes: int) -> dict:
+    """Decode one packed FifoLayout (six addresses, capacity, capacity_log2) for diagnostics/tests."""
+    vals = struct.unpack_from("<6Q2I", blob, index * entry_bytes)
+    keys = ("slots", "head", "tail", "tail_cache", "completed", "status", "capacity", "capacity_log2")
+    return dict(zip(keys, vals))
