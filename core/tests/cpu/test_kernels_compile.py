@@ -33,7 +33,7 @@ def _nvcc():
 
 def test_kernel_set():
     assert {"ll_dispatch.cu", "ll_combine.cu", "layout.cu", "intranode_notify.cu", "intranode_dispatch.cu",
-            "intranode_combine.cu"} <= set(KERNELS)
+            "intranode_combine.cu", "ll_dispatch_proxy.cu", "ll_combine_proxy.cu"} <= set(KERNELS)
 
 
 @pytest.mark.parametrize("source", KERNELS)
@@ -59,7 +59,9 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
     """sizeof(struct) == 8 x the fields Python packs, checked by a C++ compiler on the header."""
     cxx = _tool_or_skip("a C++ compiler", shutil.which("g++") or shutil.which("c++"))
     structs = ["LLDispatchParams", "LLDispatchRecvParams", "LLCombineParams", "LLCombineRecvParams",
-               "HTLayoutParams", "HTNotifyParams", "HTDispatchParams", "HTCombineParams"]
+               "HTLayoutParams", "HTNotifyParams", "HTDispatchParams", "HTCombineParams",
+               "LLProxyDispatchParams", "LLProxyDispatchRecvParams", "LLProxyCombineParams",
+               "LLProxyCombineRecvParams"]
     lines = ['#include "uccl_ep/kernel_abi.h"']
     for s in structs:
         n = len(runtime.param_fields(s))
@@ -69,3 +71,43 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
     res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{jit.include_dir()}", str(src)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+# ---- the device half of the proxy FIFO (fifo_device.cuh) ------------------------------------------
+_PUSH_PROBE = r"""
+#include "uccl_ep/fifo_device.cuh"
+// The device reads the FifoLayout table that the host packs (bindings: pack_fifo_layout).
+static_assert(sizeof(uccl_ep::fifo::FifoLayout) == %d, "FifoLayout differs between host and device");
+extern "C" __global__ void probe_push(uccl_ep::fifo::FifoLayout f, uccl_ep::ErrorWord* err, unsigned long long w0,
+                                      unsigned long long w1) {
+  uccl_ep::protocol::TransferCmd c{w0, w1};
+  uccl_ep::dev::fifo_push(f, c, 1000000000ull, err, uccl_ep::dev::PushSite{9, 0, 1, 2});
+}
+"""
+
+
+def _push_ptx(tmp_path, *defines):
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    from uccl_ep.proxy import native
+    src = tmp_path / "push.cu"
+    src.write_text(_PUSH_PROBE % native().FIFO_LAYOUT_BYTES)
+    out = tmp_path / "push.ptx"
+    res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a", *defines,
+                          str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text()
+
+
+def test_device_push_commits_with_one_16_byte_release_store(tmp_path):
+    ptx = _push_ptx(tmp_path)
+    # one 128-bit store with release semantics at system scope publishes word0 and the commit bit
+    assert ptx.count("st.release.sys.global.v2.u64") == 1, ptx[-2000:]
+    assert "ld.acquire.sys.global.u64" in ptx      # the full-ring path reads the proxy's tail
+    assert "atom.global.add.u64" in ptx            # the reservation (device-scope, relaxed)
+    assert "trap" not in ptx                       # a full ring ends in the error word, never a trap
+
+
+def test_device_push_split_store_variant(tmp_path):
+    ptx = _push_ptx(tmp_path, "-DUCCL_EP_FIFO_SPLIT_STORE")
+    assert "st.release.sys.global.v2.u64" not in ptx
+    assert ptx.count("st.release.sys.global.u64") >= 1 and "st.relaxed.sys.global.u64" in ptx
