@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy
+#   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
+#          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
+#          whole native module (do not combine with `isolate`).
 # Logs and JSON go to $OUT (or ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -33,6 +36,13 @@ for step in $STEPS; do
       for sms in 24 12 8; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
           --json "$OUT/ht_$sms.json" 2>&1 | tail -8
+      done ;;
+    proxy)
+      $PY -m pytest core/tests/gpu/test_cuda_ll_proxy.py -x -q -p no:cacheprovider 2>&1 | \
+        tee "$OUT/gpu_proxy_tests.log" | tail -25
+      for t in 128 256 512; do
+        timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --force-proxy --num-tokens $t --iters 50 \
+          --warmup 10 --json "$OUT/ll_proxy_$t.json" 2>&1 | tail -8
       done ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \

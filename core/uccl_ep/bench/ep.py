@@ -40,6 +40,7 @@ class BenchSpec:
     check: bool = True
     seed: int = 0
     num_sms: int = 24
+    ll_proxy: bool = False        # LL through the CPU proxy (allow_nvlink_for_low_latency_mode=False)
 
 
 def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -152,7 +153,10 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     gen = torch.Generator().manual_seed(spec.seed * 1000 + 500 + rank)
     T, H, K, E = spec.ll_tokens, spec.hidden, spec.num_topk, spec.ll_experts
     rdma = Buffer.get_low_latency_rdma_size_hint(T, H, world, E)
-    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, E // world), backend=spec.backend)
+    buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, E // world), backend=spec.backend,
+                 allow_nvlink_for_low_latency_mode=not spec.ll_proxy)
+    if spec.ll_proxy and buf.backend == "cuda":  # rows say which path they measured
+        rows.common["backend"] = f"{buf.backend}+proxy"
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(device)
     topk_idx, topk_weights = _routing(T, E, K, device, gen)
     num_sel = int((topk_idx >= 0).sum())

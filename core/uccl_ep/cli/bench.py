@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-topk", type=int, default=8)
     p.add_argument("--num-experts", type=int, default=0, help="experts (default: HT 256 / LL 288 on GPU)")
     p.add_argument("--num-sms", type=int, default=24, help="SMs for normal-mode kernels")
+    p.add_argument("--force-proxy", action="store_true",
+                   help="low-latency traffic through the CPU proxy even between GPUs of one host "
+                        "(allow_nvlink_for_low_latency_mode=False; the cuda backend's forced-proxy path)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (default 20 GPU / 5 CPU)")
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--no-check", action="store_true", help="skip result verification")
@@ -60,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     from ..bench.ep import BenchSpec, spec_to_dict
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
-                     check=not args.no_check, seed=args.seed)
+                     check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy)
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:
