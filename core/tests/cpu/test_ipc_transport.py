@@ -13,7 +13,6 @@ events). That part is verified only on a GPU machine, by core/tests/gpu/test_cud
 """
 
 import hashlib
-import random
 import threading
 import time
 
@@ -22,6 +21,7 @@ import pytest
 
 from multirank import run_ranks
 from test_host_executor import FAULT_ENV, LL_CASES, _check, _ht_worker, _ll_worker
+from test_proxy import make_group, stop_all
 from test_transport import _streams_worker
 from uccl_ep.errors import Aborted, PeerFailure, PeerProtocolError, Unsupported
 from uccl_ep.proxy import native
@@ -32,26 +32,6 @@ C = native()
 FAULT = "reorder=1,delay=24,tear=0.5,pieces=4,seed={seed}"
 
 
-def make_group(world, transport="ipc", **kw):
-    digest = hashlib.sha256(f"ipc-test-{random.random()}".encode()).hexdigest()
-    cfg = dict(num_ranks=world, num_threads=2, fifos_per_thread=2, num_counters=32, region_bytes=1 << 20,
-               transport=transport, token_digest=digest, timeout_s=10.0)
-    cfg.update(kw)
-    proxies = [C.Proxy(dict(cfg, rank=r)) for r in range(world)]
-    infos = [p.local_info() for p in proxies]
-    for p in proxies:
-        p.connect(infos)
-    for p in proxies:
-        p.finalize_setup()
-        p.start()
-    return proxies
-
-
-def stop_all(proxies):
-    for p in proxies:
-        p.stop()
-
-
 def test_backend_is_registered_and_available():
     assert "ipc" in C.transport_backends()
     assert C.transport_unavailable_reason("ipc") == ""
@@ -59,8 +39,7 @@ def test_backend_is_registered_and_available():
 
 @pytest.mark.parametrize("transport", ["ipc", "fault:ipc"])
 def test_counted_writes_land_before_their_fence(transport):
-    extra = dict(fault_seed=5, fault_reorder=1.0, fault_max_delay=16, fault_tear=0.5) if "fault" in transport else {}
-    ps = make_group(3, transport, **extra)
+    ps = make_group(3, transport)  # fault: 100% reorder, delays, torn writes (test_proxy.FAULT)
     try:
         assert ps[0].transport_name.endswith("ipc:host")
         rng = np.random.default_rng(1)
@@ -96,7 +75,7 @@ def test_counted_writes_land_before_their_fence(transport):
 
 
 def test_barrier_two_nodes_of_two_and_rail():
-    ps = make_group(4, ranks_per_node=2)
+    ps = make_group(4, "ipc", ranks_per_node=2)
     try:
         for rail in (False, True, False):
             idx = [p.push(1, *C.encode_barrier(rail), 5.0) for p in ps]
@@ -108,7 +87,7 @@ def test_barrier_two_nodes_of_two_and_rail():
 
 def test_sender_refuses_out_of_bounds_before_copying():
     # with the proxy's own check off, the transport's check is what stops the copy
-    ps = make_group(2, check_remote_bounds=False)
+    ps = make_group(2, "ipc", check_remote_bounds=False)
     try:
         before = ps[1].region()[-64:].copy()
         ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 32, 64, 1), 5.0)
@@ -124,7 +103,7 @@ def test_sender_refuses_out_of_bounds_before_copying():
 
 
 def test_proxy_check_names_the_peer():
-    ps = make_group(2)
+    ps = make_group(2, "ipc")
     try:
         ps[0].push(0, *C.encode_counted_write(1, 0, 1 << 20, 16, 1), 5.0)
         deadline = time.monotonic() + 10
@@ -138,7 +117,7 @@ def test_proxy_check_names_the_peer():
 
 def test_back_pressure_with_a_tiny_window():
     # max_inflight 1: every write waits for the previous one's delivery; nothing is lost
-    ps = make_group(2, max_inflight=1, fifo_capacity=8)
+    ps = make_group(2, "ipc", max_inflight=1, fifo_capacity=8)
     try:
         for i in range(300):
             ps[0].push(0, *C.encode_counted_write(1, 0, 4096 + 16 * (i % 64), 16, 2), 5.0)
@@ -149,7 +128,7 @@ def test_back_pressure_with_a_tiny_window():
 
 
 def test_stop_releases_a_waiter():
-    ps = make_group(2)
+    ps = make_group(2, "ipc")
     got = []
 
     def wait():

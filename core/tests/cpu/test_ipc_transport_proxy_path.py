@@ -8,14 +8,13 @@ What this cannot show: that the kernels and the CUDA copy engine work. That is
 core/tests/gpu/test_cuda_ll_proxy.py, on a GPU machine (compiled here, not yet run there).
 """
 
-import hashlib
-import random
 import struct
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
 from uccl_ep.cuda import proxy_path, runtime
 from uccl_ep.cuda.proxy_path import NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base, fifo_table_entry
@@ -89,16 +88,7 @@ def _unpack(struct_name, params):
 @pytest.fixture
 def engine(monkeypatch):
     R, rank = 2, 0
-    digest = hashlib.sha256(f"pp-{random.random()}".encode()).hexdigest()
-    cfg = dict(num_ranks=R, num_threads=2, fifos_per_thread=2, num_counters=NUM_COUNTERS, region_bytes=1 << 16,
-               transport="loop", token_digest=digest, timeout_s=10.0)
-    proxies = [C.Proxy(dict(cfg, rank=r)) for r in range(R)]
-    infos = [p.local_info() for p in proxies]
-    for p in proxies:
-        p.connect(infos)
-    for p in proxies:
-        p.finalize_setup()
-        p.start()
+    proxies = make_group(R, "loop", num_counters=NUM_COUNTERS, region_bytes=1 << 16)
     asked, launches = {}, []
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
@@ -114,8 +104,7 @@ def engine(monkeypatch):
     eng = ProxyLowLatencyEngine(ex)
     yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R)
     eng.close()
-    for p in proxies:
-        p.stop()
+    stop_all(proxies)
 
 
 def test_proxy_is_started_on_the_ll_buffer_over_ipc(engine):
