@@ -185,7 +185,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         proxy = getattr(self, "proxy", None)
         if proxy is None:
             return
-        torch.cuda.synchronize(self.dev)
+        try:
+            torch.cuda.synchronize(self.dev)
+        except RuntimeError:  # a failed context: still stop the proxy and release what we can
+            pass
         proxy.stop()
         for base in self._registered:
             self.drv.host_unregister(self.dev, base)
