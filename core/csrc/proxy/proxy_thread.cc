@@ -73,9 +73,19 @@ void ProxyThread::run(std::vector<int> cpus) {
   }
   Backoff idle(1e6, 50000);  // only pause()/reset() are used; the deadline never matters
   bool said_goodbye = false;
+  int64_t drain_by = 0;
   int64_t leave_by = 0;
   for (;;) {
     if (owner_.stopping()) {
+      // NOTES: a clean stop first carries out what producers pushed before it (bounded), so a
+      // peer never misses a write that was queued before this rank left; only then does thread 0
+      // say goodbye. A failed proxy skips the drain (its peers are told by the failure itself).
+      if (drain_by == 0) drain_by = now_ns() + 500 * 1000 * 1000;
+      if (!owner_.failed() && now_ns() < drain_by && (fifos_hold_commands() || inflight_total() != 0)) {
+        if (step()) idle.reset();
+        else idle.pause();
+        continue;
+      }
       if (index_ != 0) break;
       // Thread 0 tells every peer this rank is leaving, so their waits fail fast instead of
       // timing out, then gives the messages a bounded time to go out.
@@ -85,13 +95,24 @@ void ProxyThread::run(std::vector<int> cpus) {
         said_goodbye = true;
         leave_by = now_ns() + 500 * 1000 * 1000;
       }
-      uint32_t pending = 0;
-      for (uint32_t n : inflight_) pending += n;
-      if ((control_pending_ == 0 && pending == 0) || now_ns() > leave_by) break;
+      if ((control_pending_ == 0 && inflight_total() == 0) || now_ns() > leave_by) break;
     }
     if (step()) idle.reset();
     else idle.pause();
   }
+}
+
+bool ProxyThread::fifos_hold_commands() const {
+  TransferCmd cmd;
+  for (const FifoState& s : fifos_)
+    if (s.fifo->peek(&cmd)) return true;
+  return false;
+}
+
+uint32_t ProxyThread::inflight_total() const {
+  uint32_t pending = 0;
+  for (uint32_t n : inflight_) pending += n;
+  return pending;
 }
 
 bool ProxyThread::step() {
@@ -100,7 +121,8 @@ bool ProxyThread::step() {
   if (transport_->poll(events_, kPollBatch) > 0) progress = true;
   for (const transport::Completion& c : events_) on_completion(c);
   progress |= flush_control();
-  if (!owner_.failed() && !owner_.stopping()) {
+  // Posting goes on while stopping: run() drains what was pushed before the stop.
+  if (!owner_.failed()) {
     for (int f = 0; f < int(fifos_.size()); ++f) progress |= post_from(f);
   }
   progress |= check_whole_quiets();

@@ -60,6 +60,8 @@ class ProxyThread {
 
   void run(std::vector<int> cpus);
   bool step();
+  bool fifos_hold_commands() const;  // a command is queued in one of this thread's FIFOs
+  uint32_t inflight_total() const;   // transfers posted and not completed, all peers
   bool post_from(int f);
   // Returns false when the command must wait (back-pressure); fails the proxy on bad commands.
   bool post_command(int f, const protocol::TransferCmd& cmd, uint64_t idx);
