@@ -102,6 +102,13 @@ _VARS: list[Var] = [
         "Send same-host GPU peers' traffic through the CPU proxy instead of NVLink stores, so the "
         "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",
         used_by="CUDA kernels"),
+    Var("UCCL_EP_HT_VARIANT", "choice", "default",
+        "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
+        "`tma` or `tma-wide` (bulk-copy variants, sm_90+, compiled but not yet measured; see "
+        "docs/benchmarks.md, \"HT kernel variants\"). Read when a Buffer first runs a normal-mode op; "
+        "every variant writes the peer rings the same way, so ranks may differ. An experiment switch: "
+        "a variant that wins replaces `default` rather than becoming an API argument.",
+        choices=("default", "tma", "tma-wide"), used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_JIT_CACHE_DIR", "str", "~/.cache/uccl_ep/jit",
         "Where JIT-compiled kernels are cached (keyed by a hash of sources, headers, flags, arch "
         "and nvcc version; published by atomic rename, safe on shared file systems).",

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
+from . import ht_variants
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
 
 __all__ = ["NormalEngine", "CudaNormalPlan"]
@@ -71,10 +72,9 @@ class NormalEngine:
         self.geometry = None
         self.slot_bytes = 0
         self.host_tag = 0
-        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
-            ("layout.cu", "ht_layout"), ("intranode_notify.cu", "ht_notify"), ("intranode_dispatch.cu", "ht_dispatch"))}
-        self._k["ht_combine"] = load_kernel(self.dev, "intranode_combine.cu", "ht_combine",
-                                            defines=(f"UCCL_EP_RANKS={self.R}",))
+        self._k = {n: load_kernel(self.dev, src, n) for src, n in (("layout.cu", "ht_layout"),
+                                                                    ("intranode_notify.cu", "ht_notify"))}
+        self._k.update(ht_variants.load(self.dev, self.R))  # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT
 
     @property
     def _sent(self) -> int:

@@ -1,0 +1,114 @@
+"""Kernel variants of the cuda executor's normal (HT) dispatch and combine, chosen per process by
+``UCCL_EP_HT_VARIANT`` (read when the executor first runs a normal-mode op).
+
+Every variant takes the same parameter structs (kernel_abi.h: HTDispatchParams, HTCombineParams),
+produces the same rows and handle, and writes the peer rings the way the default kernels do (slot
+layout and per-warp progress counters), so ranks running different variants still interoperate.
+
+- ``default``: intranode_dispatch.cu / intranode_combine.cu, verified bitwise against
+  ``uccl_ep.refs`` and measured on 2 x H200 (docs/benchmarks.md, "CUDA backend").
+- ``tma``: intranode_dispatch_tma.cu / intranode_combine_tma.cu: rows move by bulk copies
+  (cp.async.bulk) through per-warp shared-memory stages, progress is published without draining
+  the copy pipeline, and tokens a rank keeps skip its own ring. sm_90+ only. Compiled, not yet run.
+- ``tma-wide``: the same sources with fewer, larger copies (4 KiB chunks, 3 stages) and half as
+  many progress publications. Compiled, not yet run.
+
+docs/benchmarks.md ("HT kernel variants") says what each is expected to change and how the next
+GPU session compares them (core/tests/gpu/run_device.sh, step ``variants``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .. import env
+from ..errors import Unsupported
+from .runtime import Kernel, device_arch, load_kernel
+
+__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes"]
+
+_MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90 / sm_100 opt-in limit of dynamic shared memory per block
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    dispatch: tuple[str, str]          # (source under core/kernels, kernel name)
+    combine: tuple[str, str]
+    chunk: int = 0                     # bulk variants: UCCL_EP_HT_CHUNK / STAGES / LOOKAHEAD / PUBLISH
+    stages: int = 0
+    lookahead: int = 0
+    publish: int = 0
+    min_sm: int = 0                    # lowest compute capability (major * 10 + minor)
+
+    @property
+    def bulk(self) -> bool:
+        return self.chunk > 0
+
+    def defines(self, num_ranks: int) -> tuple[str, ...]:
+        if not self.bulk:
+            return ()
+        return (f"UCCL_EP_RANKS={num_ranks}", f"UCCL_EP_HT_CHUNK={self.chunk}", f"UCCL_EP_HT_STAGES={self.stages}",
+                f"UCCL_EP_HT_LOOKAHEAD={self.lookahead}", f"UCCL_EP_HT_PUBLISH={self.publish}")
+
+    def area_bytes(self) -> int:
+        """Shared memory per warp: ht_bulk.cuh's kStreamAreaBytes (stages, then 28 B of control
+        words per stage rounded up to 128)."""
+        if not self.bulk:
+            return 0
+        return self.stages * self.chunk + (self.stages * 28 + 127) // 128 * 128
+
+
+_BULK = dict(dispatch=("intranode_dispatch_tma.cu", "ht_dispatch_tma"),
+             combine=("intranode_combine_tma.cu", "ht_combine_tma"), min_sm=90)
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("default", ("intranode_dispatch.cu", "ht_dispatch"), ("intranode_combine.cu", "ht_combine")),
+    Variant("tma", chunk=2048, stages=6, lookahead=4, publish=8, **_BULK),
+    Variant("tma-wide", chunk=4096, stages=3, lookahead=2, publish=16, **_BULK),
+)}
+
+
+def selected() -> Variant:
+    return VARIANTS[env.get("UCCL_EP_HT_VARIANT")]
+
+
+def smem_bytes(variant: Variant, block_threads: int) -> int:
+    """Dynamic shared memory of one block: one area per warp (the kernels check it)."""
+    return block_threads // 32 * variant.area_bytes()
+
+
+class _WithSmem:
+    """A kernel launched with one shared-memory area per warp (the call sites stay unchanged)."""
+
+    def __init__(self, kernel: Kernel, area: int) -> None:
+        self.kernel, self.area, self.name = kernel, area, kernel.name
+
+    def launch(self, grid, block: int, params: bytes, stream: int, smem: int = 0, cooperative: bool = False) -> None:
+        self.kernel.launch(grid, block, params, stream, smem=max(smem, block // 32 * self.area), cooperative=cooperative)
+
+
+def _sm_number(arch: str) -> int:
+    m = re.match(r"sm_(\d+)", arch)
+    return int(m.group(1)) if m else 0
+
+
+def load(device: int, num_ranks: int, variant: Variant | None = None) -> dict[str, object]:
+    """The dispatch and combine kernels of ``variant`` (default: the selected one), keyed
+    ``ht_dispatch`` and ``ht_combine`` as NormalEngine launches them."""
+    v = variant or selected()
+    if not v.bulk:
+        return {"ht_dispatch": load_kernel(device, *v.dispatch),
+                "ht_combine": load_kernel(device, *v.combine, defines=(f"UCCL_EP_RANKS={num_ranks}",))}
+    arch = device_arch(device)
+    if _sm_number(arch) < v.min_sm:
+        raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name} uses bulk copies (cp.async.bulk), which need compute "
+                          f"capability {v.min_sm // 10}.{v.min_sm % 10} or newer; this GPU builds for {arch}. "
+                          "Use UCCL_EP_HT_VARIANT=default")
+    if smem_bytes(v, 512) > _MAX_SMEM_PER_BLOCK:
+        raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name}: {smem_bytes(v, 512)} bytes of shared memory per block "
+                          f"exceed {_MAX_SMEM_PER_BLOCK}")
+    defs = v.defines(num_ranks)
+    return {"ht_dispatch": _WithSmem(load_kernel(device, *v.dispatch, defines=defs), v.area_bytes()),
+            "ht_combine": _WithSmem(load_kernel(device, *v.combine, defines=defs), v.area_bytes())}
