@@ -286,7 +286,7 @@ UCCL_DEVICE void recv_tokens(const Ctx& x, uint8_t* area, const uint64_t (&bases
 
     // Sum the oldest slice.
     const int s = int(nr % kRecvStages);
-    if (!bulk::wait_bar(bars + s, (nr / kRecvStages) & 1u, bar_site)) return;
+    if (!bulk::warp_wait_bar(bars + s, (nr / kRecvStages) & 1u, bar_site)) return;
     const Desc& d = descs[stage_desc[s]];
     const int slice = stage_slice[s];
     const int64_t off = int64_t(slice) * sl;

@@ -145,6 +145,16 @@ UCCL_DEVICE bool wait_bar(uint64_t* bar, uint32_t parity, const WaitSite& site) 
   }
 }
 
+// The whole warp waits for a phase: lane 0 with the bound, then every other lane acquires the
+// (already completed) phase itself, so each sees the copied bytes. Same result in every lane.
+UCCL_DEVICE bool warp_wait_bar(uint64_t* bar, uint32_t parity, const WaitSite& site) {
+  bool ok = true;
+  if (lane_id() == 0) ok = wait_bar(bar, parity, site);
+  ok = shfl_idx(ok ? 1 : 0, 0) != 0;
+  if (ok && lane_id() != 0) (void)wait_bar(bar, parity, site);  // returns at once: the phase completed
+  return ok;
+}
+
 // ---- the per-warp staging ring ------------------------------------------------------------------
 // Lane 0 of the owning warp is the only caller of everything but init/area.
 //   push(src, dst, n, tag): bulk-load n bytes (<= kChunk) of src into the next stage; once kLook

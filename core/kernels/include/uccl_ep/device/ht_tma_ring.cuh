@@ -149,8 +149,7 @@ struct Consumer {
       sync_warp();
       bool ok = true;
       if (lane_id() == 0) {
-        uint64_t done = loaded;
-        ok = st.flush(&done, site);
+        ok = st.flush(&loaded, site);
         if (ok && pos > published) {
           st_release_sys(head, pos);  // release: our reads of the freed slots come first
           published = pos;
@@ -182,8 +181,7 @@ struct Consumer {
     sync_warp();
     bool ok = true;
     if (lane_id() == 0) {
-      uint64_t done = loaded;
-      ok = st.flush(&done, site);
+      ok = st.flush(&loaded, site);
       if (ok && end > published) st_release_sys(head, published = end);
       bulk::wait_done<0>();  // the rows' local stores, before this warp's shared memory goes away
     }
