@@ -49,11 +49,12 @@ _FIELD_RE = re.compile(r"^\s*(u?int64_t)\s+(\w+)\s*;", re.M)
 
 @lru_cache(maxsize=1)
 def _abi_structs() -> dict[str, list[tuple[str, str]]]:
-    text = (jit.include_dir() / "uccl_ep" / "kernel_abi.h").read_text()
     out: dict[str, list[tuple[str, str]]] = {}
-    for name, body in _STRUCT_RE.findall(text):
-        if name.endswith("Params"):
-            out[name] = [(typ, field) for typ, field in _FIELD_RE.findall(body)]
+    # kernel_abi.h and its per-path companions (kernel_abi_*.h)
+    for header in sorted((jit.include_dir() / "uccl_ep").glob("kernel_abi*.h")):
+        for name, body in _STRUCT_RE.findall(header.read_text()):
+            if name.endswith("Params"):
+                out[name] = [(typ, field) for typ, field in _FIELD_RE.findall(body)]
     return out
 
 

@@ -1,0 +1,216 @@
+// The host executor's ring streams (csrc/executor/ring_engine.cc), run by a group of warps:
+// one (peer, ring) stream of fixed-size messages through the CPU proxy.
+//
+//   send_stream: rounds of up to `chunk` messages: the leader waits (bounded) for credits
+//                (counter HEAD(ring) from the receiver), every warp stages its share of the
+//                round into the staging ring, then the leader pushes ONE ordered Write
+//                (counter TAIL(ring), increment = messages) that the proxy copies into the
+//                receiver's ring at the same slot
+//   recv_stream: the leader waits (bounded) for TAIL(ring) to cover the next message, every
+//                warp consumes its share of what landed, then the leader returns credits with
+//                an unfenced Atomic HEAD(ring) (lazily: at least half a ring, or the end)
+//
+// Positions are cumulative per (peer, ring) across ops (HTProxyState), so nothing is reset.
+// NOTES: credits are returned once half a ring is consumed and the sender's rounds are at most
+// half a ring (ring_spec: chunk <= slots / 2), so the message a receiver waits for is always
+// within the sender's credit: the lazy return cannot deadlock a stream.
+#pragma once
+
+#include "uccl_ep/device/arch.cuh"
+#include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/wait.cuh"
+#include "uccl_ep/fifo_device.cuh"
+#include "uccl_ep/kernel_abi.h"
+#include "uccl_ep/kernel_abi_internode.h"
+#include "uccl_ep/protocol.h"
+
+namespace uccl_ep::dev {
+
+// Warps [first, first + members) of a block working on one stream, synchronised through an
+// arrival counter in shared memory (portable: HIP has no named barriers).
+struct WarpGroup {
+  int* arrive;      // shared, zeroed before first use
+  int members;
+  int index;        // this warp's index in the group
+  unsigned epoch;   // syncs passed by this warp
+};
+
+UCCL_DEVICE void group_sync(WarpGroup& g) {
+  sync_warp();
+  g.epoch += 1;
+  if (lane_id() == 0) {
+    __threadfence_block();  // this warp's accesses before its arrival (block scope suffices: the
+                            // group is one block; system visibility is the caller's fence)
+    atomicAdd(g.arrive, 1);
+    const int target = int(g.epoch) * g.members;
+    while (ld_volatile(g.arrive) < target) {
+    }
+    __threadfence_block();  // the other warps' accesses before whatever this warp does next
+  }
+  sync_warp();
+}
+
+UCCL_DEVICE bool group_leader(const WarpGroup& g) { return g.index == 0 && lane_id() == 0; }
+
+UCCL_DEVICE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// What every stream of one op needs, from any of the HTProxy*Params.
+struct RingArgs {
+  uint8_t* region;
+  const FifoLayout* fifos;
+  const int64_t* counters;
+  const uint64_t* status;
+  HTProxyState* state;
+  ErrorWord* err;
+  int rank;
+  int num_rings;  // channels
+  int num_fifos;
+  int64_t msg, slots, chunk, recv_base, send_base, first_ring, head_base, num_counters;
+  uint64_t timeout_ns;
+};
+
+template <class P>
+UCCL_DEVICE RingArgs ring_args(const P& p) {
+  RingArgs a;
+  a.region = reinterpret_cast<uint8_t*>(p.region);
+  a.fifos = reinterpret_cast<const FifoLayout*>(p.fifos);
+  a.counters = reinterpret_cast<const int64_t*>(p.counters);
+  a.status = reinterpret_cast<const uint64_t*>(p.status);
+  a.state = reinterpret_cast<HTProxyState*>(p.state);
+  a.err = reinterpret_cast<ErrorWord*>(p.error);
+  a.rank = int(p.rank);
+  a.num_rings = int(p.num_channels);
+  a.num_fifos = int(p.num_fifos);
+  a.msg = p.msg_bytes;
+  a.slots = p.ring_slots;
+  a.chunk = p.chunk;
+  a.recv_base = p.recv_base;
+  a.send_base = p.send_base;
+  a.first_ring = p.first_ring;
+  a.head_base = p.head_base;
+  a.num_counters = p.num_counters;
+  a.timeout_ns = uint64_t(p.timeout_ns);
+  return a;
+}
+
+// Staging slot of message position `pos` of stream (dst, channel c), and receive slot of
+// stream (src, c), as device pointers.
+UCCL_DEVICE uint8_t* staging_slot(const RingArgs& a, int dst, int c, int64_t pos) {
+  return a.region + ht_ring_slot(uint64_t(a.send_base), dst, c, a.num_rings, a.slots, pos % a.slots, a.msg);
+}
+UCCL_DEVICE const uint8_t* receive_slot(const RingArgs& a, int src, int c, int64_t pos) {
+  return a.region + ht_ring_slot(uint64_t(a.recv_base), src, c, a.num_rings, a.slots, pos % a.slots, a.msg);
+}
+
+UCCL_DEVICE const int64_t* proxy_counter(const RingArgs& a, int src, int64_t c) {
+  return a.counters + int64_t(src) * a.num_counters + c;
+}
+
+// Leader only: an unfenced Atomic HEAD(ring) += n to `src` (credits for its stream).
+UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int phase) {
+  const int64_t ring = a.first_ring + c;
+  return fifo_push(a.fifos[ring % a.num_fifos],
+                   protocol::make_atomic(uint32_t(src), uint32_t(a.head_base + ring), int32_t(n), false), a.timeout_ns,
+                   a.err, PushSite{phase, a.rank, src, c});
+}
+
+// Sends messages [0, n) of stream (dst, c). `stager.stage(k0, k1, base, g)` writes this warp's
+// share of messages [k0, k1) into staging_slot(a, dst, c, base + k). Returns false after an
+// error (the error word is filled); every warp of the group returns together.
+template <class Stager>
+UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* s_word, int dst, int c, int64_t n,
+                             Stager& stager, int phase) {
+  const int64_t ring = a.first_ring + c;
+  const int64_t base = int64_t(a.state->send_pos[dst][c]);  // read by every warp before any round
+  const int64_t* head = proxy_counter(a, dst, a.head_base + ring);
+  const bool leader = group_leader(g);
+  int64_t credit = 0;  // leader: last credit value read (cumulative, like the positions)
+  bool failed = false;
+  for (int64_t k0 = 0; k0 < n;) {
+    if (leader) {
+      const int64_t pos = base + k0;
+      int64_t k1 = -1;
+      if (!failed) {
+        if (pos - credit >= a.slots)
+          credit = wait_counter(head, pos - a.slots + 1, a.status, a.timeout_ns, a.err, phase, a.rank, dst, c, nullptr);
+        if (credit >= 0) {
+          const int64_t room = min64(a.slots - pos % a.slots, a.slots - (pos - credit));
+          k1 = k0 + min64(min64(n - k0, a.chunk), room);
+        }
+      }
+      *s_word = k1;
+    }
+    group_sync(g);
+    const int64_t k1 = *s_word;
+    if (k1 < 0) return false;
+    stager.stage(k0, k1, base, g);
+    fence_system();  // this warp's staging stores reach memory the proxy's copy engine reads
+    group_sync(g);
+    if (leader) {
+      const int64_t slot0 = (base + k0) % a.slots;
+      const uint64_t from = ht_ring_slot(uint64_t(a.send_base), dst, c, a.num_rings, a.slots, slot0, a.msg);
+      const uint64_t to = ht_ring_slot(uint64_t(a.recv_base), a.rank, c, a.num_rings, a.slots, slot0, a.msg);
+      const TransferCmd cmd = protocol::make_ordered_write(uint32_t(dst), from, to, uint32_t((k1 - k0) * a.msg),
+                                                           uint32_t(ring), uint32_t(k1 - k0));
+      failed = !fifo_push(a.fifos[ring % a.num_fifos], cmd, a.timeout_ns, a.err, PushSite{phase, a.rank, dst, c});
+    }
+    k0 = k1;
+  }
+  if (leader && !failed && n > 0) a.state->send_pos[dst][c] = uint64_t(base + n);
+  return !failed;
+}
+
+// Receives messages [0, n) of stream (src, c). `consumer.consume(k0, k1, base, g)` reads this
+// warp's share of messages [k0, k1) from receive_slot(a, src, c, base + k).
+template <class Consumer>
+UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* s_word, int src, int c, int64_t n,
+                             Consumer& consumer, int phase) {
+  const int64_t ring = a.first_ring + c;
+  const int64_t base = int64_t(a.state->recv_pos[src][c]);
+  const int64_t* tail_counter = proxy_counter(a, src, ring);
+  const bool leader = group_leader(g);
+  const int64_t lazy = a.slots / 2 > 1 ? a.slots / 2 : 1;
+  int64_t tail = 0, credited = base;
+  bool failed = false;
+  for (int64_t k0 = 0; k0 < n;) {
+    if (leader) {
+      const int64_t pos = base + k0;
+      int64_t k1 = -1;
+      if (!failed) {
+        // acquire (inside wait_counter): the receiving proxy bumps TAIL with release after the
+        // copies it accounts for landed in this rank's region.
+        if (tail <= pos)
+          tail = wait_counter(tail_counter, pos + 1, a.status, a.timeout_ns, a.err, phase, a.rank, src, c, nullptr);
+        if (tail >= 0) k1 = k0 + min64(n - k0, tail - pos);
+      }
+      *s_word = k1;
+    }
+    group_sync(g);
+    const int64_t k1 = *s_word;
+    if (k1 < 0) return false;
+    consumer.consume(k0, k1, base, g);
+    group_sync(g);  // every read of the slots done before their credit goes back
+    if (leader) {
+      const int64_t consumed = base + k1;
+      if (consumed - credited >= lazy || k1 == n) {
+        failed = !push_credit(a, src, c, consumed - credited, phase);
+        credited = consumed;
+      }
+    }
+    k0 = k1;
+  }
+  if (leader && !failed && n > 0) a.state->recv_pos[src][c] = uint64_t(base + n);
+  return !failed;
+}
+
+// 4-byte-aligned word moves for message fields (see HTDispatchMsg).
+UCCL_DEVICE void st_u64_words(uint8_t* p, int64_t v) {
+  reinterpret_cast<uint32_t*>(p)[0] = uint32_t(uint64_t(v));
+  reinterpret_cast<uint32_t*>(p)[1] = uint32_t(uint64_t(v) >> 32);
+}
+UCCL_DEVICE uint32_t ld_u32_cg(const uint8_t* p) { return *reinterpret_cast<const volatile uint32_t*>(p); }
+UCCL_DEVICE int64_t ld_i64_words_cg(const uint8_t* p) {
+  return int64_t(uint64_t(ld_u32_cg(p)) | (uint64_t(ld_u32_cg(p + 4)) << 32));
+}
+
+}  // namespace uccl_ep::dev

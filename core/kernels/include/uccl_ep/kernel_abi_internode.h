@@ -1,0 +1,193 @@
+// Host <-> kernel ABI of the high-throughput (normal) mode through the CPU proxy
+// (internode_notify.cu, internode_dispatch.cu, internode_combine.cu; Python:
+// uccl_ep/cuda/ht_internode.py). Same rules as kernel_abi.h: every *Params struct is a list of
+// 64-bit fields that uccl_ep.cuda.runtime.pack_params fills by name from this header.
+//
+// The protocol is the host executor's (uccl_ep/host/ht.py, ht_internode.py, csrc/executor/
+// ring_engine.*), carried out by GPU warps instead of host threads:
+//
+//   op start   every op exchanges a meta record (fresh dispatch) or a bare handshake (cached
+//              dispatch, combine) with every rank: counted Write into the receiver's meta slot
+//              [parity][source] + fenced Atomic on counter META(parity); parity = op count % 2
+//   rings      per (peer, ring) streams of fixed-size messages; ring r = channel c (area 0 of the
+//              two areas of the host layout: hop 1 / hop B of the internode protocol). The sender
+//              stages up to `chunk` messages in its staging ring and pushes ONE ordered Write
+//              (counter TAIL(r) = r, increment = messages) into the receiver's ring; the receiver
+//              consumes what TAIL(r) covers and returns credits with an unfenced Atomic HEAD(r)
+//   positions  cumulative per (peer, ring) over every op (dispatch and combine share them), kept
+//              in device memory (HTProxyState) on both sides, so nothing is ever reset
+//
+// Region (this rank's NVL buffer, registered with the proxy; same offsets on every rank):
+//   [0, shared)               ring areas: area 0 = [0, shared/2): receive rings [src][ring][slot],
+//                             then staging rings [dst][ring][slot] (see uccl_ep.host.ht_common.ring_spec)
+//   [meta_base, +4 R slot)    meta records: received [parity][source], then sent [parity][destination]
+#pragma once
+
+#include <stdint.h>
+
+#include "uccl_ep/protocol.h"
+
+namespace uccl_ep {
+
+// Sized for one host of GPUs acting as nodes (the ipc transport); a block has 16 warps and
+// gives every peer at least one.
+constexpr int kHTProxyMaxRanks = 16;
+constexpr int kHTProxyMaxChannels = 64;
+constexpr int kHTProxyWarps = 16;
+// Counters per source (uccl_ep.host.layout): TAIL(r) = r, HEAD(r) = kHTProxyHeadBase + r,
+// META(parity) = kHTProxyMetaCounter + parity.
+constexpr int kHTProxyHeadBase = 512;
+constexpr int kHTProxyMetaCounter = 1024;
+constexpr int kHTProxyNumCounters = 1026;
+
+// Device-resident progress of one Buffer (zeroed once at set-up, never reset).
+struct HTProxyState {
+  uint32_t op;                                            // ops started (parity = op & 1)
+  uint32_t pad;
+  int64_t seen[2][kHTProxyMaxRanks];                      // META counter values accounted
+  uint64_t send_pos[kHTProxyMaxRanks][kHTProxyMaxChannels];  // messages written per (dst, ring)
+  uint64_t recv_pos[kHTProxyMaxRanks][kHTProxyMaxChannels];  // messages consumed per (src, ring)
+};
+
+// Byte offset of a slot: rings [peer][ring - first_ring][slot] of `msg` bytes from `base`.
+UCCL_EP_HOST_DEVICE constexpr uint64_t ht_ring_slot(uint64_t base, int64_t peer, int64_t lane, int64_t num_rings,
+                                                    int64_t slots, int64_t slot, int64_t msg) {
+  return base + uint64_t(((peer * num_rings + lane) * slots + slot) * msg);
+}
+
+// Meta records (uccl_ep.host.layout.MetaLayout): received [parity][src], sent [parity][dst].
+UCCL_EP_HOST_DEVICE constexpr uint64_t ht_meta_recv(uint64_t base, int64_t slot_bytes, int64_t num_ranks, int64_t parity,
+                                                    int64_t src) {
+  return base + uint64_t((parity * num_ranks + src) * slot_bytes);
+}
+UCCL_EP_HOST_DEVICE constexpr uint64_t ht_meta_send(uint64_t base, int64_t slot_bytes, int64_t num_ranks, int64_t parity,
+                                                    int64_t dst) {
+  return base + uint64_t(((2 + parity) * num_ranks + dst) * slot_bytes);
+}
+
+// A dispatch message (the host executor's packed row): x bytes | scales (4 B each) | top-k ids
+// (int64) | top-k weights (fp32) | source token index (int32), padded to 16 bytes. Fields after
+// x are only 4-byte aligned (the host packs them back to back), so kernels move them as words.
+struct HTDispatchMsg {
+  int64_t scales, topk, weights, src, bytes;
+};
+UCCL_EP_HOST_DEVICE constexpr HTDispatchMsg ht_dispatch_msg(int64_t hidden_bytes, int64_t num_scales, int64_t num_topk) {
+  return HTDispatchMsg{hidden_bytes, hidden_bytes + 4 * num_scales, hidden_bytes + 4 * num_scales + 8 * num_topk,
+                       hidden_bytes + 4 * num_scales + 12 * num_topk,
+                       (hidden_bytes + 4 * num_scales + 12 * num_topk + 4 + 15) / 16 * 16};
+}
+
+// A combine message: the BF16 row | top-k weights (fp32), padded to 16 bytes.
+UCCL_EP_HOST_DEVICE constexpr int64_t ht_combine_msg_bytes(int64_t hidden, int64_t num_topk) {
+  return (2 * hidden + 4 * num_topk + 15) / 16 * 16;
+}
+
+struct HTProxyNotifyParams {
+  uint64_t per_dst;         // int64 [R, L]: the record for each destination (0: handshake)
+  uint64_t meta_out;        // int64 [R, L]: the records received, by source (0: handshake)
+  uint64_t region;          // device address of this rank's proxy region
+  uint64_t fifos;           // fifo::FifoLayout[num_fifos] (device addresses)
+  uint64_t counters;        // int64 [R][num_counters] (mapped host memory, device address)
+  uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
+  uint64_t state;           // HTProxyState* (device)
+  uint64_t host;            // int32 mapped host: [0] tag, [1] rows, [2, 2+R) per source, then per expert
+  uint64_t error;           // ErrorWord*
+  int64_t record_ints;      // L
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_counters;
+  int64_t num_fifos;
+  int64_t meta_base;        // region offset of the meta records
+  int64_t meta_slot_bytes;
+  int64_t expert_col;       // column of this rank's expert counts in a record
+  int64_t num_local_experts;
+  int64_t check_col;        // column every rank must agree on (message bytes), or -1
+  int64_t expert_alignment;
+  int64_t num_worst_tokens;
+  int64_t host_tag;
+  int64_t handshake;        // 1: no record, a bare fence (cached dispatch, combine)
+  int64_t timeout_ns;
+};
+
+struct HTProxyDispatchParams {
+  uint64_t x;               // [T, hidden_bytes]
+  uint64_t x_scales;        // 4-byte elements, strided, or 0
+  uint64_t topk_idx;        // int64 [T, K] or 0 (cached dispatch)
+  uint64_t topk_weights;    // fp32 [T, K] or 0
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t send_prefix;     // int32 [R, C]: tokens to rank j in channels <= c (inclusive)
+  uint64_t recv_prefix;     // int32 [R, C]: first output row of (source i, channel c)
+  uint64_t recv_end;        // int32 [R]: end row of source i's block (inclusive prefix over sources)
+  uint64_t recv_x;
+  uint64_t recv_scales;     // row-major [rows, num_scales] or 0
+  uint64_t recv_topk_idx;   // int64 [rows, K] or 0
+  uint64_t recv_topk_weights;  // fp32 [rows, K] or 0
+  uint64_t recv_src_idx;    // int32 [rows] or 0
+  uint64_t region;
+  uint64_t fifos;
+  uint64_t counters;
+  uint64_t status;
+  uint64_t state;
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden_bytes;
+  int64_t num_scales;
+  int64_t scale_stride_token;
+  int64_t scale_stride_col;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t num_rows;         // rows of the outputs (num_worst_tokens pads)
+  // ring geometry of this op (uccl_ep.host.ht_common.RingSpec), the same on every rank
+  int64_t msg_bytes;        // bytes per message (multiple of 16)
+  int64_t ring_slots;       // messages per ring
+  int64_t chunk;            // most messages per Write (<= 511)
+  int64_t recv_base;        // region offset of the receive rings
+  int64_t send_base;        // region offset of the staging rings
+  int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
+  int64_t head_base;
+  int64_t num_counters;     // counters per source in the proxy's counter array
+  int64_t num_fifos;
+  int64_t timeout_ns;
+};
+
+struct HTProxyCombineParams {
+  uint64_t x;               // bf16 [rows, H]
+  uint64_t topk_weights;    // fp32 [rows, K] or 0
+  uint64_t bias0;           // bf16 [T, H] or 0
+  uint64_t bias1;           // bf16 [T, H] or 0
+  uint64_t out;             // bf16 [T, H]
+  uint64_t out_weights;     // fp32 [T, K] or 0
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t send_head;       // int32 [T, R]: index of token t among the tokens sent to rank j, or -1
+  uint64_t send_prefix;     // int32 [R, C]
+  uint64_t recv_prefix;     // int32 [R, C]
+  uint64_t recv_end;        // int32 [R]
+  uint64_t region;
+  uint64_t fifos;
+  uint64_t counters;
+  uint64_t status;
+  uint64_t state;
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden;
+  int64_t num_topk;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  // ring geometry of this op (uccl_ep.host.ht_common.RingSpec), the same on every rank
+  int64_t msg_bytes;        // bytes per message (multiple of 16)
+  int64_t ring_slots;       // messages per ring
+  int64_t chunk;            // most messages per Write (<= 511)
+  int64_t recv_base;        // region offset of the receive rings
+  int64_t send_base;        // region offset of the staging rings
+  int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
+  int64_t head_base;
+  int64_t num_counters;     // counters per source in the proxy's counter array
+  int64_t num_fifos;
+  int64_t timeout_ns;
+};
+
+}  // namespace uccl_ep

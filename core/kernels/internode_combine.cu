@@ -1,0 +1,171 @@
+// Normal-mode combine through the CPU proxy: the reverse of internode_dispatch.cu, reducing each
+// token's rows from every rank that received it.
+//
+// Grid: 2 blocks per channel, on the same streams as dispatch (positions continue).
+//   block 2c, group i:  rows [recv_prefix[i][c], next) of x came from rank i's channel c; the k-th
+//                       goes back as message k of stream (me -> i, ring c): the BF16 row, then the
+//                       top-k weights if given (the host executor's combine row)
+//   block 2c+1:         token-major over channel c, a round of B tokens at a time (one warp per
+//                       token): for token t and each rank j (ascending) that received it, the row
+//                       is message send_head[t][j] - (tokens to j before channel c) of stream
+//                       (j -> me, ring c); out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32,
+//                       one IEEE add at a time (bit-exact with uccl_ep.refs), cast to BF16; the
+//                       weights are summed the same way. Credits go back after each round.
+//
+// NOTES: with one rank per node the hierarchical reduce of the internode protocol (node partials,
+// then nodes in order) is this flat sum in rank order, and a node's partial is one BF16 row, so
+// the wire carries BF16 (half the bytes of the host executor's fp32 partials, the same values).
+// A round is at most half a ring (B <= slots / 2) so that every position it waits for is within
+// the sender's credit (see device/internode_ring.cuh).
+#include "uccl_ep/device/internode_ring.cuh"
+#include "uccl_ep/device/numeric.cuh"
+
+using namespace uccl_ep;
+using namespace uccl_ep::dev;
+
+namespace {
+
+// Stages rows [start, start + n) of x (and their weights) as the messages of stream (me -> i, c).
+struct CombineStager {
+  const HTProxyCombineParams* p;
+  const RingArgs* a;
+  int i, c;
+  int64_t start_row;
+
+  UCCL_DEVICE void stage(int64_t k0, int64_t k1, int64_t base, const WarpGroup& g) {
+    const int64_t H = p->hidden, K = p->num_topk;
+    for (int64_t k = k0 + g.index; k < k1; k += g.members) {
+      uint8_t* slot = staging_slot(*a, i, c, base + k);
+      const int64_t row = start_row + k;
+      warp_copy16(slot, reinterpret_cast<const uint8_t*>(p->x) + row * H * 2, H * 2);
+      if (p->topk_weights != 0)
+        for (int64_t kk = lane_id(); kk < K; kk += kWarpSize)
+          reinterpret_cast<uint32_t*>(slot + 2 * H)[kk] = reinterpret_cast<const uint32_t*>(p->topk_weights)[row * K + kk];
+    }
+  }
+};
+
+// out[t] and out_weights[t] from the rows of its sources (rank order), warp-cooperative.
+UCCL_DEVICE void reduce_token(const HTProxyCombineParams& p, int64_t t, const uint8_t* const* rows, int nsrc) {
+  const int64_t H = p.hidden, K = p.num_topk;
+  auto* out = reinterpret_cast<uint8_t*>(p.out) + t * H * 2;
+  for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (t * H + v * 8) * 2), acc);
+    if (p.bias1 != 0) {
+      float b[8];
+      unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (t * H + v * 8) * 2), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
+    Vec16 r[kHTProxyMaxRanks];
+    for (int s = 0; s < nsrc; ++s) r[s] = ld16_cg(rows[s] + v * 16);  // every source's load in flight
+    for (int s = 0; s < nsrc; ++s) {
+      float f[8];
+      unpack_bf16x8(r[s], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
+    }
+    st16(out + v * 16, pack_bf16x8(acc));
+  }
+  if (p.out_weights != 0) {
+    for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
+      float acc = 0.0f;
+      for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, __uint_as_float(ld_u32_cg(rows[s] + 2 * H + 4 * kk)));
+      reinterpret_cast<float*>(p.out_weights)[t * K + kk] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL_GRID_CONSTANT HTProxyCombineParams p) {
+  __shared__ int s_arrive[kHTProxyMaxRanks];
+  __shared__ int64_t s_word[kHTProxyMaxRanks];
+  __shared__ int64_t s_base[kHTProxyMaxRanks];
+  __shared__ int s_fail;
+  const int R = int(p.num_ranks), C = int(p.num_channels);
+  const int c = blockIdx.x / 2;
+  const bool sender = (blockIdx.x & 1) == 0;
+  const int T = int(p.num_tokens);
+  const int per = (T + C - 1) / C;
+  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const RingArgs a = ring_args(p);
+  const auto* recv_prefix = reinterpret_cast<const int*>(p.recv_prefix);
+  const auto* recv_end = reinterpret_cast<const int*>(p.recv_end);
+  const auto* send_prefix = reinterpret_cast<const int*>(p.send_prefix);
+  if (threadIdx.x < kHTProxyMaxRanks) {
+    s_arrive[threadIdx.x] = 0;
+    s_word[threadIdx.x] = 0;
+    s_base[threadIdx.x] = threadIdx.x < R ? int64_t(a.state->recv_pos[threadIdx.x][c]) : 0;
+  }
+  if (threadIdx.x == 0) s_fail = 0;
+  __syncthreads();
+  if (ht_combine_msg_bytes(p.hidden, p.num_topk) != p.msg_bytes) {
+    if (threadIdx.x == 0) raise_error(a.err, kErrProtocol, sender ? kPhaseHTCombineSend : kPhaseHTCombineRecv,
+                                      a.rank, -1, c, 0);
+    return;
+  }
+
+  if (sender) {
+    const int W = num_warps() / R, grp = warp_id() / W;
+    if (W < 1 || grp >= R) return;
+    WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
+    const int64_t start = recv_prefix[grp * C + c];
+    const int64_t end = c + 1 < C ? recv_prefix[grp * C + c + 1] : recv_end[grp];
+    CombineStager st{&p, &a, grp, c, start};
+    send_stream(a, g, &s_word[grp], grp, c, end - start, st, kPhaseHTCombineSend);
+    return;
+  }
+
+  // Reducer: rounds of B tokens, one warp each.
+  const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
+  const auto* send_head = reinterpret_cast<const int*>(p.send_head);
+  const int64_t half = a.slots / 2;
+  const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
+  const int lane = lane_id(), warp = warp_id(), tid = threadIdx.x;
+  int64_t tail[kHTProxyMaxRanks];  // per warp: last TAIL value seen per source
+  for (int j = 0; j < kHTProxyMaxRanks; ++j) tail[j] = 0;
+  int64_t consumed = 0, credited = 0;  // thread j < R: messages of stream (j -> me, c) consumed / credited
+  for (int tb = t_begin; tb < t_end; tb += B) {
+    const int64_t t = tb + warp;
+    if (warp < B && t < t_end) {
+      const uint8_t* rows[kHTProxyMaxRanks];
+      int nsrc = 0;
+      bool ok = true;
+      for (int j = 0; j < R && ok; ++j) {
+        if (!in_rank[t * R + j]) continue;
+        const int64_t before = c > 0 ? send_prefix[j * C + c - 1] : 0;
+        const int64_t pos = s_base[j] + (send_head[t * R + j] - before);
+        if (pos >= tail[j]) {
+          int64_t got = 0;
+          if (lane == 0)
+            got = wait_counter(proxy_counter(a, j, a.first_ring + c), pos + 1, a.status, a.timeout_ns, a.err,
+                               kPhaseHTCombineRecv, a.rank, j, c, nullptr);
+          got = int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
+                        (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
+          if (got < 0) ok = false;
+          tail[j] = got;
+        }
+        rows[nsrc++] = receive_slot(a, j, c, pos);
+      }
+      if (ok) reduce_token(p, t, rows, nsrc);
+      else if (lane == 0) s_fail = 1;
+    }
+    __syncthreads();  // every read of this round's slots done before their credits go back
+    if (s_fail) return;
+    if (tid < R) {
+      for (int u = tb; u < tb + B && u < t_end; ++u) consumed += in_rank[int64_t(u) * R + tid];
+      const int64_t lazy = half > 1 ? half : 1;
+      if (consumed - credited > 0 && (consumed - credited >= lazy || tb + B >= t_end)) {
+        if (!push_credit(a, tid, c, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
+        credited = consumed;
+      }
+    }
+  }
+  if (tid < R && consumed > 0) a.state->recv_pos[tid][c] = uint64_t(s_base[tid] + consumed);
+}
