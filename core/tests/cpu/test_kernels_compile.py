@@ -6,14 +6,17 @@ they are absent the tests skip, except under CI, where that is a failure."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from uccl_ep.cuda import jit, runtime
+from uccl_ep.cuda import ht_variants, jit, runtime
 
 KERNELS = sorted(p.name for p in jit.kernel_dir().glob("*.cu"))
+# Sources of the bulk-copy (TMA) HT variants: NVIDIA sm_90+ only, refused on HIP at compile time.
+CUDA_ONLY = {src for v in ht_variants.VARIANTS.values() if v.bulk for src, _ in (v.dispatch, v.combine)}
 
 
 def _tool_or_skip(what: str, path):
@@ -46,7 +49,7 @@ def test_nvcc_sm90_sm100(source, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("source", KERNELS)
+@pytest.mark.parametrize("source", [k for k in KERNELS if k not in CUDA_ONLY])
 def test_hipcc_gfx90a(source, tmp_path):
     hipcc = _tool_or_skip("hipcc", shutil.which("hipcc"))
     cmd = [hipcc, "-std=c++17", "-x", "hip", "--offload-arch=gfx90a", "-O3", f"-I{jit.include_dir()}", "-c",
@@ -111,3 +114,84 @@ def test_device_push_split_store_variant(tmp_path):
     ptx = _push_ptx(tmp_path, "-DUCCL_EP_FIFO_SPLIT_STORE")
     assert "st.release.sys.global.v2.u64" not in ptx
     assert ptx.count("st.release.sys.global.u64") >= 1 and "st.relaxed.sys.global.u64" in ptx
+
+
+# ---- HT kernel variants (UCCL_EP_HT_VARIANT; uccl_ep/cuda/ht_variants.py) ---------------------------
+_BULK_VARIANTS = [v for v in ht_variants.VARIANTS.values() if v.bulk]
+_PARAMS = {"dispatch": "HTDispatchParams", "combine": "HTCombineParams"}  # what ht.py packs for each
+
+
+def _variant_cases():
+    """(variant, which, ranks): dispatch does not depend on the rank count, combine sizes arrays by it."""
+    return [(v, which, r) for v in _BULK_VARIANTS for which, ranks in (("dispatch", (2,)), ("combine", (2, 8)))
+            for r in ranks]
+
+
+@pytest.mark.parametrize("variant,which,ranks", _variant_cases(),
+                         ids=lambda a: a.name if isinstance(a, ht_variants.Variant) else str(a))
+def test_ht_variant_resources(variant, which, ranks, tmp_path):
+    """Each variant kernel builds for sm_90a and sm_100a with its own -D geometry, without spills or a
+    stack frame, and fits 512 threads (<= 128 registers each) at one block per SM."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    source, kernel = getattr(variant, which)
+    cmd = [str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-c", "-Xptxas", "-v",
+           "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_100a,code=sm_100a", "-DNDEBUG",
+           *(f"-D{d}" for d in variant.defines(ranks)), str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = res.stderr
+    regs = [int(m) for m in re.findall(r"Used (\d+) registers", info)]
+    assert len(regs) == 2 and max(regs) <= 128, info
+    assert "0 bytes spill stores" in info and "spill stores, 0 bytes spill loads" in info, info
+    assert not re.search(r"[1-9]\d* bytes spill", info) and not re.search(r"[1-9]\d* bytes stack frame", info), info
+    assert f"'{kernel}'" in info, info
+
+
+@pytest.mark.parametrize("variant", list(ht_variants.VARIANTS.values()), ids=lambda v: v.name)
+def test_ht_variant_param_abi(variant, tmp_path):
+    """The entry of every variant kernel takes exactly the struct ht.py packs for it (PTX param size
+    = 8 x its fields), and a bulk variant really uses bulk copies and never traps."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    for which in ("dispatch", "combine"):
+        source, kernel = getattr(variant, which)
+        out = tmp_path / f"{which}.ptx"
+        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                              *(f"-D{d}" for d in variant.defines(2)), str(jit.kernel_dir() / source), "-o", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        ptx = out.read_text()
+        m = re.search(rf"\.entry {re.escape(kernel)}\(\s*\.param \.align 8 \.b8 \w+\[(\d+)\]\s*\)", ptx)
+        assert m, f"{kernel}: entry with one by-value struct parameter not found"
+        assert int(m.group(1)) == 8 * len(runtime.param_fields(_PARAMS[which])), (kernel, m.group(1))
+        assert "trap" not in ptx
+        if variant.bulk:
+            for op in ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
+                       "fence.proxy.async.global", "st.release.sys.global.u64", "ld.acquire.sys.global.u64"):
+                assert op in ptx, f"{kernel}: no {op}"
+        if variant.bulk and which == "dispatch":
+            assert "cp.async.bulk.global.shared::cta.bulk_group" in ptx
+
+
+@pytest.mark.parametrize("variant", _BULK_VARIANTS, ids=lambda v: v.name)
+def test_ht_variant_smem_matches_header(variant, tmp_path):
+    """ht_variants' shared-memory size per warp is the header's kStreamAreaBytes for the same -D
+    geometry, and a 512-thread block of it fits sm_90's 227 KiB."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    src = tmp_path / "probe.cu"
+    src.write_text('#include "uccl_ep/device/ht_bulk.cuh"\n'
+                   f"static_assert(uccl_ep::dev::bulk::kStreamAreaBytes == {variant.area_bytes()}u, \"area\");\n")
+    res = subprocess.run([str(nvcc), "-std=c++17", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                          *(f"-D{d}" for d in variant.defines(2)), str(src), "-o", str(tmp_path / "p.ptx")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ht_variants.smem_bytes(variant, 512) <= 227 * 1024
+
+
+def test_hipcc_refuses_cuda_only_variants_with_a_reason(tmp_path):
+    hipcc = _tool_or_skip("hipcc", shutil.which("hipcc"))
+    assert CUDA_ONLY, "no bulk variant registered"
+    for source in sorted(CUDA_ONLY):
+        res = subprocess.run([hipcc, "-std=c++17", "-x", "hip", "--offload-arch=gfx90a", "-O3", f"-I{jit.include_dir()}",
+                              "-c", str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode != 0 and "CUDA-only" in res.stderr, (source, res.stderr[-2000:])
