@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy variants
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
+#   variants: the HT kernel variants (UCCL_EP_HT_VARIANT): for each new one its bitwise GPU test
+#          against uccl_ep.refs, then `uccl-ep bench --mode ht` at 24/16/12/8 SMs ->
+#          $OUT/ht_variant_<variant>_<sms>.json; the same sweep of `default`; a mixed-variant test;
+#          full-size tests; a summary table ($OUT/ht_variants.md). A variant failing its test is not
+#          benchmarked. Bounded: HT_BUDGET_S (default 420 s) for the whole step, each command under
+#          its own timeout. HT_VARIANTS (new variants) / HT_SMS override the lists.
+#          One call, 2 GPUs: bash core/tests/gpu/run_device.sh isolate build variants
 # Logs and JSON go to $OUT (or ./gpu-out).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -25,8 +32,8 @@ for step in $STEPS; do
       $PY -m pip install -q --no-build-isolation --no-deps -e core > "$OUT/pip_build.log" 2>&1 || \
         grep -E "error|Error" "$OUT/pip_build.log" | head -20
       $PY -c "import uccl_ep._C as C; print('cuda', C.cuda.available(), C.cuda.driver_version())" ;;
-    test)
-      $PY -m pytest core/tests/gpu -x -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    test)  # the unverified HT variants run in `variants` (a failing experiment must not stop -x here)
+      $PY -m pytest core/tests/gpu -x -q -p no:cacheprovider -k "not tma" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     ll)
       for t in 128 256 512; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --num-tokens $t --iters 50 --warmup 10 \
@@ -37,6 +44,40 @@ for step in $STEPS; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
           --json "$OUT/ht_$sms.json" 2>&1 | tail -8
       done ;;
+    variants)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
+      t0=$SECONDS; budget=${HT_BUDGET_S:-420}
+      left() { echo $(( budget - (SECONDS - t0) )); }
+      bounded() {  # bounded CAP CMD...: run under min(CAP, time left); 124 when skipped or cut
+        local cap=$1; shift; local l; l=$(left)
+        if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
+        timeout -k 10 $(( cap < l ? cap : l )) "$@"
+      }
+      T=core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference
+      sweep() {  # sweep VARIANT: the SM sweep of one variant
+        for sms in ${HT_SMS:-24 16 12 8}; do
+          UCCL_EP_HT_VARIANT=$1 bounded 80 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms \
+            --iters 10 --warmup 3 --timeout 75 --json "$OUT/ht_variant_${1}_${sms}.json" 2>&1 | tail -5
+        done
+      }
+      # Priority order (the budget may cut the tail): each new variant's small bitwise test, then its
+      # sweep (the bench verifies the 4096-token rows too); ranks mixing variants; the default's
+      # sweep on this machine; last, the new variants' full-size bitwise tests.
+      VS=${HT_VARIANTS:-tma tma-wide}
+      for v in $VS; do
+        echo "--- variant $v ($(left) s left)"
+        bounded 120 $PY -m pytest -x -q -p no:cacheprovider "$T[small-$v]" 2>&1 | tee "$OUT/ht_variant_${v}_tests.log" | tail -4
+        if [[ ${PIPESTATUS[0]} == 0 ]]; then sweep $v; else echo "variant $v: small test FAILED or cut, not benchmarked"; fi
+      done
+      echo "--- mixed variants, default sweep, full-size tests ($(left) s left)"
+      bounded 120 $PY -m pytest -q -p no:cacheprovider -k mixed core/tests/gpu/test_cuda_ht.py 2>&1 | \
+        tee "$OUT/ht_variant_mixed_tests.log" | tail -4
+      sweep default
+      for v in $VS; do
+        bounded 200 $PY -m pytest -x -q -p no:cacheprovider "$T[deepseek-$v]" 2>&1 | \
+          tee -a "$OUT/ht_variant_${v}_tests.log" | tail -4
+      done
+      $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_variants.md" ;;
     proxy)
       $PY -m pytest core/tests/gpu/test_cuda_ll_proxy.py -x -q -p no:cacheprovider 2>&1 | \
         tee "$OUT/gpu_proxy_tests.log" | tail -25
