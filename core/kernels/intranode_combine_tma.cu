@@ -165,13 +165,14 @@ UCCL_DEVICE void recv_tokens(const Ctx& x, uint8_t* area, const uint64_t (&bases
   auto* stage_slice = stage_desc + kRecvStages;
   const int64_t header = (reinterpret_cast<uint8_t*>(stage_slice + kRecvStages) - area + 127) / 128 * 128;
   uint8_t* stages = area + header;
-  int64_t sl = (int64_t(bulk::kStreamAreaBytes) - header) / kRecvStages / nslots / 16 * 16;
-  if (sl > x.rb) sl = x.rb;
-  if (sl < 16) {
+  // Slices: as few as the stages allow, of equal size (no short tail slice), multiples of 16 bytes.
+  const int64_t sl_max = (int64_t(bulk::kStreamAreaBytes) - header) / kRecvStages / nslots / 16 * 16;
+  if (sl_max < 16) {
     if (lane == 0) raise_error(x.err, kErrProtocol, kPhaseHTCombineRecv, x.me, -1, x.c, 0);  // host sized it wrong
     return;
   }
-  const int nsl = int((x.rb + sl - 1) / sl);
+  const int nsl = int((x.rb + sl_max - 1) / sl_max);
+  const int64_t sl = ((x.rb + nsl - 1) / nsl + 15) / 16 * 16;
   const int64_t stage_bytes = sl * nslots;
   if (lane == 0) {
     for (int s = 0; s < kRecvStages; ++s) bulk::mbar_init(bars + s, 1);
