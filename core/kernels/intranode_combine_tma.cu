@@ -29,11 +29,7 @@ using bulk::WaitSite;
 
 namespace {
 
-#ifndef UCCL_EP_RANKS
-#define UCCL_EP_RANKS kHTMaxRanks
-#endif
-constexpr int kRanks = UCCL_EP_RANKS;
-static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
+constexpr int kRanks = bulk::kRanks;
 
 constexpr int kHeadSlack = 16;                 // receiver: positions a head may lag before republishing
 constexpr int kRecvStages = 3;                 // receiver: slices in flight per warp
@@ -49,13 +45,10 @@ struct alignas(16) Desc {
   uint32_t inmask;              // bit j: the token went to rank j
 };
 
-struct Ctx {
+struct Ctx : tma::Channel {
   const HTCombineParams* p;
-  int R, C, G, me, c, t_begin, t_end;
-  int64_t S, K, rb;  // ring slots, top-k, bytes of a BF16 row
-  int64_t w_off;     // weights inside a slot: after the 16-aligned row
-  const uint64_t* peer;
-  ErrorWord* err;
+  int64_t K, rb;  // top-k, bytes of a BF16 row
+  int64_t w_off;  // weights inside a slot: after the 16-aligned row
 };
 
 UCCL_DEVICE uint64_t* head_of(const Ctx& x, int j, int warp) {
@@ -337,29 +330,14 @@ UCCL_DEVICE void recv_tokens(const Ctx& x, uint8_t* area, const uint64_t (&bases
 extern "C" __global__ void __launch_bounds__(512, 1) ht_combine_tma(const UCCL_GRID_CONSTANT HTCombineParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   Ctx x;
+  static_cast<tma::Channel&>(x) = tma::channel_of(p);
   x.p = &p;
-  x.R = int(p.num_ranks);
-  x.C = int(p.num_channels);
-  x.G = int(p.warps_per_peer);
-  x.me = int(p.rank);
-  x.c = blockIdx.x / 2;
-  const bool sender = (blockIdx.x & 1) == 0;
-  const int T = int(p.num_tokens);
-  const int per = (T + x.C - 1) / x.C;
-  x.t_begin = min(T, x.c * per);
-  x.t_end = min(T, x.t_begin + per);
-  x.S = p.ring_slots;
   x.K = p.num_topk;
   x.rb = p.hidden * 2;
   x.w_off = (x.rb + 15) / 16 * 16;
-  x.peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
-  x.err = reinterpret_cast<ErrorWord*>(p.error);
+  const bool sender = x.sender;
   const int NW = x.R * x.G;
-  if (bulk::dynamic_smem_bytes() < uint32_t(num_warps()) * bulk::kStreamAreaBytes) {
-    if (threadIdx.x == 0)
-      raise_error(x.err, kErrProtocol, sender ? kPhaseHTCombineSend : kPhaseHTCombineRecv, x.me, -1, x.c, 0);
-    return;
-  }
+  if (!tma::smem_ok(x, sender ? kPhaseHTCombineSend : kPhaseHTCombineRecv)) return;
 
   // Bases are read by every warp before any warp of the block can advance them.
   const int i = warp_id() / x.G;

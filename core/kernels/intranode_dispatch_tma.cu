@@ -104,13 +104,11 @@ UCCL_DEVICE void copy_meta(const Meta& m, int ns, int K) {
   if (m.src_dst != nullptr && lane == 0) *m.src_dst = sv;
 }
 
-struct Ctx {
+struct Ctx : tma::Channel {
   const HTDispatchParams* p;
-  int R, C, G, me, c, w, t_begin, t_end;
-  int64_t S, K, hb, ns;
+  int w;  // warp within its group
+  int64_t K, hb, ns;
   Slot L;
-  const uint64_t* peer;
-  ErrorWord* err;
 };
 
 // Sender group for rank j: walk channel c's tokens, number those for j, handle own ones (k % G == w).
@@ -273,31 +271,16 @@ UCCL_DEVICE void recv_peer(const Ctx& x, CopyStream& st, int i, uint64_t base) {
 extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch_tma(const UCCL_GRID_CONSTANT HTDispatchParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   Ctx x;
+  static_cast<tma::Channel&>(x) = tma::channel_of(p);
   x.p = &p;
-  x.R = int(p.num_ranks);
-  x.C = int(p.num_channels);
-  x.G = int(p.warps_per_peer);
-  x.me = int(p.rank);
-  x.c = blockIdx.x / 2;
   x.w = warp_id() % x.G;
-  const bool sender = (blockIdx.x & 1) == 0;
-  const int grp = warp_id() / x.G;
-  const int T = int(p.num_tokens);
-  const int per = (T + x.C - 1) / x.C;
-  x.t_begin = min(T, x.c * per);
-  x.t_end = min(T, x.t_begin + per);
-  x.S = p.ring_slots;
   x.K = p.num_topk;  // 0 for cached dispatch
   x.hb = p.hidden_bytes;
   x.ns = p.num_scales;
   x.L = slot_layout(p.hidden_bytes, p.num_scales, x.K);
-  x.peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
-  x.err = reinterpret_cast<ErrorWord*>(p.error);
-  const int phase = sender ? kPhaseHTDispatchSend : kPhaseHTDispatchRecv;
-  if (bulk::dynamic_smem_bytes() < uint32_t(num_warps()) * bulk::kStreamAreaBytes) {
-    if (threadIdx.x == 0) raise_error(x.err, kErrProtocol, phase, x.me, -1, x.c, 0);  // host sized it wrong
-    return;
-  }
+  const bool sender = x.sender;
+  const int grp = warp_id() / x.G;
+  if (!tma::smem_ok(x, sender ? kPhaseHTDispatchSend : kPhaseHTDispatchRecv)) return;
 
   // Bases are read by every warp before any warp of the block can advance them.
   uint64_t base = 0;

@@ -36,6 +36,9 @@
 #ifndef UCCL_EP_HT_PUBLISH
 #define UCCL_EP_HT_PUBLISH 8      // own tokens between progress publications (before ring caps it)
 #endif
+#ifndef UCCL_EP_RANKS
+#define UCCL_EP_RANKS 8           // ranks the combine's per-rank register arrays are sized for
+#endif
 
 namespace uccl_ep::dev::bulk {
 
@@ -47,6 +50,8 @@ static_assert(kChunk % 128 == 0 && kChunk >= 128, "UCCL_EP_HT_CHUNK: a multiple 
 static_assert(kStages >= 2 && kStages <= 16, "UCCL_EP_HT_STAGES out of range");
 static_assert(kLook >= 1 && kLook < kStages, "UCCL_EP_HT_LOOKAHEAD: 1 .. STAGES-1");
 static_assert(kPublishEvery >= 1, "UCCL_EP_HT_PUBLISH >= 1");
+constexpr int kRanks = UCCL_EP_RANKS;
+static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS: 1 .. kHTMaxRanks");
 
 // Control words of one stream: per stage an mbarrier, the store destination, its length and a tag.
 constexpr uint32_t kCtrlBytes = (uint32_t(kStages) * (8 + 8 + 8 + 4) + 127) / 128 * 128;

@@ -22,6 +22,41 @@ namespace uccl_ep::dev::tma {
 using bulk::CopyStream;
 using bulk::WaitSite;
 
+// What every HT kernel block derives from its parameters (HTDispatchParams or HTCombineParams):
+// channel c = block / 2 owns the contiguous token range c (DeepEP's split); even blocks send.
+struct Channel {
+  int R, C, G, me, c, t_begin, t_end;
+  bool sender;
+  int64_t S;
+  const uint64_t* peer;
+  ErrorWord* err;
+};
+
+template <typename Params>
+UCCL_DEVICE Channel channel_of(const Params& p) {
+  Channel ch;
+  ch.R = int(p.num_ranks);
+  ch.C = int(p.num_channels);
+  ch.G = int(p.warps_per_peer);
+  ch.me = int(p.rank);
+  ch.c = int(blockIdx.x / 2);
+  ch.sender = (blockIdx.x & 1) == 0;
+  const int T = int(p.num_tokens), per = (T + ch.C - 1) / ch.C;
+  ch.t_begin = min(T, ch.c * per);
+  ch.t_end = min(T, ch.t_begin + per);
+  ch.S = p.ring_slots;
+  ch.peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
+  ch.err = reinterpret_cast<ErrorWord*>(p.error);
+  return ch;
+}
+
+// False (and the error word says why) when the host gave less shared memory than the kernel lays out.
+UCCL_DEVICE bool smem_ok(const Channel& ch, int phase) {
+  if (bulk::dynamic_smem_bytes() >= uint32_t(num_warps()) * bulk::kStreamAreaBytes) return true;
+  if (threadIdx.x == 0) raise_error(ch.err, kErrProtocol, phase, ch.me, -1, ch.c, 0);
+  return false;
+}
+
 // Lane 0 decides, every lane learns the outcome.
 UCCL_DEVICE bool warp_all_ok(bool lane0_ok) { return shfl_idx(lane0_ok ? 1 : 0, 0) != 0; }
 
