@@ -1,0 +1,362 @@
+"""A CPU stand-in for the proxy-path normal-mode kernels (core/kernels/internode_*.cu), for tests.
+
+It reads the very parameter structs the engine packs (names from kernel_abi_internode.h), follows
+the kernels' protocol step for step -- meta records and fences, per (peer, channel) ring streams,
+staged rounds, one ordered Write per round, credits -- and pushes the same commands through the
+rank's real proxy, so a test runs uccl_ep.cuda.ht_internode end to end on CPU tensors and compares
+with uccl_ep.refs. Warps are not modelled: each stream is one cooperative generator, all of a
+launch's streams are interleaved until done (as the kernel's co-resident blocks are).
+
+What it cannot show: that the CUDA code does the same. It is the executable reading of the
+kernels' comments; core/tests/gpu/test_cuda_ht_internode.py checks the kernels themselves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+
+import numpy as np
+import torch
+
+from uccl_ep.cuda import ht_internode_plan as plan
+from uccl_ep.cuda import runtime
+from uccl_ep.proxy import native
+
+C = native()
+
+
+def mem(addr: int, nbytes: int, dtype=np.uint8) -> np.ndarray:
+    """Writable numpy view of [addr, addr + nbytes)."""
+    if nbytes == 0:
+        return np.zeros(0, dtype=dtype)
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
+    return raw.view(dtype)
+
+
+def unpack(struct_name: str, params: bytes) -> dict:
+    fields = runtime._abi_structs()[struct_name]
+    fmt = "<" + "".join("Q" if t == "uint64_t" else "q" for t, _ in fields)
+    return dict(zip((f for _, f in fields), struct.unpack(fmt, params)))
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class State:
+    """numpy views of HTProxyState."""
+
+    def __init__(self, addr: int) -> None:
+        off = plan.state_offsets()
+        R, Cn = plan.MAX_RANKS, plan.MAX_CHANNELS
+        self.op = mem(addr + off["op"], 4, np.uint32)
+        self.seen = mem(addr + off["seen"], 16 * R, np.int64).reshape(2, R)
+        self.send_pos = mem(addr + off["send_pos"], 8 * R * Cn, np.uint64).reshape(R, Cn)
+        self.recv_pos = mem(addr + off["recv_pos"], 8 * R * Cn, np.uint64).reshape(R, Cn)
+
+
+class Emulator:
+    """Executes kernel launches of one rank against its proxy."""
+
+    def __init__(self, proxy, timeout_s: float = 60.0) -> None:
+        self.proxy, self.timeout_s = proxy, timeout_s
+        self.launches: list[tuple[str, dict]] = []
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def launch(self, name: str, grid, block: int, params: bytes, smem: int = 0) -> None:
+        struct_name = {"ht_layout": "HTLayoutParams", "ht_proxy_notify": "HTProxyNotifyParams",
+                       "ht_proxy_dispatch": "HTProxyDispatchParams", "ht_proxy_combine": "HTProxyCombineParams"}[name]
+        p = unpack(struct_name, params)
+        self.launches.append((name, dict(p, grid=grid, block=block)))
+        getattr(self, name)(p)
+
+    def _check_proxy_words(self, p: dict) -> None:
+        assert p["region"] == C.proxy_region_address(self.proxy), "region is not the proxy's"
+        assert p["num_fifos"] == self.proxy.num_fifos
+        addr, nbytes = C.proxy_counters_address(self.proxy)
+        assert p["counters"] == addr and nbytes == p["num_ranks"] * p["num_counters"] * 8
+
+    def _run(self, gens, phase: str) -> None:
+        live = list(gens)
+        deadline = time.monotonic() + self.timeout_s
+        while live:
+            progress, keep = False, []
+            for g in live:
+                try:
+                    progress |= next(g)
+                    keep.append(g)
+                except StopIteration:
+                    progress = True
+            live = keep
+            if not progress:
+                self.proxy.raise_if_failed()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"emulated {phase}: {len(live)} streams still waiting")
+                time.sleep(0.0002)
+
+    # -- layout.cu ---------------------------------------------------------------------------------
+    def ht_layout(self, p: dict) -> None:
+        T, K, E, R = p["num_tokens"], p["num_topk"], p["num_experts"], p["num_ranks"]
+        topk = mem(p["topk_idx"], 8 * T * K, np.int64).reshape(T, K)
+        valid = (topk >= 0) & (topk < E)
+        np.add.at(mem(p["num_tokens_per_expert"], 4 * E, np.int32), topk[valid], 1)
+        in_rank = np.zeros((T, R), dtype=bool)
+        rows, cols = np.nonzero(valid)
+        in_rank[rows, topk[rows, cols] // (E // R)] = True
+        mem(p["is_token_in_rank"], T * R, np.uint8)[:] = in_rank.reshape(-1)
+        mem(p["num_tokens_per_rank"], 4 * R, np.int32)[:] += in_rank.sum(0).astype(np.int32)
+
+    # -- internode_notify.cu -----------------------------------------------------------------------
+    def ht_proxy_notify(self, p: dict) -> None:
+        self._check_proxy_words(p)
+        R, me, L, hs = p["num_ranks"], p["rank"], p["record_ints"], bool(p["handshake"])
+        st = State(p["state"])
+        par = int(st.op[0]) & 1
+        counter = plan.META_COUNTER0 + par
+        region, base, slot = p["region"], p["meta_base"], p["meta_slot_bytes"]
+        f = counter % p["num_fifos"]
+        if not hs:
+            per_dst = mem(p["per_dst"], 8 * R * L, np.int64).reshape(R, L)
+            for d in range(R):
+                mem(region + base + ((2 + par) * R + d) * slot, 8 * L, np.int64)[:] = per_dst[d]
+        for d in range(R):
+            if not hs:
+                self.proxy.push(f, *C.encode_counted_write(d, base + ((2 + par) * R + d) * slot,
+                                                           base + (par * R + me) * slot, 8 * L, counter), 10.0)
+            self.proxy.push(f, *C.encode_atomic(d, counter, 1 if hs else 2, True), 10.0)
+        for s in range(R):
+            target = int(st.seen[par, s]) + (1 if hs else 2)
+            self.proxy.wait_counter(s, counter, target, self.timeout_s, "emulated ht_notify")
+            st.seen[par, s] = target
+        if not hs:
+            out = mem(p["meta_out"], 8 * R * L, np.int64).reshape(R, L)
+            for s in range(R):
+                out[s] = mem(region + base + (par * R + s) * slot, 8 * L, np.int64)
+            if p["check_col"] >= 0:
+                bad = np.nonzero(out[:, p["check_col"]] != per_dst[0, p["check_col"]])[0]
+                assert bad.size == 0, f"ranks {bad.tolist()} use another message size"
+            E_loc = p["num_local_experts"]
+            host = mem(p["host"], 4 * (2 + R + E_loc), np.int32)
+            a = p["expert_alignment"]
+            sums = out[:, p["expert_col"]:p["expert_col"] + E_loc].sum(0)
+            host[2 + R:2 + R + E_loc] = (sums + a - 1) // a * a
+            host[2:2 + R] = out[:, me]
+            rows = int(out[:, me].sum())
+            assert not (p["num_worst_tokens"] > 0 and rows > p["num_worst_tokens"]), "num_worst_tokens exceeded"
+            host[1] = rows
+            host[0] = p["host_tag"]
+        st.op[0] += 1
+
+    # -- the ring streams (device/internode_ring.cuh) ----------------------------------------------
+    def _send(self, p, st, dst, c, n, stage):
+        S, msg, ring = p["ring_slots"], p["msg_bytes"], p["first_ring"] + c
+        base = int(st.send_pos[dst, c])
+        credit, k0 = 0, 0
+        while k0 < n:
+            pos = base + k0
+            while pos - credit >= S:
+                credit = self.proxy.counter(dst, p["head_base"] + ring)
+                if pos - credit >= S:
+                    yield False
+            k1 = k0 + min(n - k0, p["chunk"], S - pos % S, S - (pos - credit))
+            stage(k0, k1, base)
+            slot0 = pos % S
+            src = plan_slot(p["send_base"], dst, c, p["num_channels"], S, slot0, msg)
+            to = plan_slot(p["recv_base"], p["rank"], c, p["num_channels"], S, slot0, msg)
+            self.proxy.push(ring % p["num_fifos"], *C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0),
+                            10.0)
+            k0 = k1
+            yield True
+        if n:
+            st.send_pos[dst, c] = base + n
+
+    def _recv(self, p, st, src, c, n, consume):
+        S, ring = p["ring_slots"], p["first_ring"] + c
+        base = int(st.recv_pos[src, c])
+        tail, credited, k0, lazy = 0, base, 0, max(1, S // 2)
+        while k0 < n:
+            pos = base + k0
+            while tail <= pos:
+                tail = self.proxy.counter(src, ring)
+                if tail <= pos:
+                    yield False
+            k1 = k0 + min(n - k0, tail - pos)
+            consume(k0, k1, base)
+            consumed = base + k1
+            if consumed - credited >= lazy or k1 == n:
+                self.proxy.push(ring % p["num_fifos"], *C.encode_atomic(src, p["head_base"] + ring,
+                                                                          consumed - credited, False), 10.0)
+                credited = consumed
+            k0 = k1
+            yield True
+        if n:
+            st.recv_pos[src, c] = base + n
+
+    def _slot(self, p, base_key, peer, c, pos) -> np.ndarray:
+        S, msg = p["ring_slots"], p["msg_bytes"]
+        return mem(p["region"] + plan_slot(p[base_key], peer, c, p["num_channels"], S, pos % S, msg), msg)
+
+    # -- internode_dispatch.cu ---------------------------------------------------------------------
+    def ht_proxy_dispatch(self, p: dict) -> None:
+        self._check_proxy_words(p)
+        R, Cn, T, K, ns, hb = (p[k] for k in ("num_ranks", "num_channels", "num_tokens", "num_topk", "num_scales",
+                                              "hidden_bytes"))
+        msg = plan.dispatch_msg_bytes(hb, ns, K)
+        assert msg == p["msg_bytes"]
+        off_s, off_k, off_w, off_src = hb, hb + 4 * ns, hb + 4 * ns + 8 * K, hb + 4 * ns + 12 * K
+        st = State(p["state"])
+        x = mem(p["x"], T * hb).reshape(T, hb)
+        in_rank = mem(p["is_token_in_rank"], T * R).reshape(T, R).astype(bool)
+        scales = mem(p["x_scales"], 4 * ((T - 1) * p["scale_stride_token"] + (ns - 1) * p["scale_stride_col"] + 1),
+                     np.uint32) if ns and T else None
+        topk = mem(p["topk_idx"], 8 * T * K, np.int64).reshape(T, K) if K else None
+        tw = mem(p["topk_weights"], 4 * T * K, np.uint32).reshape(T, K) if K else None
+        send_prefix = mem(p["send_prefix"], 4 * R * Cn, np.int32).reshape(R, Cn)
+        recv_prefix = mem(p["recv_prefix"], 4 * R * Cn, np.int32).reshape(R, Cn)
+        recv_end = mem(p["recv_end"], 4 * R, np.int32)
+        rows = p["num_rows"]
+        rx = mem(p["recv_x"], rows * hb).reshape(rows, hb)
+        rsc = mem(p["recv_scales"], 4 * rows * ns, np.uint32).reshape(rows, ns) if ns else None
+        ridx = mem(p["recv_topk_idx"], 8 * rows * K, np.int64).reshape(rows, K) if p["recv_topk_idx"] else None
+        rw = mem(p["recv_topk_weights"], 4 * rows * K, np.uint32).reshape(rows, K) if p["recv_topk_idx"] else None
+        rsrc = mem(p["recv_src_idx"], 4 * rows, np.int32) if p["recv_src_idx"] else None
+        real = int(recv_end[R - 1])
+        if ridx is not None:
+            ridx[real:], rw[real:] = -1, 0
+        if rsrc is not None:
+            rsrc[real:] = -1
+        per = (T + Cn - 1) // Cn
+        E_loc = p["num_experts"] // R
+        lo = p["rank"] * E_loc
+
+        def stager(j, c):
+            toks = [t for t in range(min(T, c * per), min(T, c * per + per)) if in_rank[t, j]]
+
+            def stage(k0, k1, base):
+                for k in range(k0, k1):
+                    t, m = toks[k], self._slot(p, "send_base", j, c, base + k)
+                    m[:hb] = x[t]
+                    if ns:
+                        idx = t * p["scale_stride_token"] + np.arange(ns) * p["scale_stride_col"]
+                        m[off_s:off_s + 4 * ns] = scales[idx].view(np.uint8)
+                    if K:
+                        m[off_k:off_k + 8 * K] = topk[t].view(np.uint8)
+                        m[off_w:off_w + 4 * K] = tw[t].view(np.uint8)
+                    m[off_src:off_src + 4] = np.array([t], np.int32).view(np.uint8)
+            return stage
+
+        def consumer(i, c, start):
+            def consume(k0, k1, base):
+                for k in range(k0, k1):
+                    m, row = self._slot(p, "recv_base", i, c, base + k), start + k
+                    if row >= rows:
+                        continue
+                    rx[row] = m[:hb]
+                    if ns:
+                        rsc[row] = m[off_s:off_s + 4 * ns].view(np.uint32)
+                    if ridx is not None:
+                        g = m[off_k:off_k + 8 * K].copy().view(np.int64)
+                        local = (g >= lo) & (g < lo + E_loc)
+                        ridx[row] = np.where(local, g - lo, -1)
+                        rw[row] = np.where(local, m[off_w:off_w + 4 * K].copy().view(np.uint32), 0)
+                    if rsrc is not None:
+                        rsrc[row] = m[off_src:off_src + 4].copy().view(np.int32)[0]
+            return consume
+
+        gens = []
+        for c in range(Cn):
+            for j in range(R):
+                n = int(send_prefix[j, c]) - (int(send_prefix[j, c - 1]) if c else 0)
+                gens.append(self._send(p, st, j, c, n, stager(j, c)))
+            for i in range(R):
+                start = int(recv_prefix[i, c])
+                end = int(recv_prefix[i, c + 1]) if c + 1 < Cn else int(recv_end[i])
+                gens.append(self._recv(p, st, i, c, end - start, consumer(i, c, start)))
+        self._run(gens, "ht_proxy_dispatch")
+
+    # -- internode_combine.cu ----------------------------------------------------------------------
+    def ht_proxy_combine(self, p: dict) -> None:
+        self._check_proxy_words(p)
+        R, Cn, T, H, K = (p[k] for k in ("num_ranks", "num_channels", "num_tokens", "hidden", "num_topk"))
+        assert plan.combine_msg_bytes(H, K) == p["msg_bytes"]
+        st = State(p["state"])
+        recv_prefix = mem(p["recv_prefix"], 4 * R * Cn, np.int32).reshape(R, Cn)
+        recv_end = mem(p["recv_end"], 4 * R, np.int32)
+        send_prefix = mem(p["send_prefix"], 4 * R * Cn, np.int32).reshape(R, Cn)
+        in_rank = mem(p["is_token_in_rank"], T * R).reshape(T, R).astype(bool)
+        head = mem(p["send_head"], 4 * T * R, np.int32).reshape(T, R)
+        rows_total = int(recv_end[R - 1]) if R else 0
+        xs = mem(p["x"], 2 * H * max(rows_total, 1), np.uint16).reshape(-1, H)
+        w = mem(p["topk_weights"], 4 * K * max(rows_total, 1), np.uint32).reshape(-1, K) if p["topk_weights"] else None
+        out = mem(p["out"], 2 * T * H, np.uint16).reshape(T, H)
+        out_w = mem(p["out_weights"], 4 * T * K, np.float32).reshape(T, K) if p["out_weights"] else None
+        biases = [mem(p[b], 2 * T * H, np.uint16).reshape(T, H) if p[b] else None for b in ("bias0", "bias1")]
+        S = p["ring_slots"]
+        per = (T + Cn - 1) // Cn
+
+        def stager(i, c, start):
+            def stage(k0, k1, base):
+                for k in range(k0, k1):
+                    m = self._slot(p, "send_base", i, c, base + k)
+                    m[:2 * H] = xs[start + k].view(np.uint8)
+                    if w is not None:
+                        m[2 * H:2 * H + 4 * K] = w[start + k].view(np.uint8)
+            return stage
+
+        def reducer(c):
+            base = [int(st.recv_pos[j, c]) for j in range(R)]
+            tail = [0] * R
+            consumed, credited = [0] * R, [0] * R
+            B = max(1, min(16, S // 2))
+            lazy = max(1, S // 2)
+            t0, t1 = min(T, c * per), min(T, c * per + per)
+            for tb in range(t0, t1, B):
+                for t in range(tb, min(tb + B, t1)):
+                    acc = np.zeros(H, np.float32)
+                    if biases[0] is not None:
+                        acc = _bf16_to_f32(biases[0][t])
+                    if biases[1] is not None:
+                        acc = (acc + _bf16_to_f32(biases[1][t])).astype(np.float32)
+                    acc = (acc + np.float32(0)).astype(np.float32)
+                    acc_w = np.zeros(K, np.float32)
+                    for j in range(R):
+                        if not in_rank[t, j]:
+                            continue
+                        pos = base[j] + int(head[t, j]) - (int(send_prefix[j, c - 1]) if c else 0)
+                        while tail[j] <= pos:
+                            tail[j] = self.proxy.counter(j, p["first_ring"] + c)
+                            if tail[j] <= pos:
+                                yield False
+                        m = self._slot(p, "recv_base", j, c, pos)
+                        acc = (acc + _bf16_to_f32(m[:2 * H].copy().view(np.uint16))).astype(np.float32)
+                        acc_w = (acc_w + m[2 * H:2 * H + 4 * K].copy().view(np.float32)).astype(np.float32)
+                    out[t] = torch.from_numpy(acc).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+                    if out_w is not None:
+                        out_w[t] = acc_w
+                for j in range(R):
+                    consumed[j] += int(in_rank[tb:min(tb + B, t1), j].sum())
+                    if consumed[j] - credited[j] > 0 and (consumed[j] - credited[j] >= lazy or tb + B >= t1):
+                        self.proxy.push((p["first_ring"] + c) % p["num_fifos"],
+                                        *C.encode_atomic(j, p["head_base"] + p["first_ring"] + c,
+                                                         consumed[j] - credited[j], False), 10.0)
+                        credited[j] = consumed[j]
+                yield True
+            for j in range(R):
+                if consumed[j]:
+                    st.recv_pos[j, c] = base[j] + consumed[j]
+
+        gens = []
+        for c in range(Cn):
+            for i in range(R):
+                start = int(recv_prefix[i, c])
+                end = int(recv_prefix[i, c + 1]) if c + 1 < Cn else int(recv_end[i])
+                gens.append(self._send(p, st, i, c, end - start, stager(i, c, start)))
+            gens.append(reducer(c))
+        self._run(gens, "ht_proxy_combine")
+
+
+def plan_slot(base: int, peer: int, c: int, num_rings: int, slots: int, slot: int, msg: int) -> int:
+    """ht_ring_slot of kernel_abi_internode.h."""
+    return base + ((peer * num_rings + c) * slots + slot) * msg

@@ -1,0 +1,459 @@
+"""Normal (HT) mode of the CUDA executor through the CPU proxy (uccl_ep/cuda/ht_internode.py) on CPU.
+
+1. The Python twins of kernel_abi_internode.h (state layout, message layouts, ring and meta slot
+   offsets, counters) against the header itself, compiled by g++.
+2. The host orchestration with recording fakes of the driver and kernels and real proxies in this
+   process: registered host memory, the FIFO table, every parameter struct (ring geometry =
+   the host executor's ring_spec, counters, state, meta columns), handshakes before cached
+   dispatch and combine, limits and typed refusals.
+3. End to end on 2 and 3 ranks (processes): the engine with the kernels replaced by
+   tests/cpu/ht_proxy_emulator.py, through real proxies over the ipc transport's host-memory mode
+   (with and without the fault decorator), bitwise against uccl_ep.refs: layout, BF16/FP8 rows,
+   top-k, expert counts, every handle item (10-tuple with ranks_per_node=1, 6-tuple with a forced
+   proxy on one node), num_worst_tokens, cached dispatch, combine with 0/1/2 biases, several ops
+   with changing geometry.
+
+What this cannot show: that the CUDA kernels do what the emulator does. That is
+core/tests/gpu/test_cuda_ht_internode.py, on a GPU machine (compiled here, not yet run there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ht_proxy_emulator import Emulator, unpack  # noqa: E402
+from multirank import run_ranks  # noqa: E402
+from test_proxy import make_group, stop_all  # noqa: E402
+from uccl_ep.config import Config  # noqa: E402
+from uccl_ep.cuda import ht_internode, jit, proxy_path  # noqa: E402
+from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
+from uccl_ep.errors import LimitExceeded, Unsupported  # noqa: E402
+from uccl_ep.host.ht_common import pack_table  # noqa: E402
+from uccl_ep.host.layout import MetaLayout  # noqa: E402
+from uccl_ep.proxy import native  # noqa: E402
+from uccl_ep.routing import per_channel_counts  # noqa: E402
+from uccl_ep.topology import Topology  # noqa: E402
+
+pytestmark = pytest.mark.cpu
+C = native()
+
+
+# --------------------------------------------------------------------------------------------------
+# fakes: "device" memory is host memory (so the emulator can read what the engine points at)
+# --------------------------------------------------------------------------------------------------
+class HostMem:
+    """DeviceMemory / MappedHostMemory stand-in on real host memory (device address = host address)."""
+
+    def __init__(self, device, nbytes):
+        self.device, self.nbytes = device, nbytes
+        self._buf = np.zeros(max(nbytes, 1) + 256, dtype=np.uint8)
+        self.ptr = (self._buf.ctypes.data + 127) // 128 * 128
+        self.host_ptr = self.dev_ptr = self.ptr
+
+    def int32(self, index):
+        return ctypes.c_int32.from_address(self.host_ptr + 4 * index).value
+
+    def int32_array(self, index, count):
+        return list((ctypes.c_int32 * count).from_address(self.host_ptr + 4 * index))
+
+    def free(self):
+        self.ptr = 0
+
+
+class FakeDrv:
+    ATTR_SM_COUNT = 16
+
+    def __init__(self, sms=132, offset=0):
+        self.sms, self.offset = sms, offset
+        self.registered, self.unregistered = [], []
+
+    def device_attribute(self, dev, attr):
+        return self.sms
+
+    def host_register(self, dev, base, nbytes):
+        assert base % 4096 == 0 and nbytes % 4096 == 0
+        self.registered.append((base, nbytes))
+
+    def host_unregister(self, dev, base):
+        self.unregistered.append(base)
+
+    def host_device_pointer(self, dev, p):
+        assert any(b <= p < b + n for b, n in self.registered), f"{p:#x} is not registered"
+        return p + self.offset
+
+    def memset_d8(self, dev, ptr, value, nbytes, stream):
+        ctypes.memset(ptr, value, nbytes)
+
+    def memcpy_htod(self, dev, ptr, blob):
+        ctypes.memmove(ptr, bytes(blob), len(blob))
+
+    def memcpy_dtoh(self, dev, ptr, nbytes):
+        return ctypes.string_at(ptr, nbytes)
+
+    def synchronize(self, dev):
+        pass
+
+
+class RecordingKernel:
+    def __init__(self, log, name, emulator=None):
+        self.log, self.name, self.emulator = log, name, emulator
+
+    def launch(self, grid, block, params, stream, smem=0, cooperative=False):
+        self.log.append((self.name, grid, block, params))
+        if self.emulator is not None:
+            self.emulator.launch(self.name, grid, block, params, smem)
+
+
+def _install_fakes(log, emulator=None, start_proxy=None):
+    """Replace the device runtime under the engine (in this process)."""
+    from uccl_ep.cuda import ht
+    import uccl_ep.proxy
+    ht_internode.DeviceMemory = HostMem
+    ht_internode.MappedHostMemory = HostMem
+    proxy_path.DeviceMemory = HostMem
+    ht_internode.load_kernel = lambda dev, src, name: RecordingKernel(log, name, emulator)
+    ht_internode.current_stream = ht.current_stream = lambda: 0
+    torch.cuda.synchronize = lambda *a, **k: None
+    if start_proxy is not None:
+        uccl_ep.proxy.start_proxy = start_proxy
+
+
+def _fake_ex(rank, R, rpn, nvl_bytes, drv=None, group=None):
+    ctx = SimpleNamespace(num_ranks=R, rank=rank, group=group, timeout_s=60.0, topology=Topology(R, rpn),
+                          options={"num_proxy_threads": 2})
+    err = HostMem(0, 64)
+    return SimpleNamespace(ctx=ctx, device=0, drv=drv or FakeDrv(), nvl_mem=HostMem(0, nvl_bytes),
+                           error_dev_ptr=err.ptr, _err=err, timeout_ns=int(60e9), owner=object(),
+                           check_error=lambda: None)
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. the header's twins
+# --------------------------------------------------------------------------------------------------
+_PROBE = r"""
+#include <cstddef>
+#include <cstdio>
+#include "uccl_ep/kernel_abi_internode.h"
+using namespace uccl_ep;
+int main() {
+  printf("%d %d %d %d %d %d %d\n", kHTProxyMaxRanks, kHTProxyMaxChannels, kHTProxyHeadBase, kHTProxyMetaCounter,
+         kHTProxyNumCounters, kHTProxyWarps, (int)sizeof(HTProxyState));
+  printf("%zu %zu %zu %zu\n", offsetof(HTProxyState, op), offsetof(HTProxyState, seen),
+         offsetof(HTProxyState, send_pos), offsetof(HTProxyState, recv_pos));
+  const long long cases[][3] = {{512, 0, 0}, {14336, 0, 8}, {7168, 56, 8}, {384, 3, 5}, {4096, 32, 0}, {16, 1, 1}};
+  for (auto& c : cases) {
+    HTDispatchMsg m = ht_dispatch_msg(c[0], c[1], c[2]);
+    printf("%lld %lld %lld %lld %lld %lld\n", (long long)m.scales, (long long)m.topk, (long long)m.weights,
+           (long long)m.src, (long long)m.bytes, (long long)ht_combine_msg_bytes(c[0] / 2, c[2]));
+  }
+  printf("%llu %llu %llu\n", (unsigned long long)ht_ring_slot(4096, 3, 5, 12, 40, 7, 576),
+         (unsigned long long)ht_meta_recv(1 << 20, SLOT, 4, 1, 3), (unsigned long long)ht_meta_send(1 << 20, SLOT, 4, 1, 2));
+  return 0;
+}
+"""
+
+
+def test_header_twins_agree(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "probe.cc"
+    src.write_text(_PROBE.replace("SLOT", str(MetaLayout(0, 4).slot)))
+    exe = tmp_path / "probe"
+    res = subprocess.run([cxx, "-std=c++17", f"-I{jit.include_dir()}", str(src), "-o", str(exe)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    consts = [int(v) for v in lines[0].split()]
+    off = plan.state_offsets()
+    assert consts == [plan.MAX_RANKS, plan.MAX_CHANNELS, plan.HEAD_BASE, plan.META_COUNTER0, plan.NUM_COUNTERS, 16,
+                      off["bytes"]]
+    assert [int(v) for v in lines[1].split()] == [off["op"], off["seen"], off["send_pos"], off["recv_pos"]]
+    for line, (hb, ns, k) in zip(lines[2:8], [(512, 0, 0), (14336, 0, 8), (7168, 56, 8), (384, 3, 5), (4096, 32, 0),
+                                              (16, 1, 1)]):
+        got = [int(v) for v in line.split()]
+        assert got[4] == plan.dispatch_msg_bytes(hb, ns, k) and got[5] == plan.combine_msg_bytes(hb // 2, k)
+        assert got[:4] == [hb, hb + 4 * ns, hb + 4 * ns + 8 * k, hb + 4 * ns + 12 * k]
+    ring, mrecv, msend = (int(v) for v in lines[8].split())
+    assert ring == 4096 + ((3 * 12 + 5) * 40 + 7) * 576
+    meta = MetaLayout(1 << 20, 4)
+    assert mrecv == meta.recv(1, 3) and msend == meta.send(1, 2)
+
+
+def test_message_layout_is_the_host_executors_packed_row():
+    """A dispatch message is exactly the host executor's pack_table row (x | scales | ids | weights | index)."""
+    g = torch.Generator().manual_seed(1)
+    for H, ns, K in ((256, 2, 4), (128, 1, 3), (512, 0, 0), (384, 3, 5)):
+        x = torch.randn(5, H, generator=g).bfloat16()
+        cols = [x] + ([torch.rand(5, ns, generator=g)] if ns else []) + \
+            ([torch.randint(-1, 9, (5, K), generator=g), torch.rand(5, K, generator=g)] if K else []) + \
+            [torch.arange(5, dtype=torch.int32).view(-1, 1)]
+        table, msg = pack_table(cols, 5)
+        assert msg == plan.dispatch_msg_bytes(2 * H, ns, K)
+        y = torch.randn(5, H, generator=g).bfloat16()
+        assert pack_table([y] + ([torch.rand(5, K, generator=g)] if K else []), 5)[1] == plan.combine_msg_bytes(H, K)
+
+
+@pytest.mark.parametrize("T", [0, 1, 5, 37, 96])
+@pytest.mark.parametrize("channels", [1, 3, 12])
+def test_channel_counts_match_the_routing_helper(T, channels):
+    mask = torch.rand(T, 5, generator=torch.Generator().manual_seed(T)) < 0.4
+    assert torch.equal(plan.channel_counts(mask, channels), per_channel_counts(mask, channels))
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. orchestration with recording fakes (in-process proxies, no kernels)
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def engine():
+    R, rank = 2, 0
+    proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=4 << 20)
+    asked, log = {}, []
+    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory,
+             ht_internode.load_kernel, ht_internode.current_stream, torch.cuda.synchronize)
+    import uccl_ep.proxy
+    from uccl_ep.cuda import ht
+    saved_sp, saved_cs = uccl_ep.proxy.start_proxy, ht.current_stream
+    _install_fakes(log, start_proxy=lambda group, **kw: asked.update(kw) or proxies[rank])
+    ex = _fake_ex(rank, R, 1, 4 << 20, drv=FakeDrv(offset=1 << 46))
+    eng = ht_internode.ProxyNormalEngine(ex)
+    yield SimpleNamespace(eng=eng, ex=ex, asked=asked, log=log, proxy=proxies[rank], R=R)
+    eng.close()
+    stop_all(proxies)
+    (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, ht_internode.load_kernel,
+     ht_internode.current_stream, torch.cuda.synchronize) = saved
+    uccl_ep.proxy.start_proxy, ht.current_stream = saved_sp, saved_cs
+
+
+def test_proxy_on_the_nvl_buffer_over_ipc(engine):
+    a = engine.asked
+    assert a["transport"] == "ipc" and a["external_region"] == engine.ex.nvl_mem.ptr
+    assert a["region_bytes"] == engine.ex.nvl_mem.nbytes and a["num_counters"] == plan.NUM_COUNTERS
+    assert a["ranks_per_node"] == 1 and a["num_threads"] == 2
+    drv, p = engine.ex.drv, engine.proxy
+    covered = lambda lo, hi: any(b <= lo and hi <= b + n for b, n in drv.registered)  # noqa: E731
+    for f in range(p.num_fifos):
+        lay = C.proxy_fifo_layout(p, f)
+        assert covered(lay["slots"], lay["slots_end"]) and covered(lay["status"], lay["status"] + 8)
+    addr, nbytes = C.proxy_counters_address(p)
+    assert covered(addr, addr + nbytes) and engine.eng.counters_dev == addr + (1 << 46)
+    blob = ctypes.string_at(engine.eng.fifo_table.ptr, p.num_fifos * C.FIFO_LAYOUT_BYTES)
+    ent = proxy_path.fifo_table_entry(blob, 1, C.FIFO_LAYOUT_BYTES)
+    assert ent["slots"] == C.proxy_fifo_layout(p, 1)["slots"] + (1 << 46)
+    assert ent["head"] == engine.eng.fifo_words.ptr + 128
+
+
+def _routing(T, E, K, g):
+    idx = torch.rand(T, E, generator=g).topk(K, dim=1).indices
+    idx[torch.rand(T, K, generator=g) < 0.1] = -1
+    return idx, torch.rand(T, K, generator=g)
+
+
+def test_parameters_of_one_op_sequence(engine):
+    eng, R, log = engine.eng, engine.R, engine.log
+    g = torch.Generator().manual_seed(2)
+    T, H, E, K, worst = 40, 256, 8, 4, 200
+    x = torch.randn(T, H, generator=g).bfloat16()
+    idx, w = _routing(T, E, K, g)
+    in_rank = torch.zeros(T, R, dtype=torch.bool)
+    for r in range(R):
+        in_rank[:, r] = ((idx >= r * E // R) & (idx < (r + 1) * E // R)).any(1)
+    ntpr = in_rank.sum(0, dtype=torch.int32)
+    ntpe = torch.bincount(idx[idx >= 0], minlength=E).to(torch.int32)
+    config = Config(6, 4, 32, 4, 16)
+    out = eng.dispatch(x, None, idx, w, ntpr, in_rank, ntpe, 1, worst, config)  # worst: no CPU wait
+    names = [n for n, *_ in log]
+    assert names == ["ht_proxy_notify", "ht_proxy_dispatch"]
+    n = unpack("HTProxyNotifyParams", log[0][3])
+    assert n["handshake"] == 0 and n["record_ints"] == R + 3 + E // R + 1 and n["check_col"] == R + 3 + E // R
+    assert n["meta_base"] == eng.meta.base == eng.shared and n["meta_slot_bytes"] == eng.meta.slot
+    assert n["num_counters"] == plan.NUM_COUNTERS and n["counters"] == eng.counters_dev and n["num_worst_tokens"] == worst
+    d = unpack("HTProxyDispatchParams", log[1][3])
+    msg = plan.dispatch_msg_bytes(2 * H, 0, K)
+    geo = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x")
+    assert log[1][1] == 6 and log[1][2] == 512
+    for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring"):
+        assert d[k] == getattr(geo, k), k
+    assert d["head_base"] == 512 and geo.first_ring == 0 and geo.ring_slots == 16 and geo.chunk == 4
+    assert d["num_rows"] == worst and d["state"] == eng.state.ptr and d["region"] == C.proxy_region_address(eng.proxy)
+    assert d["recv_base"] + R * 3 * geo.ring_slots * msg <= d["send_base"] < eng.shared // 2
+    handle = out[5]
+    assert len(handle) == 10 and handle.plan.num_rows == worst and not hasattr(handle.plan, "recv_counts")
+    assert handle[7].shape == (worst, 8) and handle[9].shape == (worst, 1)
+    eng.cached_dispatch(x, None, handle, config)
+    eng.combine(torch.zeros(worst, H, dtype=torch.bfloat16), handle, None, (None, None), config)
+    names = [n for n, *_ in log]
+    assert names[2:] == ["ht_proxy_notify", "ht_proxy_dispatch", "ht_proxy_notify", "ht_proxy_combine"]
+    assert unpack("HTProxyNotifyParams", log[2][3])["handshake"] == 1
+    assert unpack("HTProxyNotifyParams", log[4][3])["handshake"] == 1
+    cd = unpack("HTProxyDispatchParams", log[3][3])
+    assert cd["num_topk"] == 0 and cd["msg_bytes"] == plan.dispatch_msg_bytes(2 * H, 0, 0)
+    cb = unpack("HTProxyCombineParams", log[5][3])
+    assert cb["msg_bytes"] == plan.combine_msg_bytes(H, 0) and cb["send_head"] == handle.plan.send_head.data_ptr()
+
+
+def test_limits_and_refusals(engine):
+    eng = engine.eng
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    in_rank = torch.zeros(4, 2, dtype=torch.bool)
+    args = (torch.zeros(2, dtype=torch.int32), in_rank, torch.zeros(8, dtype=torch.int32), 1, 8)
+    with pytest.raises(LimitExceeded):  # 2 x 70 channels > 2 x 64
+        eng.dispatch(x, None, None, None, *args, Config(140, 4, 32, 4, 16))
+    eng.num_sms = 8
+    with pytest.raises(LimitExceeded):  # channels need co-resident SMs
+        eng.dispatch(x, None, None, None, *args, Config(10, 4, 32, 4, 16))
+    eng.num_sms = 132
+    with pytest.raises(LimitExceeded):  # a message larger than a ring's share of the region
+        eng.dispatch(torch.zeros(4, 1 << 20, dtype=torch.bfloat16), None, None, None, *args, Config(6, 4, 32, 4, 16))
+
+
+def test_scope_refusals(monkeypatch):
+    monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
+    ctx = lambda R, rpn: SimpleNamespace(num_ranks=R, topology=Topology(R, rpn))  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert ht_internode.unavailable_reason(ctx(2, 1)) is None
+    assert "ranks per node" in ht_internode.unavailable_reason(ctx(4, 2))
+    assert "several hosts" in ht_internode.unavailable_reason(ctx(4, 1))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 32)
+    assert "at most 16" in ht_internode.unavailable_reason(ctx(32, 1))
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
+    assert "ipc transport only" in ht_internode.unavailable_reason(ctx(2, 1))
+    ex = _fake_ex(0, 4, 2, 1 << 20)
+    monkeypatch.delenv("UCCL_EP_TRANSPORT")
+    with pytest.raises(Unsupported, match="ranks per node"):
+        ht_internode.ProxyNormalEngine(ex)
+    monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
+    assert ht_internode.serves(SimpleNamespace(topology=Topology(2, 2)))
+    monkeypatch.delenv("UCCL_EP_FORCE_PROXY")
+    assert not ht_internode.serves(SimpleNamespace(topology=Topology(2, 2)))
+    assert ht_internode.serves(SimpleNamespace(topology=Topology(2, 1)))
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. end to end through the emulated kernels and real proxies, against the reference
+# --------------------------------------------------------------------------------------------------
+def _same(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.element_size() == 1:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return torch.equal(a, b)
+
+
+def _e2e_worker(rank, world, rpn, seed):
+    from uccl_ep import Buffer
+    from uccl_ep.proxy import start_proxy as real_start
+    from uccl_ep.refs.fp8 import per_token_cast_to_fp8
+    emu = Emulator(None)
+    _install_fakes([], emulator=emu,
+                   start_proxy=lambda group, **kw: real_start(group, **{k: v for k, v in kw.items()
+                                                                        if k != "external_region"}))
+    topo_rpn = rpn or world
+    ex = _fake_ex(rank, world, topo_rpn, 6 << 20, group=dist.group.WORLD)
+    eng = ht_internode.ProxyNormalEngine(ex)
+    emu.proxy = eng.proxy
+    ref = Buffer(dist.group.WORLD, 6 << 20, 0, backend="reference", **({"ranks_per_node": rpn} if rpn else {}))
+    bad = []
+
+    def cmp(tag, a, b):
+        if not _same(a, b):
+            bad.append(f"rank {rank} {tag}: {getattr(a, 'shape', a)} vs {getattr(b, 'shape', b)}")
+
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    E, K, H = 4 * world, 4, 256
+    # small rings (8 slots, chunks of 2..4): every stream wraps and waits for credits; the
+    # configs alternate so ring geometry changes between ops (the handshake keeps it safe)
+    configs = [Config(4, 4, 32, 2, 8), Config(6, 4, 32, 4, 8)]
+    cases = [("bf16", 0), ("fp8", 0), ("worst", 1), ("empty", 0), ("notopk", 1), ("skewed", 0)]
+    for i, (case, ci) in enumerate(cases):
+        config = configs[(i + ci) % 2]
+        T = 0 if case == "empty" and rank == world - 1 else int(torch.randint(30, 70, (1,), generator=g))
+        x = torch.randn(T, H, generator=g).bfloat16()
+        idx, w = _routing(T, E, K, g)
+        if case == "skewed":
+            idx = torch.randint(0, E // world, (T, K), generator=g)  # everything to rank 0
+        ntpr, ntprr, ntpe, in_rank = eng.layout(idx, E)
+        rl = ref.get_dispatch_layout(idx, E)
+        for a, b, name in zip((ntpr, ntprr, ntpe, in_rank), rl[:4], ("ntpr", "ntprr", "ntpe", "in_rank")):
+            cmp(f"{case} layout {name}", a, b)
+        xin = per_token_cast_to_fp8(x.float()) if case == "fp8" else x
+        data, scales = (xin[0], xin[1].t().contiguous().t()) if case == "fp8" else (xin, None)  # column-major scales
+        worst = world * 70 if case == "worst" else 0
+        topk = case != "notopk"
+        got = eng.dispatch(data, scales, idx if topk else None, w if topk else None, ntpr, in_rank, ntpe, 2, worst,
+                           config)
+        want = ref.dispatch((data, scales) if scales is not None else data, topk_idx=idx if topk else None,
+                            topk_weights=w if topk else None, num_tokens_per_rank=rl[0], num_tokens_per_rdma_rank=rl[1],
+                            is_token_in_rank=rl[3], num_tokens_per_expert=rl[2], expert_alignment=2,
+                            num_worst_tokens=worst, config=config)
+        n = want[4].plan.num_recv
+        cut = (lambda t: t[:n]) if worst else (lambda t: t)  # noqa: E731
+        cmp(f"{case} recv_x", cut(got[0]), cut(want[0][0] if scales is not None else want[0]))
+        if scales is not None:
+            cmp(f"{case} scales", got[1], want[0][1])
+        cmp(f"{case} topk_idx", got[2], want[1])
+        cmp(f"{case} topk_w", got[3], want[2])
+        if got[4] != want[3]:
+            bad.append(f"rank {rank} {case} expert list {got[4]} vs {want[3]}")
+        h, rh = got[5], want[4]
+        if len(h) != len(rh):
+            bad.append(f"rank {rank} {case}: handle of {len(h)} items vs {len(rh)}")
+        for k, (a, b) in enumerate(zip(h, rh)):
+            if worst and len(h) == 10 and k == 9:  # DeepEP sizes send_nvl_head by num_worst_tokens
+                cmp(f"{case} handle[9] tail", a[n:], torch.full_like(a[n:], -1))
+                a = a[:n]
+            cmp(f"{case} handle[{k}]", a, b)
+        x2 = (x.float() * 3).bfloat16()
+        xin2 = per_token_cast_to_fp8(x2.float()) if case == "fp8" else x2
+        c_got = eng.cached_dispatch(xin2[0] if case == "fp8" else xin2, xin2[1] if case == "fp8" else None, h,
+                                    configs[(i + 1) % 2])
+        c_want = ref.dispatch(xin2, handle=rh, config=configs[(i + 1) % 2])[0]
+        cmp(f"{case} cached", cut(c_got[0]), cut(c_want[0] if case == "fp8" else c_want))
+        rows = got[0].shape[0]
+        # NOTES: magnitudes 2^10 apart per rank make the fp32 sums inexact, and random fp32
+        # weights make their sums order-dependent, so any other summation order than the
+        # reference's (biases, then ranks ascending) shows.
+        y = (torch.randn(rows, H, generator=g) * 2.0 ** (10 * rank)).bfloat16()
+        yw = torch.rand(rows, K, generator=g) * 2.0 ** (5 * rank) if topk else None
+        b0 = torch.randn(T, H, generator=g).bfloat16()
+        b1 = torch.randn(T, H, generator=g).bfloat16()
+        for nb, bias in enumerate((None, b0, (b0, b1))):
+            biases = (None, None) if bias is None else ((bias, None) if nb == 1 else bias)
+            co = eng.combine(y, h, yw, biases, configs[(i + nb) % 2])
+            cr = ref.combine(y, rh, topk_weights=yw, bias=bias, config=configs[(i + nb) % 2])
+            cmp(f"{case} combine bias={nb}", co[0], cr[0])
+            cmp(f"{case} combined weights bias={nb}", co[1], cr[1])
+    counters = eng.proxy.transport_counters()
+    copies = int(counters.get("ipc_host_copies", 0))
+    eng.close()
+    return bad, copies, len(emu.launches)
+
+
+def _check_e2e(results):
+    for rank, (bad, copies, launches) in enumerate(results):
+        assert bad == [], bad[:8]
+        assert copies > 0 and launches > 0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_internode_one_rank_per_node_matches_reference(world):
+    _check_e2e(run_ranks(_e2e_worker, world, 1, 5, timeout_s=240, env={"UCCL_EP_TRANSPORT": "ipc"}))
+
+
+def test_forced_proxy_one_node_matches_reference_with_faults():
+    env = {"UCCL_EP_TRANSPORT": "ipc", "UCCL_EP_FORCE_PROXY": "1",
+           "UCCL_EP_FAULT": "reorder=1,delay=16,tear=0.5,pieces=4,seed=9"}
+    _check_e2e(run_ranks(_e2e_worker, 2, 0, 7, timeout_s=240, env=env))

@@ -1,0 +1,347 @@
+"""Normal (high-throughput) mode of the CUDA executor through the CPU proxy: the host executor's
+protocol (uccl_ep/host/ht.py, ht_internode.py) carried out by GPU warps (internode_notify.cu,
+internode_dispatch.cu, internode_combine.cu; device/internode_ring.cuh).
+
+Used when the group spans several nodes (topology.is_internode) or ``UCCL_EP_FORCE_PROXY=1``.
+On one host the transport is ``ipc`` (the sending proxy copies into the receiver's NVL buffer,
+then hands over the immediate, exactly like an RDMA write with immediate), so 2 GPUs with
+``UCCL_EP_RANKS_PER_NODE=1`` act as 2 nodes.
+
+Per op:
+  notify    a meta record (fresh dispatch) or a bare handshake (cached dispatch, combine) to every
+            rank: counted Write + fenced Atomic on META(parity); the CPU waits for the receive
+            counts only for a fresh dispatch without num_worst_tokens
+  dispatch  per (peer, channel) ring streams of the host executor's packed rows: staged, one
+            ordered Write per round (TAIL(ring)), credits back with Atomic HEAD(ring)
+  combine   the rows back along the same streams (BF16 row + weights), reduced at the source in
+            rank order, fp32, biases first (bit-exact with uccl_ep.refs)
+
+Region: this rank's NVL buffer (the proxy registers it; the executor does not open the peers'
+NVL buffers in this mode, the ipc transport does). Counters, FIFOs and their device mappings:
+the LL proxy path's plumbing (proxy_path.py), reused as is.
+
+Scope: one rank per node (ranks_per_node = 1, or a forced proxy on one host, where every rank
+is treated as its own node and the handle is the intranode 6-tuple). Several GPUs per node
+(dedup per node, then NVLink forwarding to the local ranks) is not implemented yet: building
+such a Buffer raises Unsupported.
+
+Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU with the
+kernels emulated through real proxies (core/tests/cpu/test_cuda_ht_internode*.py); NOT YET RUN
+on a GPU (core/tests/gpu/test_cuda_ht_internode.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .. import env
+from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
+from ..handles import NormalHandle
+from . import ht_internode_plan as plan
+from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params
+
+__all__ = ["serves", "unavailable_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
+
+_BLOCK = 512
+_NOTIFY_BLOCK = 256
+_MAX_LOCAL_EXPERTS = 1024
+
+
+def serves(ctx) -> bool:
+    """Whether normal mode of this Buffer goes through the proxy (else NVLink kernels)."""
+    return ctx.topology.is_internode or bool(env.get("UCCL_EP_FORCE_PROXY"))
+
+
+def _scope_reason(ctx) -> str | None:
+    topo = ctx.topology
+    if topo.is_internode and topo.ranks_per_node > 1:
+        return (f"{topo.ranks_per_node} ranks per node: normal mode through the proxy runs one rank per node so far "
+                "(per-node dedup with NVLink forwarding is not implemented: issue 11)")
+    transport = env.get("UCCL_EP_TRANSPORT")
+    if transport not in ("auto", "ipc"):
+        return (f"UCCL_EP_TRANSPORT={transport}: the GPU proxy path moves GPU memory with the ipc transport only "
+                "(fabric needs FI_HMEM registration of GPU memory, not wired yet)")
+    if ctx.num_ranks > plan.MAX_RANKS:
+        return f"{ctx.num_ranks} ranks; normal mode through the proxy supports at most {plan.MAX_RANKS}"
+    return None
+
+
+def unavailable_reason(ctx) -> str | None:
+    """None when the proxy path can serve normal mode of ``ctx`` (cheap, no collective)."""
+    why = _scope_reason(ctx)
+    if why is None and ctx.topology.is_internode and ctx.num_ranks > torch.cuda.device_count():
+        # NOTES: a heuristic without a collective: more ranks than this host's GPUs means several
+        # hosts, which the ipc transport cannot reach (the executor's set-up checks it exactly).
+        why = "ranks span several hosts; the GPU proxy path reaches peers with the ipc transport (one host) only so far"
+    return why
+
+
+class ProxyNormalPlan:
+    """What a dispatch fixed, for cached dispatch and combine (``recv_counts`` only when known)."""
+
+    def __init__(self, **kw) -> None:
+        counts = kw.pop("recv_counts", None)
+        self.__dict__.update(kw)
+        if counts is not None:
+            self.recv_counts = counts
+
+
+class ProxyNormalEngine:
+    """Normal mode through the proxy (see the module doc)."""
+
+    def __init__(self, ex) -> None:
+        from ..proxy import native, start_proxy
+        from .proxy_path import ProxyLowLatencyEngine
+        ctx = ex.ctx
+        why = _scope_reason(ctx)
+        if why:
+            raise Unsupported(f"normal mode of the cuda backend: {why}")
+        if ex.nvl_mem is None:
+            raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
+                                hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
+        self.ex, self.dev, self.drv = ex, ex.device, ex.drv
+        self.R, self.rank = ctx.num_ranks, ctx.rank
+        self.internode = ctx.topology.is_internode
+        self.mem: DeviceMemory = ex.nvl_mem
+        self.shared, self.meta = plan.region_layout(self.mem.nbytes, self.R)
+        self.num_sms = self.drv.device_attribute(self.dev, self.drv.ATTR_SM_COUNT)
+        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
+            ("layout.cu", "ht_layout"), ("internode_notify.cu", "ht_proxy_notify"),
+            ("internode_dispatch.cu", "ht_proxy_dispatch"), ("internode_combine.cu", "ht_proxy_combine"))}
+        threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
+        self.C = native()
+        self._registered: list[int] = []
+        self.state = self.host = None
+        self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=plan.NUM_COUNTERS,
+                                 transport="ipc", num_threads=threads, fifos_per_thread=2, timeout_s=ctx.timeout_s,
+                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr)
+        try:
+            # NOTES: the LL proxy path's mapping of FIFOs and counters, reused unchanged: it sets
+            # num_fifos, fifo_words, fifo_table, status_dev and counters_dev on this object.
+            ProxyLowLatencyEngine._map_proxy_memory(self)
+            self.region_dev = self.C.proxy_region_address(self.proxy)
+            self.state = DeviceMemory(self.dev, plan.STATE_BYTES)
+            self.drv.memset_d8(self.dev, self.state.ptr, 0, plan.STATE_BYTES, 0)
+            self.drv.synchronize(self.dev)
+            self.host = MappedHostMemory(self.dev, 4 * (2 + self.R + _MAX_LOCAL_EXPERTS))
+        except BaseException:
+            self.close()
+            raise
+        self.host_tag = 0
+        self._last_worst = 0
+
+    def _register(self, start: int, end: int) -> int:
+        from .proxy_path import ProxyLowLatencyEngine
+        return ProxyLowLatencyEngine._register(self, start, end)
+
+    # -- shared pieces -----------------------------------------------------------------------------
+    def _ring(self, msg: int, channels: int, config, phase: str) -> dict:
+        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase)
+        return dict(msg_bytes=g.msg_bytes, ring_slots=g.ring_slots, chunk=g.chunk, recv_base=g.recv_base,
+                    send_base=g.send_base, first_ring=g.first_ring, head_base=plan.HEAD_BASE,
+                    num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos, timeout_ns=self.ex.timeout_ns)
+
+    def _proxy_words(self) -> dict:
+        return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
+                    status=self.status_dev, state=self.state.ptr, error=self.ex.error_dev_ptr)
+
+    def _check_channels(self, channels: int) -> None:
+        if channels > plan.MAX_CHANNELS or 2 * channels > self.num_sms:
+            raise LimitExceeded("config.num_sms", f"SMs (2 per channel, at most {2 * plan.MAX_CHANNELS} and the "
+                                f"device's {self.num_sms}) of the proxy normal-mode kernels", 2 * channels,
+                                min(2 * plan.MAX_CHANNELS, self.num_sms))
+
+    def _notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0) -> int:
+        handshake = per_dst is None
+        if not handshake:
+            self.host_tag = (self.host_tag + 1) & 0x3FFFFFFF
+        params = pack_params(
+            "HTProxyNotifyParams", per_dst=0 if handshake else per_dst.data_ptr(),
+            meta_out=0 if handshake else meta_out.data_ptr(), host=self.host.dev_ptr,
+            record_ints=0 if handshake else cols["ints"], num_ranks=self.R, rank=self.rank,
+            num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos, meta_base=self.meta.base,
+            meta_slot_bytes=self.meta.slot, expert_col=0 if handshake else cols["expert"], num_local_experts=E_loc,
+            check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
+            host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self._proxy_words())
+        self._k["ht_proxy_notify"].launch(1, _NOTIFY_BLOCK, params, current_stream())
+        return self.host_tag
+
+    def _wait_host(self, tag: int) -> list[int]:
+        """The notify kernel's receive counts: [rows, per source (R), per expert...]."""
+        deadline = time.monotonic() + self.ex.ctx.timeout_s
+        spins = 0
+        while self.host.int32(0) != tag:
+            spins += 1
+            if spins % 1024 == 0:
+                self.ex.check_error()
+                if time.monotonic() > deadline:
+                    raise Timeout(self.rank, None, "ht_notify (CPU wait for receive counts)", self.ex.ctx.timeout_s,
+                                  hint="a peer did not join this dispatch (or its proxy is stuck)")
+                if spins > 100_000:
+                    time.sleep(0)
+        self.ex.check_error()
+        return self.host.int32_array(1, 1 + self.R + _MAX_LOCAL_EXPERTS)
+
+    # -- layout ------------------------------------------------------------------------------------
+    def layout(self, topk_idx, num_experts):
+        from .ht import NormalEngine
+        # NOTES: the intranode engine's layout kernel launch, reused as is (it reads R and _k).
+        ntpr, _, ntpe, in_rank = NormalEngine.layout(self, topk_idx, num_experts)
+        # one rank per node: tokens per node are the tokens per rank
+        return ntpr, (ntpr.clone() if self.internode else None), ntpe, in_rank
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                 num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
+        if x_scales is not None and x_scales.element_size() != 4:
+            raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
+        R, dev = self.R, x.device
+        T, C = x.shape[0], config.num_channels
+        E = num_tokens_per_expert.numel()
+        E_loc = E // R
+        if E_loc > _MAX_LOCAL_EXPERTS:
+            raise LimitExceeded("num_tokens_per_expert", "local experts of the CUDA normal kernels", E_loc,
+                                _MAX_LOCAL_EXPERTS)
+        self._check_channels(C)
+        K = topk_idx.shape[1] if topk_idx is not None else 0
+        hidden_bytes = x.shape[1] * x.element_size()
+        ns = x_scales.shape[1] if x_scales is not None else 0
+        msg = plan.dispatch_msg_bytes(hidden_bytes, ns, K)
+        ring = self._ring(msg, C, config, "dispatch")
+        in_rank = is_token_in_rank.contiguous()
+        counts = plan.channel_counts(in_rank, C)
+        per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
+        meta_out = torch.empty_like(per_dst)
+        self._last_worst = num_worst_tokens
+        tag = self._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens)
+        if num_worst_tokens > 0:
+            rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
+        else:
+            vals = self._wait_host(tag)
+            num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
+            rows = num_recv
+        lay = plan.recv_layout(meta_out, self.rank, C)
+        send_prefix = counts.cumsum(1).to(torch.int32)
+        recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
+        recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
+        recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
+        recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
+        recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
+        x = x.contiguous()
+        topk_idx = topk_idx.contiguous() if topk_idx is not None else None
+        topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, send_prefix, lay.recv_prefix,
+                              lay.recv_end, (recv_x, recv_scales, recv_idx, recv_w, recv_src), C, rows, ring, E)
+        head = plan.send_head(in_rank)
+        if self.internode:
+            items = plan.internode_handle(lay, send_prefix, in_rank, head, rows)
+        else:
+            items = plan.intranode_handle(lay, send_prefix, recv_src, in_rank, head)
+        state = ProxyNormalPlan(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
+                                send_prefix=send_prefix, recv_prefix=lay.recv_prefix, recv_end=lay.recv_end,
+                                in_rank=in_rank, send_head=head, recv_counts=per_src)
+        return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, self.ex.owner, state)
+
+    def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, send_prefix, recv_prefix, recv_end, outs,
+                         channels, rows, ring, num_experts):
+        recv_x, recv_scales, recv_idx, recv_w, recv_src = outs
+        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        params = pack_params(
+            "HTProxyDispatchParams", x=x.data_ptr(), x_scales=ptr(scales), topk_idx=ptr(topk_idx),
+            topk_weights=ptr(topk_weights), is_token_in_rank=in_rank.data_ptr(), send_prefix=send_prefix.data_ptr(),
+            recv_prefix=recv_prefix.data_ptr(), recv_end=recv_end.data_ptr(), recv_x=recv_x.data_ptr(),
+            recv_scales=ptr(recv_scales), recv_topk_idx=ptr(recv_idx), recv_topk_weights=ptr(recv_w),
+            recv_src_idx=ptr(recv_src), num_tokens=x.shape[0], hidden_bytes=x.shape[1] * x.element_size(),
+            num_scales=scales.shape[1] if scales is not None else 0,
+            scale_stride_token=scales.stride(0) if scales is not None else 0,
+            scale_stride_col=scales.stride(1) if scales is not None else 0,
+            num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=num_experts, num_ranks=self.R,
+            rank=self.rank, num_channels=channels, num_rows=rows, **self._proxy_words(), **ring)
+        self._k["ht_proxy_dispatch"].launch(2 * channels, _BLOCK, params, current_stream())
+
+    def cached_dispatch(self, x, x_scales, handle, config):
+        if x_scales is not None and x_scales.element_size() != 4:
+            raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
+        st: ProxyNormalPlan = handle.plan
+        if x.shape[0] != st.num_tokens:
+            raise InvalidArgument("x", f"{st.num_tokens} rows (the token count of the dispatch that made `handle`)",
+                                  x.shape[0])
+        ns = x_scales.shape[1] if x_scales is not None else 0
+        ring = self._ring(plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, 0), st.num_channels, config,
+                          "cached dispatch")
+        recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
+        recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
+        self._notify()
+        self._launch_dispatch(x.contiguous(), x_scales, None, None, st.in_rank, st.send_prefix, st.recv_prefix,
+                              st.recv_end, (recv_x, recv_scales, None, None, None), st.num_channels, st.num_rows, ring,
+                              st.num_experts)
+        return recv_x, recv_scales
+
+    # -- combine -----------------------------------------------------------------------------------
+    def combine(self, x, handle, topk_weights, biases, config):
+        if x.dtype != torch.bfloat16:
+            raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
+        st: ProxyNormalPlan = handle.plan
+        if x.shape[0] != st.num_rows:
+            raise InvalidArgument("x", f"{st.num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
+        if topk_weights is not None and topk_weights.shape[0] != st.num_rows:
+            raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
+        T, H = st.num_tokens, x.shape[1]
+        K = topk_weights.shape[1] if topk_weights is not None else 0
+        ring = self._ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine")
+        out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+        out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
+        b0, b1 = (b.contiguous() if b is not None else None for b in biases)
+        x = x.contiguous()
+        topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        params = pack_params(
+            "HTProxyCombineParams", x=x.data_ptr(), topk_weights=ptr(topk_weights), bias0=ptr(b0), bias1=ptr(b1),
+            out=out.data_ptr(), out_weights=ptr(out_w), is_token_in_rank=st.in_rank.data_ptr(),
+            send_head=st.send_head.data_ptr(), send_prefix=st.send_prefix.data_ptr(),
+            recv_prefix=st.recv_prefix.data_ptr(), recv_end=st.recv_end.data_ptr(), num_tokens=T, hidden=H,
+            num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=st.num_channels, **self._proxy_words(),
+            **ring)
+        self._notify()
+        self._k["ht_proxy_combine"].launch(2 * st.num_channels, _BLOCK, params, current_stream())
+        return out, out_w
+
+    # -- failures, lifetime ------------------------------------------------------------------------
+    def proxy_failure(self):
+        """The proxy's own error (it stopped or failed under a kernel), as an exception."""
+        from ..errors import Aborted
+        try:
+            self.proxy.raise_if_failed()
+        except Exception as e:  # noqa: BLE001 - the typed uccl_ep error of the proxy
+            return e
+        return Aborted(f"rank {self.rank}: the CPU proxy of normal mode stopped while a kernel pushed to or waited on it")
+
+    def transport_counters(self) -> dict:
+        """The proxy transport's counters (bytes copied, commands): the bench's transport split."""
+        return dict(self.proxy.transport_counters()) if getattr(self, "proxy", None) is not None else {}
+
+    def close(self) -> None:
+        """Stop the proxy (before the NVL buffer it copies from/into is freed) and release mappings."""
+        proxy = getattr(self, "proxy", None)
+        if proxy is None:
+            return
+        try:
+            torch.cuda.synchronize(self.dev)
+        except RuntimeError:  # a failed context: still stop the proxy and release what we can
+            pass
+        proxy.stop()
+        for base in self._registered:
+            self.drv.host_unregister(self.dev, base)
+        self._registered.clear()
+        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.state):
+            if m is not None:
+                m.free()
+        if self.host is not None:
+            self.host.free()
+        self.state = self.host = None
+        self.proxy = None
+
+    def free(self) -> None:
+        self.close()

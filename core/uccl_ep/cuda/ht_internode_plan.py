@@ -1,0 +1,145 @@
+"""Planning of normal (HT) mode through the CPU proxy, in torch on whatever device the tensors
+live (so CPU tests check it against the reference): the layout twins of
+core/kernels/include/uccl_ep/kernel_abi_internode.h, the per-op ring geometry (the host
+executor's own `ring_spec`), the meta records, and DeepEP's handles from the exchanged records.
+
+Nothing here synchronizes with the device: shapes come from the host (rows known after the
+notify wait, or num_worst_tokens), values stay on the device.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ..errors import LimitExceeded
+from ..host.ht_common import RingSpec, ring_spec
+from ..host.layout import META_COUNTER, RING_HEAD_BASE, MetaLayout, align16, meta_slot_bytes
+
+__all__ = ["MAX_RANKS", "MAX_CHANNELS", "NUM_COUNTERS", "HEAD_BASE", "META_COUNTER0", "STATE_BYTES", "state_offsets",
+           "dispatch_msg_bytes", "combine_msg_bytes", "region_layout", "geometry", "channel_counts", "records",
+           "RecvLayout", "recv_layout", "send_head", "intranode_handle", "internode_handle"]
+
+# Mirrors of kernel_abi_internode.h (a CPU test compiles the header and compares).
+MAX_RANKS = 16
+MAX_CHANNELS = 64
+HEAD_BASE = RING_HEAD_BASE          # HEAD(r) = 512 + r, as the host executor's rings
+META_COUNTER0 = META_COUNTER[0]     # META(parity) = 1024 + parity
+NUM_COUNTERS = META_COUNTER[1] + 1
+
+
+def state_offsets() -> dict[str, int]:
+    """Byte offsets of HTProxyState's fields."""
+    seen = 8
+    send = seen + 2 * MAX_RANKS * 8
+    recv = send + MAX_RANKS * MAX_CHANNELS * 8
+    return dict(op=0, seen=seen, send_pos=send, recv_pos=recv, bytes=recv + MAX_RANKS * MAX_CHANNELS * 8)
+
+
+STATE_BYTES = state_offsets()["bytes"]
+
+
+def dispatch_msg_bytes(hidden_bytes: int, num_scales: int, num_topk: int) -> int:
+    """x bytes | scales | top-k ids | top-k weights | source index, padded to 16 (ht_dispatch_msg)."""
+    return align16(hidden_bytes + 4 * num_scales + 12 * num_topk + 4)
+
+
+def combine_msg_bytes(hidden: int, num_topk: int) -> int:
+    """BF16 row | top-k weights, padded to 16 (ht_combine_msg_bytes)."""
+    return align16(2 * hidden + 4 * num_topk)
+
+
+def region_layout(region_bytes: int, num_ranks: int) -> tuple[int, MetaLayout]:
+    """(bytes of the ring areas, meta records at the top) of a proxy region."""
+    probe = MetaLayout(0, num_ranks)
+    shared = (region_bytes - probe.bytes) // 16 * 16
+    if shared <= 0:
+        raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer (the proxy region of normal mode)",
+                            probe.bytes + 16, region_bytes)
+    return shared, MetaLayout(shared, num_ranks)
+
+
+def geometry(num_ranks: int, shared_bytes: int, timeout_s: float, msg_bytes: int, num_channels: int, config,
+             phase: str) -> RingSpec:
+    """Rings of this op: one per channel, in area 0 of the host layout's two (hop 1 / hop B)."""
+    ex = SimpleNamespace(num_ranks=num_ranks, shared_bytes=shared_bytes, threads=1, timeout_s=timeout_s)
+    return ring_spec(ex, msg_bytes, num_channels, config.num_max_rdma_chunked_recv_tokens,
+                     config.num_max_rdma_chunked_send_tokens, phase, area=0, areas=2)
+
+
+def channel_counts(in_rank: torch.Tensor, num_channels: int) -> torch.Tensor:
+    """Tokens per (destination, channel) as int64 [R, C] (DeepEP's contiguous channel ranges)."""
+    T, R = in_rank.shape
+    per = (T + num_channels - 1) // num_channels
+    if per == 0:
+        return torch.zeros(R, num_channels, dtype=torch.int64, device=in_rank.device)
+    padded = torch.zeros(num_channels * per, R, dtype=torch.int64, device=in_rank.device)
+    padded[:T] = in_rank.to(torch.int64)
+    return padded.view(num_channels, per, R).sum(1).t().contiguous()
+
+
+def records(num_tokens_per_rank: torch.Tensor, counts: torch.Tensor, num_tokens_per_expert: torch.Tensor,
+            msg_bytes: int) -> tuple[torch.Tensor, dict[str, int]]:
+    """The meta record for every destination d, int64 [R, L]:
+    [my tokens per rank (R) | my tokens to d per channel (C) | my counts of d's experts (E_loc) | message bytes]."""
+    R, C = counts.shape
+    E_loc = num_tokens_per_expert.numel() // R
+    dev = counts.device
+    rec = torch.cat([num_tokens_per_rank.to(torch.int64).view(1, R).expand(R, R), counts,
+                     num_tokens_per_expert.to(torch.int64).view(R, E_loc),
+                     torch.full((R, 1), msg_bytes, dtype=torch.int64, device=dev)], dim=1).contiguous()
+    cols = dict(channel=R, expert=R + C, check=R + C + E_loc, ints=R + C + E_loc + 1)
+    if 8 * cols["ints"] > meta_slot_bytes(R):
+        raise LimitExceeded("num_tokens_per_expert", "ints of the per-op meta record", cols["ints"],
+                            meta_slot_bytes(R) // 8)
+    return rec, cols
+
+
+class RecvLayout(SimpleNamespace):
+    """Where the rows of each (source, channel) land, from the exchanged records."""
+
+
+def recv_layout(meta_out: torch.Tensor, rank: int, num_channels: int) -> RecvLayout:
+    R = meta_out.shape[0]
+    counts = meta_out[:, :R]                               # counts[i][j]: tokens i sends j
+    recv_channel = meta_out[:, R:R + num_channels]         # from each source, per channel, to me
+    recv_counts = counts[:, rank]
+    recv_end = recv_counts.cumsum(0)
+    starts = recv_channel.cumsum(1) - recv_channel + (recv_end - recv_counts).view(R, 1)
+    return RecvLayout(counts=counts, recv_channel=recv_channel, recv_end=recv_end.to(torch.int32),
+                      recv_prefix=starts.to(torch.int32))
+
+
+def send_head(in_rank: torch.Tensor) -> torch.Tensor:
+    """head[t][j] = index of token t among the tokens sent to j, or -1 (int32 [T, R])."""
+    idx = in_rank.to(torch.int32).cumsum(0, dtype=torch.int32) - 1
+    return torch.where(in_rank, idx, torch.full_like(idx, -1))
+
+
+def intranode_handle(lay: RecvLayout, send_prefix: torch.Tensor, recv_src_idx: torch.Tensor, in_rank: torch.Tensor,
+                     head: torch.Tensor) -> tuple:
+    """DeepEP's 6-tuple (one node, every rank reached through the proxy)."""
+    return (lay.counts.cumsum(0).to(torch.int32), send_prefix, lay.recv_prefix, recv_src_idx, in_rank, head)
+
+
+def internode_handle(lay: RecvLayout, send_prefix: torch.Tensor, in_rank: torch.Tensor, head: torch.Tensor,
+                     num_rows: int) -> tuple:
+    """DeepEP's 10-tuple for one rank per node (node n = rank n): the RDMA-level matrices equal the
+    rank-level ones, a token's only local rank is 0 (mask 1), and send_nvl_head is the row index.
+
+    recv_src_meta rows = (source node: int32, NVL mask: int32), zero past the real rows; with
+    num_worst_tokens send_nvl_head has that many rows (DeepEP's shape), -1 past the real ones."""
+    dev = in_rank.device
+    total = lay.recv_end[-1] if lay.recv_end.numel() else torch.zeros((), dtype=torch.int32, device=dev)
+    rows = torch.arange(num_rows, dtype=torch.int32, device=dev)
+    valid = rows < total
+    src = torch.searchsorted(lay.recv_end, rows, right=True).to(torch.int32)
+    meta = torch.zeros(num_rows, 2, dtype=torch.int32, device=dev)
+    meta[:, 0] = torch.where(valid, src, torch.zeros_like(src))
+    meta[:, 1] = valid.to(torch.int32)
+    recv_src_meta = meta.view(torch.uint8).view(num_rows, 8)
+    nvl_head = torch.where(valid, rows, torch.full_like(rows, -1)).view(num_rows, 1)
+    recv_rdma_prefix = lay.recv_channel.cumsum(1).to(torch.int32)
+    return (in_rank, send_prefix.clone(), send_prefix, recv_rdma_prefix, lay.recv_end.clone(), lay.recv_prefix,
+            lay.recv_end, recv_src_meta, head, nvl_head)
