@@ -54,7 +54,9 @@ struct Ctx : tma::Channel {
 UCCL_DEVICE uint64_t* head_of(const Ctx& x, int j, int warp) {
   return counter(x.peer[j], kHTHeadOffset, x.c, x.R, x.me, warp);
 }
-UCCL_DEVICE const uint64_t* tails_of(const Ctx& x, int j) { return counter(x.peer[x.me], kHTTailOffset, x.c, x.R, j, 0); }
+UCCL_DEVICE const uint64_t* tails_of(const Ctx& x, int j) {
+  return counter(x.peer[x.me], kHTTailOffset, x.c, x.R, j, 0);
+}
 
 // Sender: rows back to rank i != me.
 UCCL_DEVICE void send_rows(const Ctx& x, CopyStream& st, int i, int w, uint64_t base) {
@@ -240,7 +242,7 @@ UCCL_DEVICE void recv_tokens(const Ctx& x, uint8_t* area, const uint64_t (&bases
         if (need) {
           if (np != nr) break;  // sum what is in flight first
 #pragma unroll
-          for (int j = 0; j < kRanks; ++j) {  // publish everything before blocking
+          for (int j = 0; j < kRanks; ++j) {  // publish everything before blocking (release, all reduced)
             const uint64_t v = bases[j] + uint64_t(pcnt[j]);
             if (j < x.R && j != x.me && v > published[j]) warp_publish(head_of(x, j, warp), published[j] = v);
           }
@@ -307,7 +309,9 @@ UCCL_DEVICE void recv_tokens(const Ctx& x, uint8_t* area, const uint64_t (&bases
         }
       }
 #pragma unroll
-      for (int j = 0; j < kRanks; ++j) {  // lazily: "all my positions below v are consumed"
+      // Lazily, "all my positions below v are consumed": warp_publish is a system-scope release
+      // after a warp barrier, so this token's completed bulk loads and weight reads come first.
+      for (int j = 0; j < kRanks; ++j) {
         const uint64_t v = bases[j] + uint64_t(d.cnt[j]) + ((d.inmask >> j) & 1u);
         if (j < x.R && j != x.me && v >= published[j] + kHeadSlack) warp_publish(head_of(x, j, warp), published[j] = v);
       }
@@ -343,7 +347,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine_tma(const UCCL_G
   const int i = warp_id() / x.G;
   uint64_t bases[kRanks];
 #pragma unroll
-  for (int j = 0; j < kRanks; ++j) bases[j] = j < x.R ? reinterpret_cast<const uint64_t*>(p.consumed)[x.c * x.R + j] : 0;
+  for (int j = 0; j < kRanks; ++j)
+    bases[j] = j < x.R ? reinterpret_cast<const uint64_t*>(p.consumed)[x.c * x.R + j] : 0;
   const uint64_t send_base = sender && i < x.R ? reinterpret_cast<const uint64_t*>(p.sent)[x.c * x.R + i] : 0;
   __syncthreads();
   if (warp_id() >= NW) return;

@@ -191,7 +191,7 @@ def test_hipcc_refuses_cuda_only_variants_with_a_reason(tmp_path):
     hipcc = _tool_or_skip("hipcc", shutil.which("hipcc"))
     assert CUDA_ONLY, "no bulk variant registered"
     for source in sorted(CUDA_ONLY):
-        res = subprocess.run([hipcc, "-std=c++17", "-x", "hip", "--offload-arch=gfx90a", "-O3", f"-I{jit.include_dir()}",
-                              "-c", str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
+        res = subprocess.run([hipcc, "-std=c++17", "-x", "hip", "--offload-arch=gfx90a", "-O3",
+                              f"-I{jit.include_dir()}", "-c", str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode != 0 and "CUDA-only" in res.stderr, (source, res.stderr[-2000:])

@@ -86,7 +86,8 @@ class _WithSmem:
         self.kernel, self.area, self.name = kernel, area, kernel.name
 
     def launch(self, grid, block: int, params: bytes, stream: int, smem: int = 0, cooperative: bool = False) -> None:
-        self.kernel.launch(grid, block, params, stream, smem=max(smem, block // 32 * self.area), cooperative=cooperative)
+        smem = max(smem, block // 32 * self.area)
+        self.kernel.launch(grid, block, params, stream, smem=smem, cooperative=cooperative)
 
 
 def _sm_number(arch: str) -> int:

@@ -130,11 +130,11 @@ struct Producer {
     if (lane_id() == 0) {
       uint64_t done = issued;
       ok = st.flush(&done, site);
-      bulk::wait_done<0>();
-      bulk::fence_async_global();
+      bulk::wait_done<0>();           // every bulk store of this warp has landed
+      bulk::fence_async_global();      // ... and is ordered before the generic release below
       const uint64_t v = end != 0 ? end : done;
       if (ok && v > published) {
-        st_release_sys(tail, v);
+        st_release_sys(tail, v);       // release: rows and (synced) metadata before the position
         published = v;
       }
       issued = done;
@@ -217,6 +217,7 @@ struct Consumer {
     bool ok = true;
     if (lane_id() == 0) {
       ok = st.flush(&loaded, site);
+      // release: every slot's bulk load completed (mbarriers waited) and its metadata was read
       if (ok && end > published) st_release_sys(head, published = end);
       bulk::wait_done<0>();  // the rows' local stores, before this warp's shared memory goes away
     }
