@@ -18,7 +18,6 @@ import socket
 import torch
 import torch.distributed as dist
 
-from .. import env
 from ..backends import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from . import proxy_path
@@ -46,8 +45,10 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
         if why:
             return why
     elif ctx.topology.is_internode:
-        return ("ranks span several hosts; the cuda executor moves data over NVLink only (the proxy path for "
-                "other hosts is not wired to the kernels yet)")
+        from .ht_internode import unavailable_reason as internode_reason
+        why = internode_reason(ctx)  # normal mode goes through the proxy (one rank per node)
+        if why:
+            return why
     if ctx.num_ranks > _MAX_NVLINK_RANKS:
         return f"{ctx.num_ranks} ranks on one host; NVLink kernels support at most {_MAX_NVLINK_RANKS}"
     try:
@@ -85,7 +86,9 @@ class CudaExecutor(Executor):
             if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
                 raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
                                   "executor needs NVLink/PCIe peer access")
-        self.nvl_peer_base = self._open_peers(self.nvl_mem, [i[2] for i in infos])
+        # Normal mode through the proxy: the ipc transport opens the peers' NVL buffers itself.
+        from .ht_internode import serves as ht_through_proxy
+        self.nvl_peer_base = [] if ht_through_proxy(ctx) else self._open_peers(self.nvl_mem, [i[2] for i in infos])
         # The proxy path's ipc transport opens the peers' LL buffers itself (once per process).
         self.ll_proxy = proxy_path.proxy_forced(ctx)
         self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
@@ -114,9 +117,11 @@ class CudaExecutor(Executor):
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
                                          "unusable now (destroy it and build a new one)")
+        elif code == 3 and what.startswith("ht_") and hasattr(self._ht, "proxy_failure"):
+            self._failure = self._ht.proxy_failure()
         elif code == 3 and self._ll is not None and hasattr(self._ll, "proxy_failure"):
             self._failure = self._ll.proxy_failure()
-        elif code == 2 and what == "ht_notify":
+        elif code == 2 and what == "ht_notify" and expert >= 0:
             self._failure = LimitExceeded("num_worst_tokens", f"rows received by rank {rank}", expert,
                                           getattr(self, "_last_worst", 0) or 0)
         else:
@@ -170,10 +175,10 @@ class CudaExecutor(Executor):
 
     # -- normal mode --------------------------------------------------------------------------------
     def _ht_engine(self):
-        if self.ctx.topology.is_internode or env.get("UCCL_EP_FORCE_PROXY"):
-            raise Unsupported("normal (high-throughput) mode through the CPU proxy is not implemented yet (internode "
-                              "HT, issue 11); the cuda executor runs it over NVLink only: unset UCCL_EP_FORCE_PROXY "
-                              "and UCCL_EP_RANKS_PER_NODE")
+        from .ht_internode import serves as ht_through_proxy
+        if self._ht is None and ht_through_proxy(self.ctx):
+            from .ht_internode import ProxyNormalEngine
+            self._ht = ProxyNormalEngine(self)
         if self._ht is None:
             from .ht import NormalEngine
             self._ht = NormalEngine(self)
@@ -217,6 +222,8 @@ class CudaExecutor(Executor):
         torch.cuda.synchronize(self.device)
         if self._ll is not None and hasattr(self._ll, "close"):
             self._ll.close()  # the proxy stops before the LL buffer it copies into is freed
+        if self._ht is not None and hasattr(self._ht, "close"):
+            self._ht.close()  # likewise for normal mode through the proxy (the NVL buffer)
         for m in (self.nvl_mem, self.ll_mem):
             if m is not None:
                 m.free()
