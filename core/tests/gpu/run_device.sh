@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy variants
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
+#   internode: normal mode through the CPU proxy with every GPU as its own node (ranks_per_node=1,
+#          ipc transport): its tests vs the reference (core/tests/gpu/test_cuda_ht_internode.py),
+#          then `uccl-ep bench --mode ht --nodes <GPUs>` (RDMA-formula GB/s, transport bytes/op).
+#          Needs the whole native module (do not combine with `isolate`).
 #   variants: the HT kernel variants (UCCL_EP_HT_VARIANT): for each new one its bitwise GPU test
 #          against uccl_ep.refs, then `uccl-ep bench --mode ht` at 24/16/12/8 SMs ->
 #          $OUT/ht_variant_<variant>_<sms>.json; the same sweep of `default`; a mixed-variant test;
@@ -84,6 +88,14 @@ for step in $STEPS; do
       for t in 128 256 512; do
         timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --force-proxy --num-tokens $t --iters 50 \
           --warmup 10 --json "$OUT/ll_proxy_$t.json" 2>&1 | tail -8
+      done ;;
+    internode)
+      $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider 2>&1 | \
+        tee "$OUT/gpu_internode_tests.log" | tail -25
+      NODES=$($PY -c "import torch; print(torch.cuda.device_count())")
+      for sms in 24 12; do
+        timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes "$NODES" --num-sms $sms \
+          --iters 30 --warmup 5 --json "$OUT/ht_internode_$sms.json" 2>&1 | tail -8
       done ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \

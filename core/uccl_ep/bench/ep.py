@@ -4,7 +4,12 @@ Byte formulas are DeepEP's (shared/reference/deepep-api.md §2.5):
 - normal mode: bytes = received rows (including the rank's own tokens) x hidden x 2 for BF16;
   FP8 = BF16 bytes x (1 + 4/128) / 2; combine uses the BF16 count;
 - low-latency: per valid (token, expert) selection sent: FP8 hidden + hidden/128*4 + 16,
-  BF16 2*hidden; combine 2*hidden.
+  BF16 2*hidden; combine 2*hidden;
+- internode normal mode (``nodes`` > 1, or a group that spans hosts): also DeepEP's "RDMA"
+  bytes = (token, distinct destination node) pairs, this rank's own node included, x hidden x 2
+  (same FP8 factor), and the bytes the proxy transport really copied per op where the backend
+  reports them (``transport_bytes``: rows plus their scales/top-k/index fields, own node included).
+  Times are whole calls (as for every row), not DeepEP's kernel-only kineto time.
 The baseline moves the same per-destination bytes with one `all_to_all_single` (NCCL on GPU,
 gloo on CPU) in the same run.
 """
@@ -41,6 +46,7 @@ class BenchSpec:
     seed: int = 0
     num_sms: int = 24
     ll_proxy: bool = False        # LL through the CPU proxy (allow_nvlink_for_low_latency_mode=False)
+    nodes: int = 0                # > 0: ranks_per_node = ranks / nodes (e.g. 2 GPUs of one host as 2 nodes)
 
 
 def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -98,10 +104,11 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     dcfg, ccfg = Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)
     nvl = max(dcfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world))
     rdma = max(dcfg.get_rdma_buffer_size_hint(H * 2, world), ccfg.get_rdma_buffer_size_hint(H * 2, world))
-    buf = Buffer(group, nvl, rdma, backend=spec.backend)
+    buf = Buffer(group, nvl, rdma, backend=spec.backend, ranks_per_node=_ranks_per_node(spec, world))
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(device)
     topk_idx, topk_weights = _routing(T, E, K, device, gen)
     ntpr, ntprr, ntpe, in_rank, _ = buf.get_dispatch_layout(topk_idx, E)
+    internode = _InternodeRows(buf, ntprr, H, spec)
     kwargs = dict(num_tokens_per_rank=ntpr, num_tokens_per_rdma_rank=ntprr, is_token_in_rank=in_rank,
                   num_tokens_per_expert=ntpe)
     recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(x, topk_idx=topk_idx, topk_weights=topk_weights,
@@ -131,22 +138,70 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     bf16_bytes = n_recv * H * 2
     per_dest = ntpr.tolist()
     progress("ht: timing dispatch bf16")
-    t_bf16 = time_op(lambda: buf.dispatch(x, handle=handle, config=dcfg), spec.iters, spec.warmup, device, group)
+    t_bf16 = internode.timed(lambda: buf.dispatch(x, handle=handle, config=dcfg), device, group)
     base_bf16 = _a2a_baseline(group, per_dest, H * 2, device, spec)
     rows.add(mode="ht", op="dispatch", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_bf16["mean"],
-             baseline_s=base_bf16, verified=verified)
+             baseline_s=base_bf16, verified=verified, **internode.fields(1.0, t_bf16["mean"]))
     progress("ht: timing dispatch fp8")
-    t_fp8 = time_op(lambda: buf.dispatch(x_fp8, handle=handle, config=dcfg), spec.iters, spec.warmup, device, group)
+    t_fp8 = internode.timed(lambda: buf.dispatch(x_fp8, handle=handle, config=dcfg), device, group)
     fp8_row = H + H // 128 * 4
     base_fp8 = _a2a_baseline(group, per_dest, fp8_row, device, spec)
     rows.add(mode="ht", op="dispatch", dtype="fp8", tokens=T, experts=E, bytes=bf16_bytes * (1 + 4 / 128) / 2,
-             time_s=t_fp8["mean"], baseline_s=base_fp8, verified=verified)
+             time_s=t_fp8["mean"], baseline_s=base_fp8, verified=verified,
+             **internode.fields((1 + 4 / 128) / 2, t_fp8["mean"]))
     progress("ht: timing combine")
-    t_comb = time_op(lambda: buf.combine(recv_x, handle, config=ccfg), spec.iters, spec.warmup, device, group)
+    t_comb = internode.timed(lambda: buf.combine(recv_x, handle, config=ccfg), device, group)
     recv_counts = [int(v) for v in handle.plan.recv_counts] if hasattr(handle.plan, "recv_counts") else per_dest
     base_comb = _a2a_baseline(group, recv_counts, H * 2, device, spec)
     rows.add(mode="ht", op="combine", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_comb["mean"],
-             baseline_s=base_comb, verified=verified)
+             baseline_s=base_comb, verified=verified, **internode.fields(1.0, t_comb["mean"]))
+
+
+def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
+    if not spec.nodes:
+        return None
+    if spec.nodes < 1 or world % spec.nodes:
+        raise ValueError(f"--nodes {spec.nodes} does not divide {world} ranks")
+    return world // spec.nodes
+
+
+class _InternodeRows:
+    """Extra fields of internode HT rows: DeepEP's RDMA-formula bytes and GB/s, nodes, and the
+    bytes the proxy transport copied per op (measured around the timed calls)."""
+
+    def __init__(self, buf, ntprr, hidden: int, spec: BenchSpec) -> None:
+        self.on = buf.topology.is_internode and ntprr is not None
+        self.nodes = buf.topology.num_nodes
+        self.rdma_bf16 = int(ntprr.sum()) * hidden * 2 if self.on else 0
+        self.spec = spec
+        ex = buf._executor
+        eng = getattr(ex, "_ht", None)
+        self._counters = getattr(eng, "transport_counters", None) or \
+            getattr(getattr(ex, "proxy", None), "transport_counters", None)
+        self.per_op = None
+
+    def _copied(self):
+        if self._counters is None:
+            return None
+        value = dict(self._counters()).get("ipc_copy_bytes")
+        return int(value) if value is not None else None
+
+    def timed(self, fn, device, group) -> dict:
+        before = self._copied() if self.on else None
+        t = time_op(fn, self.spec.iters, self.spec.warmup, device, group)
+        after = self._copied() if before is not None else None
+        calls = self.spec.iters + self.spec.warmup
+        self.per_op = (after - before) / calls if after is not None and calls else None
+        return t
+
+    def fields(self, factor: float, time_s: float) -> dict:
+        if not self.on:
+            return {}
+        rdma = self.rdma_bf16 * factor
+        out = dict(nodes=self.nodes, rdma_bytes=rdma, rdma_gbps=rdma / 1e9 / time_s if time_s > 0 else 0.0)
+        if self.per_op is not None:
+            out["transport_bytes"] = self.per_op
+        return out
 
 
 def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows, progress: Callable[[str], None]):

@@ -40,6 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force-proxy", action="store_true",
                    help="low-latency traffic through the CPU proxy even between GPUs of one host "
                         "(allow_nvlink_for_low_latency_mode=False; the cuda backend's forced-proxy path)")
+    p.add_argument("--nodes", type=int, default=0,
+                   help="treat the ranks as N nodes (ranks_per_node = ranks / N; e.g. 2 GPUs of one host as 2 "
+                        "nodes): normal mode then runs the internode protocol and rows add DeepEP's RDMA-formula "
+                        "GB/s and the bytes the proxy transport copied")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (default 20 GPU / 5 CPU)")
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--no-check", action="store_true", help="skip result verification")
@@ -63,7 +67,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     from ..bench.ep import BenchSpec, spec_to_dict
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
-                     check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy)
+                     check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy,
+                     nodes=getattr(args, "nodes", 0))
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:
@@ -92,11 +97,19 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
                          ("time µs", "right"), ("GB/s", "right"), ("baseline", "left"), ("base µs", "right"),
                          ("base GB/s", "right"), ("vs base", "right"), ("verified", "left")):
         table.add_column(col, justify=justify)
+    internode = any("rdma_gbps" in r for r in rows)
+    if internode:  # DeepEP's RDMA formula and the bytes the proxy transport really copied
+        for col in ("nodes", "RDMA GB/s", "transport MB/op"):
+            table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["mode"], r["op"], r["dtype"], r["backend"], str(r["ranks"]), str(r["tokens"]), str(r["hidden"]),
-                      str(r["topk"]), str(r["experts"]), f"{r['time_s'] * 1e6:.1f}", f"{r['gbps']:.2f}",
-                      r.get("baseline", ""), f"{r.get('baseline_s', 0) * 1e6:.1f}", f"{r.get('baseline_gbps', 0):.2f}",
-                      f"{r.get('ratio', 0):.2f}x", r["verified"])
+        cells = [r["mode"], r["op"], r["dtype"], r["backend"], str(r["ranks"]), str(r["tokens"]), str(r["hidden"]),
+                 str(r["topk"]), str(r["experts"]), f"{r['time_s'] * 1e6:.1f}", f"{r['gbps']:.2f}",
+                 r.get("baseline", ""), f"{r.get('baseline_s', 0) * 1e6:.1f}", f"{r.get('baseline_gbps', 0):.2f}",
+                 f"{r.get('ratio', 0):.2f}x", r["verified"]]
+        if internode:
+            cells += [str(r.get("nodes", "")), f"{r['rdma_gbps']:.2f}" if "rdma_gbps" in r else "",
+                      f"{r['transport_bytes'] / 1e6:.2f}" if "transport_bytes" in r else ""]
+        table.add_row(*cells)
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # logs and CI: never truncate the table
@@ -109,10 +122,12 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
     for i, row in enumerate(per_rank[0]):
         same = [rows[i] for rows in per_rank]
         out = dict(row)
-        for key in ("time_s", "baseline_s", "bytes"):
+        for key in ("time_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes"):
             if key in row:
                 out[key] = sum(r[key] for r in same) / len(same)
         out["gbps"] = out["bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0
+        if "rdma_bytes" in out:
+            out["rdma_gbps"] = out["rdma_bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0
         if out.get("baseline_s"):
             out["baseline_gbps"] = out["bytes"] / 1e9 / out["baseline_s"]
             out["ratio"] = out["baseline_s"] / out["time_s"]

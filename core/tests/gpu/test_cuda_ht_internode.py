@@ -1,0 +1,243 @@
+"""Normal (HT) mode of the `cuda` backend through the CPU proxy, against `uccl_ep.refs`, on 2+ GPUs of
+one host acting as nodes (UCCL_EP_RANKS_PER_NODE=1 / ranks_per_node=1): GPU -> FIFO -> proxy ->
+ipc transport (peer copy into the receiver's NVL buffer, then the immediate) -> receiving proxy ->
+counter -> kernel (core/kernels/internode_*.cu, uccl_ep/cuda/ht_internode.py).
+
+Every option combination is compared bitwise with the reference run on the same group: layout
+(num_tokens_per_rdma_rank included), BF16 and FP8 rows (column-major scales), local top-k ids and
+weights, the expert list (alignment 2), every item of DeepEP's 10-tuple internode handle (6-tuple
+when UCCL_EP_FORCE_PROXY runs one node through the proxy), num_worst_tokens padding, cached
+dispatch, combine (fp32 in rank order) with 0, 1 and 2 biases and combined weights; routing:
+uniform with -1 entries, everything to one rank, a rank with zero tokens; configs: DeepEP's table
+and a small one whose 8-slot rings force wrap-around and credit waits. Then: previous_event /
+async_finish, CUDA-graph capture of cached dispatch + combine, the traffic really crossing the
+ipc transport, and a peer that skips an op (bounded device wait -> Timeout naming it).
+
+Status: written with the kernels, compiled in CPU CI, NOT YET RUN on a GPU (no GPU this session).
+Run: bash core/tests/gpu/run_device.sh build internode
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from multirank import run_ranks  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
+
+FORCED_ENV = {"UCCL_EP_FORCE_PROXY": "1"}
+
+
+def _world():
+    return min(torch.cuda.device_count(), 8) if torch.cuda.is_available() else 0
+
+
+def _routing(kind, T, E, K, R, gen, dev):
+    if kind == "skewed":   # every token to experts of rank 0 only
+        idx = torch.stack([torch.randperm(E // R, generator=gen)[:K] for _ in range(T)]) if T else \
+            torch.zeros(0, K, dtype=torch.int64)
+    else:
+        idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(K, dim=-1).indices
+        if T:
+            idx[torch.rand(T, K, generator=gen) < 0.05] = -1
+    return idx.to(dev), torch.rand(T, K, generator=gen).to(dev)
+
+
+def _eq(tag, a, b):
+    if a is None or b is None:
+        assert a is None and b is None, f"{tag}: one side is None"
+        return
+    a, b = a.cpu(), b.cpu()
+    if a.element_size() == 1:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    assert a.shape == b.shape and a.dtype == b.dtype, f"{tag}: {a.shape}/{a.dtype} vs {b.shape}/{b.dtype}"
+    assert torch.equal(a, b), f"{tag}: differs"
+
+
+def _pair(group, world, H, forced):
+    from uccl_ep import Buffer, Config
+    configs = [Buffer.get_dispatch_config(world), Config(8, 4, 32, 2, 8)]
+    nvl = max(c.get_nvl_buffer_size_hint(H * 2, world) for c in configs)
+    kw = {} if forced else {"ranks_per_node": 1}
+    ours = Buffer(group, nvl, 0, backend="cuda", **kw)
+    ref = Buffer(group, nvl, 0, backend="reference", **kw)
+    assert ours.backend == "cuda" and ours.topology == ref.topology
+    return ours, ref, configs
+
+
+def _check_handle(tag, got, want, worst, n):
+    assert len(got) == len(want), f"{tag}: handle of {len(got)} items vs {len(want)}"
+    for k, (a, b) in enumerate(zip(got, want)):
+        if worst and len(got) == 10 and k == 9:  # DeepEP sizes send_nvl_head by num_worst_tokens
+            _eq(f"{tag} handle[9] padding", a[n:], torch.full_like(a[n:], -1))
+            a = a[:n]
+        _eq(f"{tag} handle[{k}]", a, b)
+
+
+def worker(rank, world, H, T, E, seed, forced):
+    from uccl_ep.refs.fp8 import per_token_cast_to_fp8
+    group = dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ours, ref, configs = _pair(group, world, H, forced)
+    gen = torch.Generator().manual_seed(seed * 100 + rank)
+    K, checked = 8, 0
+    for ci, config in enumerate(configs):
+        for kind in ("uniform", "skewed", "empty"):
+            n_tok = 0 if (kind == "empty" and rank == world - 1) else T
+            x = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
+            idx, w = _routing(kind, n_tok, E, K, world, gen, dev)
+            lay_o, lay_r = ours.get_dispatch_layout(idx, E), ref.get_dispatch_layout(idx, E)
+            for a, b, name in zip(lay_o[:4], lay_r[:4], ("ntpr", "ntprr", "ntpe", "in_rank")):
+                _eq(f"rank {rank} {kind} layout {name}", a, b)
+            q, s = per_token_cast_to_fp8(x)
+            s_col = s.t().contiguous().t()   # column-major scales, as DeepEP's tests pass them
+            for xin, label in ((x, "bf16"), ((q, s_col), "fp8")):
+                for with_topk in (True, False):
+                    for worst in (0, world * T):
+                        if worst and not with_topk:
+                            continue
+                        tag = f"rank {rank} cfg {ci} {kind} {label} topk={with_topk} worst={worst}"
+                        kw = dict(num_tokens_per_rank=lay_o[0], num_tokens_per_rdma_rank=lay_o[1],
+                                  is_token_in_rank=lay_o[3], num_tokens_per_expert=lay_o[2], config=config,
+                                  num_worst_tokens=worst, expert_alignment=2)
+                        if with_topk:
+                            kw.update(topk_idx=idx, topk_weights=w)
+                        prev = ours.capture()
+                        go = ours.dispatch(xin, previous_event=prev, async_finish=True, allocate_on_comm_stream=True,
+                                           **kw)
+                        go[5].current_stream_wait()
+                        gr = ref.dispatch(xin, **kw)
+                        torch.cuda.synchronize()
+                        n = gr[4].plan.num_recv
+                        cut = (lambda t: t[:n]) if worst else (lambda t: t)  # noqa: E731
+                        if label == "fp8":
+                            _eq(tag + " recv_x", cut(go[0][0]), cut(gr[0][0]))
+                            _eq(tag + " scales", cut(go[0][1]), cut(gr[0][1]))
+                        else:
+                            _eq(tag + " recv_x", cut(go[0]), cut(gr[0]))
+                        _eq(tag + " topk_idx", go[1], gr[1])   # -1 padding past n included
+                        _eq(tag + " topk_w", go[2], gr[2])
+                        assert go[3] == gr[3], f"{tag}: expert list {go[3]} != {gr[3]}"
+                        _check_handle(tag, go[4], gr[4], worst, n)
+                        c_o = ours.dispatch(xin, handle=go[4], config=config)
+                        c_r = ref.dispatch(xin, handle=gr[4], config=config)
+                        torch.cuda.synchronize()
+                        _eq(tag + " cached", cut(c_o[0][0] if label == "fp8" else c_o[0]),
+                            cut(c_r[0][0] if label == "fp8" else c_r[0]))
+                        if label != "bf16":
+                            continue
+                        y = go[0]
+                        yw = go[2] if with_topk else None
+                        b0 = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
+                        b1 = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
+                        for nb, bias in enumerate((None, b0, (b0, b1))):
+                            co = ours.combine(y, go[4], topk_weights=yw, bias=bias, config=config)
+                            cr = ref.combine(y, gr[4], topk_weights=yw, bias=bias, config=config)
+                            torch.cuda.synchronize()
+                            _eq(tag + f" combine bias={nb}", co[0], cr[0])
+                            _eq(tag + f" combined weights bias={nb}", co[1], cr[1])
+                        checked += 1
+    ours._executor.check_error()
+    eng = ours._executor._ht
+    counters = eng.transport_counters()
+    out = (checked, eng.proxy.transport_name, int(counters.get("ipc_cuda_copies", 0)))
+    dist.barrier()
+    return out
+
+
+def worker_graph(rank, world, H, T, E, seed, forced):
+    """Cached dispatch + combine captured in one CUDA graph; replays match eager calls."""
+    group = dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ours, _, configs = _pair(group, world, H, forced)
+    gen = torch.Generator().manual_seed(seed * 7 + rank)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
+    idx, w = _routing("uniform", T, E, 8, world, gen, dev)
+    lay = ours.get_dispatch_layout(idx, E)
+    recv, _, rw, _, handle, _ = ours.dispatch(x, topk_idx=idx, topk_weights=w, num_tokens_per_rank=lay[0],
+                                              num_tokens_per_rdma_rank=lay[1], is_token_in_rank=lay[3],
+                                              num_tokens_per_expert=lay[2], config=configs[0])
+    eager_x = ours.dispatch(x, handle=handle, config=configs[0])[0]
+    eager_c = ours.combine(recv, handle, topk_weights=rw, config=configs[0])[0]
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        gx = ours.dispatch(x, handle=handle, config=configs[0])[0]
+        gc = ours.combine(recv, handle, topk_weights=rw, config=configs[0])[0]
+    torch.cuda.synchronize()
+    dist.barrier()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        _eq(f"rank {rank} graph cached dispatch", gx, eager_x)
+        _eq(f"rank {rank} graph combine", gc, eager_c)
+    ours._executor.check_error()
+    dist.barrier()
+    return True
+
+
+def worker_timeout(rank, world, H, T, E, seed, forced):
+    """A peer that skips a cached dispatch: the waiting rank's kernel gives up, the host raises Timeout."""
+    from uccl_ep import Buffer
+    from uccl_ep.errors import Timeout
+    group = dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device())
+    cfg = Buffer.get_dispatch_config(world)
+    buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda", ranks_per_node=1,
+                 gpu_timeout_s=1.0)
+    x = torch.randn(T, H, device=dev).to(torch.bfloat16)
+    idx, w = _routing("uniform", T, E, 8, world, torch.Generator().manual_seed(seed + rank), dev)
+    lay = buf.get_dispatch_layout(idx, E)
+    handle = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_tokens_per_rank=lay[0],
+                          num_tokens_per_rdma_rank=lay[1], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2])[4]
+    torch.cuda.synchronize()
+    dist.barrier()
+    outcome = None
+    if rank == 0:
+        buf.dispatch(x, handle=handle)
+        torch.cuda.synchronize()
+        try:
+            buf._executor.check_error()
+        except Timeout as e:
+            outcome = (e.peer, e.phase)
+        assert outcome is not None, "no Timeout after a peer skipped the op"
+        assert outcome[0] in range(1, world) and outcome[1].startswith("ht_"), outcome
+        with pytest.raises(Timeout):   # sticky
+            buf.dispatch(x, handle=handle)
+    dist.barrier()
+    return outcome
+
+
+SMALL = dict(H=2048, T=512, E=64, seed=1)
+BIG = dict(H=7168, T=4096, E=256, seed=2)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["rpn1", "forced"])
+@pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
+def test_ht_internode_matches_reference(shape, forced):
+    out = run_ranks(worker, _world(), *shape.values(), forced, backend="nccl", timeout_s=900,
+                    env=FORCED_ENV if forced else None)
+    for checked, transport, copies in out:
+        assert checked > 0 and transport == "ipc:cuda" and copies > 0
+
+
+def test_ht_internode_cuda_graph():
+    run_ranks(worker_graph, _world(), *SMALL.values(), False, backend="nccl", timeout_s=300)
+
+
+def test_ht_internode_device_wait_timeout():
+    out = run_ranks(worker_timeout, _world(), *SMALL.values(), False, backend="nccl", timeout_s=300)
+    print("timeout outcome:", out[0])
+
+
+if __name__ == "__main__":
+    shape = SMALL if sys.argv[1:] == ["small"] else BIG
+    print(run_ranks(worker, _world(), *shape.values(), False, backend="nccl", timeout_s=900))
