@@ -36,7 +36,8 @@ def _nvcc():
 
 def test_kernel_set():
     assert {"ll_dispatch.cu", "ll_combine.cu", "layout.cu", "intranode_notify.cu", "intranode_dispatch.cu",
-            "intranode_combine.cu", "ll_dispatch_proxy.cu", "ll_combine_proxy.cu"} <= set(KERNELS)
+            "intranode_combine.cu", "ll_dispatch_proxy.cu", "ll_combine_proxy.cu", "internode_notify.cu",
+            "internode_dispatch.cu", "internode_combine.cu"} <= set(KERNELS)
 
 
 @pytest.mark.parametrize("source", KERNELS)
@@ -64,8 +65,8 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
     structs = ["LLDispatchParams", "LLDispatchRecvParams", "LLCombineParams", "LLCombineRecvParams",
                "HTLayoutParams", "HTNotifyParams", "HTDispatchParams", "HTCombineParams",
                "LLProxyDispatchParams", "LLProxyDispatchRecvParams", "LLProxyCombineParams",
-               "LLProxyCombineRecvParams"]
-    lines = ['#include "uccl_ep/kernel_abi.h"']
+               "LLProxyCombineRecvParams", "HTProxyNotifyParams", "HTProxyDispatchParams", "HTProxyCombineParams"]
+    lines = ['#include "uccl_ep/kernel_abi.h"', '#include "uccl_ep/kernel_abi_internode.h"']
     for s in structs:
         n = len(runtime.param_fields(s))
         lines.append(f"static_assert(sizeof(uccl_ep::{s}) == {8 * n}, \"{s}: {n} fields\");")
