@@ -88,7 +88,8 @@ class CudaExecutor(Executor):
                                   "executor needs NVLink/PCIe peer access")
         # Normal mode through the proxy: the ipc transport opens the peers' NVL buffers itself.
         from .ht_internode import serves as ht_through_proxy
-        self.nvl_peer_base = [] if ht_through_proxy(ctx) else self._open_peers(self.nvl_mem, [i[2] for i in infos])
+        self.ht_proxy = ht_through_proxy(ctx)
+        self.nvl_peer_base = [] if self.ht_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
         # The proxy path's ipc transport opens the peers' LL buffers itself (once per process).
         self.ll_proxy = proxy_path.proxy_forced(ctx)
         self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
@@ -175,8 +176,7 @@ class CudaExecutor(Executor):
 
     # -- normal mode --------------------------------------------------------------------------------
     def _ht_engine(self):
-        from .ht_internode import serves as ht_through_proxy
-        if self._ht is None and ht_through_proxy(self.ctx):
+        if self._ht is None and self.ht_proxy:
             from .ht_internode import ProxyNormalEngine
             self._ht = ProxyNormalEngine(self)
         if self._ht is None:
