@@ -205,6 +205,26 @@ def test_message_layout_is_the_host_executors_packed_row():
         assert pack_table([y] + ([torch.rand(5, K, generator=g)] if K else []), 5)[1] == plan.combine_msg_bytes(H, K)
 
 
+@pytest.mark.parametrize("source", ["internode_notify.cu", "internode_dispatch.cu", "internode_combine.cu"])
+def test_kernels_publish_with_release_and_never_trap(source, tmp_path):
+    """PTX of each proxy-path HT kernel: commands are published by the FIFO's 16-byte release store,
+    counters are read with system-scope acquire, and no path ends in a trap (bounded waits fill
+    the error word instead)."""
+    try:
+        nvcc = jit.find_nvcc()
+    except Exception:  # noqa: BLE001
+        if os.environ.get("CI"):
+            pytest.fail("nvcc missing on CI")
+        pytest.skip("nvcc not installed")
+    out = tmp_path / "k.ptx"
+    res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                          str(jit.kernel_dir() / source), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ptx = out.read_text()
+    assert "st.release.sys.global.v2.u64" in ptx and "ld.acquire.sys.global.u64" in ptx
+    assert "trap" not in ptx
+
+
 @pytest.mark.parametrize("T", [0, 1, 5, 37, 96])
 @pytest.mark.parametrize("channels", [1, 3, 12])
 def test_channel_counts_match_the_routing_helper(T, channels):

@@ -28,6 +28,10 @@ namespace uccl_ep::dev {
 
 // Warps [first, first + members) of a block working on one stream, synchronised through an
 // arrival counter in shared memory (portable: HIP has no named barriers).
+// NOTES: the spin in group_sync needs no deadline of its own: between two syncs a warp only
+// stages or consumes slots (no wait), and every wait on a peer (credits, TAIL) is the leader's,
+// bounded, and ends with a value every warp reads after the next sync -- so all members always
+// reach the same syncs and leave together.
 struct WarpGroup {
   int* arrive;      // shared, zeroed before first use
   int members;
