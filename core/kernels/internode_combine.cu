@@ -26,7 +26,7 @@ using namespace uccl_ep::dev;
 namespace {
 
 // Stages rows [start, start + n) of x (and their weights) as the messages of stream (me -> i, c).
-struct CombineStager {
+struct CombineStager : StreamHooks {
   const HTProxyCombineParams* p;
   const RingArgs* a;
   int i, c;
@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL
   if (threadIdx.x < kHTProxyMaxRanks) {
     s_arrive[threadIdx.x] = 0;
     s_word[threadIdx.x] = 0;
-    s_base[threadIdx.x] = threadIdx.x < R ? int64_t(a.state->recv_pos[threadIdx.x][c]) : 0;
+    s_base[threadIdx.x] = threadIdx.x < R ? int64_t(a.state->recv_pos[threadIdx.x][a.first_ring + c]) : 0;
   }
   if (threadIdx.x == 0) s_fail = 0;
   __syncthreads();
@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL
     WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
     const int64_t start = recv_prefix[grp * C + c];
     const int64_t end = c + 1 < C ? recv_prefix[grp * C + c + 1] : recv_end[grp];
-    CombineStager st{&p, &a, grp, c, start};
+    CombineStager st{{}, &p, &a, grp, c, start};
     send_stream(a, g, &s_word[grp], grp, c, end - start, st, kPhaseHTCombineSend);
     return;
   }
@@ -167,5 +167,5 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL
       }
     }
   }
-  if (tid < R && consumed > 0) a.state->recv_pos[tid][c] = uint64_t(s_base[tid] + consumed);
+  if (tid < R && consumed > 0) a.state->recv_pos[tid][a.first_ring + c] = uint64_t(s_base[tid] + consumed);
 }

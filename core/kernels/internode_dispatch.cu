@@ -26,7 +26,7 @@ namespace {
 
 // Stages the messages of stream (me -> j, channel c): token scan state is identical in every
 // warp of the group (all see the same ballots), so each can find the tokens of a round alone.
-struct DispatchStager {
+struct DispatchStager : StreamHooks {
   const HTProxyDispatchParams* p;
   const RingArgs* a;
   HTDispatchMsg L;
@@ -83,7 +83,7 @@ struct DispatchStager {
 };
 
 // Places the messages of stream (i -> me, channel c) in their output rows.
-struct DispatchConsumer {
+struct DispatchConsumer : StreamHooks {
   const HTProxyDispatchParams* p;
   const RingArgs* a;
   HTDispatchMsg L;
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_dispatch(const UCC
   if (sender) {
     const auto* send_prefix = reinterpret_cast<const int*>(p.send_prefix);
     const int64_t n = send_prefix[grp * C + c] - (c > 0 ? send_prefix[grp * C + c - 1] : 0);
-    DispatchStager st{&p, &a, L, grp, c, t_begin, t_end, 0, false};
+    DispatchStager st{{}, &p, &a, L, grp, c, t_begin, t_end, 0, false};
     send_stream(a, g, &s_word[grp], grp, c, n, st, kPhaseHTDispatchSend);
     if (st.lost && lane_id() == 0) raise_error(a.err, kErrProtocol, kPhaseHTDispatchSend, a.rank, grp, c, 0);
     return;
@@ -166,6 +166,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_dispatch(const UCC
   const auto* recv_prefix = reinterpret_cast<const int*>(p.recv_prefix);
   const int64_t start = recv_prefix[grp * C + c];
   const int64_t end = c + 1 < C ? recv_prefix[grp * C + c + 1] : recv_end[grp];
-  DispatchConsumer cons{&p, &a, L, grp, c, start};
+  DispatchConsumer cons{{}, &p, &a, L, grp, c, start};
   recv_stream(a, g, &s_word[grp], grp, c, end - start, cons, kPhaseHTDispatchRecv);
 }

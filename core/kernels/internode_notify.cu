@@ -2,12 +2,14 @@
 // (uccl_ep/host/ht_common.py), carried out by one block.
 //
 // Fresh dispatch: each rank copies its record for destination d (counts per rank, its tokens to d
-// per channel, its counts of d's experts, the message size) into its meta send slot
+// per channel, its counts of d's experts, with several ranks per node its tokens to d's node per
+// channel, the message size) into its meta send slot
 // [parity][d], pushes a counted Write into d's receive slot [parity][me] and a fenced Atomic
 // (value 2: "one write, then add 2") on counter META(parity), waits until every source's META
 // counter grew by 2, copies the records it received to `meta_out`, checks that every rank uses
 // the same message size, and publishes to pinned host memory the rows it will receive and the
-// aligned per-expert counts (unless num_worst_tokens fixes the rows: then nobody waits on it).
+// aligned per-expert counts, and with several ranks per node the rows it receives as its node's
+// forwarder (unless num_worst_tokens fixes the rows: then nobody waits on them).
 // Cached dispatch and combine: a bare handshake (fenced Atomic of value 1, no write).
 //
 // NOTES: an op may start sending only after every peer started it, because ring slots are
@@ -105,10 +107,17 @@ extern "C" __global__ void __launch_bounds__(256) ht_proxy_notify(const UCCL_GRI
     if (tid < R) host[2 + tid] = int(meta_out[int64_t(tid) * L + me]);
     __syncthreads();
     if (tid == 0) {
-      int64_t rows = 0;
+      int64_t rows = 0, rdma_rows = 0;
       for (int s = 0; s < R; ++s) rows += meta_out[int64_t(s) * L + me];
-      if (p.num_worst_tokens > 0 && rows > p.num_worst_tokens) {
-        raise_error(err, kErrProtocol, kPhaseHTNotify, me, -1, int(rows), 0);
+      if (p.node_col >= 0) {  // tokens this rank receives as the forwarder of its node (from its rail)
+        const int G = int(p.ranks_per_node);
+        for (int s = me % G; s < R; s += G)
+          for (int64_t c = 0; c < p.num_channels; ++c) rdma_rows += meta_out[int64_t(s) * L + p.node_col + c];
+      }
+      host[2 + R + p.num_local_experts] = int(rdma_rows);
+      const int64_t most = rows > rdma_rows ? rows : rdma_rows;
+      if (p.num_worst_tokens > 0 && most > p.num_worst_tokens) {
+        raise_error(err, kErrProtocol, kPhaseHTNotify, me, -1, int(most), 0);
         s_ok = 0;
       }
       host[1] = s_ok ? int(rows) : -1;

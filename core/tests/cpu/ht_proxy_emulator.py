@@ -50,15 +50,15 @@ class State:
 
     def __init__(self, addr: int) -> None:
         off = plan.state_offsets()
-        R, Cn = plan.MAX_RANKS, plan.MAX_CHANNELS
+        R, Rg = plan.MAX_RANKS, plan.MAX_RINGS
         self.op = mem(addr + off["op"], 4, np.uint32)
         self.seen = mem(addr + off["seen"], 16 * R, np.int64).reshape(2, R)
-        self.send_pos = mem(addr + off["send_pos"], 8 * R * Cn, np.uint64).reshape(R, Cn)
-        self.recv_pos = mem(addr + off["recv_pos"], 8 * R * Cn, np.uint64).reshape(R, Cn)
+        self.send_pos = mem(addr + off["send_pos"], 8 * R * Rg, np.uint64).reshape(R, Rg)   # [peer][ring id]
+        self.recv_pos = mem(addr + off["recv_pos"], 8 * R * Rg, np.uint64).reshape(R, Rg)
 
 
-class Emulator:
-    """Executes kernel launches of one rank against its proxy."""
+class _Kernels:
+    """The launches of one rank against its proxy, one rank per node (see Emulator below)."""
 
     def __init__(self, proxy, timeout_s: float = 60.0) -> None:
         self.proxy, self.timeout_s = proxy, timeout_s
@@ -67,7 +67,9 @@ class Emulator:
     # -- plumbing ------------------------------------------------------------------------------
     def launch(self, name: str, grid, block: int, params: bytes, smem: int = 0) -> None:
         struct_name = {"ht_layout": "HTLayoutParams", "ht_proxy_notify": "HTProxyNotifyParams",
-                       "ht_proxy_dispatch": "HTProxyDispatchParams", "ht_proxy_combine": "HTProxyCombineParams"}[name]
+                       "ht_proxy_dispatch": "HTProxyDispatchParams", "ht_proxy_combine": "HTProxyCombineParams",
+                       "ht_proxy_forward_dispatch": "HTProxyForwardDispatchParams",
+                       "ht_proxy_forward_combine": "HTProxyForwardCombineParams"}[name]
         p = unpack(struct_name, params)
         self.launches.append((name, dict(p, grid=grid, block=block)))
         getattr(self, name)(p)
@@ -138,21 +140,27 @@ class Emulator:
                 bad = np.nonzero(out[:, p["check_col"]] != per_dst[0, p["check_col"]])[0]
                 assert bad.size == 0, f"ranks {bad.tolist()} use another message size"
             E_loc = p["num_local_experts"]
-            host = mem(p["host"], 4 * (2 + R + E_loc), np.int32)
+            host = mem(p["host"], 4 * (3 + R + E_loc), np.int32)
             a = p["expert_alignment"]
             sums = out[:, p["expert_col"]:p["expert_col"] + E_loc].sum(0)
             host[2 + R:2 + R + E_loc] = (sums + a - 1) // a * a
             host[2:2 + R] = out[:, me]
             rows = int(out[:, me].sum())
-            assert not (p["num_worst_tokens"] > 0 and rows > p["num_worst_tokens"]), "num_worst_tokens exceeded"
+            rdma_rows = 0
+            if p["node_col"] >= 0:  # as its node's forwarder: from every rail source
+                G, nc = p["ranks_per_node"], p["node_col"]
+                rdma_rows = int(out[me % G::G, nc:nc + p["num_channels"]].sum())
+            host[2 + R + E_loc] = rdma_rows
+            assert not (p["num_worst_tokens"] > 0 and max(rows, rdma_rows) > p["num_worst_tokens"]), \
+                "num_worst_tokens exceeded"
             host[1] = rows
             host[0] = p["host_tag"]
         st.op[0] += 1
 
     # -- the ring streams (device/internode_ring.cuh) ----------------------------------------------
-    def _send(self, p, st, dst, c, n, stage):
+    def _send(self, p, st, dst, c, n, stage, hooks=None):
         S, msg, ring = p["ring_slots"], p["msg_bytes"], p["first_ring"] + c
-        base = int(st.send_pos[dst, c])
+        base = int(st.send_pos[dst, ring])
         credit, k0 = 0, 0
         while k0 < n:
             pos = base + k0
@@ -160,21 +168,26 @@ class Emulator:
                 credit = self.proxy.counter(dst, p["head_base"] + ring)
                 if pos - credit >= S:
                     yield False
-            k1 = k0 + min(n - k0, p["chunk"], S - pos % S, S - (pos - credit))
+            k1 = k0 + min(n - k0, p["chunk"], S - pos % S, S - (pos - credit),
+                          hooks.max_round if hooks else n)
+            if hooks:
+                yield from hooks.prepare(k0, k1, base)
             stage(k0, k1, base)
             slot0 = pos % S
             src = plan_slot(p["send_base"], dst, c, p["num_channels"], S, slot0, msg)
             to = plan_slot(p["recv_base"], p["rank"], c, p["num_channels"], S, slot0, msg)
             self.proxy.push(ring % p["num_fifos"], *C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0),
                             10.0)
+            if hooks:
+                hooks.finish(k0, k1, base)
             k0 = k1
             yield True
         if n:
-            st.send_pos[dst, c] = base + n
+            st.send_pos[dst, ring] = base + n
 
-    def _recv(self, p, st, src, c, n, consume):
+    def _recv(self, p, st, src, c, n, consume, hooks=None):
         S, ring = p["ring_slots"], p["first_ring"] + c
-        base = int(st.recv_pos[src, c])
+        base = int(st.recv_pos[src, ring])
         tail, credited, k0, lazy = 0, base, 0, max(1, S // 2)
         while k0 < n:
             pos = base + k0
@@ -182,8 +195,12 @@ class Emulator:
                 tail = self.proxy.counter(src, ring)
                 if tail <= pos:
                     yield False
-            k1 = k0 + min(n - k0, tail - pos)
+            k1 = k0 + min(n - k0, tail - pos, hooks.max_round if hooks else n)
+            if hooks:
+                yield from hooks.prepare(k0, k1, base)
             consume(k0, k1, base)
+            if hooks:
+                hooks.finish(k0, k1, base)
             consumed = base + k1
             if consumed - credited >= lazy or k1 == n:
                 self.proxy.push(ring % p["num_fifos"], *C.encode_atomic(src, p["head_base"] + ring,
@@ -192,7 +209,7 @@ class Emulator:
             k0 = k1
             yield True
         if n:
-            st.recv_pos[src, c] = base + n
+            st.recv_pos[src, ring] = base + n
 
     def _slot(self, p, base_key, peer, c, pos) -> np.ndarray:
         S, msg = p["ring_slots"], p["msg_bytes"]
@@ -306,7 +323,7 @@ class Emulator:
             return stage
 
         def reducer(c):
-            base = [int(st.recv_pos[j, c]) for j in range(R)]
+            base = [int(st.recv_pos[j, p["first_ring"] + c]) for j in range(R)]
             tail = [0] * R
             consumed, credited = [0] * R, [0] * R
             B = max(1, min(16, S // 2))
@@ -345,7 +362,7 @@ class Emulator:
                 yield True
             for j in range(R):
                 if consumed[j]:
-                    st.recv_pos[j, c] = base[j] + consumed[j]
+                    st.recv_pos[j, p["first_ring"] + c] = base[j] + consumed[j]
 
         gens = []
         for c in range(Cn):
@@ -360,3 +377,10 @@ class Emulator:
 def plan_slot(base: int, peer: int, c: int, num_rings: int, slots: int, slot: int, msg: int) -> int:
     """ht_ring_slot of kernel_abi_internode.h."""
     return base + ((peer * num_rings + c) * slots + slot) * msg
+
+
+from ht_proxy_emulator_forward import ForwardKernels  # noqa: E402  (it uses the helpers above)
+
+
+class Emulator(ForwardKernels, _Kernels):
+    """Executes kernel launches of one rank against its proxy (several ranks per node: ForwardKernels)."""

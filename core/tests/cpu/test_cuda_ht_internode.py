@@ -117,8 +117,9 @@ class RecordingKernel:
 
 def _install_fakes(log, emulator=None, start_proxy=None):
     """Replace the device runtime under the engine (in this process)."""
-    from uccl_ep.cuda import ht
+    from uccl_ep.cuda import ht, ht_internode_forward
     import uccl_ep.proxy
+    ht_internode_forward.current_stream = lambda: 0
     ht_internode.DeviceMemory = HostMem
     ht_internode.MappedHostMemory = HostMem
     proxy_path.DeviceMemory = HostMem
@@ -205,7 +206,8 @@ def test_message_layout_is_the_host_executors_packed_row():
         assert pack_table([y] + ([torch.rand(5, K, generator=g)] if K else []), 5)[1] == plan.combine_msg_bytes(H, K)
 
 
-@pytest.mark.parametrize("source", ["internode_notify.cu", "internode_dispatch.cu", "internode_combine.cu"])
+@pytest.mark.parametrize("source", ["internode_notify.cu", "internode_dispatch.cu", "internode_combine.cu",
+                                    "internode_forward_dispatch.cu", "internode_forward_combine.cu"])
 def test_kernels_publish_with_release_and_never_trap(source, tmp_path):
     """PTX of each proxy-path HT kernel: commands are published by the FIFO's 16-byte release store,
     counters are read with system-scope acquire, and no path ends in a trap (bounded waits fill
@@ -323,6 +325,63 @@ def test_parameters_of_one_op_sequence(engine):
     assert cb["msg_bytes"] == plan.combine_msg_bytes(H, 0) and cb["send_head"] == handle.plan.send_head.data_ptr()
 
 
+def test_forward_parameters_two_nodes_of_two(monkeypatch):
+    """Several ranks per node: two ring geometries (hop 1 / hop B in area 0 with the RDMA sizes,
+    hop 2 / hop A in area 1 with the NVL sizes, ring ids C + c), 3 blocks per channel, the node
+    column in the meta record, and the handle shapes."""
+    from uccl_ep.cuda import ht, ht_internode_forward
+    import uccl_ep.proxy
+    R, rank = 4, 1
+    proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=8 << 20)
+    log = []
+    for mod, name in ((ht_internode, "DeviceMemory"), (ht_internode, "MappedHostMemory"), (proxy_path, "DeviceMemory"),
+                      (ht_internode, "load_kernel"), (ht_internode, "current_stream"), (ht, "current_stream"),
+                      (ht_internode_forward, "current_stream"), (torch.cuda, "synchronize"),
+                      (uccl_ep.proxy, "start_proxy")):
+        monkeypatch.setattr(mod, name, getattr(mod, name))
+    _install_fakes(log, start_proxy=lambda group, **kw: proxies[rank])
+    eng = ht_internode.ProxyNormalEngine(_fake_ex(rank, R, 2, 8 << 20))
+    try:
+        assert eng.forward and set(eng._k) >= {"ht_proxy_forward_dispatch", "ht_proxy_forward_combine"}
+        g = torch.Generator().manual_seed(4)
+        T, H, E, K, worst, config = 40, 256, 16, 4, 300, Config(6, 4, 32, 4, 16)
+        x = torch.randn(T, H, generator=g).bfloat16()
+        idx, w = _routing(T, E, K, g)
+        in_rank = torch.zeros(T, R, dtype=torch.bool)
+        for r in range(R):
+            in_rank[:, r] = ((idx >= r * E // R) & (idx < (r + 1) * E // R)).any(1)
+        ntpe = torch.bincount(idx[idx >= 0], minlength=E).to(torch.int32)
+        out = eng.dispatch(x, None, idx, w, in_rank.sum(0, dtype=torch.int32), in_rank, ntpe, 1, worst, config)
+        n = unpack("HTProxyNotifyParams", log[0][3])
+        assert n["node_col"] == R + 3 + E // R and n["ranks_per_node"] == 2 and n["num_channels"] == 3
+        assert n["record_ints"] == R + 2 * 3 + E // R + 1
+        name, grid, block, params = log[1]
+        d = unpack("HTProxyForwardDispatchParams", params)
+        assert name == "ht_proxy_forward_dispatch" and grid == 9 and block == 512
+        msg = plan.forward_msg_bytes(2 * H, 0, K)
+        g0 = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x", area=0)
+        g1 = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x", area=1)
+        assert (d["msg_bytes"], d["ring_slots"], d["chunk"], d["first_ring"]) == (msg, g0.ring_slots, g0.chunk, 0)
+        assert (d["nvl_msg_bytes"], d["nvl_ring_slots"], d["nvl_chunk"], d["nvl_first_ring"]) == \
+            (msg, g1.ring_slots, g1.chunk, 3)
+        assert g0.ring_slots == 16 and g1.ring_slots == 32 and d["nvl_recv_base"] >= eng.shared // 2
+        assert d["ranks_per_node"] == 2 and d["rdma_rows"] == worst and d["num_rows"] == worst
+        h = out[5]
+        assert len(h) == 10 and h[1].shape == (2, 3) and h[8].shape == (T, 2) and h[9].shape == (worst, 2)
+        eng.combine(torch.zeros(worst, H, dtype=torch.bfloat16), h, None, (None, None), config)
+        cb = unpack("HTProxyForwardCombineParams", log[-1][3])
+        assert log[-1][0] == "ht_proxy_forward_combine" and log[-1][1] == 9
+        assert cb["msg_bytes"] == plan.partial_msg_bytes(H, 0) and cb["nvl_msg_bytes"] == plan.combine_msg_bytes(H, 0)
+        assert cb["rdma_mask"] == h.plan.rdma_mask.data_ptr() and cb["send_rdma_head"] == h[8].data_ptr()
+        eng.num_sms = 16
+        with pytest.raises(LimitExceeded):  # 6 channels x 3 blocks > 16 SMs
+            eng.dispatch(x, None, idx, w, in_rank.sum(0, dtype=torch.int32), in_rank, ntpe, 1, worst,
+                         Config(12, 4, 32, 4, 16))
+    finally:
+        eng.close()
+        stop_all(proxies)
+
+
 def test_limits_and_refusals(engine):
     eng = engine.eng
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
@@ -343,13 +402,16 @@ def test_scope_refusals(monkeypatch):
     ctx = lambda R, rpn: SimpleNamespace(num_ranks=R, topology=Topology(R, rpn))  # noqa: E731
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert ht_internode.unavailable_reason(ctx(2, 1)) is None
-    assert "ranks per node" in ht_internode.unavailable_reason(ctx(4, 2))
+    assert "several hosts" in ht_internode.unavailable_reason(ctx(4, 2))
     assert "several hosts" in ht_internode.unavailable_reason(ctx(4, 1))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert ht_internode.unavailable_reason(ctx(4, 2)) is None       # 2 nodes x 2 ranks: forwarding
+    assert "at most 8 ranks" in ht_internode.unavailable_reason(ctx(32, 16))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 32)
     assert "at most 16" in ht_internode.unavailable_reason(ctx(32, 1))
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
     assert "ipc transport only" in ht_internode.unavailable_reason(ctx(2, 1))
-    ex = _fake_ex(0, 4, 2, 1 << 20)
+    ex = _fake_ex(0, 32, 16, 1 << 20)
     monkeypatch.delenv("UCCL_EP_TRANSPORT")
     with pytest.raises(Unsupported, match="ranks per node"):
         ht_internode.ProxyNormalEngine(ex)
@@ -433,8 +495,9 @@ def _e2e_worker(rank, world, rpn, seed):
             bad.append(f"rank {rank} {case}: handle of {len(h)} items vs {len(rh)}")
         for k, (a, b) in enumerate(zip(h, rh)):
             if worst and len(h) == 10 and k == 9:  # DeepEP sizes send_nvl_head by num_worst_tokens
-                cmp(f"{case} handle[9] tail", a[n:], torch.full_like(a[n:], -1))
-                a = a[:n]
+                nr = b.shape[0]  # tokens this rank received as its node's forwarder
+                cmp(f"{case} handle[9] tail", a[nr:], torch.full_like(a[nr:], -1))
+                a = a[:nr]
             cmp(f"{case} handle[{k}]", a, b)
         x2 = (x.float() * 3).bfloat16()
         xin2 = per_token_cast_to_fp8(x2.float()) if case == "fp8" else x2
@@ -443,13 +506,23 @@ def _e2e_worker(rank, world, rpn, seed):
         c_want = ref.dispatch(xin2, handle=rh, config=configs[(i + 1) % 2])[0]
         cmp(f"{case} cached", cut(c_got[0]), cut(c_want[0] if case == "fp8" else c_want))
         rows = got[0].shape[0]
-        # NOTES: magnitudes 2^10 apart per rank make the fp32 sums inexact, and random fp32
-        # weights make their sums order-dependent, so any other summation order than the
-        # reference's (biases, then ranks ascending) shows.
-        y = (torch.randn(rows, H, generator=g) * 2.0 ** (10 * rank)).bfloat16()
-        yw = torch.rand(rows, K, generator=g) * 2.0 ** (5 * rank) if topk else None
-        b0 = torch.randn(T, H, generator=g).bfloat16()
-        b1 = torch.randn(T, H, generator=g).bfloat16()
+        if rpn > 1:
+            # NOTES: the node-first reduce adds in another order than the reference's flat rank
+            # order (as the host executor does); values on a 1/16 grid and the dispatch's own
+            # weights (one non-zero rank per slot) make every fp32 sum exact, so the results must
+            # still agree bit for bit.
+            y = (torch.randint(-64, 64, (rows, H), generator=g) / 16).bfloat16()
+            yw = got[3] if topk else None
+            b0 = (torch.randint(-64, 64, (T, H), generator=g) / 16).bfloat16()
+            b1 = torch.ones(T, H).bfloat16()
+        else:
+            # NOTES: magnitudes 2^10 apart per rank make the fp32 sums inexact, and random fp32
+            # weights make their sums order-dependent, so any other summation order than the
+            # reference's (biases, then ranks ascending) shows.
+            y = (torch.randn(rows, H, generator=g) * 2.0 ** (10 * rank)).bfloat16()
+            yw = torch.rand(rows, K, generator=g) * 2.0 ** (5 * rank) if topk else None
+            b0 = torch.randn(T, H, generator=g).bfloat16()
+            b1 = torch.randn(T, H, generator=g).bfloat16()
         for nb, bias in enumerate((None, b0, (b0, b1))):
             biases = (None, None) if bias is None else ((bias, None) if nb == 1 else bias)
             co = eng.combine(y, h, yw, biases, configs[(i + nb) % 2])
@@ -471,6 +544,11 @@ def _check_e2e(results):
 @pytest.mark.parametrize("world", [2, 3])
 def test_internode_one_rank_per_node_matches_reference(world):
     _check_e2e(run_ranks(_e2e_worker, world, 1, 5, timeout_s=240, env={"UCCL_EP_TRANSPORT": "ipc"}))
+
+
+def test_two_nodes_of_two_forward_and_match_reference():
+    """Per-node dedup, forwarding inside the node, node-first reduce (2 nodes x 2 ranks)."""
+    _check_e2e(run_ranks(_e2e_worker, 4, 2, 9, timeout_s=300, env={"UCCL_EP_TRANSPORT": "ipc"}))
 
 
 def test_forced_proxy_one_node_matches_reference_with_faults():

@@ -37,7 +37,8 @@ def _nvcc():
 def test_kernel_set():
     assert {"ll_dispatch.cu", "ll_combine.cu", "layout.cu", "intranode_notify.cu", "intranode_dispatch.cu",
             "intranode_combine.cu", "ll_dispatch_proxy.cu", "ll_combine_proxy.cu", "internode_notify.cu",
-            "internode_dispatch.cu", "internode_combine.cu"} <= set(KERNELS)
+            "internode_dispatch.cu", "internode_combine.cu", "internode_forward_dispatch.cu",
+            "internode_forward_combine.cu"} <= set(KERNELS)
 
 
 @pytest.mark.parametrize("source", KERNELS)
@@ -65,7 +66,8 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
     structs = ["LLDispatchParams", "LLDispatchRecvParams", "LLCombineParams", "LLCombineRecvParams",
                "HTLayoutParams", "HTNotifyParams", "HTDispatchParams", "HTCombineParams",
                "LLProxyDispatchParams", "LLProxyDispatchRecvParams", "LLProxyCombineParams",
-               "LLProxyCombineRecvParams", "HTProxyNotifyParams", "HTProxyDispatchParams", "HTProxyCombineParams"]
+               "LLProxyCombineRecvParams", "HTProxyNotifyParams", "HTProxyDispatchParams", "HTProxyCombineParams",
+               "HTProxyForwardDispatchParams", "HTProxyForwardCombineParams"]
     lines = ['#include "uccl_ep/kernel_abi.h"', '#include "uccl_ep/kernel_abi_internode.h"']
     for s in structs:
         n = len(runtime.param_fields(s))

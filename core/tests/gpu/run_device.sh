@@ -5,8 +5,9 @@
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
 #   internode: normal mode through the CPU proxy with every GPU as its own node (ranks_per_node=1,
-#          ipc transport): its tests vs the reference (core/tests/gpu/test_cuda_ht_internode.py),
-#          then `uccl-ep bench --mode ht --nodes <GPUs>` (RDMA-formula GB/s, transport bytes/op).
+#          ipc transport), and with 4+ GPUs 2 nodes of several ranks (dedup + forwarding): its tests
+#          vs the reference (core/tests/gpu/test_cuda_ht_internode.py), then `uccl-ep bench --mode ht
+#          --nodes <GPUs>` (and `--nodes 2` with 4+ GPUs): RDMA-formula GB/s, transport bytes/op.
 #          Needs the whole native module (do not combine with `isolate`).
 #   variants: the HT kernel variants (UCCL_EP_HT_VARIANT): for each new one its bitwise GPU test
 #          against uccl_ep.refs, then `uccl-ep bench --mode ht` at 24/16/12/8 SMs ->
@@ -96,7 +97,11 @@ for step in $STEPS; do
       for sms in 24 12; do
         timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes "$NODES" --num-sms $sms \
           --iters 30 --warmup 5 --json "$OUT/ht_internode_$sms.json" 2>&1 | tail -8
-      done ;;
+      done
+      if [ "$NODES" -ge 4 ]; then  # 2 nodes of NODES/2 ranks: per-node dedup and forwarding
+        timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes 2 --num-sms 24 --iters 30 \
+          --warmup 5 --json "$OUT/ht_internode_2nodes_24.json" 2>&1 | tail -8
+      fi ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
         $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;

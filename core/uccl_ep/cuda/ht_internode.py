@@ -20,10 +20,12 @@ Region: this rank's NVL buffer (the proxy registers it; the executor does not op
 NVL buffers in this mode, the ipc transport does). Counters, FIFOs and their device mappings:
 the LL proxy path's plumbing (proxy_path.py), reused as is.
 
-Scope: one rank per node (ranks_per_node = 1, or a forced proxy on one host, where every rank
-is treated as its own node and the handle is the intranode 6-tuple). Several GPUs per node
-(dedup per node, then NVLink forwarding to the local ranks) is not implemented yet: building
-such a Buffer raises Unsupported.
+Topologies: one rank per node (ranks_per_node = 1, or a forced proxy on one host, where every
+rank is treated as its own node and the handle is the intranode 6-tuple): the kernels above;
+several ranks per node: internode_forward_*.cu (each token crosses to a node once, the rank of
+its rail forwards it to the node's other ranks over the area-1 rings -- on one host the ipc copy
+engine, i.e. NVLink -- and combine reduces inside the node first, in fp32), driven by
+ht_internode_forward.py.
 
 Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU with the
 kernels emulated through real proxies (core/tests/cpu/test_cuda_ht_internode*.py); NOT YET RUN
@@ -56,9 +58,9 @@ def serves(ctx) -> bool:
 
 def _scope_reason(ctx) -> str | None:
     topo = ctx.topology
-    if topo.is_internode and topo.ranks_per_node > 1:
-        return (f"{topo.ranks_per_node} ranks per node: normal mode through the proxy runs one rank per node so far "
-                "(per-node dedup with NVLink forwarding is not implemented: issue 11)")
+    if topo.is_internode and topo.ranks_per_node > plan.MAX_LOCAL:
+        return (f"{topo.ranks_per_node} ranks per node; normal mode through the proxy forwards inside a node of at "
+                f"most {plan.MAX_LOCAL} ranks")
     transport = env.get("UCCL_EP_TRANSPORT")
     if transport not in ("auto", "ipc"):
         return (f"UCCL_EP_TRANSPORT={transport}: the GPU proxy path moves GPU memory with the ipc transport only "
@@ -104,12 +106,17 @@ class ProxyNormalEngine:
         self.ex, self.dev, self.drv = ex, ex.device, ex.drv
         self.R, self.rank = ctx.num_ranks, ctx.rank
         self.internode = ctx.topology.is_internode
+        self.G = ctx.topology.ranks_per_node if self.internode else 1
+        self.forward = self.G > 1  # several ranks per node: dedup per node, forwarding inside it
         self.mem: DeviceMemory = ex.nvl_mem
         self.shared, self.meta = plan.region_layout(self.mem.nbytes, self.R)
         self.num_sms = self.drv.device_attribute(self.dev, self.drv.ATTR_SM_COUNT)
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("layout.cu", "ht_layout"), ("internode_notify.cu", "ht_proxy_notify"),
-            ("internode_dispatch.cu", "ht_proxy_dispatch"), ("internode_combine.cu", "ht_proxy_combine"))}
+            ("internode_dispatch.cu", "ht_proxy_dispatch"), ("internode_combine.cu", "ht_proxy_combine"),
+            ("internode_forward_dispatch.cu", "ht_proxy_forward_dispatch"),
+            ("internode_forward_combine.cu", "ht_proxy_forward_combine"))
+            if self.forward or "forward" not in n}
         threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
         self.C = native()
         self._registered: list[int] = []
@@ -125,7 +132,7 @@ class ProxyNormalEngine:
             self.state = DeviceMemory(self.dev, plan.STATE_BYTES)
             self.drv.memset_d8(self.dev, self.state.ptr, 0, plan.STATE_BYTES, 0)
             self.drv.synchronize(self.dev)
-            self.host = MappedHostMemory(self.dev, 4 * (2 + self.R + _MAX_LOCAL_EXPERTS))
+            self.host = MappedHostMemory(self.dev, 4 * (3 + self.R + _MAX_LOCAL_EXPERTS))
         except BaseException:
             self.close()
             raise
@@ -137,23 +144,29 @@ class ProxyNormalEngine:
         return ProxyLowLatencyEngine._register(self, start, end)
 
     # -- shared pieces -----------------------------------------------------------------------------
-    def _ring(self, msg: int, channels: int, config, phase: str) -> dict:
-        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase)
-        return dict(msg_bytes=g.msg_bytes, ring_slots=g.ring_slots, chunk=g.chunk, recv_base=g.recv_base,
-                    send_base=g.send_base, first_ring=g.first_ring, head_base=plan.HEAD_BASE,
-                    num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos, timeout_ns=self.ex.timeout_ns)
+    def _ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
+        """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix)."""
+        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area)
+        pre = "nvl_" if area else ""
+        out = {pre + k: getattr(g, k) for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base",
+                                                "first_ring")}
+        if not area:
+            out.update(head_base=plan.HEAD_BASE, num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos,
+                       timeout_ns=self.ex.timeout_ns)
+        return out
 
     def _proxy_words(self) -> dict:
         return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
                     status=self.status_dev, state=self.state.ptr, error=self.ex.error_dev_ptr)
 
     def _check_channels(self, channels: int) -> None:
-        if channels > plan.MAX_CHANNELS or 2 * channels > self.num_sms:
-            raise LimitExceeded("config.num_sms", f"SMs (2 per channel, at most {2 * plan.MAX_CHANNELS} and the "
-                                f"device's {self.num_sms}) of the proxy normal-mode kernels", 2 * channels,
-                                min(2 * plan.MAX_CHANNELS, self.num_sms))
+        per = 3 if self.forward else 2  # co-resident blocks per channel
+        if channels > plan.MAX_CHANNELS or per * channels > self.num_sms:
+            raise LimitExceeded("config.num_sms", f"channels (num_sms / 2; {per} blocks each, at most "
+                                f"{plan.MAX_CHANNELS} and the device's {self.num_sms} SMs) of the proxy normal-mode "
+                                "kernels", channels, min(plan.MAX_CHANNELS, self.num_sms // per))
 
-    def _notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0) -> int:
+    def _notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0, channels=0) -> int:
         handshake = per_dst is None
         if not handshake:
             self.host_tag = (self.host_tag + 1) & 0x3FFFFFFF
@@ -163,13 +176,14 @@ class ProxyNormalEngine:
             record_ints=0 if handshake else cols["ints"], num_ranks=self.R, rank=self.rank,
             num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos, meta_base=self.meta.base,
             meta_slot_bytes=self.meta.slot, expert_col=0 if handshake else cols["expert"], num_local_experts=E_loc,
+            node_col=-1 if handshake else cols["node"], ranks_per_node=self.G, num_channels=channels,
             check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
             host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self._proxy_words())
         self._k["ht_proxy_notify"].launch(1, _NOTIFY_BLOCK, params, current_stream())
         return self.host_tag
 
     def _wait_host(self, tag: int) -> list[int]:
-        """The notify kernel's receive counts: [rows, per source (R), per expert...]."""
+        """The notify kernel's receive counts: [rows, per source (R), per expert (E_loc), RDMA rows]."""
         deadline = time.monotonic() + self.ex.ctx.timeout_s
         spins = 0
         while self.host.int32(0) != tag:
@@ -182,19 +196,25 @@ class ProxyNormalEngine:
                 if spins > 100_000:
                     time.sleep(0)
         self.ex.check_error()
-        return self.host.int32_array(1, 1 + self.R + _MAX_LOCAL_EXPERTS)
+        return self.host.int32_array(1, 2 + self.R + _MAX_LOCAL_EXPERTS)
 
     # -- layout ------------------------------------------------------------------------------------
     def layout(self, topk_idx, num_experts):
         from .ht import NormalEngine
         # NOTES: the intranode engine's layout kernel launch, reused as is (it reads R and _k).
         ntpr, _, ntpe, in_rank = NormalEngine.layout(self, topk_idx, num_experts)
-        # one rank per node: tokens per node are the tokens per rank
-        return ntpr, (ntpr.clone() if self.internode else None), ntpe, in_rank
+        if not self.internode:
+            return ntpr, None, ntpe, in_rank
+        ntprr = ntpr.clone() if self.G == 1 else plan.node_mask(in_rank, self.G).sum(0, dtype=torch.int32)
+        return ntpr, ntprr, ntpe, in_rank
 
     # -- dispatch ----------------------------------------------------------------------------------
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                  num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
+        if self.forward:
+            from . import ht_internode_forward as fwd
+            return fwd.dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                                num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
         if x_scales is not None and x_scales.element_size() != 4:
             raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
         R, dev = self.R, x.device
@@ -215,7 +235,7 @@ class ProxyNormalEngine:
         per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
         meta_out = torch.empty_like(per_dst)
         self._last_worst = num_worst_tokens
-        tag = self._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens)
+        tag = self._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
         else:
@@ -262,6 +282,9 @@ class ProxyNormalEngine:
         self._k["ht_proxy_dispatch"].launch(2 * channels, _BLOCK, params, current_stream())
 
     def cached_dispatch(self, x, x_scales, handle, config):
+        if self.forward:
+            from . import ht_internode_forward as fwd
+            return fwd.cached_dispatch(self, x, x_scales, handle, config)
         if x_scales is not None and x_scales.element_size() != 4:
             raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
         st: ProxyNormalPlan = handle.plan
@@ -281,6 +304,9 @@ class ProxyNormalEngine:
 
     # -- combine -----------------------------------------------------------------------------------
     def combine(self, x, handle, topk_weights, biases, config):
+        if self.forward:
+            from . import ht_internode_forward as fwd
+            return fwd.combine(self, x, handle, topk_weights, biases, config)
         if x.dtype != torch.bfloat16:
             raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
         st: ProxyNormalPlan = handle.plan

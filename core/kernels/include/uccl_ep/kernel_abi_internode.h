@@ -40,13 +40,16 @@ constexpr int kHTProxyHeadBase = 512;
 constexpr int kHTProxyMetaCounter = 1024;
 constexpr int kHTProxyNumCounters = 1026;
 
+// Ring ids: channel c of area 0 (hop 1 / hop B) is ring c, of area 1 (hop 2 / hop A) ring C + c.
+constexpr int kHTProxyMaxRings = 2 * kHTProxyMaxChannels;
+
 // Device-resident progress of one Buffer (zeroed once at set-up, never reset).
 struct HTProxyState {
   uint32_t op;                                            // ops started (parity = op & 1)
   uint32_t pad;
   int64_t seen[2][kHTProxyMaxRanks];                      // META counter values accounted
-  uint64_t send_pos[kHTProxyMaxRanks][kHTProxyMaxChannels];  // messages written per (dst, ring)
-  uint64_t recv_pos[kHTProxyMaxRanks][kHTProxyMaxChannels];  // messages consumed per (src, ring)
+  uint64_t send_pos[kHTProxyMaxRanks][kHTProxyMaxRings];  // messages written per (dst, ring id)
+  uint64_t recv_pos[kHTProxyMaxRanks][kHTProxyMaxRings];  // messages consumed per (src, ring id)
 };
 
 // Byte offset of a slot: rings [peer][ring - first_ring][slot] of `msg` bytes from `base`.
@@ -77,9 +80,20 @@ UCCL_EP_HOST_DEVICE constexpr HTDispatchMsg ht_dispatch_msg(int64_t hidden_bytes
                        (hidden_bytes + 4 * num_scales + 12 * num_topk + 4 + 15) / 16 * 16};
 }
 
+// With several ranks per node a dispatch message also carries the source rank and the bitmask of
+// the destination node's local ranks that want the token (the host executor's hop-1 row).
+UCCL_EP_HOST_DEVICE constexpr int64_t ht_forward_msg_bytes(int64_t hidden_bytes, int64_t num_scales, int64_t num_topk) {
+  return (hidden_bytes + 4 * num_scales + 12 * num_topk + 12 + 15) / 16 * 16;
+}
+
 // A combine message: the BF16 row | top-k weights (fp32), padded to 16 bytes.
 UCCL_EP_HOST_DEVICE constexpr int64_t ht_combine_msg_bytes(int64_t hidden, int64_t num_topk) {
   return (2 * hidden + 4 * num_topk + 15) / 16 * 16;
+}
+
+// A node's partial sum of a token (hop B): fp32 row | fp32 top-k weights, padded to 16 bytes.
+UCCL_EP_HOST_DEVICE constexpr int64_t ht_partial_msg_bytes(int64_t hidden, int64_t num_topk) {
+  return (4 * hidden + 4 * num_topk + 15) / 16 * 16;
 }
 
 struct HTProxyNotifyParams {
@@ -90,7 +104,7 @@ struct HTProxyNotifyParams {
   uint64_t counters;        // int64 [R][num_counters] (mapped host memory, device address)
   uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
   uint64_t state;           // HTProxyState* (device)
-  uint64_t host;            // int32 mapped host: [0] tag, [1] rows, [2, 2+R) per source, then per expert
+  uint64_t host;            // int32 mapped host: [0] tag, [1] rows, [2, 2+R) per source, per expert, RDMA rows
   uint64_t error;           // ErrorWord*
   int64_t record_ints;      // L
   int64_t num_ranks;
@@ -100,6 +114,9 @@ struct HTProxyNotifyParams {
   int64_t meta_base;        // region offset of the meta records
   int64_t meta_slot_bytes;
   int64_t expert_col;       // column of this rank's expert counts in a record
+  int64_t node_col;         // column of the tokens to this rank's node per channel (-1: one rank per node)
+  int64_t ranks_per_node;
+  int64_t num_channels;
   int64_t num_local_experts;
   int64_t check_col;        // column every rank must agree on (message bytes), or -1
   int64_t expert_alignment;
@@ -186,6 +203,126 @@ struct HTProxyCombineParams {
   int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
   int64_t head_base;
   int64_t num_counters;     // counters per source in the proxy's counter array
+  int64_t num_fifos;
+  int64_t timeout_ns;
+};
+
+}  // namespace uccl_ep
+
+namespace uccl_ep {
+
+// ---- several ranks per node: per-node dedup, forwarding inside the node, node-first reduce ------
+// (internode_forward_dispatch.cu, internode_forward_combine.cu; uccl_ep/host/ht_internode.py)
+//   hop 1 (area 0, ring c):      source -> the rank of its rail on each destination node, once
+//   hop 2 (area 1, ring C + c):  that forwarder -> the other local ranks in the token's mask, the
+//                                rail sources in ascending order (source-major), tokens in order;
+//                                the forwarder places its own rows itself
+//   hop A (area 1, ring C + c):  each rank returns its rows to the forwarder they came from
+//   hop B (area 0, ring c):      the forwarder's fp32 partial (local ranks ascending) to the source,
+//                                which adds the biases, then the nodes' partials in node order
+
+struct HTProxyForwardDispatchParams {
+  uint64_t x;
+  uint64_t x_scales;
+  uint64_t topk_idx;
+  uint64_t topk_weights;
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t node_send_prefix;  // int32 [N, C]: tokens to node n in channels <= c (inclusive)
+  uint64_t rdma_prefix;       // int32 [N, C]: first RDMA-level row of (node m's rail source, channel c)
+  uint64_t rdma_count;        // int32 [N, C]: tokens received from node m's rail source in channel c
+  uint64_t recv_prefix;       // int32 [R, C]: first output row of (source, channel)
+  uint64_t recv_end;          // int32 [R]
+  uint64_t recv_count;        // int32 [R, C]: tokens each source sends this rank per channel
+  uint64_t recv_x;
+  uint64_t recv_scales;
+  uint64_t recv_topk_idx;
+  uint64_t recv_topk_weights;
+  uint64_t recv_src_idx;
+  uint64_t recv_mask;         // int32 [rows]: the NVL mask each received row carried
+  uint64_t rdma_mask;         // int32 [rdma_rows]: the NVL mask of each token received at RDMA level
+  uint64_t region;
+  uint64_t fifos;
+  uint64_t counters;
+  uint64_t status;
+  uint64_t state;
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden_bytes;
+  int64_t num_scales;
+  int64_t scale_stride_token;
+  int64_t scale_stride_col;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t ranks_per_node;
+  int64_t num_channels;
+  int64_t num_rows;
+  int64_t rdma_rows;          // rows of rdma_mask
+  // hop 1 (area 0)
+  int64_t msg_bytes;
+  int64_t ring_slots;
+  int64_t chunk;
+  int64_t recv_base;
+  int64_t send_base;
+  int64_t first_ring;
+  // hop 2 (area 1): same messages
+  int64_t nvl_msg_bytes;
+  int64_t nvl_ring_slots;
+  int64_t nvl_chunk;
+  int64_t nvl_recv_base;
+  int64_t nvl_send_base;
+  int64_t nvl_first_ring;
+  int64_t head_base;
+  int64_t num_counters;
+  int64_t num_fifos;
+  int64_t timeout_ns;
+};
+
+struct HTProxyForwardCombineParams {
+  uint64_t x;                 // bf16 [rows, H]
+  uint64_t topk_weights;      // fp32 [rows, K] or 0
+  uint64_t bias0;
+  uint64_t bias1;
+  uint64_t out;
+  uint64_t out_weights;
+  uint64_t send_rdma_head;    // int32 [T, N]: index of token t among the tokens sent to node n, or -1
+  uint64_t node_send_prefix;  // int32 [N, C]
+  uint64_t rdma_prefix;       // int32 [N, C]
+  uint64_t rdma_count;        // int32 [N, C]
+  uint64_t rdma_mask;         // int32 [rdma_rows]
+  uint64_t recv_prefix;       // int32 [R, C]
+  uint64_t recv_end;          // int32 [R]
+  uint64_t recv_count;        // int32 [R, C]
+  uint64_t region;
+  uint64_t fifos;
+  uint64_t counters;
+  uint64_t status;
+  uint64_t state;
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden;
+  int64_t num_topk;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t ranks_per_node;
+  int64_t num_channels;
+  // hop B (area 0): partials
+  int64_t msg_bytes;
+  int64_t ring_slots;
+  int64_t chunk;
+  int64_t recv_base;
+  int64_t send_base;
+  int64_t first_ring;
+  // hop A (area 1): rows
+  int64_t nvl_msg_bytes;
+  int64_t nvl_ring_slots;
+  int64_t nvl_chunk;
+  int64_t nvl_recv_base;
+  int64_t nvl_send_base;
+  int64_t nvl_first_ring;
+  int64_t head_base;
+  int64_t num_counters;
   int64_t num_fifos;
   int64_t timeout_ns;
 };

@@ -73,6 +73,17 @@ struct RingArgs {
   uint64_t timeout_ns;
 };
 
+// Default hooks of a stager / consumer (see send_stream and recv_stream).
+struct StreamHooks {
+  // Leader lane only, once a round [k0, k1) is known and before any warp touches it; false
+  // aborts the stream (the error word is filled).
+  UCCL_DEVICE bool prepare(int64_t, int64_t, int64_t) { return true; }
+  // Leader lane only, after every warp finished the round (and, when sending, after its push).
+  UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) { return true; }
+  // Most messages one round takes.
+  UCCL_DEVICE int64_t max_round() const { return int64_t(1) << 40; }
+};
+
 template <class P>
 UCCL_DEVICE RingArgs ring_args(const P& p) {
   RingArgs a;
@@ -94,6 +105,19 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
   a.head_base = p.head_base;
   a.num_counters = p.num_counters;
   a.timeout_ns = uint64_t(p.timeout_ns);
+  return a;
+}
+
+// The area-1 rings (hop 2 / hop A) of the forward kernels' params.
+template <class P>
+UCCL_DEVICE RingArgs nvl_ring_args(const P& p) {
+  RingArgs a = ring_args(p);
+  a.msg = p.nvl_msg_bytes;
+  a.slots = p.nvl_ring_slots;
+  a.chunk = p.nvl_chunk;
+  a.recv_base = p.nvl_recv_base;
+  a.send_base = p.nvl_send_base;
+  a.first_ring = p.nvl_first_ring;
   return a;
 }
 
@@ -119,13 +143,14 @@ UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int p
 }
 
 // Sends messages [0, n) of stream (dst, c). `stager.stage(k0, k1, base, g)` writes this warp's
-// share of messages [k0, k1) into staging_slot(a, dst, c, base + k). Returns false after an
-// error (the error word is filled); every warp of the group returns together.
+// share of messages [k0, k1) into staging_slot(a, dst, c, base + k); its prepare/finish hooks
+// (StreamHooks) run on the leader around each round. Returns false after an error (the error
+// word is filled); every warp of the group returns together.
 template <class Stager>
 UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* s_word, int dst, int c, int64_t n,
                              Stager& stager, int phase) {
   const int64_t ring = a.first_ring + c;
-  const int64_t base = int64_t(a.state->send_pos[dst][c]);  // read by every warp before any round
+  const int64_t base = int64_t(a.state->send_pos[dst][ring]);  // read by every warp before any round
   const int64_t* head = proxy_counter(a, dst, a.head_base + ring);
   const bool leader = group_leader(g);
   int64_t credit = 0;  // leader: last credit value read (cumulative, like the positions)
@@ -139,7 +164,8 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
           credit = wait_counter(head, pos - a.slots + 1, a.status, a.timeout_ns, a.err, phase, a.rank, dst, c, nullptr);
         if (credit >= 0) {
           const int64_t room = min64(a.slots - pos % a.slots, a.slots - (pos - credit));
-          k1 = k0 + min64(min64(n - k0, a.chunk), room);
+          k1 = k0 + min64(min64(n - k0, a.chunk), min64(room, stager.max_round()));
+          if (!stager.prepare(k0, k1, base)) k1 = -1;
         }
       }
       *s_word = k1;
@@ -157,20 +183,22 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       const TransferCmd cmd = protocol::make_ordered_write(uint32_t(dst), from, to, uint32_t((k1 - k0) * a.msg),
                                                            uint32_t(ring), uint32_t(k1 - k0));
       failed = !fifo_push(a.fifos[ring % a.num_fifos], cmd, a.timeout_ns, a.err, PushSite{phase, a.rank, dst, c});
+      failed = failed || !stager.finish(k0, k1, base);
     }
     k0 = k1;
   }
-  if (leader && !failed && n > 0) a.state->send_pos[dst][c] = uint64_t(base + n);
+  if (leader && !failed && n > 0) a.state->send_pos[dst][ring] = uint64_t(base + n);
   return !failed;
 }
 
 // Receives messages [0, n) of stream (src, c). `consumer.consume(k0, k1, base, g)` reads this
-// warp's share of messages [k0, k1) from receive_slot(a, src, c, base + k).
+// warp's share of messages [k0, k1) from receive_slot(a, src, c, base + k); its hooks
+// (StreamHooks) run on the leader around each round, finish before the round's credits.
 template <class Consumer>
 UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* s_word, int src, int c, int64_t n,
                              Consumer& consumer, int phase) {
   const int64_t ring = a.first_ring + c;
-  const int64_t base = int64_t(a.state->recv_pos[src][c]);
+  const int64_t base = int64_t(a.state->recv_pos[src][ring]);
   const int64_t* tail_counter = proxy_counter(a, src, ring);
   const bool leader = group_leader(g);
   const int64_t lazy = a.slots / 2 > 1 ? a.slots / 2 : 1;
@@ -185,7 +213,10 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
         // copies it accounts for landed in this rank's region.
         if (tail <= pos)
           tail = wait_counter(tail_counter, pos + 1, a.status, a.timeout_ns, a.err, phase, a.rank, src, c, nullptr);
-        if (tail >= 0) k1 = k0 + min64(n - k0, tail - pos);
+        if (tail >= 0) {
+          k1 = k0 + min64(min64(n - k0, tail - pos), consumer.max_round());
+          if (!consumer.prepare(k0, k1, base)) k1 = -1;
+        }
       }
       *s_word = k1;
     }
@@ -195,15 +226,16 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
     consumer.consume(k0, k1, base, g);
     group_sync(g);  // every read of the slots done before their credit goes back
     if (leader) {
+      failed = !consumer.finish(k0, k1, base);
       const int64_t consumed = base + k1;
-      if (consumed - credited >= lazy || k1 == n) {
+      if (!failed && (consumed - credited >= lazy || k1 == n)) {
         failed = !push_credit(a, src, c, consumed - credited, phase);
         credited = consumed;
       }
     }
     k0 = k1;
   }
-  if (leader && !failed && n > 0) a.state->recv_pos[src][c] = uint64_t(base + n);
+  if (leader && !failed && n > 0) a.state->recv_pos[src][ring] = uint64_t(base + n);
   return !failed;
 }
 

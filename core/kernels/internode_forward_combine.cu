@@ -1,0 +1,330 @@
+// Normal-mode combine through the CPU proxy with several ranks per node: reduce inside the node
+// first, then across nodes (the host executor's hierarchical reduce, uccl_ep/host/ht_internode.py).
+//
+// Grid: 3 blocks per channel c, on the dispatch's streams (positions continue).
+//   block 3c, group j:  hop A. Rows this rank received from local forwarder j (not me) in channel
+//                       c go back to it as stream (me -> j, ring C + c), in the order hop 2 brought
+//                       them: sources ascending, then tokens (BF16 row, then top-k weights)
+//   block 3c+1:         the forwarder: for every rail source in ascending order and every token it
+//                       sent here (its dispatch masks were recorded), the fp32 sum of the token's
+//                       rows of this node, local ranks ascending (own row read from x, the others
+//                       from the hop-A streams, counted in the same order), sent back as message k
+//                       of stream (me -> that source, ring c): fp32 row, then fp32 weights
+//   block 3c+2:         the source: token-major over channel c, rounds of B tokens (one warp each);
+//                       out[t] = (bias0 + bias1) + partial of node 0 + partial of node 1 + ... in
+//                       fp32, one IEEE add at a time, nodes ascending, cast to BF16
+// NOTES: partials travel in fp32 as in the host executor (DeepEP rounds them to BF16), so the
+// result equals the reference's flat rank-order sum whenever the fp32 sums are exact (the common
+// case for BF16 data); see uccl_ep/host/ht_internode.py.
+#include "uccl_ep/device/internode_ring.cuh"
+#include "uccl_ep/device/numeric.cuh"
+
+using namespace uccl_ep;
+using namespace uccl_ep::dev;
+
+namespace {
+
+constexpr int kMaxLocal = 8;
+constexpr int kMaxRound = 128;
+
+// Hop A: the rows of forwarder f's hop-2 stream, back in the same order.
+struct RowsBackStager : StreamHooks {
+  const HTProxyForwardCombineParams* p;
+  const RingArgs* a;
+  int f, f_local, c;
+
+  UCCL_DEVICE void stage(int64_t k0, int64_t k1, int64_t base, const WarpGroup& g) {
+    const int R = int(p->num_ranks), C = int(p->num_channels), G = int(p->ranks_per_node);
+    const int64_t H = p->hidden, K = p->num_topk;
+    const auto* recv_prefix = reinterpret_cast<const int*>(p->recv_prefix);
+    const auto* recv_count = reinterpret_cast<const int*>(p->recv_count);
+    for (int64_t k = k0 + g.index; k < k1; k += g.members) {
+      int s = f_local;
+      int64_t before = 0;
+      while (s + G < R && before + recv_count[s * C + c] <= k) before += recv_count[s * C + c], s += G;
+      const int64_t row = recv_prefix[s * C + c] + (k - before);
+      uint8_t* slot = staging_slot(*a, f, c, base + k);
+      warp_copy16(slot, reinterpret_cast<const uint8_t*>(p->x) + row * H * 2, H * 2);
+      if (p->topk_weights != 0)
+        for (int64_t kk = lane_id(); kk < K; kk += kWarpSize)
+          reinterpret_cast<uint32_t*>(slot + 2 * H)[kk] = reinterpret_cast<const uint32_t*>(p->topk_weights)[row * K + kk];
+    }
+  }
+};
+
+struct PartialShared {
+  int mask[kMaxRound];
+  int self[kMaxRound];              // own row offset in the (source, channel) block, or -1
+  int pos[kMaxRound][kMaxLocal];    // position in hop-A stream g, relative to the round's start
+  int64_t posA[kMaxLocal];          // hop-A positions consumed so far (absolute)
+  int64_t tailA[kMaxLocal];         // hop-A TAIL values seen
+  int64_t creditedA[kMaxLocal];     // hop-A credits returned
+  int cnt[kMaxLocal];
+  int self_run;
+};
+
+// Hop B: this node's partial of each token of one rail source.
+struct PartialStager : StreamHooks {
+  const HTProxyForwardCombineParams* p;
+  const RingArgs* aB;   // hop B (area 0)
+  const RingArgs* aA;   // hop A (area 1)
+  PartialShared* sh;
+  int src, c, me_local, G, node;
+  int64_t rdma_start, self_start, round_cap;
+
+  UCCL_DEVICE int64_t max_round() const { return round_cap; }
+  UCCL_DEVICE int local_rank(int g) const { return node * G + g; }
+
+  UCCL_DEVICE bool prepare(int64_t k0, int64_t k1, int64_t) {
+    const auto* rdma_mask = reinterpret_cast<const int*>(p->rdma_mask);
+    for (int g = 0; g < G; ++g) sh->cnt[g] = 0;
+    for (int64_t k = k0; k < k1; ++k) {
+      const int i = int(k - k0);
+      const uint32_t mask = uint32_t(rdma_mask[rdma_start + k]);
+      sh->mask[i] = int(mask);
+      sh->self[i] = ((mask >> me_local) & 1u) ? sh->self_run++ : -1;
+      for (int g = 0; g < G; ++g)
+        if (g != me_local && ((mask >> g) & 1u)) sh->pos[i][g] = sh->cnt[g]++;
+    }
+    for (int g = 0; g < G; ++g) {  // every row of the round has landed
+      if (g == me_local || sh->cnt[g] == 0) continue;
+      const int64_t need = sh->posA[g] + sh->cnt[g];
+      if (sh->tailA[g] < need) {
+        // acquire (inside wait_counter): the rows the TAIL covers are in this rank's region
+        sh->tailA[g] = wait_counter(proxy_counter(*aA, local_rank(g), aA->first_ring + c), need, aA->status,
+                                    aA->timeout_ns, aA->err, kPhaseHTCombineSend, aA->rank, local_rank(g), c, nullptr);
+        if (sh->tailA[g] < 0) return false;
+      }
+    }
+    return true;
+  }
+
+  UCCL_DEVICE void stage(int64_t k0, int64_t k1, int64_t base, const WarpGroup& g) {
+    const int64_t H = p->hidden, K = p->num_topk;
+    for (int64_t k = k0 + g.index; k < k1; k += g.members) {
+      const int i = int(k - k0);
+      const uint32_t mask = uint32_t(sh->mask[i]);
+      const uint8_t* rows[kMaxLocal];
+      bool cg[kMaxLocal];
+      int nsrc = 0;
+      for (int l = 0; l < G; ++l) {  // local ranks ascending: the host executor's order
+        if (!((mask >> l) & 1u)) continue;
+        if (l == me_local) {
+          rows[nsrc] = reinterpret_cast<const uint8_t*>(p->x) + (self_start + sh->self[i]) * H * 2;
+          cg[nsrc++] = false;
+        } else {
+          rows[nsrc] = receive_slot(*aA, local_rank(l), c, sh->posA[l] + sh->pos[i][l]);
+          cg[nsrc++] = true;
+        }
+      }
+      uint8_t* out = staging_slot(*aB, src, c, base + k);
+      for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        for (int s = 0; s < nsrc; ++s) {
+          float f[8];
+          unpack_bf16x8(cg[s] ? ld16_cg(rows[s] + v * 16) : ld16(rows[s] + v * 16), f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);  // 0 + row, then in order
+        }
+        Vec16 lo_v, hi_v;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          lo_v.w[e] = __float_as_uint(acc[e]);
+          hi_v.w[e] = __float_as_uint(acc[4 + e]);
+        }
+        st16(out + v * 32, lo_v);
+        st16(out + v * 32 + 16, hi_v);
+      }
+      for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
+        float acc = 0.0f;
+        for (int s = 0; s < nsrc; ++s) {
+          const uint8_t* w = cg[s] ? rows[s] + 2 * H + 4 * kk : nullptr;
+          const float v = cg[s] ? __uint_as_float(ld_u32_cg(w))
+                                : reinterpret_cast<const float*>(p->topk_weights)[(self_start + sh->self[i]) * K + kk];
+          acc = __fadd_rn(acc, v);
+        }
+        reinterpret_cast<float*>(out + 4 * H)[kk] = acc;
+      }
+    }
+  }
+
+  // After the round's push: its hop-A rows are consumed; credits go back every half ring.
+  UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) {
+    const int64_t lazy = aA->slots / 2 > 1 ? aA->slots / 2 : 1;
+    for (int g = 0; g < G; ++g) {
+      if (g == me_local) continue;
+      sh->posA[g] += sh->cnt[g];
+      if (sh->posA[g] - sh->creditedA[g] >= lazy) {
+        if (!push_credit(*aA, local_rank(g), c, sh->posA[g] - sh->creditedA[g], kPhaseHTCombineSend)) return false;
+        sh->creditedA[g] = sh->posA[g];
+      }
+    }
+    return true;
+  }
+};
+
+// out[t] from the nodes' partials (nodes ascending), warp-cooperative.
+UCCL_DEVICE void reduce_partials(const HTProxyForwardCombineParams& p, int64_t t, const uint8_t* const* rows, int nsrc) {
+  const int64_t H = p.hidden, K = p.num_topk;
+  auto* out = reinterpret_cast<uint8_t*>(p.out) + t * H * 2;
+  for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (t * H + v * 8) * 2), acc);
+    if (p.bias1 != 0) {
+      float b[8];
+      unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (t * H + v * 8) * 2), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
+    for (int s = 0; s < nsrc; ++s) {
+      const Vec16 lo_v = ld16_cg(rows[s] + v * 32), hi_v = ld16_cg(rows[s] + v * 32 + 16);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[e] = __fadd_rn(acc[e], __uint_as_float(lo_v.w[e]));
+        acc[4 + e] = __fadd_rn(acc[4 + e], __uint_as_float(hi_v.w[e]));
+      }
+    }
+    st16(out + v * 16, pack_bf16x8(acc));
+  }
+  if (p.out_weights != 0) {
+    for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
+      float acc = 0.0f;
+      for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, __uint_as_float(ld_u32_cg(rows[s] + 4 * H + 4 * kk)));
+      reinterpret_cast<float*>(p.out_weights)[t * K + kk] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+    ht_proxy_forward_combine(const UCCL_GRID_CONSTANT HTProxyForwardCombineParams p) {
+  __shared__ int s_arrive[kHTProxyMaxRanks];
+  __shared__ int64_t s_word[kHTProxyMaxRanks];
+  __shared__ int64_t s_base[kHTProxyMaxRanks];
+  __shared__ PartialShared sh;
+  __shared__ int s_fail;
+  const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.ranks_per_node);
+  const int N = R / G, me = int(p.rank), me_local = me % G, node = me / G;
+  const int c = blockIdx.x / 3, role = blockIdx.x % 3;
+  const int T = int(p.num_tokens);
+  const int per = (T + C - 1) / C;
+  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const RingArgs aB = ring_args(p);
+  const RingArgs aA = nvl_ring_args(p);
+  if (threadIdx.x < kHTProxyMaxRanks) {
+    s_arrive[threadIdx.x] = 0;
+    s_word[threadIdx.x] = 0;
+    const int rail = int(threadIdx.x) * G + me_local;
+    s_base[threadIdx.x] = threadIdx.x < N ? int64_t(aB.state->recv_pos[rail][aB.first_ring + c]) : 0;
+  }
+  if (threadIdx.x == 0) {
+    s_fail = 0;
+    for (int l = 0; l < G && l < kMaxLocal; ++l) {
+      sh.posA[l] = l == me_local ? 0 : int64_t(aA.state->recv_pos[node * G + l][aA.first_ring + c]);
+      sh.tailA[l] = 0;
+      sh.creditedA[l] = sh.posA[l];
+    }
+  }
+  __syncthreads();
+  if (ht_partial_msg_bytes(p.hidden, p.num_topk) != p.msg_bytes ||
+      ht_combine_msg_bytes(p.hidden, p.num_topk) != p.nvl_msg_bytes || G > kMaxLocal) {
+    if (threadIdx.x == 0) raise_error(aB.err, kErrProtocol, kPhaseHTCombineSend, me, -1, c, 0);
+    return;
+  }
+
+  if (role == 0) {  // hop A: one group per other local rank
+    if (G < 2) return;
+    const int W = num_warps() / (G - 1), grp = warp_id() / W;
+    if (W < 1 || grp >= G - 1) return;
+    const int f_local = grp < me_local ? grp : grp + 1, f = node * G + f_local;
+    WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
+    const auto* recv_count = reinterpret_cast<const int*>(p.recv_count);
+    int64_t n = 0;
+    for (int s = f_local; s < R; s += G) n += recv_count[s * C + c];
+    RowsBackStager st{{}, &p, &aA, f, f_local, c};
+    send_stream(aA, g, &s_word[grp], f, c, n, st, kPhaseHTCombineSend);
+    return;
+  }
+  if (role == 1) {  // the forwarder: partials to every rail source in ascending order
+    WarpGroup g{&s_arrive[0], num_warps(), warp_id(), 0u};
+    const auto* rdma_prefix = reinterpret_cast<const int*>(p.rdma_prefix);
+    const auto* rdma_count = reinterpret_cast<const int*>(p.rdma_count);
+    const auto* recv_prefix = reinterpret_cast<const int*>(p.recv_prefix);
+    const int64_t half = aA.slots / 2 > 1 ? aA.slots / 2 : 1;
+    for (int m = 0; m < N; ++m) {
+      const int src = m * G + me_local;
+      if (threadIdx.x == 0) sh.self_run = 0;
+      __syncthreads();
+      PartialStager st{{}, &p, &aB, &aA, &sh, src, c, me_local, G, node, rdma_prefix[m * C + c],
+                       recv_prefix[src * C + c], half < kMaxRound ? half : kMaxRound};
+      if (!send_stream(aB, g, &s_word[0], src, c, rdma_count[m * C + c], st, kPhaseHTCombineSend)) s_fail = 1;
+      __syncthreads();
+      if (s_fail) return;  // the same decision in every thread (read after the barrier)
+    }
+    if (threadIdx.x == 0) {  // the last credits, and where the hop-A streams stand
+      for (int l = 0; l < G; ++l) {
+        if (l == me_local) continue;
+        if (sh.posA[l] > sh.creditedA[l] &&
+            !push_credit(aA, node * G + l, c, sh.posA[l] - sh.creditedA[l], kPhaseHTCombineSend))
+          return;
+        aA.state->recv_pos[node * G + l][aA.first_ring + c] = uint64_t(sh.posA[l]);
+      }
+    }
+    return;
+  }
+
+  // The source: rounds of B tokens, one warp each, nodes ascending.
+  const auto* head = reinterpret_cast<const int*>(p.send_rdma_head);
+  const auto* nsp = reinterpret_cast<const int*>(p.node_send_prefix);
+  const int64_t half = aB.slots / 2;
+  const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
+  const int lane = lane_id(), warp = warp_id(), tid = threadIdx.x;
+  int64_t tail[kHTProxyMaxRanks];
+  for (int n = 0; n < kHTProxyMaxRanks; ++n) tail[n] = 0;
+  int64_t consumed = 0, credited = 0;  // thread n < N: partials of stream (rail of node n -> me, c)
+  for (int tb = t_begin; tb < t_end; tb += B) {
+    const int64_t t = tb + warp;
+    if (warp < B && t < t_end) {
+      const uint8_t* rows[kHTProxyMaxRanks];
+      int nsrc = 0;
+      bool ok = true;
+      for (int n = 0; n < N && ok; ++n) {
+        const int h = head[t * N + n];
+        if (h < 0) continue;
+        const int rail = n * G + me_local;
+        const int64_t pos = s_base[n] + (h - (c > 0 ? nsp[n * C + c - 1] : 0));
+        if (pos >= tail[n]) {
+          int64_t got = 0;
+          if (lane == 0)
+            got = wait_counter(proxy_counter(aB, rail, aB.first_ring + c), pos + 1, aB.status, aB.timeout_ns, aB.err,
+                               kPhaseHTCombineRecv, me, rail, c, nullptr);
+          got = int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
+                        (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
+          if (got < 0) ok = false;
+          tail[n] = got;
+        }
+        rows[nsrc++] = receive_slot(aB, rail, c, pos);
+      }
+      if (ok) reduce_partials(p, t, rows, nsrc);
+      else if (lane == 0) s_fail = 1;
+    }
+    __syncthreads();  // every read of this round's slots done before their credits go back
+    if (s_fail) return;
+    if (tid < N) {
+      for (int u = tb; u < tb + B && u < t_end; ++u) consumed += head[int64_t(u) * N + tid] >= 0;
+      const int64_t lazy = half > 1 ? half : 1;
+      if (consumed - credited > 0 && (consumed - credited >= lazy || tb + B >= t_end)) {
+        if (!push_credit(aB, tid * G + me_local, c, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
+        credited = consumed;
+      }
+    }
+  }
+  if (tid < N && consumed > 0) aB.state->recv_pos[tid * G + me_local][aB.first_ring + c] = uint64_t(s_base[tid] + consumed);
+}

@@ -1,0 +1,161 @@
+"""Normal mode through the CPU proxy with several ranks per node (internode_forward_dispatch.cu,
+internode_forward_combine.cu): the host executor's two-level protocol (uccl_ep/host/ht_internode.py)
+on GPU warps, driven from ProxyNormalEngine (ht_internode.py), which owns the proxy, the rings and
+the notify step.
+
+  dispatch  notify (records with the tokens per destination node) -> hop 1 once per node to the
+            rail rank there -> that forwarder places its own rows and copies the others into the
+            hop-2 rings of the node's ranks (area 1) -> rows in (source rank, token) order
+  combine   handshake -> hop A (rows back to their forwarder, area 1) -> the forwarder's fp32 sum
+            over its node (local ranks ascending) -> hop B (area 0) -> the source adds biases, then
+            the nodes' partials in order
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import InvalidArgument, LimitExceeded, Unsupported
+from ..handles import NormalHandle
+from . import ht_internode_plan as plan
+from .runtime import current_stream, pack_params
+
+__all__ = ["dispatch", "cached_dispatch", "combine"]
+
+_BLOCK = 512
+_MAX_LOCAL_EXPERTS = 1024
+
+
+def _ptr(t) -> int:
+    return t.data_ptr() if t is not None else 0
+
+
+def _check_scales(x_scales) -> None:
+    if x_scales is not None and x_scales.element_size() != 4:
+        raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
+
+
+def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdma_rows, rings) -> None:
+    recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, rdma_mask = outs
+    params = pack_params(
+        "HTProxyForwardDispatchParams", x=x.data_ptr(), x_scales=_ptr(scales), topk_idx=_ptr(topk_idx),
+        topk_weights=_ptr(topk_weights), is_token_in_rank=st.in_rank.data_ptr(),
+        node_send_prefix=st.node_send_prefix.data_ptr(), rdma_prefix=st.rdma_prefix.data_ptr(),
+        rdma_count=st.rdma_count.data_ptr(), recv_prefix=st.recv_prefix.data_ptr(), recv_end=st.recv_end.data_ptr(),
+        recv_count=st.recv_count.data_ptr(), recv_x=recv_x.data_ptr(), recv_scales=_ptr(recv_scales),
+        recv_topk_idx=_ptr(recv_idx), recv_topk_weights=_ptr(recv_w), recv_src_idx=_ptr(recv_src),
+        recv_mask=_ptr(recv_mask), rdma_mask=_ptr(rdma_mask), num_tokens=x.shape[0],
+        hidden_bytes=x.shape[1] * x.element_size(), num_scales=scales.shape[1] if scales is not None else 0,
+        scale_stride_token=scales.stride(0) if scales is not None else 0,
+        scale_stride_col=scales.stride(1) if scales is not None else 0,
+        num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=st.num_experts, num_ranks=eng.R,
+        rank=eng.rank, ranks_per_node=eng.G, num_channels=st.num_channels, num_rows=rows, rdma_rows=rdma_rows,
+        **eng._proxy_words(), **rings)
+    eng._k["ht_proxy_forward_dispatch"].launch(3 * st.num_channels, _BLOCK, params, current_stream())
+
+
+def _dispatch_rings(eng, msg: int, channels: int, config, phase: str) -> dict:
+    return dict(eng._ring(msg, channels, config, phase + " hop 1", area=0),
+                **eng._ring(msg, channels, config, phase + " hop 2", area=1))
+
+
+def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+             expert_alignment, num_worst_tokens, config):
+    _check_scales(x_scales)
+    R, G, dev = eng.R, eng.G, x.device
+    T, C = x.shape[0], config.num_channels
+    E = num_tokens_per_expert.numel()
+    E_loc = E // R
+    if E_loc > _MAX_LOCAL_EXPERTS:
+        raise LimitExceeded("num_tokens_per_expert", "local experts of the CUDA normal kernels", E_loc,
+                            _MAX_LOCAL_EXPERTS)
+    eng._check_channels(C)
+    K = topk_idx.shape[1] if topk_idx is not None else 0
+    ns = x_scales.shape[1] if x_scales is not None else 0
+    msg = plan.forward_msg_bytes(x.shape[1] * x.element_size(), ns, K)
+    rings = _dispatch_rings(eng, msg, C, config, "dispatch")
+    in_rank = is_token_in_rank.contiguous()
+    in_node = plan.node_mask(in_rank, G)
+    counts = plan.channel_counts(in_rank, C)
+    node_counts = plan.channel_counts(in_node, C)
+    per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg, node_counts)
+    meta_out = torch.empty_like(per_dst)
+    eng._last_worst = num_worst_tokens
+    tag = eng._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
+    if num_worst_tokens > 0:
+        rows = rdma_rows = num_worst_tokens
+        num_recv, per_src, per_expert = None, None, []
+    else:
+        vals = eng._wait_host(tag)
+        num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
+        rows, rdma_rows = num_recv, vals[1 + R + E_loc]
+    lay = plan.recv_layout(meta_out, eng.rank, C, cols["node"], G)
+    st = plan.RecvLayout(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
+                         rdma_rows=rdma_rows, in_rank=in_rank, send_prefix=counts.cumsum(1).to(torch.int32),
+                         node_send_prefix=node_counts.cumsum(1).to(torch.int32), recv_prefix=lay.recv_prefix,
+                         recv_end=lay.recv_end, recv_count=lay.recv_count, rdma_prefix=lay.rdma_prefix,
+                         rdma_count=lay.rdma_count, send_rdma_head=plan.send_head(in_node))
+    recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
+    recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
+    recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
+    recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
+    recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
+    recv_mask = torch.zeros(rows, dtype=torch.int32, device=dev)
+    st.rdma_mask = torch.zeros(rdma_rows, dtype=torch.int32, device=dev)
+    x = x.contiguous()
+    topk_idx = topk_idx.contiguous() if topk_idx is not None else None
+    topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+    _launch_dispatch(eng, x, x_scales, topk_idx, topk_weights, st,
+                     (recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, st.rdma_mask), rows, rdma_rows, rings)
+    items = plan.forward_handle(lay, st.send_prefix, st.node_send_prefix, in_rank, st.send_rdma_head, recv_mask,
+                                st.rdma_mask, eng.rank, G, rows, rdma_rows)
+    from .ht_internode import ProxyNormalPlan
+    state = ProxyNormalPlan(recv_counts=per_src, **vars(st))
+    return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, eng.ex.owner, state)
+
+
+def cached_dispatch(eng, x, x_scales, handle, config):
+    _check_scales(x_scales)
+    st = handle.plan
+    if x.shape[0] != st.num_tokens:
+        raise InvalidArgument("x", f"{st.num_tokens} rows (the token count of the dispatch that made `handle`)",
+                              x.shape[0])
+    ns = x_scales.shape[1] if x_scales is not None else 0
+    msg = plan.forward_msg_bytes(x.shape[1] * x.element_size(), ns, 0)
+    rings = _dispatch_rings(eng, msg, st.num_channels, config, "cached dispatch")
+    recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
+    recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
+    eng._notify()
+    # no masks recorded (rdma_rows = 0): the dispatch that made the handle recorded them
+    _launch_dispatch(eng, x.contiguous(), x_scales, None, None, st, (recv_x, recv_scales, None, None, None, None, None),
+                     st.num_rows, 0, rings)
+    return recv_x, recv_scales
+
+
+def combine(eng, x, handle, topk_weights, biases, config):
+    if x.dtype != torch.bfloat16:
+        raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
+    st = handle.plan
+    if x.shape[0] != st.num_rows:
+        raise InvalidArgument("x", f"{st.num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
+    if topk_weights is not None and topk_weights.shape[0] != st.num_rows:
+        raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
+    T, H, C = st.num_tokens, x.shape[1], st.num_channels
+    K = topk_weights.shape[1] if topk_weights is not None else 0
+    rings = dict(eng._ring(plan.partial_msg_bytes(H, K), C, config, "combine hop B", area=0),
+                 **eng._ring(plan.combine_msg_bytes(H, K), C, config, "combine hop A", area=1))
+    out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+    out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
+    b0, b1 = (b.contiguous() if b is not None else None for b in biases)
+    x = x.contiguous()
+    topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+    params = pack_params(
+        "HTProxyForwardCombineParams", x=x.data_ptr(), topk_weights=_ptr(topk_weights), bias0=_ptr(b0), bias1=_ptr(b1),
+        out=out.data_ptr(), out_weights=_ptr(out_w), send_rdma_head=st.send_rdma_head.data_ptr(),
+        node_send_prefix=st.node_send_prefix.data_ptr(), rdma_prefix=st.rdma_prefix.data_ptr(),
+        rdma_count=st.rdma_count.data_ptr(), rdma_mask=st.rdma_mask.data_ptr(), recv_prefix=st.recv_prefix.data_ptr(),
+        recv_end=st.recv_end.data_ptr(), recv_count=st.recv_count.data_ptr(), num_tokens=T, hidden=H, num_topk=K,
+        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, **eng._proxy_words(), **rings)
+    eng._notify()
+    eng._k["ht_proxy_forward_combine"].launch(3 * C, _BLOCK, params, current_stream())
+    return out, out_w
