@@ -18,6 +18,7 @@
 // stream and its NVLink hop is the receiver itself. A cached dispatch is the same kernel with
 // no top-k (K = 0): the routing comes from the handle's prefix matrices.
 #include "uccl_ep/device/internode_ring.cuh"
+#include "uccl_ep/device/internode_rows.cuh"
 
 using namespace uccl_ep;
 using namespace uccl_ep::dev;
@@ -91,27 +92,10 @@ struct DispatchConsumer : StreamHooks {
   int64_t start_row;
 
   UCCL_DEVICE void consume(int64_t k0, int64_t k1, int64_t base, const WarpGroup& g) {
-    const int lane = lane_id();
-    const int64_t K = p->num_topk, E_loc = p->num_experts / p->num_ranks, lo = p->rank * E_loc;
     for (int64_t k = k0 + g.index; k < k1; k += g.members) {
-      const uint8_t* slot = receive_slot(*a, i, c, base + k);
       const int64_t row = start_row + k;
-      if (row >= p->num_rows) continue;  // more than num_worst_tokens rows: notify reported it
-      // written by a peer's copy engine while this kernel runs: read around L1
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p->recv_x) + row * p->hidden_bytes, slot, p->hidden_bytes);
-      for (int64_t s = lane; s < p->num_scales; s += kWarpSize)
-        reinterpret_cast<uint32_t*>(p->recv_scales)[row * p->num_scales + s] = ld_u32_cg(slot + L.scales + 4 * s);
-      if (p->recv_topk_idx != 0) {
-        for (int64_t kk = lane; kk < K; kk += kWarpSize) {
-          const int64_t e = ld_i64_words_cg(slot + L.topk + 8 * kk);
-          const bool local = e >= lo && e < lo + E_loc;
-          reinterpret_cast<int64_t*>(p->recv_topk_idx)[row * K + kk] = local ? e - lo : -1;
-          reinterpret_cast<uint32_t*>(p->recv_topk_weights)[row * K + kk] =
-              local ? ld_u32_cg(slot + L.weights + 4 * kk) : 0u;
-        }
-      }
-      if (p->recv_src_idx != 0 && lane == 0)
-        reinterpret_cast<int*>(p->recv_src_idx)[row] = int(ld_u32_cg(slot + L.src));
+      if (row < p->num_rows) place_dispatch_row(*p, L, receive_slot(*a, i, c, base + k), row);
+      // (rows past num_worst_tokens: notify reported it)
     }
   }
 };
@@ -134,16 +118,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_dispatch(const UCC
     s_word[threadIdx.x] = 0;
   }
   const auto* recv_end = reinterpret_cast<const int*>(p.recv_end);
-  if (!sender) {  // rows past the real count (num_worst_tokens): -1 ids, weight 0, source -1
-    const int64_t real = recv_end[R - 1], K = p.num_topk;
-    for (int64_t r = real + int64_t(c) * blockDim.x + threadIdx.x; r < p.num_rows; r += int64_t(C) * blockDim.x) {
-      for (int64_t kk = 0; kk < K && p.recv_topk_idx != 0; ++kk) {
-        reinterpret_cast<int64_t*>(p.recv_topk_idx)[r * K + kk] = -1;
-        reinterpret_cast<float*>(p.recv_topk_weights)[r * K + kk] = 0.0f;
-      }
-      if (p.recv_src_idx != 0) reinterpret_cast<int*>(p.recv_src_idx)[r] = -1;
-    }
-  }
+  if (!sender) pad_dispatch_rows(p, recv_end[R - 1], c, C);  // rows past the real count (num_worst_tokens)
   __syncthreads();
   if (W < 1 || grp >= R) return;
 

@@ -17,7 +17,7 @@
 // result equals the reference's flat rank-order sum whenever the fp32 sums are exact (the common
 // case for BF16 data); see uccl_ep/host/ht_internode.py.
 #include "uccl_ep/device/internode_ring.cuh"
-#include "uccl_ep/device/numeric.cuh"
+#include "uccl_ep/device/internode_rows.cuh"
 
 using namespace uccl_ep;
 using namespace uccl_ep::dev;
@@ -171,17 +171,7 @@ UCCL_DEVICE void reduce_partials(const HTProxyForwardCombineParams& p, int64_t t
   auto* out = reinterpret_cast<uint8_t*>(p.out) + t * H * 2;
   for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
     float acc[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-    if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (t * H + v * 8) * 2), acc);
-    if (p.bias1 != 0) {
-      float b[8];
-      unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (t * H + v * 8) * 2), b);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
+    combine_sum_start(acc, p.bias0, p.bias1, t, H, v);
     for (int s = 0; s < nsrc; ++s) {
       const Vec16 lo_v = ld16_cg(rows[s] + v * 32), hi_v = ld16_cg(rows[s] + v * 32 + 16);
 #pragma unroll

@@ -22,6 +22,7 @@
 // instead of carrying positions. On one host hop 2 goes through the proxy's ipc transport (a peer
 // copy over NVLink); DeepEP stores directly over NVLink instead, which is the next step.
 #include "uccl_ep/device/internode_ring.cuh"
+#include "uccl_ep/device/internode_rows.cuh"
 
 using namespace uccl_ep;
 using namespace uccl_ep::dev;
@@ -44,25 +45,10 @@ UCCL_DEVICE FwdMsg fwd_msg(int64_t hidden_bytes, int64_t num_scales, int64_t num
   return m;
 }
 
-// Copies a received message's row fields into output row `row` (local top-k ids, -1 elsewhere).
+// A received message into output row `row`, with the NVL mask it carried (recv_src_meta).
 UCCL_DEVICE void place_row(const HTProxyForwardDispatchParams& p, const FwdMsg& M, const uint8_t* slot, int64_t row) {
-  const int lane = lane_id();
-  const int64_t K = p.num_topk, E_loc = p.num_experts / p.num_ranks, lo = p.rank * E_loc;
-  warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + row * p.hidden_bytes, slot, p.hidden_bytes);
-  for (int64_t s = lane; s < p.num_scales; s += kWarpSize)
-    reinterpret_cast<uint32_t*>(p.recv_scales)[row * p.num_scales + s] = ld_u32_cg(slot + M.L.scales + 4 * s);
-  if (p.recv_topk_idx != 0) {
-    for (int64_t kk = lane; kk < K; kk += kWarpSize) {
-      const int64_t e = ld_i64_words_cg(slot + M.L.topk + 8 * kk);
-      const bool local = e >= lo && e < lo + E_loc;
-      reinterpret_cast<int64_t*>(p.recv_topk_idx)[row * K + kk] = local ? e - lo : -1;
-      reinterpret_cast<uint32_t*>(p.recv_topk_weights)[row * K + kk] = local ? ld_u32_cg(slot + M.L.weights + 4 * kk) : 0u;
-    }
-  }
-  if (lane == 0) {
-    if (p.recv_src_idx != 0) reinterpret_cast<int*>(p.recv_src_idx)[row] = int(ld_u32_cg(slot + M.L.src));
-    if (p.recv_mask != 0) reinterpret_cast<int*>(p.recv_mask)[row] = int(ld_u32_cg(slot + M.mask));
-  }
+  place_dispatch_row(p, M.L, slot, row);
+  if (p.recv_mask != 0 && lane_id() == 0) reinterpret_cast<int*>(p.recv_mask)[row] = int(ld_u32_cg(slot + M.mask));
 }
 
 // Hop 1: the tokens of channel c that go to node n, once each.
@@ -266,16 +252,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     s_word[threadIdx.x] = 0;
   }
   const auto* recv_end = reinterpret_cast<const int*>(p.recv_end);
-  if (role == 2) {  // rows past the real count (num_worst_tokens): -1 ids, weight 0, source -1
-    const int64_t real = recv_end[R - 1], K = p.num_topk;
-    for (int64_t r = real + int64_t(c) * blockDim.x + threadIdx.x; r < p.num_rows; r += int64_t(C) * blockDim.x) {
-      for (int64_t kk = 0; kk < K && p.recv_topk_idx != 0; ++kk) {
-        reinterpret_cast<int64_t*>(p.recv_topk_idx)[r * K + kk] = -1;
-        reinterpret_cast<float*>(p.recv_topk_weights)[r * K + kk] = 0.0f;
-      }
-      if (p.recv_src_idx != 0) reinterpret_cast<int*>(p.recv_src_idx)[r] = -1;
-    }
-  }
+  if (role == 2) pad_dispatch_rows(p, recv_end[R - 1], c, C);  // rows past the real count (num_worst_tokens)
   const RingArgs a1 = ring_args(p);
   const RingArgs a2 = nvl_ring_args(p);
   const FwdMsg M = fwd_msg(p.hidden_bytes, p.num_scales, p.num_topk);

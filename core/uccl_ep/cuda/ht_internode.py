@@ -28,7 +28,7 @@ engine, i.e. NVLink -- and combine reduces inside the node first, in fp32), driv
 ht_internode_forward.py.
 
 Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU with the
-kernels emulated through real proxies (core/tests/cpu/test_cuda_ht_internode*.py); NOT YET RUN
+kernels emulated through real proxies (core/tests/cpu/test_ht_internode_proxy_path.py); NOT YET RUN
 on a GPU (core/tests/gpu/test_cuda_ht_internode.py).
 """
 
