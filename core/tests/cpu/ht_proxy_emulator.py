@@ -45,6 +45,69 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+class DispatchIO:
+    """numpy views of a dispatch kernel's inputs and outputs, and the packed row moved between them:
+    x | scales | top-k ids | weights | source index [| source rank | NVL mask] (HTDispatchMsg)."""
+
+    def __init__(self, p: dict) -> None:
+        T, K, ns, hb, R = (p[k] for k in ("num_tokens", "num_topk", "num_scales", "hidden_bytes", "num_ranks"))
+        self.p, self.K, self.ns, self.hb = p, K, ns, hb
+        self.off_s, self.off_k, self.off_w, self.off_src = hb, hb + 4 * ns, hb + 4 * ns + 8 * K, hb + 4 * ns + 12 * K
+        self.x = mem(p["x"], T * hb).reshape(T, hb)
+        self.in_rank = mem(p["is_token_in_rank"], T * R).reshape(T, R).astype(bool)
+        self.scales = mem(p["x_scales"], 4 * ((T - 1) * p["scale_stride_token"] + (ns - 1) * p["scale_stride_col"] + 1),
+                          np.uint32) if ns and T else None
+        self.topk = mem(p["topk_idx"], 8 * T * K, np.int64).reshape(T, K) if K else None
+        self.tw = mem(p["topk_weights"], 4 * T * K, np.uint32).reshape(T, K) if K else None
+        rows = self.rows = p["num_rows"]
+        self.rx = mem(p["recv_x"], rows * hb).reshape(rows, hb)
+        self.rsc = mem(p["recv_scales"], 4 * rows * ns, np.uint32).reshape(rows, ns) if ns else None
+        self.ridx = mem(p["recv_topk_idx"], 8 * rows * K, np.int64).reshape(rows, K) if p["recv_topk_idx"] else None
+        self.rw = mem(p["recv_topk_weights"], 4 * rows * K, np.uint32).reshape(rows, K) if p["recv_topk_idx"] else None
+        self.rsrc = mem(p["recv_src_idx"], 4 * rows, np.int32) if p["recv_src_idx"] else None
+        self.rmask = mem(p["recv_mask"], 4 * rows, np.int32) if p.get("recv_mask") else None
+        self.E_loc = p["num_experts"] // R
+        self.lo = p["rank"] * self.E_loc
+        real = int(mem(p["recv_end"], 4 * R, np.int32)[R - 1])
+        if self.ridx is not None:  # rows past the real count (num_worst_tokens)
+            self.ridx[real:], self.rw[real:] = -1, 0
+        if self.rsrc is not None:
+            self.rsrc[real:] = -1
+
+    def stage(self, m: np.ndarray, t: int, *extra: int) -> None:
+        p, ns, K = self.p, self.ns, self.K
+        m[:self.hb] = self.x[t]
+        if ns:
+            idx = t * p["scale_stride_token"] + np.arange(ns) * p["scale_stride_col"]
+            m[self.off_s:self.off_s + 4 * ns] = self.scales[idx].view(np.uint8)
+        if K:
+            m[self.off_k:self.off_k + 8 * K] = self.topk[t].view(np.uint8)
+            m[self.off_w:self.off_w + 4 * K] = self.tw[t].view(np.uint8)
+        m[self.off_src:self.off_src + 4 * (1 + len(extra))] = np.array([t, *extra], np.int32).view(np.uint8)
+
+    def field(self, m: np.ndarray, i: int) -> int:
+        """int32 field i after the source index (0: source rank, 1: NVL mask)."""
+        at = self.off_src + 4 * (1 + i)
+        return int(m[at:at + 4].copy().view(np.int32)[0])
+
+    def place(self, m: np.ndarray, row: int) -> None:
+        if row >= self.rows:
+            return  # more than num_worst_tokens rows: notify reported it
+        K, ns = self.K, self.ns
+        self.rx[row] = m[:self.hb]
+        if ns:
+            self.rsc[row] = m[self.off_s:self.off_s + 4 * ns].view(np.uint32)
+        if self.ridx is not None:
+            g = m[self.off_k:self.off_k + 8 * K].copy().view(np.int64)
+            local = (g >= self.lo) & (g < self.lo + self.E_loc)
+            self.ridx[row] = np.where(local, g - self.lo, -1)
+            self.rw[row] = np.where(local, m[self.off_w:self.off_w + 4 * K].copy().view(np.uint32), 0)
+        if self.rsrc is not None:
+            self.rsrc[row] = m[self.off_src:self.off_src + 4].copy().view(np.int32)[0]
+        if self.rmask is not None:
+            self.rmask[row] = self.field(m, 1)
+
+
 class State:
     """numpy views of HTProxyState."""
 
@@ -220,66 +283,25 @@ class _Kernels:
         self._check_proxy_words(p)
         R, Cn, T, K, ns, hb = (p[k] for k in ("num_ranks", "num_channels", "num_tokens", "num_topk", "num_scales",
                                               "hidden_bytes"))
-        msg = plan.dispatch_msg_bytes(hb, ns, K)
-        assert msg == p["msg_bytes"]
-        off_s, off_k, off_w, off_src = hb, hb + 4 * ns, hb + 4 * ns + 8 * K, hb + 4 * ns + 12 * K
-        st = State(p["state"])
-        x = mem(p["x"], T * hb).reshape(T, hb)
-        in_rank = mem(p["is_token_in_rank"], T * R).reshape(T, R).astype(bool)
-        scales = mem(p["x_scales"], 4 * ((T - 1) * p["scale_stride_token"] + (ns - 1) * p["scale_stride_col"] + 1),
-                     np.uint32) if ns and T else None
-        topk = mem(p["topk_idx"], 8 * T * K, np.int64).reshape(T, K) if K else None
-        tw = mem(p["topk_weights"], 4 * T * K, np.uint32).reshape(T, K) if K else None
+        assert plan.dispatch_msg_bytes(hb, ns, K) == p["msg_bytes"]
+        st, io = State(p["state"]), DispatchIO(p)
         send_prefix = mem(p["send_prefix"], 4 * R * Cn, np.int32).reshape(R, Cn)
         recv_prefix = mem(p["recv_prefix"], 4 * R * Cn, np.int32).reshape(R, Cn)
         recv_end = mem(p["recv_end"], 4 * R, np.int32)
-        rows = p["num_rows"]
-        rx = mem(p["recv_x"], rows * hb).reshape(rows, hb)
-        rsc = mem(p["recv_scales"], 4 * rows * ns, np.uint32).reshape(rows, ns) if ns else None
-        ridx = mem(p["recv_topk_idx"], 8 * rows * K, np.int64).reshape(rows, K) if p["recv_topk_idx"] else None
-        rw = mem(p["recv_topk_weights"], 4 * rows * K, np.uint32).reshape(rows, K) if p["recv_topk_idx"] else None
-        rsrc = mem(p["recv_src_idx"], 4 * rows, np.int32) if p["recv_src_idx"] else None
-        real = int(recv_end[R - 1])
-        if ridx is not None:
-            ridx[real:], rw[real:] = -1, 0
-        if rsrc is not None:
-            rsrc[real:] = -1
         per = (T + Cn - 1) // Cn
-        E_loc = p["num_experts"] // R
-        lo = p["rank"] * E_loc
 
         def stager(j, c):
-            toks = [t for t in range(min(T, c * per), min(T, c * per + per)) if in_rank[t, j]]
+            toks = [t for t in range(min(T, c * per), min(T, c * per + per)) if io.in_rank[t, j]]
 
             def stage(k0, k1, base):
                 for k in range(k0, k1):
-                    t, m = toks[k], self._slot(p, "send_base", j, c, base + k)
-                    m[:hb] = x[t]
-                    if ns:
-                        idx = t * p["scale_stride_token"] + np.arange(ns) * p["scale_stride_col"]
-                        m[off_s:off_s + 4 * ns] = scales[idx].view(np.uint8)
-                    if K:
-                        m[off_k:off_k + 8 * K] = topk[t].view(np.uint8)
-                        m[off_w:off_w + 4 * K] = tw[t].view(np.uint8)
-                    m[off_src:off_src + 4] = np.array([t], np.int32).view(np.uint8)
+                    io.stage(self._slot(p, "send_base", j, c, base + k), toks[k])
             return stage
 
         def consumer(i, c, start):
             def consume(k0, k1, base):
                 for k in range(k0, k1):
-                    m, row = self._slot(p, "recv_base", i, c, base + k), start + k
-                    if row >= rows:
-                        continue
-                    rx[row] = m[:hb]
-                    if ns:
-                        rsc[row] = m[off_s:off_s + 4 * ns].view(np.uint32)
-                    if ridx is not None:
-                        g = m[off_k:off_k + 8 * K].copy().view(np.int64)
-                        local = (g >= lo) & (g < lo + E_loc)
-                        ridx[row] = np.where(local, g - lo, -1)
-                        rw[row] = np.where(local, m[off_w:off_w + 4 * K].copy().view(np.uint32), 0)
-                    if rsrc is not None:
-                        rsrc[row] = m[off_src:off_src + 4].copy().view(np.int32)[0]
+                    io.place(self._slot(p, "recv_base", i, c, base + k), start + k)
             return consume
 
         gens = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ht_proxy_emulator import C, State, _bf16_to_f32, mem, plan_slot
+from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, mem, plan_slot
 from uccl_ep.cuda import ht_internode_plan as plan
 
 
@@ -31,51 +31,15 @@ class ForwardKernels:
         me_l, node = me % G, me // G
         msg = plan.forward_msg_bytes(hb, ns, K)
         assert msg == p["msg_bytes"] == p["nvl_msg_bytes"]
-        off_s, off_k, off_w, off_src = hb, hb + 4 * ns, hb + 4 * ns + 8 * K, hb + 4 * ns + 12 * K
-        off_rank, off_mask = off_src + 4, off_src + 8
         p2 = _nvl(p)
-        st = State(p["state"])
-        x = mem(p["x"], T * hb).reshape(T, hb)
-        in_rank = mem(p["is_token_in_rank"], T * R).reshape(T, R).astype(bool)
-        scales = mem(p["x_scales"], 4 * ((T - 1) * p["scale_stride_token"] + (ns - 1) * p["scale_stride_col"] + 1),
-                     np.uint32) if ns and T else None
-        topk = mem(p["topk_idx"], 8 * T * K, np.int64).reshape(T, K) if K else None
-        tw = mem(p["topk_weights"], 4 * T * K, np.uint32).reshape(T, K) if K else None
+        st, io = State(p["state"]), DispatchIO(p)
+        in_rank = io.in_rank
         nsp, rdma_prefix, rdma_count, recv_prefix, recv_end, recv_count = self._views(
             p, ("node_send_prefix", "rdma_prefix", "rdma_count", "recv_prefix", "recv_end", "recv_count"),
             ("NC", "NC", "NC", "RC", "R", "RC"))
-        rows = p["num_rows"]
-        rx = mem(p["recv_x"], rows * hb).reshape(rows, hb)
-        rsc = mem(p["recv_scales"], 4 * rows * ns, np.uint32).reshape(rows, ns) if ns else None
-        ridx = mem(p["recv_topk_idx"], 8 * rows * K, np.int64).reshape(rows, K) if p["recv_topk_idx"] else None
-        rw = mem(p["recv_topk_weights"], 4 * rows * K, np.uint32).reshape(rows, K) if p["recv_topk_idx"] else None
-        rsrc = mem(p["recv_src_idx"], 4 * rows, np.int32) if p["recv_src_idx"] else None
-        rmask = mem(p["recv_mask"], 4 * rows, np.int32) if p["recv_mask"] else None
         rdma_mask = mem(p["rdma_mask"], 4 * p["rdma_rows"], np.int32) if p["rdma_mask"] else None
-        real = int(recv_end[R - 1])
-        if ridx is not None:
-            ridx[real:], rw[real:] = -1, 0
-        if rsrc is not None:
-            rsrc[real:] = -1
         per = (T + Cn - 1) // Cn
-        E_loc = p["num_experts"] // R
-        lo = me * E_loc
-
-        def place(m, row):
-            if row >= rows:
-                return
-            rx[row] = m[:hb]
-            if ns:
-                rsc[row] = m[off_s:off_s + 4 * ns].view(np.uint32)
-            if ridx is not None:
-                g = m[off_k:off_k + 8 * K].copy().view(np.int64)
-                local = (g >= lo) & (g < lo + E_loc)
-                ridx[row] = np.where(local, g - lo, -1)
-                rw[row] = np.where(local, m[off_w:off_w + 4 * K].copy().view(np.uint32), 0)
-            if rsrc is not None:
-                rsrc[row] = m[off_src:off_src + 4].copy().view(np.int32)[0]
-            if rmask is not None:
-                rmask[row] = m[off_mask:off_mask + 4].copy().view(np.int32)[0]
+        place = io.place
 
         def node_stager(n, c):
             dst = n * G + me_l
@@ -83,16 +47,9 @@ class ForwardKernels:
 
             def stage(k0, k1, base):
                 for k in range(k0, k1):
-                    t, m = toks[k], self._slot(p, "send_base", dst, c, base + k)
-                    m[:hb] = x[t]
-                    if ns:
-                        idx = t * p["scale_stride_token"] + np.arange(ns) * p["scale_stride_col"]
-                        m[off_s:off_s + 4 * ns] = scales[idx].view(np.uint8)
-                    if K:
-                        m[off_k:off_k + 8 * K] = topk[t].view(np.uint8)
-                        m[off_w:off_w + 4 * K] = tw[t].view(np.uint8)
+                    t = toks[k]
                     bits = int((in_rank[t, n * G:(n + 1) * G].astype(np.int64) << np.arange(G)).sum())
-                    m[off_src:off_src + 12] = np.array([t, me, bits], np.int32).view(np.uint8)
+                    io.stage(self._slot(p, "send_base", dst, c, base + k), t, me, bits)
             return dst, len(toks), stage
 
         def forwarder(c):
@@ -116,7 +73,7 @@ class ForwardKernels:
                         cnt = {l: 0 for l in locals_}
                         for k in range(k0, k1):
                             m = self._slot(p, "recv_base", src, c, base + k)
-                            mask = int(m[off_mask:off_mask + 4].copy().view(np.int32)[0])
+                            mask = io.field(m, 1)
                             selfi = None
                             if (mask >> me_l) & 1:
                                 selfi, run["self"] = run["self"], run["self"] + 1
@@ -169,7 +126,7 @@ class ForwardKernels:
             def consume(k0, k1, base):
                 for k in range(k0, k1):
                     m = self._slot(p2, "recv_base", f, c, base + k)
-                    s_ = int(m[off_rank:off_rank + 4].copy().view(np.int32)[0])
+                    s_ = io.field(m, 0)
                     assert s_ % G == f_local, "a source this forwarder does not serve"
                     before = int(recv_count[f_local:s_:G, c].sum())
                     place(m, int(recv_prefix[s_, c]) + k - before)

@@ -80,6 +80,11 @@ def unavailable_reason(ctx) -> str | None:
     return why
 
 
+def check_scales(x_scales) -> None:
+    if x_scales is not None and x_scales.element_size() != 4:
+        raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
+
+
 class ProxyNormalPlan:
     """What a dispatch fixed, for cached dispatch and combine (``recv_counts`` only when known)."""
 
@@ -209,26 +214,27 @@ class ProxyNormalEngine:
         return ntpr, ntprr, ntpe, in_rank
 
     # -- dispatch ----------------------------------------------------------------------------------
+    def check_dispatch(self, x, x_scales, topk_idx, num_tokens_per_expert, config):
+        """Checks shared by both dispatch kernels; (T, C, E, E_loc, K, num_scales)."""
+        check_scales(x_scales)
+        E = num_tokens_per_expert.numel()
+        E_loc = E // self.R
+        if E_loc > _MAX_LOCAL_EXPERTS:
+            raise LimitExceeded("num_tokens_per_expert", "local experts of the CUDA normal kernels", E_loc,
+                                _MAX_LOCAL_EXPERTS)
+        self._check_channels(config.num_channels)
+        return (x.shape[0], config.num_channels, E, E_loc, topk_idx.shape[1] if topk_idx is not None else 0,
+                x_scales.shape[1] if x_scales is not None else 0)
+
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                  num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
         if self.forward:
             from . import ht_internode_forward as fwd
             return fwd.dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                                 num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
-        if x_scales is not None and x_scales.element_size() != 4:
-            raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
         R, dev = self.R, x.device
-        T, C = x.shape[0], config.num_channels
-        E = num_tokens_per_expert.numel()
-        E_loc = E // R
-        if E_loc > _MAX_LOCAL_EXPERTS:
-            raise LimitExceeded("num_tokens_per_expert", "local experts of the CUDA normal kernels", E_loc,
-                                _MAX_LOCAL_EXPERTS)
-        self._check_channels(C)
-        K = topk_idx.shape[1] if topk_idx is not None else 0
-        hidden_bytes = x.shape[1] * x.element_size()
-        ns = x_scales.shape[1] if x_scales is not None else 0
-        msg = plan.dispatch_msg_bytes(hidden_bytes, ns, K)
+        T, C, E, E_loc, K, ns = self.check_dispatch(x, x_scales, topk_idx, num_tokens_per_expert, config)
+        msg = plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, K)
         ring = self._ring(msg, C, config, "dispatch")
         in_rank = is_token_in_rank.contiguous()
         counts = plan.channel_counts(in_rank, C)
@@ -285,8 +291,7 @@ class ProxyNormalEngine:
         if self.forward:
             from . import ht_internode_forward as fwd
             return fwd.cached_dispatch(self, x, x_scales, handle, config)
-        if x_scales is not None and x_scales.element_size() != 4:
-            raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
+        check_scales(x_scales)
         st: ProxyNormalPlan = handle.plan
         if x.shape[0] != st.num_tokens:
             raise InvalidArgument("x", f"{st.num_tokens} rows (the token count of the dispatch that made `handle`)",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InvalidArgument, LimitExceeded, Unsupported
+from ..errors import InvalidArgument, Unsupported
 from ..handles import NormalHandle
 from . import ht_internode_plan as plan
 from .runtime import current_stream, pack_params
@@ -23,16 +23,10 @@ from .runtime import current_stream, pack_params
 __all__ = ["dispatch", "cached_dispatch", "combine"]
 
 _BLOCK = 512
-_MAX_LOCAL_EXPERTS = 1024
 
 
 def _ptr(t) -> int:
     return t.data_ptr() if t is not None else 0
-
-
-def _check_scales(x_scales) -> None:
-    if x_scales is not None and x_scales.element_size() != 4:
-        raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
 
 
 def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdma_rows, rings) -> None:
@@ -61,17 +55,8 @@ def _dispatch_rings(eng, msg: int, channels: int, config, phase: str) -> dict:
 
 def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
              expert_alignment, num_worst_tokens, config):
-    _check_scales(x_scales)
     R, G, dev = eng.R, eng.G, x.device
-    T, C = x.shape[0], config.num_channels
-    E = num_tokens_per_expert.numel()
-    E_loc = E // R
-    if E_loc > _MAX_LOCAL_EXPERTS:
-        raise LimitExceeded("num_tokens_per_expert", "local experts of the CUDA normal kernels", E_loc,
-                            _MAX_LOCAL_EXPERTS)
-    eng._check_channels(C)
-    K = topk_idx.shape[1] if topk_idx is not None else 0
-    ns = x_scales.shape[1] if x_scales is not None else 0
+    T, C, E, E_loc, K, ns = eng.check_dispatch(x, x_scales, topk_idx, num_tokens_per_expert, config)
     msg = plan.forward_msg_bytes(x.shape[1] * x.element_size(), ns, K)
     rings = _dispatch_rings(eng, msg, C, config, "dispatch")
     in_rank = is_token_in_rank.contiguous()
@@ -115,7 +100,8 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
 
 
 def cached_dispatch(eng, x, x_scales, handle, config):
-    _check_scales(x_scales)
+    from .ht_internode import check_scales
+    check_scales(x_scales)
     st = handle.plan
     if x.shape[0] != st.num_tokens:
         raise InvalidArgument("x", f"{st.num_tokens} rows (the token count of the dispatch that made `handle`)",
