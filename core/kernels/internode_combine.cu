@@ -132,12 +132,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL
         const int64_t before = c > 0 ? send_prefix[j * C + c - 1] : 0;
         const int64_t pos = s_base[j] + (send_head[t * R + j] - before);
         if (pos >= tail[j]) {
-          int64_t got = 0;
-          if (lane == 0)
-            got = wait_counter(proxy_counter(a, j, a.first_ring + c), pos + 1, a.status, a.timeout_ns, a.err,
-                               kPhaseHTCombineRecv, a.rank, j, c, nullptr);
-          got = int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
-                        (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
+          const int64_t got = warp_wait_tail(a, j, c, pos, kPhaseHTCombineRecv);
           if (got < 0) ok = false;
           tail[j] = got;
         }

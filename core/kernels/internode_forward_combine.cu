@@ -291,12 +291,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         const int rail = n * G + me_local;
         const int64_t pos = s_base[n] + (h - (c > 0 ? nsp[n * C + c - 1] : 0));
         if (pos >= tail[n]) {
-          int64_t got = 0;
-          if (lane == 0)
-            got = wait_counter(proxy_counter(aB, rail, aB.first_ring + c), pos + 1, aB.status, aB.timeout_ns, aB.err,
-                               kPhaseHTCombineRecv, me, rail, c, nullptr);
-          got = int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
-                        (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
+          const int64_t got = warp_wait_tail(aB, rail, c, pos, kPhaseHTCombineRecv);
           if (got < 0) ok = false;
           tail[n] = got;
         }

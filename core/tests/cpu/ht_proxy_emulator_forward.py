@@ -69,20 +69,8 @@ class ForwardKernels:
 
                     @staticmethod
                     def prepare(k0, k1, base):
-                        rnd.clear()
-                        cnt = {l: 0 for l in locals_}
-                        for k in range(k0, k1):
-                            m = self._slot(p, "recv_base", src, c, base + k)
-                            mask = io.field(m, 1)
-                            selfi = None
-                            if (mask >> me_l) & 1:
-                                selfi, run["self"] = run["self"], run["self"] + 1
-                            pos = {}
-                            for l in locals_:
-                                if (mask >> l) & 1:
-                                    pos[l], cnt[l] = cnt[l], cnt[l] + 1
-                            rnd[k] = (mask, selfi, pos)
-                        rnd["cnt"] = cnt
+                        masks = [io.field(self._slot(p, "recv_base", src, c, base + k), 1) for k in range(k0, k1)]
+                        cnt = _round_layout(rnd, masks, k0, me_l, locals_, run)
                         for l in locals_:
                             need = pos2[l] + cnt[l] - S2
                             while cnt[l] and credit2[l] < need:
@@ -205,19 +193,8 @@ class ForwardKernels:
 
                     @staticmethod
                     def prepare(k0, k1, base):
-                        rnd.clear()
-                        cnt = {l: 0 for l in locals_}
-                        for k in range(k0, k1):
-                            mask = int(rdma_mask[rdma_start + k])
-                            selfi = None
-                            if (mask >> me_l) & 1:
-                                selfi, run["self"] = run["self"], run["self"] + 1
-                            pos = {}
-                            for l in locals_:
-                                if (mask >> l) & 1:
-                                    pos[l], cnt[l] = cnt[l], cnt[l] + 1
-                            rnd[k] = (mask, selfi, pos)
-                        rnd["cnt"] = cnt
+                        masks = [int(rdma_mask[rdma_start + k]) for k in range(k0, k1)]
+                        cnt = _round_layout(rnd, masks, k0, me_l, locals_, run)
                         for l in locals_:
                             while cnt[l] and tailA[l] < posA[l] + cnt[l]:
                                 tailA[l] = self.proxy.counter(node * G + l, ringA)
@@ -309,6 +286,25 @@ class ForwardKernels:
             gens.append(forwarder(c))
             gens.append(reducer(c))
         self._run(gens, "ht_proxy_forward_combine")
+
+
+def _round_layout(rnd: dict, masks, k0: int, me_l: int, locals_: list, run: dict) -> dict:
+    """A forwarder round (ForwardShared / PartialShared of the kernels): per message its mask, its
+    own-row offset (running per source) and its position in every other local rank's stream;
+    returns the messages per local rank."""
+    rnd.clear()
+    cnt = {l: 0 for l in locals_}
+    for i, mask in enumerate(masks):
+        selfi = None
+        if (mask >> me_l) & 1:
+            selfi, run["self"] = run["self"], run["self"] + 1
+        pos = {}
+        for l in locals_:
+            if (mask >> l) & 1:
+                pos[l], cnt[l] = cnt[l], cnt[l] + 1
+        rnd[k0 + i] = (mask, selfi, pos)
+    rnd["cnt"] = cnt
+    return cnt
 
 
 def _nvl(p: dict) -> dict:

@@ -134,6 +134,17 @@ UCCL_DEVICE const int64_t* proxy_counter(const RingArgs& a, int src, int64_t c) 
   return a.counters + int64_t(src) * a.num_counters + c;
 }
 
+// Whole warp: lane 0 waits (bounded) until TAIL of stream (src, c) covers position `pos`; every
+// lane gets the TAIL value, or -1 after an error (the error word is filled).
+UCCL_DEVICE int64_t warp_wait_tail(const RingArgs& a, int src, int c, int64_t pos, int phase) {
+  int64_t got = 0;
+  if (lane_id() == 0)
+    got = wait_counter(proxy_counter(a, src, a.first_ring + c), pos + 1, a.status, a.timeout_ns, a.err, phase, a.rank,
+                       src, c, nullptr);
+  return int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
+                 (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
+}
+
 // Leader only: an unfenced Atomic HEAD(ring) += n to `src` (credits for its stream).
 UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int phase) {
   const int64_t ring = a.first_ring + c;
