@@ -141,6 +141,8 @@ UCCL_DEVICE int64_t warp_wait_tail(const RingArgs& a, int src, int c, int64_t po
   if (lane_id() == 0)
     got = wait_counter(proxy_counter(a, src, a.first_ring + c), pos + 1, a.status, a.timeout_ns, a.err, phase, a.rank,
                        src, c, nullptr);
+  // the warp barrier orders lane 0's acquire before the other lanes' reads of the slots it covers
+  sync_warp();
   return int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
                  (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
 }
