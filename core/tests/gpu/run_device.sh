@@ -16,7 +16,8 @@
 #          benchmarked. Bounded: HT_BUDGET_S (default 420 s) for the whole step, each command under
 #          its own timeout. HT_VARIANTS (new variants) / HT_SMS override the lists.
 #          One call, 2 GPUs: bash core/tests/gpu/run_device.sh isolate build variants
-# Logs and JSON go to $OUT (or ./gpu-out).
+# Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
+# internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -84,18 +85,18 @@ for step in $STEPS; do
       done
       $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_variants.md" ;;
     proxy)
-      $PY -m pytest core/tests/gpu/test_cuda_ll_proxy.py -x -q -p no:cacheprovider 2>&1 | \
+      timeout -k 5 ${TEST_TIMEOUT_S:-600} $PY -m pytest core/tests/gpu/test_cuda_ll_proxy.py -x -q -p no:cacheprovider 2>&1 | \
         tee "$OUT/gpu_proxy_tests.log" | tail -25
-      for t in 128 256 512; do
-        timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --force-proxy --num-tokens $t --iters 50 \
+      for t in ${LL_TOKENS:-128 256 512}; do
+        timeout -k 5 ${BENCH_TIMEOUT_S:-600} $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --force-proxy --num-tokens $t --iters 50 \
           --warmup 10 --json "$OUT/ll_proxy_$t.json" 2>&1 | tail -8
       done ;;
     internode)
-      $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider 2>&1 | \
+      timeout -k 5 ${TEST_TIMEOUT_S:-600} $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider 2>&1 | \
         tee "$OUT/gpu_internode_tests.log" | tail -25
       NODES=$($PY -c "import torch; print(torch.cuda.device_count())")
       for sms in 24 12; do
-        timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes "$NODES" --num-sms $sms \
+        timeout -k 5 ${BENCH_TIMEOUT_S:-600} $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes "$NODES" --num-sms $sms \
           --iters 30 --warmup 5 --json "$OUT/ht_internode_$sms.json" 2>&1 | tail -8
       done
       if [ "$NODES" -ge 4 ]; then  # 2 nodes of NODES/2 ranks: per-node dedup and forwarding
