@@ -141,6 +141,12 @@ class IpcTransport final : public Transport {
   void connect(const std::vector<Bytes>& addresses, const std::vector<Bytes>& keys,
                const std::vector<uint64_t>& region_bytes) override {
     peers_.resize(addresses.size());
+    posted_to_.reset(new std::atomic<uint64_t>[addresses.size()]);
+    delivered_to_.reset(new std::atomic<uint64_t>[addresses.size()]);
+    for (size_t r = 0; r < addresses.size(); ++r) {
+      posted_to_[r].store(0, std::memory_order_relaxed);
+      delivered_to_[r].store(0, std::memory_order_relaxed);
+    }
     for (size_t r = 0; r < addresses.size(); ++r) {
       Peer& p = peers_[r];
       const std::string who = "rank " + std::to_string(r);
@@ -223,6 +229,7 @@ class IpcTransport final : public Transport {
       copy_bytes_.fetch_add(len, std::memory_order_relaxed);
     }
     if (p.pending.empty()) active_.push_back(peer);
+    posted_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
     // A write without bytes (control message) waits behind the copies before it: order per peer.
     p.pending.push_back({ctx, remote_off, len, imm, has_imm, p.submitted});
     ++outstanding_;
@@ -243,9 +250,16 @@ class IpcTransport final : public Transport {
   }
 
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
-    return {{"ipc_" + kind_ + "_copies", copies_.load(std::memory_order_relaxed)},
+    std::vector<std::pair<std::string, uint64_t>> out{{"ipc_" + kind_ + "_copies", copies_.load(std::memory_order_relaxed)},
             {"ipc_copy_bytes", copy_bytes_.load(std::memory_order_relaxed)},
             {"ipc_inbox_full", inbox_full_.load(std::memory_order_relaxed)}};
+    // Diagnostics: per destination rank, writes posted and writes delivered (copy completed and
+    // its record appended to the receiver's inbox); a gap that stays says which copies stall.
+    for (size_t r = 0; r < peers_.size() && posted_to_ != nullptr; ++r) {
+      out.push_back({"ipc_posted_to_" + std::to_string(r), posted_to_[r].load(std::memory_order_relaxed)});
+      out.push_back({"ipc_delivered_to_" + std::to_string(r), delivered_to_[r].load(std::memory_order_relaxed)});
+    }
+    return out;
   }
 
  private:
@@ -314,6 +328,7 @@ class IpcTransport final : public Transport {
         }
         out.push_back({Completion::kLocalDone, peer, 0, p.pending.front().ctx, 0, {}});
         p.pending.pop_front();
+        delivered_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
         --outstanding_;
         ++n;
       }
@@ -371,6 +386,7 @@ class IpcTransport final : public Transport {
   uint64_t consumed_ = 0;
   std::thread::id bound_;
   std::atomic<uint64_t> copies_{0}, copy_bytes_{0}, inbox_full_{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> posted_to_, delivered_to_;  // per destination rank
   std::unique_ptr<ipc::CopyEngine> engine_;  // last: destroyed first (see the destructor)
 };
 

@@ -93,6 +93,13 @@ class CudaEngine final : public CopyEngine {
   CudaEngine(int device, int num_peers) : device_(device), peers_(size_t(num_peers)) {
     std::string why;
     if (!cu::available(&why)) throw TransportError("ipc: device regions need the CUDA driver: " + why);
+    // NOTES: streams and a pool of events are made here, at set-up, not on the first copy: the
+    // first op runs while a kernel waits on this proxy, and a CUDA call that has to wait for the
+    // device there (the host thread may hold the context in cudaMalloc or a module load) would
+    // stall the proxy behind the very kernel that waits for it.
+    cu::use_device(device_);
+    for (PeerQueue& q : peers_) q.stream = cu::stream_create_nonblocking(device_);
+    for (int i = 0; i < kSpareEvents; ++i) spare_.push_back(cu::event_create(device_));
   }
 
   ~CudaEngine() override {
@@ -169,6 +176,7 @@ class CudaEngine final : public CopyEngine {
     int64_t submitted = 0, recorded = 0, completed = 0;
     std::deque<std::pair<cu::CUevent, int64_t>> events;  // (event, copies covered), in order
   };
+  static constexpr int kSpareEvents = 64;
   int device_;
   std::vector<PeerQueue> peers_;
   std::vector<cu::CUevent> spare_;

@@ -34,7 +34,9 @@ from multirank import run_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
-FORCED_ENV = {"UCCL_EP_FORCE_PROXY": "1"}
+# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.proxy_path.warn_lazy_module_loading.
+EAGER_ENV = {"CUDA_MODULE_LOADING": "EAGER"}
+FORCED_ENV = {"UCCL_EP_FORCE_PROXY": "1", **EAGER_ENV}
 
 
 def _world():
@@ -238,7 +240,7 @@ def test_ht_internode_matches_reference(shape, mode):
         pytest.skip("2 nodes x 2 ranks (per-node dedup, forwarding) needs 4 GPUs")
     world = _world() // 2 * 2 if mode == "rpn2" else _world()
     out = run_ranks(worker, world, *shape.values(), mode, backend="nccl", timeout_s=900,
-                    env=FORCED_ENV if mode == "forced" else None)
+                    env=FORCED_ENV if mode == "forced" else EAGER_ENV)
     for checked, transport, copies in out:
         assert checked > 0 and transport == "ipc:cuda" and copies > 0
 
@@ -247,14 +249,15 @@ def test_ht_internode_matches_reference(shape, mode):
 def test_ht_internode_cuda_graph(mode):
     if mode == "rpn2" and _world() < 4:
         pytest.skip("needs 4 GPUs")
-    run_ranks(worker_graph, _world() // 2 * 2, *SMALL.values(), mode, backend="nccl", timeout_s=300)
+    run_ranks(worker_graph, _world() // 2 * 2, *SMALL.values(), mode, backend="nccl", timeout_s=300, env=EAGER_ENV)
 
 
 def test_ht_internode_device_wait_timeout():
-    out = run_ranks(worker_timeout, _world(), *SMALL.values(), "rpn1", backend="nccl", timeout_s=300)
+    out = run_ranks(worker_timeout, _world(), *SMALL.values(), "rpn1", backend="nccl", timeout_s=300,
+                    env=EAGER_ENV)
     print("timeout outcome:", out[0])
 
 
 if __name__ == "__main__":
     shape = SMALL if sys.argv[1:] == ["small"] else BIG
-    print(run_ranks(worker, _world(), *shape.values(), "rpn1", backend="nccl", timeout_s=900))
+    print(run_ranks(worker, _world(), *shape.values(), "rpn1", backend="nccl", timeout_s=900, env=EAGER_ENV))

@@ -28,7 +28,9 @@ from test_cuda_ll import worker_timeout  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
-PROXY_ENV = {"UCCL_EP_FORCE_PROXY": "1"}
+# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.proxy_path.warn_lazy_module_loading.
+EAGER_ENV = {"CUDA_MODULE_LOADING": "EAGER"}
+PROXY_ENV = {"UCCL_EP_FORCE_PROXY": "1", **EAGER_ENV}
 
 
 def worker_engaged(rank, world, H, E, T_max, seed):
@@ -68,7 +70,8 @@ def test_ll_proxy_options_match_reference(shape):
 
 def test_ll_proxy_carries_the_traffic():
     E = SMALL["E"]
-    for name, commands, copies in run_ranks(worker_engaged, _world(), *SMALL.values(), backend="nccl", timeout_s=300):
+    for name, commands, copies in run_ranks(worker_engaged, _world(), *SMALL.values(), backend="nccl", timeout_s=300,
+                                             env=EAGER_ENV):
         assert name == "ipc:cuda"
         assert commands >= 4 * E      # dispatch and combine: a Write and an Atomic per (destination, expert)
         assert copies > 0

@@ -204,6 +204,16 @@ class _InternodeRows:
         return out
 
 
+def _raise_pending_error(buf, device) -> None:
+    """The executor's own error (a device timeout, a failed proxy) before any output is checked:
+    outputs of a failed op are not worth comparing, the error says what went wrong."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    check = getattr(getattr(buf, "_executor", None), "check_error", None)
+    if check is not None:
+        check()
+
+
 def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows, progress: Callable[[str], None]):
     gen = torch.Generator().manual_seed(spec.seed * 1000 + 500 + rank)
     T, H, K, E = spec.ll_tokens, spec.hidden, spec.num_topk, spec.ll_experts
@@ -222,6 +232,7 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     combined, _, _ = buf.low_latency_combine(y, topk_idx, topk_weights, handle_bf16)
     if spec.check:
         progress("ll: verifying")
+        _raise_pending_error(buf, device)
         all_x, all_topk = _gather(x, group), _gather(topk_idx, group)
         check_ll_dispatch(lambda e, b, n: bf16_x[e, b:b + n], recv_count_bf16, handle_bf16, all_x, all_topk, rank, E,
                           world)

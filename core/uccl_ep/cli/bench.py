@@ -168,6 +168,7 @@ def _run_in_job(args) -> int:
     from ..bench.ep import run_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _eager_loading_for_proxy(args)
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0 and not args.cpu
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -186,6 +187,15 @@ def _run_in_job(args) -> int:
     merged = _merge_ranks([r for _, r in per_rank], "nccl a2a" if on_gpu else "gloo a2a")
     device = torch.cuda.get_device_name(0) if on_gpu else "CPU"
     return _report(merged, device, world, spec, args.json, f" on {len(hosts)} host(s) {','.join(hosts)}")
+
+
+def _eager_loading_for_proxy(args) -> None:
+    """The GPU proxy paths between GPUs of one host need eager CUDA module loading (see
+    uccl_ep.cuda.proxy_path.warn_lazy_module_loading); set it unless the user chose otherwise."""
+    import os
+    forced = os.environ.get("UCCL_EP_FORCE_PROXY", "0") not in ("", "0")
+    if forced or getattr(args, "force_proxy", False) or getattr(args, "nodes", 0):
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 
 def run(args) -> int:
@@ -218,6 +228,7 @@ def run(args) -> int:
         print("uccl-ep bench: --ranks must be >= 1", file=sys.stderr)
         return 2
     spec = _spec_from_args(args, on_gpu)
+    _eager_loading_for_proxy(args)   # before the ranks start (they inherit the environment)
     baseline = "nccl a2a" if on_gpu else "gloo a2a"
     queue = mp.get_context("spawn").Queue()
     with Progress(SpinnerColumn(), TextColumn("[bold]uccl-ep bench[/] {task.description}"), TimeElapsedColumn(),

@@ -100,8 +100,9 @@ class ProxyNormalEngine:
 
     def __init__(self, ex) -> None:
         from ..proxy import native, start_proxy
-        from .proxy_path import ProxyLowLatencyEngine
+        from .proxy_path import ProxyLowLatencyEngine, warn_lazy_module_loading
         ctx = ex.ctx
+        warn_lazy_module_loading(ctx.rank)
         why = _scope_reason(ctx)
         if why:
             raise Unsupported(f"normal mode of the cuda backend: {why}")

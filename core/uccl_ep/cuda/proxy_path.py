@@ -38,7 +38,7 @@ from ..refs.low_latency import LowLatencyPlan
 from .ll import LowLatencyEngine, dispatch_outputs
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
 
-__all__ = ["proxy_forced", "unavailable_reason", "ProxyLayout", "ProxyLowLatencyEngine", "NUM_COUNTERS",
+__all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "ProxyLowLatencyEngine", "NUM_COUNTERS",
            "counter_base"]
 
 _ALIGN = 128
@@ -51,6 +51,30 @@ _FIFOS_PER_THREAD = 2
 def counter_base(s: int, phase: int) -> int:
     """Receiver counter of local expert 0 for buffer set ``s``, phase 0 (dispatch) / 1 (combine)."""
     return (2 * s + phase) * NUM_MAX_LOCAL_EXPERTS
+
+
+_LOADING_WARNED = False
+
+
+def warn_lazy_module_loading(rank: int) -> None:
+    """Warn once per process when CUDA loads kernels lazily while a same-host proxy path is in use.
+
+    NOTES: with the ipc transport the proxy thread itself calls CUDA (peer copies, events). Lazy
+    module loading makes the host's first launch of any not-yet-loaded kernel (a torch op between
+    our send and receive kernels, say) wait for the device, while holding the context: the proxy's
+    next CUDA call then waits behind it, and the device waits for the proxy -- every op stalls
+    until the bounded device wait gives up. Measured on 2 x H200 (docs/troubleshooting.md).
+    """
+    import os
+    import warnings
+    global _LOADING_WARNED
+    if _LOADING_WARNED or os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() == "EAGER":
+        return
+    _LOADING_WARNED = True
+    warnings.warn(f"uccl_ep rank {rank}: the proxy path between GPUs of one host (ipc transport) needs "
+                  "CUDA_MODULE_LOADING=EAGER in the environment before CUDA starts; with lazy loading the first "
+                  "launch of a new kernel while an op is in flight stalls it until the device timeout "
+                  "(docs/troubleshooting.md)", RuntimeWarning, stacklevel=3)
 
 
 def proxy_forced(ctx) -> bool:
@@ -116,6 +140,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.ex = ex
         self.dev = ex.device
         self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
+        warn_lazy_module_loading(self.rank)
         self.mem: DeviceMemory = ex.ll_mem
         self.idx = 0
         self.layout: ProxyLayout | None = None
