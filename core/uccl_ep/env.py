@@ -86,6 +86,10 @@ _VARS: list[Var] = [
     Var("UCCL_EP_NUM_PROXY_THREADS", "int", 4,
         "CPU proxy threads per local rank; thread i talks only to thread i of each peer.",
         minimum=1, used_by="proxy"),
+    Var("UCCL_EP_PROXY_IDLE_SLEEP_US", "str", "auto",
+        "Longest sleep of an idle proxy thread, in microseconds (0 = spin and yield, never sleep). "
+        "`auto`: 0 on hosts with >= 16 CPUs, 50 on smaller ones (CI).",
+        used_by="proxy"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
         "(in-process, tests). `auto` = ipc for same-host GPU peers, fabric otherwise.",

@@ -141,6 +141,7 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
   get("max_inflight", c.max_inflight);
   get("timeout_s", c.timeout_s);
   get("heartbeat_s", c.heartbeat_s);
+  get("idle_sleep_ns", c.idle_sleep_ns);
   get("check_remote_bounds", c.check_remote_bounds);
   get("cpus", c.cpus);
   get("fault_seed", c.fault_seed);
@@ -153,7 +154,8 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
     static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
                                   "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport",
                                   "provider",
-                                  "token_digest", "max_inflight", "timeout_s", "heartbeat_s", "check_remote_bounds",
+                                  "token_digest", "max_inflight", "timeout_s", "heartbeat_s", "idle_sleep_ns",
+                                  "check_remote_bounds",
                                   "cpus", "fault_seed", "fault_reorder", "fault_max_delay", "fault_tear",
                                   "fault_max_pieces"};
     bool ok = false;

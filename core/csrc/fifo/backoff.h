@@ -38,7 +38,9 @@ class Backoff {
     ++rounds_;
     if (rounds_ < 64) {
       cpu_relax();
-    } else if (rounds_ < 128) {
+    } else if (rounds_ < 128 || max_sleep_ns_ <= 0) {
+      // max_sleep_ns <= 0: never sleep. NOTES: any nanosleep costs the timer slack (50 us by
+      // default), which a latency path pays on every hop; hosts with cores to spare spin.
       sched_yield();
     } else {
       timespec ts{0, sleep_ns_};

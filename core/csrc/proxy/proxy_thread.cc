@@ -71,7 +71,8 @@ void ProxyThread::run(std::vector<int> cpus) {
     // NOTES: best effort; a container may forbid some CPUs and the proxy still works unpinned.
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);
   }
-  Backoff idle(1e6, 50000);  // only pause()/reset() are used; the deadline never matters
+  // only pause()/reset() are used; the deadline never matters
+  Backoff idle(1e6, long(owner_.config().idle_sleep_ns));
   bool said_goodbye = false;
   int64_t drain_by = 0;
   int64_t leave_by = 0;

@@ -240,7 +240,7 @@ class ProxyNormalEngine:
         in_rank = is_token_in_rank.contiguous()
         counts = plan.channel_counts(in_rank, C)
         per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
-        meta_out = torch.empty_like(per_dst)
+        meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
         self._last_worst = num_worst_tokens
         tag = self._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
         if num_worst_tokens > 0:

@@ -64,7 +64,7 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
     counts = plan.channel_counts(in_rank, C)
     node_counts = plan.channel_counts(in_node, C)
     per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg, node_counts)
-    meta_out = torch.empty_like(per_dst)
+    meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
     eng._last_worst = num_worst_tokens
     tag = eng._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
     if num_worst_tokens > 0:

@@ -14,6 +14,7 @@ raise `PeerFailure` naming it at once instead of waiting for their timeout.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import socket
 import threading
@@ -123,6 +124,22 @@ def _wait_all(store, prefix: str, what: str, rank: int, world: int, deadline: fl
     return [store.get(f"{prefix}/{what}/{r}") for r in range(world)]
 
 
+def idle_sleep_ns() -> int:
+    """Longest sleep of an idle proxy thread (UCCL_EP_PROXY_IDLE_SLEEP_US; `auto`: never sleep on
+    hosts with >= 16 CPUs -- GPU servers, where every hop would otherwise pay the timer slack --
+    and 50 us on small machines, where spinning threads starve the ranks they wait for)."""
+    value = str(env.get("UCCL_EP_PROXY_IDLE_SLEEP_US")).strip().lower()
+    if value == "auto":
+        return 0 if (os.cpu_count() or 1) >= 16 else 50_000
+    try:
+        us = float(value)
+    except ValueError:
+        raise InvalidArgument("UCCL_EP_PROXY_IDLE_SLEEP_US", "`auto` or a number of microseconds >= 0", value) from None
+    if us < 0:
+        raise InvalidArgument("UCCL_EP_PROXY_IDLE_SLEEP_US", "`auto` or a number of microseconds >= 0", value)
+    return int(us * 1000)
+
+
 def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str | None = None,
                 provider: str | None = None, num_threads: int | None = None, fifos_per_thread: int = 2,
                 fifo_capacity: int = 2048, max_inflight: int | None = None, timeout_s: float | None = None,
@@ -176,7 +193,8 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       provider=provider if provider is not None else env.get("UCCL_EP_FABRIC_PROVIDER"),
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
-                      heartbeat_s=heartbeat_s, check_remote_bounds=check_remote_bounds,
+                      heartbeat_s=heartbeat_s, idle_sleep_ns=idle_sleep_ns(),
+                      check_remote_bounds=check_remote_bounds,
                       cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)
         try:
