@@ -16,8 +16,9 @@ and a small one whose 8-slot rings force wrap-around and credit waits. Then: pre
 async_finish, CUDA-graph capture of cached dispatch + combine, the traffic really crossing the
 ipc transport, and a peer that skips an op (bounded device wait -> Timeout naming it).
 
-Status: written with the kernels, compiled in CPU CI, NOT YET RUN on a GPU (no GPU this session).
-Run: bash core/tests/gpu/run_device.sh build internode
+Status on 2 x H200 (2026-11-22): uniform routing passes in every combination; skewed routing with
+num_worst_tokens fails its cached-dispatch comparison (open, docs/benchmarks.md); the graph,
+timeout and 2 x 2 cases have not run yet. Run: bash core/tests/gpu/run_device.sh build internode
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ capture and replay, the bounded device wait) run with UCCL_EP_FORCE_PROXY=1; one
 proxy path really carried the traffic (commands posted, CUDA peer copies) when selected through
 DeepEP's own flag, allow_nvlink_for_low_latency_mode=False.
 
-Status: written with the kernels, compiled in CPU CI, NOT YET RUN on a GPU (the GPU session's
-device budget was spent). Run: bash core/tests/gpu/run_device.sh build proxy
+Status: passes on 2 x H200 (2026-11-22). Run: bash core/tests/gpu/run_device.sh build proxy
 """
 
 from __future__ import annotations

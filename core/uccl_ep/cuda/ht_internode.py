@@ -28,8 +28,11 @@ engine, i.e. NVLink -- and combine reduces inside the node first, in fp32), driv
 ht_internode_forward.py.
 
 Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU with the
-kernels emulated through real proxies (core/tests/cpu/test_ht_internode_proxy_path.py); NOT YET RUN
-on a GPU (core/tests/gpu/test_cuda_ht_internode.py).
+kernels emulated through real proxies (core/tests/cpu/test_ht_internode_proxy_path.py); on 2 x H200
+with one rank per node it matches the reference for uniform routing in every option combination
+(core/tests/gpu/test_cuda_ht_internode.py) -- open: skewed routing + num_worst_tokens, cached
+dispatch -- and runs two orders of magnitude below NCCL (docs/benchmarks.md). Needs
+CUDA_MODULE_LOADING=EAGER (proxy_path.warn_lazy_module_loading).
 """
 
 from __future__ import annotations

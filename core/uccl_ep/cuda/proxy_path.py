@@ -19,8 +19,9 @@ Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy
 Counters per source: (set, phase, local expert) -> (2 * set + phase) * 1024 + local expert; each
 op adds 2 to every counter of its (set, phase) from every unmasked source.
 
-Status: compiled (sm_90a, sm_100a, gfx90a) and its transport and proxy logic tested on CPU; the
-GPU path itself is verified by core/tests/gpu/test_cuda_ll_proxy.py on a GPU machine only.
+Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU, and verified
+bitwise on 2 x H200 (core/tests/gpu/test_cuda_ll_proxy.py); slow there (~1.2 ms dispatch, ~4 ms
+combine at 128 tokens: docs/benchmarks.md). Needs CUDA_MODULE_LOADING=EAGER (warn_lazy_module_loading).
 """
 
 from __future__ import annotations
