@@ -17,8 +17,8 @@ async_finish, CUDA-graph capture of cached dispatch + combine, the traffic reall
 ipc transport, and a peer that skips an op (bounded device wait -> Timeout naming it).
 
 Status on 2 x H200 (2026-11-22): uniform routing passes in every combination; skewed routing with
-num_worst_tokens fails its cached-dispatch comparison (open, docs/benchmarks.md); the graph,
-timeout and 2 x 2 cases have not run yet. Run: bash core/tests/gpu/run_device.sh build internode
+num_worst_tokens fails its cached-dispatch comparison (open, docs/benchmarks.md); the graph and
+timeout tests pass; the 2 x 2 cases need 4 GPUs and have not run. Run: bash core/tests/gpu/run_device.sh build internode
 """
 
 from __future__ import annotations
