@@ -459,13 +459,16 @@ def _e2e_worker(rank, world, rpn, seed):
     # small rings (8 slots, chunks of 2..4): every stream wraps and waits for credits; the
     # configs alternate so ring geometry changes between ops (the handshake keeps it safe)
     configs = [Config(4, 4, 32, 2, 8), Config(6, 4, 32, 4, 8)]
-    cases = [("bf16", 0), ("fp8", 0), ("worst", 1), ("empty", 0), ("notopk", 1), ("skewed", 0)]
+    # skewed-worst: everything to rank 0 with num_worst_tokens = exactly what rank 0 receives (a
+    # case that failed its cached dispatch on 2 x H200)
+    cases = [("bf16", 0), ("fp8", 0), ("worst", 1), ("empty", 0), ("notopk", 1), ("skewed", 0), ("skewed-worst", 0)]
     for i, (case, ci) in enumerate(cases):
         config = configs[(i + ci) % 2]
         T = 0 if case == "empty" and rank == world - 1 else int(torch.randint(30, 70, (1,), generator=g))
+        T = 64 if case == "skewed-worst" else T
         x = torch.randn(T, H, generator=g).bfloat16()
         idx, w = _routing(T, E, K, g)
-        if case == "skewed":
+        if case.startswith("skewed"):
             idx = torch.randint(0, E // world, (T, K), generator=g)  # everything to rank 0
         ntpr, ntprr, ntpe, in_rank = eng.layout(idx, E)
         rl = ref.get_dispatch_layout(idx, E)
@@ -473,7 +476,7 @@ def _e2e_worker(rank, world, rpn, seed):
             cmp(f"{case} layout {name}", a, b)
         xin = per_token_cast_to_fp8(x.float()) if case == "fp8" else x
         data, scales = (xin[0], xin[1].t().contiguous().t()) if case == "fp8" else (xin, None)  # column-major scales
-        worst = world * 70 if case == "worst" else 0
+        worst = world * 70 if case == "worst" else (world * 64 if case == "skewed-worst" else 0)
         topk = case != "notopk"
         got = eng.dispatch(data, scales, idx if topk else None, w if topk else None, ntpr, in_rank, ntpe, 2, worst,
                            config)
