@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <thread>
 
@@ -30,6 +31,11 @@ namespace uccl_ep {
 namespace transport {
 
 namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 namespace cu = runtime::cu;
 
@@ -221,9 +227,11 @@ class IpcTransport final : public Transport {
       ++outstanding_;
       return PostResult::kOk;
     }
+    const int64_t posted_ns = now_ns();
     if (len > 0) {
       if (!engine_->submit(peer, p.base + remote_off, reinterpret_cast<uint64_t>(region_) + local_off, len, error))
         return PostResult::kError;
+      submit_ns_.fetch_add(uint64_t(now_ns() - posted_ns), std::memory_order_relaxed);
       ++p.submitted;
       copies_.fetch_add(1, std::memory_order_relaxed);
       copy_bytes_.fetch_add(len, std::memory_order_relaxed);
@@ -231,7 +239,7 @@ class IpcTransport final : public Transport {
     if (p.pending.empty()) active_.push_back(peer);
     posted_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
     // A write without bytes (control message) waits behind the copies before it: order per peer.
-    p.pending.push_back({ctx, remote_off, len, imm, has_imm, p.submitted});
+    p.pending.push_back({ctx, remote_off, len, imm, has_imm, p.submitted, posted_ns});
     ++outstanding_;
     return PostResult::kOk;
   }
@@ -253,6 +261,10 @@ class IpcTransport final : public Transport {
     std::vector<std::pair<std::string, uint64_t>> out{{"ipc_" + kind_ + "_copies", copies_.load(std::memory_order_relaxed)},
             {"ipc_copy_bytes", copy_bytes_.load(std::memory_order_relaxed)},
             {"ipc_inbox_full", inbox_full_.load(std::memory_order_relaxed)}};
+    // Diagnostics: time in the copy engine's submit call, and from posting to delivery (copy done
+    // and the record in the receiver's inbox), summed over writes; divide by the delivered count.
+    out.push_back({"ipc_submit_ns", submit_ns_.load(std::memory_order_relaxed)});
+    out.push_back({"ipc_post_to_deliver_ns", deliver_ns_.load(std::memory_order_relaxed)});
     // Diagnostics: per destination rank, writes posted and writes delivered (copy completed and
     // its record appended to the receiver's inbox); a gap that stays says which copies stall.
     for (size_t r = 0; r < peers_.size() && posted_to_ != nullptr; ++r) {
@@ -268,6 +280,7 @@ class IpcTransport final : public Transport {
     uint32_t imm;
     bool has_imm;
     int64_t after;  // deliverable once this many copies to the peer completed
+    int64_t posted_ns;  // steady clock at posting (diagnostics: post -> delivery time)
   };
   struct Peer {
     std::unique_ptr<ShmObject> inbox_shm, region_shm;
@@ -327,6 +340,7 @@ class IpcTransport final : public Transport {
           break;  // this receiver is behind; the others still go
         }
         out.push_back({Completion::kLocalDone, peer, 0, p.pending.front().ctx, 0, {}});
+        deliver_ns_.fetch_add(uint64_t(now_ns() - p.pending.front().posted_ns), std::memory_order_relaxed);
         p.pending.pop_front();
         delivered_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
         --outstanding_;
@@ -387,6 +401,7 @@ class IpcTransport final : public Transport {
   std::thread::id bound_;
   std::atomic<uint64_t> copies_{0}, copy_bytes_{0}, inbox_full_{0};
   std::unique_ptr<std::atomic<uint64_t>[]> posted_to_, delivered_to_;  // per destination rank
+  std::atomic<uint64_t> submit_ns_{0}, deliver_ns_{0};
   std::unique_ptr<ipc::CopyEngine> engine_;  // last: destroyed first (see the destructor)
 };
 

@@ -70,6 +70,11 @@ def test_counted_writes_land_before_their_fence(transport):
         writes = 3 * (5 + 6 + 7 + 8)
         assert counters["ipc_host_copies"] >= writes
         assert counters["ipc_copy_bytes"] == 240 * writes
+        # diagnostics: every write posted to a rank was delivered to it, with its post->delivery time
+        # (heartbeats, zero-length messages, may still be on their way: posted >= delivered)
+        delivered = sum(counters[f"ipc_delivered_to_{r}"] for r in range(3))
+        assert sum(counters[f"ipc_posted_to_{r}"] for r in range(3)) >= delivered >= writes
+        assert counters["ipc_post_to_deliver_ns"] > 0 and counters["ipc_submit_ns"] > 0
     finally:
         stop_all(ps)
 

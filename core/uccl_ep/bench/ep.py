@@ -165,6 +165,31 @@ def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
     return world // spec.nodes
 
 
+def _proxy_snapshot(counters_fn):
+    """(post->delivery ns summed, writes delivered) of an `ipc` proxy transport, or None."""
+    if counters_fn is None:
+        return None
+    c = dict(counters_fn())
+    if "ipc_post_to_deliver_ns" not in c:
+        return None
+    return int(c["ipc_post_to_deliver_ns"]), sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_"))
+
+
+def _proxy_fields(before, after, calls: int) -> dict:
+    """Proxy writes per op and their mean post->delivery time (copy done, record in the receiver's
+    inbox) between two snapshots: where the proxy path's time goes, per hop."""
+    if before is None or after is None or calls <= 0 or after[1] <= before[1]:
+        return {}
+    n = after[1] - before[1]
+    return {"proxy_writes": n / calls, "proxy_hop_us": (after[0] - before[0]) / n / 1e3}
+
+
+def _timed_with_proxy(fn, spec: BenchSpec, device, group, counters_fn) -> tuple[dict, dict]:
+    before = _proxy_snapshot(counters_fn)
+    t = time_op(fn, spec.iters, spec.warmup, device, group)
+    return t, _proxy_fields(before, _proxy_snapshot(counters_fn), spec.iters + spec.warmup)
+
+
 class _InternodeRows:
     """Extra fields of internode HT rows: DeepEP's RDMA-formula bytes and GB/s, nodes, and the
     bytes the proxy transport copied per op (measured around the timed calls)."""
@@ -179,6 +204,7 @@ class _InternodeRows:
         self._counters = getattr(eng, "transport_counters", None) or \
             getattr(getattr(ex, "proxy", None), "transport_counters", None)
         self.per_op = None
+        self.hop: dict = {}
 
     def _copied(self):
         if self._counters is None:
@@ -188,7 +214,7 @@ class _InternodeRows:
 
     def timed(self, fn, device, group) -> dict:
         before = self._copied() if self.on else None
-        t = time_op(fn, self.spec.iters, self.spec.warmup, device, group)
+        t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None)
         after = self._copied() if before is not None else None
         calls = self.spec.iters + self.spec.warmup
         self.per_op = (after - before) / calls if after is not None and calls else None
@@ -201,6 +227,7 @@ class _InternodeRows:
         out = dict(nodes=self.nodes, rdma_bytes=rdma, rdma_gbps=rdma / 1e9 / time_s if time_s > 0 else 0.0)
         if self.per_op is not None:
             out["transport_bytes"] = self.per_op
+        out.update(self.hop)
         return out
 
 
@@ -250,16 +277,18 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     for r in range(world):
         per_dest[r] = int(((topk_idx >= 0) & (topk_idx.div(per_rank, rounding_mode="floor") == r)).sum())
     progress("ll: timing dispatch fp8")
-    t_disp = time_op(lambda: buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True), spec.iters, spec.warmup,
-                     device, group)
+    ll_proxy = getattr(getattr(buf._executor, "_ll", None), "proxy", None) if spec.ll_proxy else None
+    counters = getattr(ll_proxy, "transport_counters", None)
+    t_disp, hop_disp = _timed_with_proxy(lambda: buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True), spec,
+                                         device, group, counters)
     base_disp = _a2a_baseline(group, per_dest, H * 2, device, spec)
     rows.add(mode="ll", op="dispatch", dtype="fp8", tokens=T, experts=E, bytes=num_sel * (H + H // 128 * 4 + 16),
-             time_s=t_disp["mean"], baseline_s=base_disp, verified=verified)
+             time_s=t_disp["mean"], baseline_s=base_disp, verified=verified, **hop_disp)
     progress("ll: timing combine")
-    t_comb = time_op(lambda: buf.low_latency_combine(y, topk_idx, topk_weights, handle_bf16), spec.iters, spec.warmup,
-                     device, group)
+    t_comb, hop_comb = _timed_with_proxy(lambda: buf.low_latency_combine(y, topk_idx, topk_weights, handle_bf16),
+                                         spec, device, group, counters)
     rows.add(mode="ll", op="combine", dtype="bf16", tokens=T, experts=E, bytes=num_sel * H * 2,
-             time_s=t_comb["mean"], baseline_s=base_disp, verified=verified)
+             time_s=t_comb["mean"], baseline_s=base_disp, verified=verified, **hop_comb)
     if buf.backend == "cuda":
         _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows, num_sel, base_disp, verified,
                         progress)
