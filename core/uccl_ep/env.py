@@ -94,6 +94,12 @@ _VARS: list[Var] = [
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
         "(in-process, tests). `auto` = ipc for same-host GPU peers, fabric otherwise.",
         choices=("auto", "fabric", "ipc", "loop"), used_by="proxy"),
+    Var("UCCL_EP_FABRIC_DOMAINS", "str", "",
+        "NICs for the `fabric` transport (libfabric domain names, comma-separated, e.g. "
+        "`rdmap16s27,rdmap32s27` for the 2 EFA devices of a p5en GPU): proxy thread i uses entry "
+        "i % n, so threads spread over the GPU's NICs and their bandwidth adds up. Empty: the "
+        "provider's first domain. `fi_info -p <provider>` lists the names.",
+        used_by="proxy"),
     Var("UCCL_EP_FABRIC_PROVIDER", "str", "",
         "libfabric provider for the `fabric` transport, e.g. `efa`, `verbs;ofi_rxm`, "
         "`tcp;ofi_rxm`. Empty = first available of efa, verbs;ofi_rxm, tcp;ofi_rxm.",

@@ -137,6 +137,7 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
   get("external_region", c.external_region);
   get("transport", c.transport);
   get("provider", c.provider);
+  get("domains", c.domains);
   get("token_digest", c.token_digest);
   get("max_inflight", c.max_inflight);
   get("timeout_s", c.timeout_s);
@@ -153,7 +154,7 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
     const std::string k = nb::cast<std::string>(item.first);
     static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
                                   "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport",
-                                  "provider",
+                                  "provider", "domains",
                                   "token_digest", "max_inflight", "timeout_s", "heartbeat_s", "idle_sleep_ns",
                                   "check_remote_bounds",
                                   "cpus", "fault_seed", "fault_reorder", "fault_max_delay", "fault_tear",
@@ -173,6 +174,8 @@ void register_proxy(nb::module_& m) {
   m.def("transport_backends", &transport::backend_names, "Names in the transport table (csrc/transport/registry.cc).");
   m.def("transport_unavailable_reason", &transport::unavailable_reason, nb::arg("name"),
         "'' when the transport can be created on this machine, else why not.");
+  m.def("fabric_domains", &transport::fabric_domains, nb::arg("provider") = "",
+        "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
   m.def("protocol_limits", &protocol_limits, "Limits implied by the TransferCmd and immediate field widths.");
   m.def("encode_counted_write", [](uint32_t dst, uint64_t soff, uint64_t doff, uint32_t len, uint32_t counter) {
     check_offsets(soff, doff);
@@ -307,6 +310,8 @@ void register_proxy(nb::module_& m) {
       .def("stop", &proxy::Proxy::stop, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("num_fifos", &proxy::Proxy::num_fifos)
       .def_prop_ro("transport_name", &proxy::Proxy::transport_name)
+      .def_prop_ro("transport_devices", &proxy::Proxy::transport_devices,
+                   "Per proxy thread, the device its transport uses (fabric: the libfabric domain, i.e. NIC).")
       .def_prop_ro("region_bytes", &proxy::Proxy::region_bytes)
       .def_prop_ro("commands_posted", &proxy::Proxy::stat_commands)
       .def("transport_counters", [](const proxy::Proxy& p) {

@@ -26,6 +26,23 @@ constexpr uint64_t kMinRegionBytes = 4096;
 
 [[noreturn]] void invalid(const std::string& what) { throw_error(ErrorKind::kInvalidArgument, -1, -1, "", what); }
 
+// Entry t % n of a comma-separated list ("" for an empty list); blanks around names are dropped.
+std::string domain_for_thread(const std::string& list, int t) {
+  std::vector<std::string> names;
+  size_t at = 0;
+  while (at <= list.size() && !list.empty()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(at, end - at);
+    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
+    if (item.empty()) invalid("domains: empty entry in '" + list + "' (expected comma-separated NIC names)");
+    names.push_back(item);
+    at = end + 1;
+  }
+  return names.empty() ? "" : names[size_t(t) % names.size()];
+}
+
 std::vector<int> parse_cpus(const std::string& list) {
   std::vector<int> cpus;
   size_t at = 0;
@@ -120,6 +137,7 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
     o.num_ranks = c.num_ranks;
     o.thread_index = t;
     o.provider = c.provider;
+    o.domain = domain_for_thread(c.domains, t);
     o.job_key = c.token_digest;
     o.region_name = region_shm_ ? region_shm_->name() : "";
     o.max_outstanding = std::min<uint32_t>(8192, c.max_inflight * uint32_t(c.num_ranks) + 64);
@@ -147,6 +165,12 @@ Proxy::~Proxy() {
   threads_.clear();
   if (counters_ != nullptr) munmap(counters_, counters_bytes_);
   if (!region_shm_ && region_ != nullptr && config_.external_region == 0) munmap(region_, config_.region_bytes);
+}
+
+std::vector<std::string> Proxy::transport_devices() const {
+  std::vector<std::string> out;
+  for (const auto& t : threads_) out.push_back(t->transport().device());
+  return out;
 }
 
 std::string Proxy::transport_name() const { return threads_.empty() ? config_.transport : threads_[0]->transport().name(); }

@@ -40,6 +40,8 @@ struct ProxyConfig {
                                  // (e.g. a GPU runtime's buffer); must outlive the proxy
   std::string transport = "loop";
   std::string provider;          // fabric provider ("" = first usable)
+  std::string domains;           // fabric NICs (libfabric domains), comma-separated: thread i uses
+                                 // entry i % n ("" = the provider's first domain for every thread)
   std::string token_digest;      // job token digest (hex); also names shared objects
   uint32_t max_inflight = 256;   // posted-not-completed writes per peer per thread
   double timeout_s = 100.0;      // default bound of waits
@@ -90,6 +92,7 @@ class Proxy {
   uint64_t region_bytes() const { return config_.region_bytes; }
   const ProxyConfig& config() const { return config_; }
   std::string transport_name() const;
+  std::vector<std::string> transport_devices() const;  // per thread: its transport's device (NIC)
   uint64_t peer_region_bytes(int peer) const { return peer_region_bytes_.at(size_t(peer)); }
 
   // ---- state shared with the threads --------------------------------------------------------------

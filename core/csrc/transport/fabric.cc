@@ -20,6 +20,7 @@
 //   with a log line), so the proxy bounds-checks every write before posting it.
 // - a write to a dead peer completes once (into the socket buffer), then fails with
 //   FI_ENOTCONN-class errors: the proxy turns those into PeerFailure.
+#include <algorithm>
 #include <dlfcn.h>
 #include <errno.h>
 #include <string.h>
@@ -94,6 +95,25 @@ uint64_t fnv1a(const std::string& s, uint64_t salt) {
 }
 
 
+// Hints for an RDM endpoint with RMA writes carrying remote CQ data, for one provider.
+fi_info* rma_hints(const std::string& provider) {
+  fi_info* hints = api().dupinfo(nullptr);
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SOURCE;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->fabric_attr->prov_name = strdup(provider.c_str());
+  return hints;
+}
+
+// NOTES: ask for the 1.18 API when the library has it: older API versions make efa emulate RDMA
+// writes on p5/p5e (Mooncake's production notes, transport.md §5).
+uint32_t api_version() {
+  const uint32_t lib = api().version();
+  return lib >= FI_VERSION(1, 18) ? FI_VERSION(1, 18) : FI_VERSION(1, 17);
+}
+
 class FabricTransport final : public Transport {
  public:
   explicit FabricTransport(const Options& opt) : opt_(opt) {
@@ -124,6 +144,9 @@ class FabricTransport final : public Transport {
   }
 
   std::string name() const override { return std::string("fabric:") + info_->fabric_attr->prov_name; }
+  std::string device() const override {
+    return info_->domain_attr->name != nullptr ? info_->domain_attr->name : "";
+  }
   Caps caps() const override {
     Caps c;
     c.ordered = (info_->tx_attr->msg_order & FI_ORDER_WAW) != 0;
@@ -275,24 +298,40 @@ class FabricTransport final : public Transport {
 
   // Tries one provider; on failure records why in *tried and returns false.
   bool open(const std::string& provider, std::vector<std::string>* tried) {
-    fi_info* hints = api().dupinfo(nullptr);
-    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SOURCE;
-    hints->mode = FI_CONTEXT | FI_CONTEXT2;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->domain_attr->mr_mode =
-        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    hints->fabric_attr->prov_name = strdup(provider.c_str());
-    // NOTES: ask for the 1.18 API when the library has it: older API versions make efa emulate
-    // RDMA writes on p5/p5e (Mooncake's production notes, transport.md §5).
-    const uint32_t lib = api().version();
-    const uint32_t want = lib >= FI_VERSION(1, 18) ? FI_VERSION(1, 18) : FI_VERSION(1, 17);
+    fi_info* hints = rma_hints(provider);
+    // NOTES: with several NICs per GPU (p5en: 2 EFA devices per H200) the proxy threads are spread
+    // over them (Options::domain, chosen per thread by the proxy): each thread's endpoint, CQ and
+    // MR live on its own NIC, so the threads' traffic adds up instead of sharing one device.
+    if (!opt_.domain.empty()) hints->domain_attr->name = strdup(opt_.domain.c_str());
     fi_info* info = nullptr;
-    int rc = api().getinfo(want, nullptr, nullptr, 0, hints, &info);
+    int rc = api().getinfo(api_version(), nullptr, nullptr, 0, hints, &info);
     api().freeinfo(hints);
     if (rc != 0 || info == nullptr) {
-      tried->push_back(provider + ": " + fi_err("fi_getinfo", rc));
+      tried->push_back(provider + (opt_.domain.empty() ? "" : " on domain '" + opt_.domain + "'") + ": " +
+                       fi_err("fi_getinfo", rc) +
+                       (opt_.domain.empty() ? "" : " (UCCL_EP_FABRIC_DOMAINS: list the NICs with `fi_info -p <provider>`)"));
       return false;
+    }
+    if (!opt_.domain.empty()) {
+      // NOTES: some providers ignore the domain name in the hints (tcp in libfabric 1.17), so pick
+      // the entry ourselves; the first match keeps the provider's preference order.
+      fi_info* match = nullptr;
+      std::string seen;
+      for (fi_info* i = info; i != nullptr; i = i->next) {
+        const char* d = i->domain_attr != nullptr ? i->domain_attr->name : nullptr;
+        if (d == nullptr) continue;
+        if (match == nullptr && opt_.domain == d) match = i;
+        if (seen.find(std::string("'") + d + "'") == std::string::npos) seen += (seen.empty() ? "'" : ", '") + std::string(d) + "'";
+      }
+      if (match == nullptr) {
+        tried->push_back(provider + ": no domain '" + opt_.domain + "' (UCCL_EP_FABRIC_DOMAINS); it has " +
+                         (seen.empty() ? std::string("none") : seen));
+        api().freeinfo(info);
+        return false;
+      }
+      fi_info* chosen = api().dupinfo(match);
+      api().freeinfo(info);
+      info = chosen;
     }
     if (info->mode & FI_RX_CQ_DATA) {
       tried->push_back(provider + ": needs FI_RX_CQ_DATA (posted receives per immediate), not supported");
@@ -372,6 +411,29 @@ std::string fabric_unavailable_reason() {
   return "";
 }
 
+std::vector<std::string> fabric_domains(const std::string& provider) {
+  std::vector<std::string> names;
+  if (api().getinfo == nullptr) return names;
+  std::vector<std::string> providers;
+  if (!provider.empty()) providers.push_back(provider);
+  else
+    for (const char* p : kDefaultProviders) providers.push_back(p);
+  for (const std::string& prov : providers) {
+    fi_info* hints = rma_hints(prov);
+    fi_info* info = nullptr;
+    const int rc = api().getinfo(api_version(), nullptr, nullptr, 0, hints, &info);
+    api().freeinfo(hints);
+    if (rc != 0 || info == nullptr) continue;
+    for (fi_info* i = info; i != nullptr; i = i->next)
+      if (i->domain_attr != nullptr && i->domain_attr->name != nullptr &&
+          std::find(names.begin(), names.end(), i->domain_attr->name) == names.end())
+        names.push_back(i->domain_attr->name);
+    api().freeinfo(info);
+    if (!names.empty()) break;  // the provider the transport would use
+  }
+  return names;
+}
+
 #else  // no libfabric headers at build time
 
 std::unique_ptr<Transport> make_fabric(const Options&) {
@@ -380,6 +442,7 @@ std::unique_ptr<Transport> make_fabric(const Options&) {
 std::string fabric_unavailable_reason() {
   return "uccl_ep was built without libfabric headers (install libfabric-dev and rebuild)";
 }
+std::vector<std::string> fabric_domains(const std::string&) { return {}; }
 
 #endif
 

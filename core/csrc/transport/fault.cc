@@ -31,6 +31,7 @@ class FaultTransport final : public Transport {
         rng_(opt.fault_seed * 0x9E3779B97F4A7C15ull + uint64_t(opt.rank) * 1000003ull + uint64_t(opt.thread_index)) {}
 
   std::string name() const override { return "fault:" + inner_->name(); }
+  std::string device() const override { return inner_->device(); }
   Caps caps() const override {
     Caps c = inner_->caps();
     c.ordered = false;

@@ -57,6 +57,7 @@ struct Options {
   int num_ranks = 1;
   int thread_index = 0;         // proxy thread this endpoint belongs to
   std::string provider;         // fabric: libfabric provider name ("" = first that works)
+  std::string domain;           // fabric: libfabric domain (NIC) this endpoint opens ("" = the provider's first)
   std::string job_key;          // hex digest of the job token: names shared objects, MR keys
   std::string region_name;      // shared-memory object holding the region ("" = not shared)
   uint32_t max_outstanding = 1024;
@@ -76,6 +77,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
+  // Which device the endpoint uses (fabric: the libfabric domain, i.e. the NIC); "" when not applicable.
+  virtual std::string device() const { return ""; }
   virtual Caps caps() const = 0;
 
   // Registers [base, base + bytes) as this rank's region: local source and remote target.
@@ -111,6 +114,9 @@ std::unique_ptr<Transport> create(const std::string& name, const Options& option
 std::vector<std::string> backend_names();
 // Whether a backend can work on this machine; "" when yes, else why not.
 std::string unavailable_reason(const std::string& name);
+// The domains (NICs) of a libfabric provider usable for the fabric transport ("" = the provider it
+// would pick), in the provider's order; empty when libfabric or the provider is missing.
+std::vector<std::string> fabric_domains(const std::string& provider);
 
 }  // namespace transport
 }  // namespace uccl_ep

@@ -187,3 +187,53 @@ def test_wrong_job_token_is_refused():
         assert "different job token" in msg
         # ranks of the job blame the intruder; the intruder blames the first rank it checked
         assert ("rank 1 presented" in msg) if rank != 1 else ("rank 0 presented" in msg)
+
+
+def _domains_worker(rank, world):
+    import torch.distributed as dist
+
+    from uccl_ep import proxy
+    from uccl_ep.proxy.streams import StreamSpec, region_bytes_for, run_streams
+    spec = StreamSpec(seed=7)
+    p = proxy.start_proxy(dist.group.WORLD, region_bytes=region_bytes_for(spec, world), num_counters=spec.num_counters,
+                          transport="fabric", num_threads=3, timeout_s=60)
+    try:
+        return run_streams(rank, world, p, spec, rounds=2, timeout_s=60), list(p.transport_devices)
+    finally:
+        p.stop()
+
+
+@pytest.mark.skipif(not HAVE_FABRIC, reason="libfabric with tcp;ofi_rxm is not installed")
+def test_fabric_threads_spread_over_the_listed_nics():
+    """UCCL_EP_FABRIC_DOMAINS: proxy thread i opens its endpoint on NIC i % n (here the loopback and,
+    when the machine has one, another addressed interface), and every byte of the random command
+    streams still arrives."""
+    from uccl_ep.proxy import fabric_domains
+    found = fabric_domains("tcp;ofi_rxm")   # tcp's domains are the interfaces that have an address
+    assert "lo" in found, found
+    other = next((name for name in found if name != "lo"), None)
+    nics = ["lo", other] if other else ["lo"]
+    env = {"UCCL_EP_FABRIC_DOMAINS": ",".join(nics), "UCCL_EP_FABRIC_PROVIDER": "tcp;ofi_rxm"}
+    for n, devices in run_ranks(_domains_worker, 2, timeout_s=180, env=env):
+        assert n > 100
+        assert devices == [nics[t % len(nics)] for t in range(3)], devices
+
+
+def _bad_domain_worker(rank, world):
+    import torch.distributed as dist
+
+    from uccl_ep import proxy
+    from uccl_ep.errors import Unsupported
+    try:
+        proxy.start_proxy(dist.group.WORLD, region_bytes=1 << 20, num_counters=8, transport="fabric", num_threads=1,
+                          timeout_s=20)
+    except Unsupported as e:
+        return str(e)
+    return "started"
+
+
+@pytest.mark.skipif(not HAVE_FABRIC, reason="libfabric with tcp;ofi_rxm is not installed")
+def test_fabric_unknown_nic_is_a_clear_error():
+    env = {"UCCL_EP_FABRIC_DOMAINS": "nope0", "UCCL_EP_FABRIC_PROVIDER": "tcp;ofi_rxm"}
+    for msg in run_ranks(_bad_domain_worker, 1, timeout_s=60, env=env):
+        assert "no domain 'nope0'" in msg and "'lo'" in msg, msg

@@ -59,6 +59,12 @@ def _libfabric() -> dict[str, Any]:
     if listing:
         providers = [line.strip().rstrip(":") for line in listing.splitlines() if line.strip().endswith(":")]
     probe["providers"] = providers
+    if probe.get("loadable"):
+        from ..proxy import fabric_domains
+        try:
+            probe["nics"] = fabric_domains()  # what UCCL_EP_FABRIC_DOMAINS can name
+        except Exception as e:  # noqa: BLE001 - a report, never a failure
+            probe["nics"] = [f"? ({e})"]
     return probe
 
 
@@ -192,6 +198,8 @@ def run(args) -> int:
     fab = report["libfabric"]
     table.add_row("libfabric", f"{fab['path']} {fab['version']}; providers: {', '.join(fab['providers']) or '?'}"
                   if fab["loadable"] else f"not loadable ({fab['error']})")
+    if fab.get("nics") is not None:
+        table.add_row("fabric NICs (UCCL_EP_FABRIC_DOMAINS)", ", ".join(fab["nics"]) or "none")
     table.add_row("RDMA devices", ", ".join(report["rdma_devices"]) or "none")
     c = report["compilers"]
     table.add_row("nvcc", f"{c['nvcc']} ({c.get('nvcc_version')})" if c["nvcc"] else "not found")

@@ -12,7 +12,7 @@ the native `Proxy` (csrc/proxy/proxy.h) that executes 16-byte TransferCmds over 
 from __future__ import annotations
 
 from .limits import check_protocol_limits, protocol_limits
-from .bootstrap import native, start_proxy, token_digest, transport_unavailable_reason
+from .bootstrap import fabric_domains, native, start_proxy, token_digest, transport_unavailable_reason
 
 __all__ = ["check_protocol_limits", "protocol_limits", "native", "start_proxy", "token_digest",
-           "transport_unavailable_reason"]
+           "transport_unavailable_reason", "fabric_domains"]

@@ -52,6 +52,14 @@ def transport_unavailable_reason(name: str) -> str | None:
     return reason or None
 
 
+def fabric_domains(provider: str | None = None) -> list[str]:
+    """NICs (libfabric domain names) the `fabric` transport can open with ``provider`` (default:
+    UCCL_EP_FABRIC_PROVIDER, else the one it would pick), in the provider's order: the names
+    UCCL_EP_FABRIC_DOMAINS takes."""
+    prov = env.get("UCCL_EP_FABRIC_PROVIDER") if provider is None else provider
+    return list(native().fabric_domains(prov or ""))
+
+
 def parse_fault_spec(spec: str | dict | None) -> dict[str, Any]:
     """``"reorder=1,delay=16,tear=0.3,pieces=4,seed=7"`` (or a dict) -> proxy fault options."""
     if spec is None or spec == "":
@@ -194,6 +202,7 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
                       heartbeat_s=heartbeat_s, idle_sleep_ns=idle_sleep_ns(),
+                      domains=str(env.get("UCCL_EP_FABRIC_DOMAINS") or ""),
                       check_remote_bounds=check_remote_bounds,
                       cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)
