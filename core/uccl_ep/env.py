@@ -97,8 +97,9 @@ _VARS: list[Var] = [
     Var("UCCL_EP_FABRIC_DOMAINS", "str", "",
         "NICs for the `fabric` transport (libfabric domain names, comma-separated, e.g. "
         "`rdmap16s27,rdmap32s27` for the 2 EFA devices of a p5en GPU): proxy thread i uses entry "
-        "i % n, so threads spread over the GPU's NICs and their bandwidth adds up. Empty: the "
-        "provider's first domain. `fi_info -p <provider>` lists the names.",
+        "i % n, so threads spread over the GPU's NICs and their bandwidth adds up. One list per "
+        "local rank separated by `;` (local rank L takes list L mod n) maps each GPU to its own NICs. "
+        "Empty: the provider's first domain. `uccl-ep doctor` lists the names.",
         used_by="proxy"),
     Var("UCCL_EP_FABRIC_PROVIDER", "str", "",
         "libfabric provider for the `fabric` transport, e.g. `efa`, `verbs;ofi_rxm`, "

@@ -52,6 +52,17 @@ def transport_unavailable_reason(name: str) -> str | None:
     return reason or None
 
 
+def domains_for_local_rank(spec: str, local_rank: int) -> str:
+    """This local rank's NIC list from UCCL_EP_FABRIC_DOMAINS: one comma-separated list for every
+    rank, or one list per local rank separated by `;` (local rank L takes list L mod n), e.g.
+    `nic0,nic1;nic2,nic3;...` for 2 NICs per GPU on an 8-GPU node."""
+    groups = [g.strip() for g in spec.split(";")] if spec.strip() else []
+    if any(not g for g in groups):
+        raise InvalidArgument("UCCL_EP_FABRIC_DOMAINS", "NIC names, comma-separated, one list per local rank "
+                              "separated by ';' (no empty list)", spec)
+    return groups[local_rank % len(groups)] if groups else ""
+
+
 def fabric_domains(provider: str | None = None) -> list[str]:
     """NICs (libfabric domain names) the `fabric` transport can open with ``provider`` (default:
     UCCL_EP_FABRIC_PROVIDER, else the one it would pick), in the provider's order: the names
@@ -202,7 +213,8 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
                       heartbeat_s=heartbeat_s, idle_sleep_ns=idle_sleep_ns(),
-                      domains=str(env.get("UCCL_EP_FABRIC_DOMAINS") or ""),
+                      domains=domains_for_local_rank(str(env.get("UCCL_EP_FABRIC_DOMAINS") or ""),
+                                                     rank % ranks_per_node),
                       check_remote_bounds=check_remote_bounds,
                       cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)
