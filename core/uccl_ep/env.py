@@ -99,6 +99,7 @@ _VARS: list[Var] = [
         "`rdmap16s27,rdmap32s27` for the 2 EFA devices of a p5en GPU): proxy thread i uses entry "
         "i % n, so threads spread over the GPU's NICs and their bandwidth adds up. One list per "
         "local rank separated by `;` (local rank L takes list L mod n) maps each GPU to its own NICs. "
+        "`auto`: the NICs closest to the rank's GPU on the PCI tree (same PCIe switch first). "
         "Empty: the provider's first domain. `uccl-ep doctor` lists the names.",
         used_by="proxy"),
     Var("UCCL_EP_FABRIC_PROVIDER", "str", "",

@@ -5,6 +5,7 @@
 // same as errors raised in Python.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -174,6 +175,8 @@ void register_proxy(nb::module_& m) {
   m.def("transport_backends", &transport::backend_names, "Names in the transport table (csrc/transport/registry.cc).");
   m.def("transport_unavailable_reason", &transport::unavailable_reason, nb::arg("name"),
         "'' when the transport can be created on this machine, else why not.");
+  m.def("fabric_domain_pci", &transport::fabric_domain_pci, nb::arg("provider") = "",
+        "(NIC name, PCI address or '') of a provider's domains usable by the fabric transport.");
   m.def("fabric_domains", &transport::fabric_domains, nb::arg("provider") = "",
         "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
   m.def("protocol_limits", &protocol_limits, "Limits implied by the TransferCmd and immediate field widths.");

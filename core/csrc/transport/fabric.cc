@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <vector>
@@ -413,7 +414,13 @@ std::string fabric_unavailable_reason() {
 
 std::vector<std::string> fabric_domains(const std::string& provider) {
   std::vector<std::string> names;
-  if (api().getinfo == nullptr) return names;
+  for (const auto& [name, pci] : fabric_domain_pci(provider)) names.push_back(name);
+  return names;
+}
+
+std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string& provider) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (api().getinfo == nullptr) return out;
   std::vector<std::string> providers;
   if (!provider.empty()) providers.push_back(provider);
   else
@@ -424,14 +431,24 @@ std::vector<std::string> fabric_domains(const std::string& provider) {
     const int rc = api().getinfo(api_version(), nullptr, nullptr, 0, hints, &info);
     api().freeinfo(hints);
     if (rc != 0 || info == nullptr) continue;
-    for (fi_info* i = info; i != nullptr; i = i->next)
-      if (i->domain_attr != nullptr && i->domain_attr->name != nullptr &&
-          std::find(names.begin(), names.end(), i->domain_attr->name) == names.end())
-        names.push_back(i->domain_attr->name);
+    for (fi_info* i = info; i != nullptr; i = i->next) {
+      if (i->domain_attr == nullptr || i->domain_attr->name == nullptr) continue;
+      const std::string name = i->domain_attr->name;
+      if (std::find_if(out.begin(), out.end(), [&](const auto& kv) { return kv.first == name; }) != out.end()) continue;
+      std::string pci;  // "dddd:bb:dd.f" when the provider reports the NIC's PCI address
+      if (i->nic != nullptr && i->nic->bus_attr != nullptr && i->nic->bus_attr->bus_type == FI_BUS_PCI) {
+        const fi_pci_attr& a = i->nic->bus_attr->attr.pci;
+        char buf[32];
+        snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", unsigned(a.domain_id), unsigned(a.bus_id), unsigned(a.device_id),
+                 unsigned(a.function_id));
+        pci = buf;
+      }
+      out.emplace_back(name, pci);
+    }
     api().freeinfo(info);
-    if (!names.empty()) break;  // the provider the transport would use
+    if (!out.empty()) break;  // the provider the transport would use
   }
-  return names;
+  return out;
 }
 
 #else  // no libfabric headers at build time
@@ -443,6 +460,7 @@ std::string fabric_unavailable_reason() {
   return "uccl_ep was built without libfabric headers (install libfabric-dev and rebuild)";
 }
 std::vector<std::string> fabric_domains(const std::string&) { return {}; }
+std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string&) { return {}; }
 
 #endif
 

@@ -117,6 +117,8 @@ std::string unavailable_reason(const std::string& name);
 // The domains (NICs) of a libfabric provider usable for the fabric transport ("" = the provider it
 // would pick), in the provider's order; empty when libfabric or the provider is missing.
 std::vector<std::string> fabric_domains(const std::string& provider);
+// The same, each with its NIC's PCI address ("dddd:bb:dd.f", "" when the provider does not say).
+std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string& provider);
 
 }  // namespace transport
 }  // namespace uccl_ep

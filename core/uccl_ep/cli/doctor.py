@@ -60,9 +60,11 @@ def _libfabric() -> dict[str, Any]:
         providers = [line.strip().rstrip(":") for line in listing.splitlines() if line.strip().endswith(":")]
     probe["providers"] = providers
     if probe.get("loadable"):
-        from ..proxy import fabric_domains
-        try:
-            probe["nics"] = fabric_domains()  # what UCCL_EP_FABRIC_DOMAINS can name
+        from .. import env
+        from ..proxy import native
+        try:  # what UCCL_EP_FABRIC_DOMAINS can name, with PCI addresses where the provider gives them
+            pairs = native().fabric_domain_pci(env.get("UCCL_EP_FABRIC_PROVIDER") or "")
+            probe["nics"] = [f"{name} ({pci})" if pci else name for name, pci in pairs]
         except Exception as e:  # noqa: BLE001 - a report, never a failure
             probe["nics"] = [f"? ({e})"]
     return probe

@@ -63,6 +63,15 @@ def domains_for_local_rank(spec: str, local_rank: int) -> str:
     return groups[local_rank % len(groups)] if groups else ""
 
 
+def resolve_domains(spec: str, local_rank: int, provider: str) -> str:
+    """The NIC list this rank's proxy threads spread over: ``auto`` -> the NICs closest to this
+    process's GPU on the PCI tree (uccl_ep.proxy.nics), else :func:`domains_for_local_rank`."""
+    if spec.strip().lower() == "auto":
+        from .nics import auto_domains, gpu_pci_address
+        return auto_domains(list(native().fabric_domain_pci(provider)), gpu_pci_address())
+    return domains_for_local_rank(spec, local_rank)
+
+
 def fabric_domains(provider: str | None = None) -> list[str]:
     """NICs (libfabric domain names) the `fabric` transport can open with ``provider`` (default:
     UCCL_EP_FABRIC_PROVIDER, else the one it would pick), in the provider's order: the names
@@ -213,8 +222,8 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
                       heartbeat_s=heartbeat_s, idle_sleep_ns=idle_sleep_ns(),
-                      domains=domains_for_local_rank(str(env.get("UCCL_EP_FABRIC_DOMAINS") or ""),
-                                                     rank % ranks_per_node),
+                      domains=resolve_domains(str(env.get("UCCL_EP_FABRIC_DOMAINS") or ""), rank % ranks_per_node,
+                                              provider or env.get("UCCL_EP_FABRIC_PROVIDER") or ""),
                       check_remote_bounds=check_remote_bounds,
                       cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)
