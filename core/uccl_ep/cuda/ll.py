@@ -165,19 +165,22 @@ class LowLatencyEngine:
         return self.mem.ptr + (lay.combine_signal_off(s) if combine else lay.dispatch_signal_off(s))
 
     # -- dispatch ------------------------------------------------------------------------------
+    def _dispatch_start(self, x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked):
+        """What every dispatch path does first: the layout, the next buffer set, fresh outputs
+        (recv_x, scales, recv_count, src_info, layout_range), the mask word, contiguous inputs."""
+        lay = self.ensure_layout(num_max, x.shape[1], num_experts)
+        s = self._flip()
+        outs = dispatch_outputs(x.device, num_experts // self.R, self.R, num_max, x.shape[1], use_fp8, use_ue8m0)
+        return lay, s, outs, sum(1 << r for r in masked), x.contiguous(), topk_idx.contiguous()
+
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
         R = self.R
         T, H = x.shape
         K = topk_idx.shape[1]
         E_loc = num_experts // R
-        lay = self.ensure_layout(num_max, H, num_experts)
-        s = self._flip()
-        recv_x, scales, recv_count, src_info, layout_range = dispatch_outputs(x.device, E_loc, R, num_max, H, use_fp8,
-                                                                              use_ue8m0)
-        mask = sum(1 << r for r in masked)
-        x = x.contiguous()
-        topk_idx = topk_idx.contiguous()
+        lay, s, (recv_x, scales, recv_count, src_info, layout_range), mask, x, topk_idx = self._dispatch_start(
+            x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
         params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              peer_recv=self._table(3 * s), peer_signal=self._table(3 * s + 1), seq=self._seq(s),
                              finish=self._finish(False),

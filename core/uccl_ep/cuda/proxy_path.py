@@ -36,7 +36,7 @@ from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
-from .ll import LowLatencyEngine, dispatch_outputs
+from .ll import LowLatencyEngine
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
 
 __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "ProxyLowLatencyEngine", "NUM_COUNTERS",
@@ -276,13 +276,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         T, H = x.shape
         K = topk_idx.shape[1]
         E_loc = num_experts // R
-        lay = self.ensure_layout(num_max, H, num_experts)
-        s = self._flip()
-        recv_x, scales, recv_count, src_info, layout_range = dispatch_outputs(x.device, E_loc, R, num_max, H, use_fp8,
-                                                                              use_ue8m0)
-        mask = sum(1 << r for r in masked)
-        x = x.contiguous()
-        topk_idx = topk_idx.contiguous()
+        lay, s, (recv_x, scales, recv_count, src_info, layout_range), mask, x, topk_idx = self._dispatch_start(
+            x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
         payload = ProxyLayout.payload_bytes(H, use_fp8)
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
                      block_bytes=lay.block_bytes, idx_bytes=lay.idx_bytes, payload_bytes=payload, masked=mask,
