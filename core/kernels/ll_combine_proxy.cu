@@ -3,20 +3,22 @@
 //
 // Send (ll_combine_proxy_send, a few blocks per SM): the received rows of local expert e from
 // source j form the contiguous segment [begin_j, begin_j + count_j) of y[e] (layout_range), in
-// the order of j's slots, i.e. of j's tokens. Warps stage the rows into this rank's send area
-// (same positions; skipped when y is the send area: zero copy), count them per (e, j), and the
-// warp that stages the last row of a segment pushes one Write of the whole segment into j's
-// combine area at [global expert][slot 0..count) plus one fenced Atomic. Every (e, j) pair gets
-// both, even with 0 rows.
-// Recv (ll_combine_proxy_recv, one block per token t): for each expert g in topk_idx[t] (not -1,
-// owner not masked) wait (bounded) for g's signal, find t's slot in g's segment (t's rank among
-// this rank's selections of g, exactly the dispatch slot), and out[t] = sum_k w[t,k] * row_k in
-// fp32, k ascending, one IEEE-rounded multiply and add each, cast to BF16.
+// the order of j's slots, i.e. of j's tokens. In j's packed region (kernel_abi.h) segment (e, j)
+// starts after the segments (e' < e, j): every block scans the counts once. Warps stage the rows
+// there, count them per j, and the warp that stages the last row for j pushes the region's rows
+// as one (or a few) counted Write into j's recv region [this rank] plus the signal pair. Zero
+// copy (y is the send area, laid out by expert): no staging, one Write per segment (E_loc per j,
+// empty ones too, so the count is known) straight from y into the packed position.
+// Recv (ll_combine_proxy_recv, one block per token t): waits (bounded) for every unmasked owner's
+// signal; for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
+// region at (this rank's selections of the owner's experts below g) + (t's rank among this rank's
+// selections of g, exactly the dispatch slot); out[t] = sum_k w[t,k] * row_k in fp32, k ascending,
+// one IEEE-rounded multiply and add each, cast to BF16.
 //
-// NOTES: every block also waits for the signals of the experts g = block (mod grid), so the
-// kernel ends only after every peer's combine send -- which each peer issues after reading this
-// rank's dispatch data. That is what lets the next op on this buffer set overwrite the send
-// area the proxy copied from, with no extra handshake.
+// NOTES: every block waits for every owner's signal, so the kernel ends only after every peer's
+// combine send -- which each peer issues after reading this rank's dispatch data. That is what lets
+// the next op on this buffer set overwrite the send area the proxy copied from, with no extra
+// handshake.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
@@ -26,48 +28,99 @@ using namespace uccl_ep::dev;
 
 namespace {
 
+constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 
-__device__ void publish_segment(const LLProxyCombineParams& p, int e, int j, int begin, int count) {
-  const int64_t row_bytes = p.hidden * 2;
-  const int64_t rows_per_expert = p.num_ranks * p.num_max;
-  const int g = int(p.rank * p.num_local_experts) + e;
-  const uint64_t src_off = uint64_t(p.send_off + (int64_t(e) * rows_per_expert + begin) * row_bytes);
-  const uint64_t dst_off = uint64_t(p.recv_off + int64_t(g) * p.num_max * row_bytes);
-  push_write_and_signal(reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), j * int(p.num_local_experts) + e,
-                        j, src_off, dst_off, uint32_t(count * row_bytes), uint32_t(p.counter_base + e),
-                        uint64_t(p.timeout_ns), reinterpret_cast<ErrorWord*>(p.error),
-                        PushSite{kPhaseLLCombineSend, int(p.rank), j, g});
+UCCL_DEVICE const FifoLayout& fifo_of(const LLProxyCombineParams& p, int j) {
+  return reinterpret_cast<const FifoLayout*>(p.fifos)[fifo_for(j, int(p.num_fifos))];
+}
+
+// The staged rows for source j (`rows` of them) as counted Writes, then the signal pair.
+__device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
+  const FifoLayout& f = fifo_of(p, j);
+  const PushSite site{kPhaseLLCombineSend, int(p.rank), j, -1};
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const int writes = push_chunked_writes(f, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes),
+                                         uint64_t(p.recv_off + p.rank * p.region_bytes),
+                                         uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0,
+                                         uint32_t(p.counter), uint64_t(p.timeout_ns), err, site);
+  if (writes >= 0)
+    push_op_signal(f, j, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256)
     ll_combine_proxy_send(const UCCL_GRID_CONSTANT LLProxyCombineParams p) {
-  extern __shared__ int smem[];  // [E_loc + 1] prefix of rows per local expert, then scan scratch
+  // [E_loc + 1] prefix of rows per local expert, [2 * blockDim.x] scan scratch, [E_loc][R] first
+  // row of segment (e, j) in j's region
+  extern __shared__ int smem[];
+  __shared__ int s_dest_rows[kMaxRanks];
+  __shared__ int s_base[kMaxRanks];
   const int tid = threadIdx.x;
   const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
   const auto* lr = reinterpret_cast<const int64_t*>(p.layout_range);
   int* prefix = smem;
   int* scratch = smem + E_loc + 1;  // [2 * blockDim.x]
+  int* first = scratch + 2 * blockDim.x;
+  auto count_of = [&](int e, int j) { return is_masked(p.masked, j) ? 0 : int(lr[int64_t(e) * R + j] & 0xffffffff); };
   int carry = 0;
   for (int e0 = 0; e0 < E_loc; e0 += blockDim.x) {
     const int e = e0 + tid;
     int cnt = 0;
     if (e < E_loc)
-      for (int j = 0; j < R; ++j)
-        if (!is_masked(p.masked, j)) cnt += int(lr[int64_t(e) * R + j] & 0xffffffff);
+      for (int j = 0; j < R; ++j) cnt += count_of(e, j);
     int sum = 0;
     const int excl = block_exclusive_scan(cnt, scratch, &sum);
     if (e < E_loc) prefix[e] = carry + excl;
     carry += sum;
   }
   if (tid == 0) prefix[E_loc] = carry;
+  // first[e][j]: one scan over (j, e), j major, then each j's run rebased to 0.
+  const int E = E_loc * R;
+  carry = 0;
+  for (int i0 = 0; i0 < E; i0 += blockDim.x) {
+    const int i = i0 + tid;
+    const int j = i / E_loc, e = i % E_loc;
+    int sum = 0;
+    const int excl = block_exclusive_scan(i < E ? count_of(e, j) : 0, scratch, &sum);
+    if (i < E) first[e * R + j] = carry + excl;
+    carry += sum;
+  }
   __syncthreads();
-  const int total = prefix[E_loc];
+  for (int j = tid; j < R; j += blockDim.x) {
+    s_base[j] = first[j];  // e = 0
+    s_dest_rows[j] = (j + 1 < R ? first[j + 1] : carry) - first[j];
+  }
+  __syncthreads();
+  for (int i = tid; i < E; i += blockDim.x) first[i] -= s_base[i % R];
+  __syncthreads();
+
   const int64_t row_bytes = p.hidden * 2;
-  const bool stage_rows = p.y != p.send_area;
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  if (p.zero_copy) {
+    // One Write per segment (empty ones too), straight from y; then the signal pairs.
+    for (int s = blockIdx.x * int(blockDim.x) + tid; s < E; s += int(gridDim.x) * int(blockDim.x)) {
+      const int e = s / R, j = s % R;
+      if (is_masked(p.masked, j)) continue;
+      const int64_t packed = lr[int64_t(e) * R + j];
+      const int64_t begin = packed >> 32, count = packed & 0xffffffff;
+      fifo_push(fifo_of(p, j),
+                protocol::make_counted_write(uint32_t(j), uint64_t(p.send_off + (int64_t(e) * rows_per_expert + begin) * row_bytes),
+                                             uint64_t(p.recv_off + p.rank * p.region_bytes + int64_t(first[s]) * row_bytes),
+                                             uint32_t(count * row_bytes), uint32_t(p.counter)),
+                uint64_t(p.timeout_ns), err, PushSite{kPhaseLLCombineSend, int(p.rank), j, int(p.rank * E_loc + e)});
+    }
+    if (blockIdx.x == 0)
+      for (int j = tid; j < R; j += blockDim.x)
+        if (!is_masked(p.masked, j))
+          push_op_signal(fifo_of(p, j), j, uint32_t(p.counter), E_loc, int(p.signal_total), uint64_t(p.timeout_ns), err,
+                         PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
+    return;
+  }
+
+  const int total = prefix[E_loc];
   auto* finish = reinterpret_cast<unsigned*>(p.finish);
   const int gw = blockIdx.x * num_warps() + warp_id(), nw = gridDim.x * num_warps();
   for (int item = gw; item < total; item += nw) {
@@ -77,45 +130,45 @@ extern "C" __global__ void __launch_bounds__(256)
       if (prefix[mid] <= item) lo = mid; else hi = mid;
     }
     const int e = lo;
-    int r = item - prefix[e], j = 0, begin = 0, count = 0;
+    int r = item - prefix[e], j = 0, begin = 0;
     for (; j < R; ++j) {
       if (is_masked(p.masked, j)) continue;
       const int64_t packed = lr[int64_t(e) * R + j];
-      count = int(packed & 0xffffffff);
+      const int count = int(packed & 0xffffffff);
       if (r < count) {
         begin = int(packed >> 32);
         break;
       }
       r -= count;
     }
-    const int64_t at = (int64_t(e) * rows_per_expert + begin + r) * row_bytes;
-    if (stage_rows)
-      warp_copy16(reinterpret_cast<uint8_t*>(p.send_area) + at, reinterpret_cast<const uint8_t*>(p.y) + at, row_bytes);
+    warp_copy16(reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes +
+                    int64_t(first[e * R + j] + r) * row_bytes,
+                reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes,
+                row_bytes);
     sync_warp();
     if (lane_id() == 0) {
       fence_system();  // this warp's staged row before its count
-      const unsigned prev = atomicAdd(finish + int64_t(e) * R + j, 1u);
-      if (int(prev) + 1 == count) {  // last row of segment (e, j): every warp's rows are ordered before
-        finish[int64_t(e) * R + j] = 0u;
+      const unsigned prev = atomicAdd(finish + j, 1u);
+      if (int(prev) + 1 == s_dest_rows[j]) {  // last row for j: every warp's rows are ordered before
+        finish[j] = 0u;
         fence_system();
-        publish_segment(p, e, j, begin, count);
+        publish_rows(p, j, s_dest_rows[j]);
       }
     }
     sync_warp();
   }
-  // Segments with no rows still get their (empty) Write and signal.
-  for (int s = blockIdx.x + int(gridDim.x) * tid; s < E_loc * R; s += int(gridDim.x) * int(blockDim.x)) {
-    const int e = s / R, j = s % R;
-    if (is_masked(p.masked, j) || (lr[int64_t(e) * R + j] & 0xffffffff) != 0) continue;
-    publish_segment(p, e, j, 0, 0);
-  }
+  // Sources with no rows still get their signal.
+  if (blockIdx.x == 0)
+    for (int j = tid; j < R; j += blockDim.x)
+      if (s_dest_rows[j] == 0 && !is_masked(p.masked, j)) publish_rows(p, j, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     ll_combine_proxy_recv(const UCCL_GRID_CONSTANT LLProxyCombineRecvParams p) {
   __shared__ int s_expert[kMaxTopk];
-  __shared__ int s_slot[kMaxTopk];
+  __shared__ int64_t s_row[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
+  __shared__ int s_owner_ok[kMaxRanks];
   const int t = blockIdx.x, tid = threadIdx.x;
   const int K = int(p.num_topk), E = int(p.num_experts), R = int(p.num_ranks);
   const int E_loc = E / R;
@@ -124,31 +177,36 @@ extern "C" __global__ void __launch_bounds__(256)
   const auto* status = reinterpret_cast<const uint64_t*>(p.status);
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   const uint64_t timeout = uint64_t(p.timeout_ns);
+  if (tid < R) {  // every owner's signal, read or not (see NOTES)
+    int ok = 0;
+    if (!is_masked(p.masked, tid)) {
+      uint64_t waited = 0;
+      ok = wait_counter(counter_of(p.counters, p.num_counters, tid, p.counter), round_target(rounds, tid, p.signal_total),
+                        status, timeout, err, kPhaseLLCombineRecv, int(p.rank), tid, -1, &waited) >= 0;
+      if (p.wait_stats != 0 && t < p.num_tokens)
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
+    }
+    s_owner_ok[tid] = ok;
+  }
+  __syncthreads();
   if (t < p.num_tokens && tid < K) {
     int g = int(topk[int64_t(t) * K + tid]);
     if (g >= E || (g >= 0 && is_masked(p.masked, g / E_loc))) g = -1;
-    int slot = 0;
+    int64_t row = 0;
     if (g >= 0) {
-      for (int64_t i = 0; i < int64_t(t) * K; ++i) slot += topk[i] == g ? 1 : 0;  // dispatch's slot of t in g
       const int owner = g / E_loc;
-      uint64_t waited = 0;
-      const int64_t got = wait_counter(counter_of(p.counters, p.num_counters, owner, p.counter_base + g % E_loc),
-                                       round_target(rounds, owner), status, timeout, err, kPhaseLLCombineRecv,
-                                       int(p.rank), owner, g, &waited);
-      if (p.wait_stats != 0)
-        atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + owner, (unsigned long long)waited);
-      if (got < 0) g = -1;
+      int slot = 0, below = 0;  // the dispatch slot of t in g; this rank's selections of owner's experts < g
+      for (int64_t i = 0; i < int64_t(p.num_tokens) * K; ++i) {
+        const int64_t v = topk[i];
+        slot += (v == g && i < int64_t(t) * K) ? 1 : 0;
+        below += (v >= int64_t(owner) * E_loc && v < g) ? 1 : 0;
+      }
+      row = int64_t(owner) * (p.region_bytes / (p.hidden * 2)) + below + slot;
+      if (!s_owner_ok[owner]) g = -1;
     }
     s_expert[tid] = g;
-    s_slot[tid] = slot;
+    s_row[tid] = row;
     s_weight[tid] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + tid];
-  }
-  // The signals of experts g = block (mod grid), read or not (see NOTES).
-  for (int g = blockIdx.x + int(gridDim.x) * tid; g < E; g += int(gridDim.x) * int(blockDim.x)) {
-    const int owner = g / E_loc;
-    if (is_masked(p.masked, owner)) continue;
-    wait_counter(counter_of(p.counters, p.num_counters, owner, p.counter_base + g % E_loc),
-                 round_target(rounds, owner), status, timeout, err, kPhaseLLCombineRecv, int(p.rank), owner, g, nullptr);
   }
   __syncthreads();
   if (t < p.num_tokens) {
@@ -164,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           const int g = k0 + u < K ? s_expert[k0 + u] : -1;
-          if (g >= 0) r[u] = ld16_cg(recv + ((int64_t(g) * p.num_max + s_slot[k0 + u]) * H + c * 8) * 2);
+          if (g >= 0) r[u] = ld16_cg(recv + (s_row[k0 + u] * H + c * 8) * 2);
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u) {

@@ -3,22 +3,25 @@
 // allow_nvlink_for_low_latency_mode=False). Same outputs as the NVLink kernels, bit for bit.
 //
 // Send (ll_dispatch_proxy_send, one block per token t of this rank):
-//   1. the block histograms topk_idx, so the slot of t in expert e's block is the number of
-//      earlier selections of e (token order, as the reference);
+//   1. the block histograms topk_idx: the slot of t among expert e's selections is the number of
+//      earlier selections of e (token order, as the reference), and e's slots start, in the
+//      region for e's owner, after the slots of the owner's lower experts (packed: kernel_abi.h);
 //   2. its threads cast token t once (FP8 per 128 channels, or BF16) into the slot of every
-//      selected expert's block in this rank's send area, and write t into the block's index list;
-//   3. the block that stages the last token of expert e (a device counter per expert) writes the
-//      block header {count} and pushes one Write (header + indices + count payloads, into the
-//      owner's recv area at [local expert][this rank]) and one fenced Atomic into the FIFO of e.
-//      Experts no token selects still get a header-only Write and their Atomic.
+//      selected expert and write t into the slot's index;
+//   3. the thread that stages the last slot for destination d (a device counter per d) writes
+//      the region header {slots} and the per-expert slot counts, then pushes the region's used
+//      bytes as one (or a few, chunk_bytes each) counted Write into d's recv region [this rank]
+//      and the signal pair. Destinations no token selects get a header-only Write and the pair.
 // Recv (ll_dispatch_proxy_recv, one block per local expert, now or in the recv hook): waits
-// (bounded) until the receiving proxy counted every source's Atomic -- which it releases only
-// after that source's Write landed -- reads the count from the block header and lays the
-// sources out in rank order, exactly as ll_dispatch_recv does.
+// (bounded) until the receiving proxy counted every source's signal -- released only after that
+// source's Writes landed -- reads the expert's count and first slot from the region's counts and
+// lays the sources out in rank order, exactly as ll_dispatch_recv does.
 //
-// NOTES: one Write per (destination, expert) instead of one per token: a proxy hop costs about
-// as much per command as per kilobyte, so the kernel coalesces what DeepEP's IBGDA posts one
-// token at a time. The block layout puts a token's slot at the same offset on both sides.
+// NOTES: one Write per destination and op, not one per token (DeepEP's IBGDA) nor per expert (this
+// kernel's first version: 575 proxy commands per op at 128 tokens / 288 experts, each a copy-engine
+// job of a few microseconds on the ipc transport; 1.3 ms per dispatch). A proxy hop costs about as
+// much per command as per hundred kilobytes, so few large writes win; the price is that the send
+// starts only once every token is staged, which at LL sizes is a few microseconds.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
@@ -31,39 +34,63 @@ namespace {
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 
-// Header, then the Write and Atomic of expert e's block (count n) to its owner.
-__device__ void publish_block(const LLProxyDispatchParams& p, int e, int n) {
+// Byte offsets inside a packed dispatch region (kernel_abi.h): header, counts, indices, payloads.
+constexpr int64_t kCountsAt = 16;
+UCCL_DEVICE int64_t index_at(int64_t counts_bytes) { return kCountsAt + counts_bytes; }
+UCCL_DEVICE int64_t payload_at(int64_t counts_bytes, int64_t idx_bytes) { return kCountsAt + counts_bytes + idx_bytes; }
+
+// Header, per-expert counts, then the Writes and signal of destination d's region (n slots).
+// `total` holds every expert's selections by this rank (shared memory).
+__device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, const int* total) {
   const int E_loc = int(p.num_experts / p.num_ranks);
-  const int owner = e / E_loc, e_loc = e % E_loc;
-  store_block_header(reinterpret_cast<uint8_t*>(p.send_area) + int64_t(e) * p.block_bytes, n);
-  const uint64_t src_off = uint64_t(p.send_off + int64_t(e) * p.block_bytes);
-  const uint64_t dst_off = uint64_t(p.recv_off + (int64_t(e_loc) * p.num_ranks + p.rank) * p.block_bytes);
-  const uint32_t len = uint32_t(16 + p.idx_bytes + int64_t(n) * p.payload_bytes);
-  push_write_and_signal(reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), e, owner, src_off, dst_off,
-                        len, uint32_t(p.counter_base + e_loc), uint64_t(p.timeout_ns),
-                        reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLDispatchSend, int(p.rank), owner, e});
+  uint8_t* region = reinterpret_cast<uint8_t*>(p.send_area) + int64_t(d) * p.region_bytes;
+  store_region_header(region, n);
+  int* counts = reinterpret_cast<int*>(region + kCountsAt);
+  for (int e = 0; e < E_loc; ++e) counts[e] = total[d * E_loc + e];
+  fence_system();  // header and counts (and, ordered before by the caller, the slots) before the push
+  const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo_for(d, int(p.num_fifos))];
+  const PushSite site{kPhaseLLDispatchSend, int(p.rank), d, -1};
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(n) * p.payload_bytes);
+  const int writes = push_chunked_writes(f, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes),
+                                         uint64_t(p.recv_off + p.rank * p.region_bytes), len, uint64_t(p.chunk_bytes),
+                                         1, uint32_t(p.counter), uint64_t(p.timeout_ns), err, site);
+  if (writes >= 0)
+    push_op_signal(f, d, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512)
     ll_dispatch_proxy_send(const UCCL_GRID_CONSTANT LLProxyDispatchParams p) {
-  extern __shared__ int smem[];  // [E] selections before this token, [E] selections in total
+  // [E] selections before this token, [E] selections in total, [E] first slot of e in its owner's region
+  extern __shared__ int smem[];
   __shared__ int s_expert[kMaxTopk];
   __shared__ uint8_t* s_slot[kMaxTopk];
+  __shared__ int s_dest_slots[kMaxRanks];
   const int t = blockIdx.x, tid = threadIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
   const int E_loc = E / R;
   int* before = smem;
   int* total = smem + E;
+  int* first = smem + 2 * E;
   for (int i = tid; i < 2 * E; i += blockDim.x) smem[i] = 0;
   __syncthreads();
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   for (int i = tid; i < T * K; i += blockDim.x) {
     const int64_t e = topk[i];
-    if (e < 0 || e >= E) continue;
+    if (e < 0 || e >= E || is_masked(p.masked, int(e) / E_loc)) continue;
     atomicAdd(total + e, 1);
     if (i / K < t) atomicAdd(before + e, 1);
+  }
+  __syncthreads();
+  for (int d = tid; d < R; d += blockDim.x) {  // slots of the experts of d, in expert order
+    int acc = 0;
+    for (int e = d * E_loc; e < (d + 1) * E_loc; ++e) {
+      first[e] = acc;
+      acc += total[e];
+    }
+    s_dest_slots[d] = acc;
   }
   __syncthreads();
   auto* stage = reinterpret_cast<uint8_t*>(p.send_area);
@@ -75,9 +102,11 @@ extern "C" __global__ void __launch_bounds__(512)
       s_expert[tid] = e;
       s_slot[tid] = nullptr;
       if (e >= 0) {
-        uint8_t* block = stage + int64_t(e) * p.block_bytes;
-        reinterpret_cast<int*>(block + 16)[before[e]] = t;
-        s_slot[tid] = block + 16 + p.idx_bytes + int64_t(before[e]) * p.payload_bytes;
+        const int owner = e / E_loc;
+        const int q = first[e] + before[e];
+        uint8_t* region = stage + int64_t(owner) * p.region_bytes;
+        reinterpret_cast<int*>(region + index_at(p.counts_bytes))[q] = t;
+        s_slot[tid] = region + payload_at(p.counts_bytes, p.idx_bytes) + int64_t(q) * p.payload_bytes;
       }
     }
     __syncthreads();
@@ -117,54 +146,76 @@ extern "C" __global__ void __launch_bounds__(512)
     }
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
-      const int e = s_expert[tid];
+      const int d = s_expert[tid] / E_loc;
       fence_system();  // the block's staging stores (ordered by the barrier) before this count
-      const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
-      if (int(prev) + 1 == total[e]) {  // last stager of e: everyone's stores are ordered before
-        reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
+      const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + d, 1u);
+      if (int(prev) + 1 == s_dest_slots[d]) {  // last stager for d: everyone's stores are ordered before
+        reinterpret_cast<unsigned*>(p.finish)[d] = 0u;
         fence_system();
-        publish_block(p, e, total[e]);
+        publish_region(p, d, s_dest_slots[d], total);
       }
     }
   }
-  // Experts that no token of this rank selects still get their (empty) block and signal.
-  for (int e = blockIdx.x + int(gridDim.x) * tid; e < E; e += int(gridDim.x) * int(blockDim.x)) {
-    if (total[e] != 0 || is_masked(p.masked, e / E_loc)) continue;
-    publish_block(p, e, 0);
-  }
+  // Destinations that no token of this rank selects still get their (empty) region and signal.
+  if (blockIdx.x == 0)
+    for (int d = tid; d < R; d += blockDim.x)
+      if (s_dest_slots[d] == 0 && !is_masked(p.masked, d)) publish_region(p, d, 0, total);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     ll_dispatch_proxy_recv(const UCCL_GRID_CONSTANT LLProxyDispatchRecvParams p) {
   __shared__ int s_count[kMaxRanks];
+  __shared__ int s_first[kMaxRanks];
+  __shared__ int s_ok[kMaxRanks];
   __shared__ int s_begin[kMaxRanks + 1];
   const int e = blockIdx.x;
   const int R = int(p.num_ranks), tid = threadIdx.x;
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
+  const int expert = int(p.rank * p.num_local_experts + e);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
   const auto* rounds = reinterpret_cast<const int64_t*>(p.rounds);
+  const int64_t payload0 = payload_at(p.counts_bytes, p.idx_bytes);
 
   if (tid < R) {
-    int n = 0;
+    int ok = 0;
     if (!is_masked(p.masked, tid)) {
       uint64_t waited = 0;
-      const int expert = int(p.rank * p.num_local_experts + e);
-      const int64_t got = wait_counter(counter_of(p.counters, p.num_counters, tid, p.counter_base + e),
-                                       round_target(rounds, tid), reinterpret_cast<const uint64_t*>(p.status),
-                                       uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank), tid, expert,
-                                       &waited);
+      const int64_t got = wait_counter(counter_of(p.counters, p.num_counters, tid, p.counter),
+                                       round_target(rounds, tid, p.signal_total),
+                                       reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err,
+                                       kPhaseLLDispatchRecv, int(p.rank), tid, expert, &waited);
       if (got >= 0) {
-        n = load_block_count(recv + (int64_t(e) * R + tid) * p.block_bytes, p.num_max);
-        if (n < 0) {
+        if (load_region_slots(recv + int64_t(tid) * p.region_bytes, p.max_slots) < 0)
           raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), tid, expert, 0);
-          n = 0;
-        }
+        else
+          ok = 1;
       }
       if (p.wait_stats != 0)
         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
     }
-    s_count[tid] = n;
+    s_ok[tid] = ok;
+  }
+  __syncthreads();
+  // Count and first slot of expert e in each source's region: a warp per source sums the counts
+  // of the lower experts (written by peers' copy engines: read around L1).
+  for (int j = warp_id(); j < R; j += num_warps()) {
+    int n = 0, before = 0;
+    if (s_ok[j]) {
+      const int* counts = reinterpret_cast<const int*>(recv + int64_t(j) * p.region_bytes + kCountsAt);
+      for (int i = lane_id(); i < e; i += kWarpSize) before += ld_volatile(counts + i);
+      for (int off = kWarpSize / 2; off > 0; off >>= 1) before += shfl_xor(before, off);
+      n = ld_volatile(counts + e);
+      const int slots = load_region_slots(recv + int64_t(j) * p.region_bytes, p.max_slots);
+      if (n < 0 || n > p.num_max || before < 0 || before + n > slots) {
+        if (lane_id() == 0) raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), j, expert, 0);
+        n = 0;
+      }
+    }
+    if (lane_id() == 0) {
+      s_count[j] = n;
+      s_first[j] = before;
+    }
   }
   __syncthreads();
   if (tid == 0) {
@@ -187,12 +238,12 @@ extern "C" __global__ void __launch_bounds__(256)
   for (int row = warp_id(); row < total; row += num_warps()) {
     int j = 0;
     while (row >= s_begin[j + 1]) ++j;
-    const int i = row - s_begin[j];
-    const uint8_t* block = recv + (int64_t(e) * R + j) * p.block_bytes;
-    const uint8_t* payload = block + 16 + p.idx_bytes + int64_t(i) * p.payload_bytes;
+    const int q = s_first[j] + row - s_begin[j];  // slot in j's region
+    const uint8_t* region = recv + int64_t(j) * p.region_bytes;
+    const uint8_t* payload = region + payload0 + int64_t(q) * p.payload_bytes;
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
     if (lane_id() == 0)
-      reinterpret_cast<int*>(p.src_info)[out_row] = ld_volatile(reinterpret_cast<const int*>(block + 16) + i);
+      reinterpret_cast<int*>(p.src_info)[out_row] = ld_volatile(reinterpret_cast<const int*>(region + index_at(p.counts_bytes)) + q);
     if (p.use_fp8) {
       warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, payload, H);
       const auto* scales = reinterpret_cast<const float*>(payload + H);

@@ -17,7 +17,7 @@ import torch
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
 from uccl_ep.cuda import proxy_path, runtime
-from uccl_ep.cuda.proxy_path import NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base, fifo_table_entry
+from uccl_ep.cuda.proxy_path import CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base, fifo_table_entry
 from uccl_ep.proxy import native
 from uccl_ep.topology import Topology
 
@@ -149,27 +149,38 @@ def test_kernel_parameters_and_set_alternation(engine):
         s = 0  # dispatch on set 0, combine on set 1, every iteration
         name, grid, _, params, smem = log[-1]
         d = _unpack("LLProxyDispatchParams", params)
-        assert name == "ll_dispatch_proxy_send" and grid == T and smem == 8 * E
+        assert name == "ll_dispatch_proxy_send" and grid == T and smem == 12 * E
         assert d["fifos"] == eng.fifo_table.ptr and d["num_fifos"] == engine.proxy.num_fifos
         assert d["send_area"] == engine.ex.ll_mem.ptr + lay.send(s) and d["send_off"] == lay.send(s)
-        assert d["recv_off"] == lay.recv(s) and d["counter_base"] == counter_base(s, 0)
+        assert d["recv_off"] == lay.recv(s) and d["counter"] == counter_base(s, 0)
         assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["masked"] == (2 if it else 0)
-        assert lay.block_bytes >= 16 + lay.idx_bytes + T * d["payload_bytes"]
+        # packed regions: one per peer, room for every token's selections of the peer's experts
+        slots = T * min(4, E // R)
+        assert d["max_slots"] == slots and d["counts_bytes"] >= 4 * (E // R) and d["idx_bytes"] >= 4 * slots
+        assert d["region_bytes"] >= 16 + d["counts_bytes"] + d["idx_bytes"] + slots * d["payload_bytes"]
+        assert R * d["region_bytes"] <= lay.set_bytes // 2 and d["region_bytes"] % 16 == 0
+        assert d["chunk_bytes"] == CHUNK_BYTES and d["chunk_bytes"] % 16 == 0 and d["chunk_bytes"] < 1 << 24
+        assert d["signal_total"] == lay.signal_total >= -(-d["region_bytes"] // CHUNK_BYTES) + 2
         finish()
         name, grid, _, params, _ = log[-1]
         r = _unpack("LLProxyDispatchRecvParams", params)
         assert name == "ll_dispatch_proxy_recv" and grid == E // R
         assert r["counters"] == eng.counters_dev and r["num_counters"] == NUM_COUNTERS
-        assert r["counter_base"] == counter_base(s, 0) and r["recv_area"] == engine.ex.ll_mem.ptr + lay.recv(s)
+        assert r["counter"] == counter_base(s, 0) and r["recv_area"] == engine.ex.ll_mem.ptr + lay.recv(s)
+        assert all(r[k] == d[k] for k in ("region_bytes", "counts_bytes", "idx_bytes", "payload_bytes", "max_slots",
+                                          "signal_total"))
         assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
         y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
         _, cfinish = eng.combine(y, topk, w, handle, set(), None, None, False)
         c = _unpack("LLProxyCombineParams", log[-1][3])
-        assert c["counter_base"] == counter_base(1 - s, 1) and c["send_off"] == lay.send(1 - s)
-        assert c["y"] == y.data_ptr() != c["send_area"]
+        assert c["counter"] == counter_base(1 - s, 1) and c["send_off"] == lay.send(1 - s)
+        assert c["y"] == y.data_ptr() != c["send_area"] and c["zero_copy"] == 0
+        assert c["region_bytes"] == T * min(4, E // R) * 2 * H and R * c["region_bytes"] <= lay.set_bytes // 2
+        assert c["signal_total"] == lay.signal_total >= E // R + 2  # zero copy: E_loc writes + fenced
         cfinish()
         cr = _unpack("LLProxyCombineRecvParams", log[-1][3])
-        assert log[-1][1] == T and cr["counter_base"] == counter_base(1 - s, 1) and cr["num_experts"] == E
+        assert log[-1][1] == T and cr["counter"] == counter_base(1 - s, 1) and cr["num_experts"] == E
+        assert cr["region_bytes"] == c["region_bytes"] and cr["signal_total"] == c["signal_total"]
         # the four (set, phase) pairs use disjoint rounds words
         assert len({r["rounds"], cr["rounds"], eng._rounds(1, 0), eng._rounds(0, 1)}) == 4
 
@@ -189,6 +200,10 @@ def test_layout_fits_deepep_size_hint(T, H):
         lay = ProxyLayout.make(T, H, E, R)
         assert 2 * lay.set_bytes <= low_latency_rdma_size_hint(T, H, R, E), (T, H, R, E)
         assert lay.set_bytes % 128 == 0 and lay.block_bytes % 16 == 0 and lay.idx_bytes >= 4 * T
+        for K in (1, 4, 8, 9):  # the packed regions of every top-k fit one area (send or recv)
+            for fp8 in (False, True):
+                assert R * lay.dispatch_region(K, fp8).region_bytes <= lay.set_bytes // 2, (T, H, R, E, K, fp8)
+            assert R * lay.combine_region(K).region_bytes <= lay.set_bytes // 2, (T, H, R, E, K)
 
 
 def test_forced_routes(monkeypatch):

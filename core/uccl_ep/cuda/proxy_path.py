@@ -13,15 +13,18 @@ are registered with the driver and mapped for the device; each FIFO's producer w
 cached tail) live in device memory. Kernels: ll_dispatch_proxy.cu, ll_combine_proxy.cu.
 
 Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy"):
-  send  [E][block] dispatch staging, or the combine staging [E_loc][R*T][H] bf16 (the zero-copy
-        buffer of get_next_low_latency_combine_buffer)
-  recv  [E_loc][R][block] dispatch blocks, or [E][T][H] bf16 combine rows
-Counters per source: (set, phase, local expert) -> (2 * set + phase) * 1024 + local expert; each
-op adds 2 to every counter of its (set, phase) from every unmasked source.
+  send  [R] packed regions (dispatch: header, per-expert counts, token indices, payloads; combine:
+        rows), or in zero-copy combine the [E_loc][R*T][H] bf16 buffer of
+        get_next_low_latency_combine_buffer
+  recv  [R] packed regions, one per peer
+Counters per source: one per (set, phase), (2 * set + phase) * 1024; each op adds signal_total
+(ProxyLayout.signal_total) from every unmasked source: a few counted Writes per (op, peer), then a
+fenced Atomic and a padding Atomic.
 
-Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU, and verified
-bitwise on 2 x H200 (core/tests/gpu/test_cuda_ll_proxy.py); slow there (~1.2 ms dispatch, ~4 ms
-combine at 128 tokens: docs/benchmarks.md). Needs CUDA_MODULE_LOADING=EAGER (warn_lazy_module_loading).
+Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU. The first
+version (one Write per (peer, expert): 575 commands per op) was verified bitwise on 2 x H200 and
+ran ~1.3 ms per dispatch, ~4.9 ms per combine at 128 tokens: each command is a copy-engine job
+on the ipc transport (docs/benchmarks.md). Needs CUDA_MODULE_LOADING=EAGER (warn_lazy_module_loading).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ from ..refs.low_latency import LowLatencyPlan
 from .ll import LowLatencyEngine
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
 
-__all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "ProxyLowLatencyEngine", "NUM_COUNTERS",
-           "counter_base"]
+__all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "PackedRegion",
+           "ProxyLowLatencyEngine", "NUM_COUNTERS", "CHUNK_BYTES", "counter_base"]
 
 _ALIGN = 128
 _SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
@@ -102,6 +105,21 @@ def _align16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
+# The largest Write the 16-byte command carries (24-bit length), a multiple of 16.
+CHUNK_BYTES = (1 << 24) - 16
+
+
+@dataclass(frozen=True)
+class PackedRegion:
+    """Per-peer packed region of one op (kernel_abi.h): its stride and, for dispatch, its parts."""
+    region_bytes: int
+    counts_bytes: int = 0
+    idx_bytes: int = 0
+    payload_bytes: int = 0
+    max_slots: int = 0
+    signal_total: int = 0
+
+
 @dataclass(frozen=True)
 class ProxyLayout:
     num_max: int
@@ -119,12 +137,45 @@ class ProxyLayout:
         idx = _align16(4 * num_max)
         block = _align16(16 + idx + num_max * 2 * hidden)
         rows = num_experts * num_max * 2 * hidden
-        area = _align(max(num_experts * block, rows))
+        e_loc = max(1, num_experts // num_ranks)
+        # the largest packed dispatch regions (every token selects every local expert; BF16)
+        packed = num_ranks * ProxyLayout._region(num_max, hidden, e_loc, e_loc, False).region_bytes
+        area = _align(max(num_experts * block, rows, packed))
         return ProxyLayout(num_max, hidden, num_experts, num_ranks, idx, block, 0, area, 2 * area)
 
     @staticmethod
     def payload_bytes(hidden: int, use_fp8: bool) -> int:
         return _align16(hidden + hidden // 128 * 4) if use_fp8 else 2 * hidden
+
+    @staticmethod
+    def _region(num_max: int, hidden: int, num_topk: int, e_loc: int, use_fp8: bool) -> PackedRegion:
+        slots = num_max * max(1, min(num_topk, e_loc))
+        counts, idx = _align16(4 * e_loc), _align16(4 * slots)
+        payload = ProxyLayout.payload_bytes(hidden, use_fp8)
+        region = _align16(16 + counts + idx + slots * payload)
+        return PackedRegion(region, counts, idx, payload, slots)
+
+    @property
+    def signal_total(self) -> int:
+        """Counter growth per op and peer: above the most Writes one op sends a peer (a region cut
+        in CHUNK_BYTES pieces, or E_loc zero-copy segments) plus its fenced Atomic. A function of
+        the layout only, so ops of any top-k, dtype or copy mode may follow each other on a counter
+        (a new layout resets the counters)."""
+        e_loc = self.num_experts // self.num_ranks
+        return max(e_loc, -(-(self.set_bytes // 2) // CHUNK_BYTES)) + 2
+
+    def dispatch_region(self, num_topk: int, use_fp8: bool) -> PackedRegion:
+        """Stride and parts of the dispatch regions for top-k `num_topk` (same on every rank)."""
+        e_loc = self.num_experts // self.num_ranks
+        r = self._region(self.num_max, self.hidden, num_topk, e_loc, use_fp8)
+        return PackedRegion(r.region_bytes, r.counts_bytes, r.idx_bytes, r.payload_bytes, r.max_slots,
+                            self.signal_total)
+
+    def combine_region(self, num_topk: int) -> PackedRegion:
+        """Stride of the combine regions (rows of 2 * hidden bytes)."""
+        e_loc = self.num_experts // self.num_ranks
+        region = self.num_max * max(1, min(num_topk, e_loc)) * 2 * self.hidden
+        return PackedRegion(region, signal_total=self.signal_total)
 
     def send(self, s: int) -> int:
         return s * self.set_bytes + self.send_off
@@ -247,13 +298,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
                                 f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
-        if lay.block_bytes + num_max * 2 * hidden >= 1 << 24:
+        if num_max * 2 * hidden > CHUNK_BYTES:  # a zero-copy combine segment is one Write
             raise LimitExceeded("num_max_dispatch_tokens_per_rank", "bytes of one proxy write (24-bit length)",
-                                lay.block_bytes, (1 << 24) - 1)
+                                num_max * 2 * hidden, CHUNK_BYTES)
         torch.cuda.synchronize(self.dev)
         if self.work is not None:
             self.work.free()
-        # done[2][2] u32 | rounds[2][2][R] i64 | finish: dispatch [E] u32, combine [E_loc][R] u32
+        # done[2][2] u32 | rounds[2][2][R] i64 | finish: dispatch [E] u32, combine [E] u32 (R of each used)
         self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 8 * num_experts)
         self.layout = lay
         self.clean()
@@ -278,17 +329,18 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         E_loc = num_experts // R
         lay, s, (recv_x, scales, recv_count, src_info, layout_range), mask, x, topk_idx = self._dispatch_start(
             x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
-        payload = ProxyLayout.payload_bytes(H, use_fp8)
+        reg = lay.dispatch_region(K, use_fp8)
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
-                     block_bytes=lay.block_bytes, idx_bytes=lay.idx_bytes, payload_bytes=payload, masked=mask,
-                     timeout_ns=self.ex.timeout_ns, counter_base=counter_base(s, 0))
+                     region_bytes=reg.region_bytes, counts_bytes=reg.counts_bytes, idx_bytes=reg.idx_bytes,
+                     payload_bytes=reg.payload_bytes, max_slots=reg.max_slots, signal_total=reg.signal_total,
+                     masked=mask, timeout_ns=self.ex.timeout_ns, counter=counter_base(s, 0))
         params = pack_params("LLProxyDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
-                             **shape)
+                             chunk_bytes=CHUNK_BYTES, **shape)
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
-                                                 smem=8 * num_experts)
+                                                 smem=12 * num_experts)
         recv_params = pack_params(
             "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
             rounds=self._rounds(s, 0), done=self._done(s, 0), status=self.status_dev, recv_x=recv_x.data_ptr(),
@@ -327,15 +379,18 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         mask = sum(1 << r for r in masked)
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
+        reg = lay.combine_region(K)
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, masked=mask,
-                     timeout_ns=self.ex.timeout_ns, counter_base=counter_base(s, 1))
+                     region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ex.timeout_ns,
+                     counter=counter_base(s, 1))
         params = pack_params("LLProxyCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
                              layout_range=layout_range.data_ptr(), fifos=self.fifo_table.ptr,
                              finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
-                             num_fifos=self.num_fifos, **shape)
+                             chunk_bytes=CHUNK_BYTES, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
+                             **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
-                                                smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK))
+                                                smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         recv_params = pack_params(
             "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
             rounds=self._rounds(s, 1), done=self._done(s, 1), status=self.status_dev, topk_idx=topk_idx.data_ptr(),

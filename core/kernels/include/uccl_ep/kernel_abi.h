@@ -234,22 +234,27 @@ struct HTCombineParams {
 };
 
 // ---- low-latency through the CPU proxy (ll_dispatch_proxy.cu, ll_combine_proxy.cu) ---------------
-// Kernels push Write + fenced Atomic commands into proxy FIFOs instead of storing to peers; the
-// receiving proxy bumps counters[src][counter] in mapped host memory. Per buffer set, inside the
-// region the proxy registered (this rank's LL buffer; same offsets on every rank):
-//   send area  staging: dispatch blocks [E][block_bytes], or combine rows [E_loc][R*T][H] bf16
-//   recv area  dispatch blocks [E_loc][R][block_bytes], or combine rows [E][T][H] bf16
-// A dispatch block = 16-byte header {count, magic, 0, 0}, int32 source token index per slot
-// (idx_bytes), then one payload per slot (payload_bytes apart). Every (destination, expert) gets
-// exactly one Write and one fenced Atomic (value 2) per op, so counter (src, c) grows by 2 per op:
-// receivers wait for 2 * (rounds[src] + 1), rounds counting the ops seen from src on that phase.
+// Kernels push Write + Atomic commands into proxy FIFOs instead of storing to peers; the receiving
+// proxy bumps counters[src][counter] in mapped host memory. Per buffer set, inside the region the
+// proxy registered (this rank's LL buffer; same offsets on every rank), one packed region of
+// region_bytes per peer in each area:
+//   send area  region [d]: what this rank sends to rank d (dispatch), or to source rank d (combine)
+//   recv area  region [s]: what rank s sent to this rank
+// A dispatch region = 16-byte header {slots, magic, 0, 0}, int32 slots per local expert of the
+// destination (counts_bytes), int32 source token index per slot (idx_bytes), then one payload per
+// slot (payload_bytes apart); slots in (expert, source token) order. A combine region = the rows
+// for one token rank, bf16, in (expert, slot) order. Per (op, peer) the sender pushes n counted
+// Writes (the region's used bytes, in chunks of at most chunk_bytes) and a signal pair (fenced
+// Atomic n + 1, plain Atomic signal_total - n - 1; device/proxy_ll.cuh) on one counter, so that
+// counter grows by signal_total per op: receivers wait for signal_total * (rounds[src] + 1),
+// rounds counting the ops seen from src on that set and phase.
 constexpr uint32_t kLLProxyBlockMagic = 0x55454c4cu;  // "LLEU"
 
 struct LLProxyDispatchParams {
   uint64_t x;               // bf16 [T, H]
   uint64_t topk_idx;        // int64 [T, K]
   uint64_t fifos;           // fifo::FifoLayout[num_fifos] (device addresses)
-  uint64_t finish;          // u32 [E] device counters: tokens staged per expert (last writer pushes)
+  uint64_t finish;          // u32 [R] device counters: slots staged per destination (last one pushes)
   uint64_t send_area;       // device address of this set's send area
   uint64_t error;           // ErrorWord*
   int64_t send_off;         // byte offset of this set's send area in the region
@@ -263,11 +268,15 @@ struct LLProxyDispatchParams {
   int64_t rank;
   int64_t use_fp8;
   int64_t round_scale;
-  int64_t block_bytes;
-  int64_t idx_bytes;
+  int64_t region_bytes;     // stride of the per-peer packed regions
+  int64_t counts_bytes;     // int32 per local expert, 16-byte aligned
+  int64_t idx_bytes;        // int32 per slot (max_slots of them), 16-byte aligned
   int64_t payload_bytes;
+  int64_t max_slots;        // slots a region holds: num_max * min(K, local experts)
+  int64_t chunk_bytes;      // largest Write
+  int64_t signal_total;     // counter growth per op
   int64_t num_fifos;
-  int64_t counter_base;     // receiver counter of local expert e = counter_base + e
+  int64_t counter;          // receiver counter of this set's dispatch
   int64_t masked;
   int64_t timeout_ns;
 };
@@ -287,7 +296,7 @@ struct LLProxyDispatchRecvParams {
   uint64_t wait_stats;
   uint64_t error;
   int64_t num_counters;
-  int64_t counter_base;
+  int64_t counter;
   int64_t num_max;
   int64_t hidden;
   int64_t num_local_experts;
@@ -295,9 +304,12 @@ struct LLProxyDispatchRecvParams {
   int64_t rank;
   int64_t use_fp8;
   int64_t use_ue8m0;
-  int64_t block_bytes;
+  int64_t region_bytes;
+  int64_t counts_bytes;
   int64_t idx_bytes;
   int64_t payload_bytes;
+  int64_t max_slots;
+  int64_t signal_total;
   int64_t masked;
   int64_t timeout_ns;
 };
@@ -307,8 +319,8 @@ struct LLProxyCombineParams {
   uint64_t src_info;
   uint64_t layout_range;
   uint64_t fifos;
-  uint64_t finish;          // u32 [E_loc][R] device counters: rows staged per (expert, source)
-  uint64_t send_area;       // device address of this set's send area (staging [E_loc][R*T][H])
+  uint64_t finish;          // u32 [R] device counters: rows staged per source rank
+  uint64_t send_area;       // device address of this set's send area
   uint64_t error;
   int64_t send_off;
   int64_t recv_off;
@@ -317,14 +329,18 @@ struct LLProxyCombineParams {
   int64_t num_local_experts;
   int64_t num_ranks;
   int64_t rank;
+  int64_t region_bytes;     // stride of the per-peer packed row regions
+  int64_t chunk_bytes;
+  int64_t signal_total;
+  int64_t zero_copy;        // y is the send area ([E_loc][R*T][H]): one Write per (expert, source)
   int64_t num_fifos;
-  int64_t counter_base;
+  int64_t counter;
   int64_t masked;
   int64_t timeout_ns;
 };
 
 struct LLProxyCombineRecvParams {
-  uint64_t recv_area;       // [E][T][H] bf16, row of token t for expert g at slot rank-of-t-in-g
+  uint64_t recv_area;       // region [owner]: rows in (local expert, slot) order
   uint64_t counters;
   uint64_t rounds;          // int64 [R]: combine ops seen per source on this set
   uint64_t done;
@@ -335,7 +351,7 @@ struct LLProxyCombineRecvParams {
   uint64_t wait_stats;
   uint64_t error;
   int64_t num_counters;
-  int64_t counter_base;
+  int64_t counter;
   int64_t num_tokens;
   int64_t num_max;
   int64_t hidden;
@@ -343,6 +359,8 @@ struct LLProxyCombineRecvParams {
   int64_t num_experts;
   int64_t num_ranks;
   int64_t rank;
+  int64_t region_bytes;
+  int64_t signal_total;
   int64_t masked;
   int64_t timeout_ns;
 };

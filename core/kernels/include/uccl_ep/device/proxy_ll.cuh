@@ -1,6 +1,7 @@
 // Pieces shared by the low-latency kernels of the proxy path (ll_dispatch_proxy.cu,
-// ll_combine_proxy.cu): one Write + fenced Atomic per (destination, expert), the per-source
-// round counters receivers derive their targets from, and the dispatch block header.
+// ll_combine_proxy.cu): per (op, destination) a few large counted Writes and one signal pair on
+// one receiver counter, the per-source round counters receivers derive their targets from, and
+// the header of a packed dispatch region.
 #pragma once
 
 #include "uccl_ep/device/arch.cuh"
@@ -12,22 +13,41 @@
 
 namespace uccl_ep::dev {
 
-// The fenced Atomic of a (destination, expert): "1 write, then add 2" (protocol.h: n + 1).
-constexpr int32_t kLLProxySignal = protocol::fenced_signal_for_count(1);
-
-// Pushes Write{dst, src_off, dst_off, len, counter} and its fenced Atomic into FIFO
-// fifo_for(key). The caller fenced after everything the write carries was stored (by any thread).
-UCCL_DEVICE bool push_write_and_signal(const FifoLayout* fifos, int num_fifos, int key, int dst, uint64_t src_off,
-                                       uint64_t dst_off, uint32_t len, uint32_t counter, uint64_t timeout_ns,
-                                       ErrorWord* err, const PushSite& site) {
-  const FifoLayout& f = fifos[fifo_for(key, num_fifos)];
-  if (!fifo_push(f, protocol::make_counted_write(uint32_t(dst), src_off, dst_off, len, counter), timeout_ns, err, site))
-    return false;
-  return fifo_push(f, protocol::make_atomic(uint32_t(dst), counter, kLLProxySignal, true), timeout_ns, err, site);
+// Pushes the bytes [src_off, +len) to dst's [dst_off, +len) as counted Writes of at most `chunk`
+// bytes on `counter` (a zero-length one when len is 0 and min_writes is 1). Returns how many it
+// pushed, or -1 (error word filled). The caller fenced after everything the writes carry was stored.
+UCCL_DEVICE int push_chunked_writes(const FifoLayout& f, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
+                                    uint64_t chunk, int min_writes, uint32_t counter, uint64_t timeout_ns,
+                                    ErrorWord* err, const PushSite& site) {
+  int n = 0;
+  for (uint64_t at = 0; at < len || n < min_writes; at += chunk) {
+    const uint64_t part = len - at < chunk ? len - at : chunk;
+    if (!fifo_push(f, protocol::make_counted_write(uint32_t(dst), src_off + at, dst_off + at, uint32_t(part), counter),
+                   timeout_ns, err, site))
+      return -1;
+    ++n;
+    if (at + part >= len) break;
+  }
+  return n;
 }
 
-// Target of a receiver counter of source j on this set and phase: every op adds kLLProxySignal.
-UCCL_DEVICE int64_t round_target(const int64_t* rounds, int j) { return int64_t(kLLProxySignal) * (rounds[j] + 1); }
+// The end of an op towards dst after n counted Writes on `counter`: a fenced Atomic n + 1 (the
+// receiving proxy applies it once the n writes landed) and a plain Atomic signal_total - n - 1, so
+// the counter grows by exactly signal_total per op whatever n was. The counter reaches the op's
+// target only once both arrived, in either order (the padding alone stays below it because
+// n + 1 >= 1), which keeps the scheme correct over transports that reorder immediates.
+UCCL_DEVICE bool push_op_signal(const FifoLayout& f, int dst, uint32_t counter, int n, int signal_total,
+                                uint64_t timeout_ns, ErrorWord* err, const PushSite& site) {
+  const int32_t fenced = protocol::fenced_signal_for_count(uint32_t(n));
+  if (!fifo_push(f, protocol::make_atomic(uint32_t(dst), counter, fenced, true), timeout_ns, err, site)) return false;
+  const int32_t pad = int32_t(signal_total) - fenced;
+  return pad <= 0 || fifo_push(f, protocol::make_atomic(uint32_t(dst), counter, pad, false), timeout_ns, err, site);
+}
+
+// Target of source j's receiver counter on this set and phase: every op adds signal_total.
+UCCL_DEVICE int64_t round_target(const int64_t* rounds, int j, int64_t signal_total) {
+  return signal_total * (rounds[j] + 1);
+}
 
 // Address of receiver counter `c` of source `src`.
 UCCL_DEVICE const int64_t* counter_of(uint64_t counters, int64_t num_counters, int src, int64_t c) {
@@ -52,16 +72,16 @@ UCCL_DEVICE void last_block_bumps_rounds(unsigned* done, int64_t* rounds, int nu
   __threadfence();
 }
 
-// Dispatch block header: {count, magic, 0, 0}.
-UCCL_DEVICE void store_block_header(uint8_t* block, int count) {
-  Vec16 h = {{uint32_t(count), kLLProxyBlockMagic, 0u, 0u}};
-  st16(block, h);
+// Header of a packed dispatch region: {slots, magic, 0, 0}.
+UCCL_DEVICE void store_region_header(uint8_t* region, int slots) {
+  Vec16 h = {{uint32_t(slots), kLLProxyBlockMagic, 0u, 0u}};
+  st16(region, h);
 }
 
-// Count of a received block, or -1 when its header is not a dispatch header of <= num_max slots.
-UCCL_DEVICE int load_block_count(const uint8_t* block, int64_t num_max) {
-  const Vec16 h = ld16_cg(block);
-  if (h.w[1] != kLLProxyBlockMagic || int64_t(h.w[0]) > num_max) return -1;
+// Slots of a received region, or -1 when its header is not a dispatch header of <= max_slots.
+UCCL_DEVICE int load_region_slots(const uint8_t* region, int64_t max_slots) {
+  const Vec16 h = ld16_cg(region);
+  if (h.w[1] != kLLProxyBlockMagic || int64_t(h.w[0]) > max_slots) return -1;
   return int(h.w[0]);
 }
 
