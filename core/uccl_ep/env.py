@@ -90,6 +90,10 @@ _VARS: list[Var] = [
         "Longest sleep of an idle proxy thread, in microseconds (0 = spin and yield, never sleep). "
         "`auto`: 0 on hosts with >= 16 CPUs, 50 on smaller ones (CI).",
         used_by="proxy"),
+    Var("UCCL_EP_PROXY_WRITE_KB", "int", 16383,
+        "Largest Write the low-latency proxy path pushes, in KiB (1..16383; a 16-byte command carries "
+        "24 bits of length). Each (op, peer) region goes out as ceil(bytes / this) Writes.",
+        used_by="cuda"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
         "(in-process, tests). `auto` = ipc for same-host GPU peers, fabric otherwise.",

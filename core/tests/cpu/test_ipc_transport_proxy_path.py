@@ -17,7 +17,7 @@ import torch
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
 from uccl_ep.cuda import proxy_path, runtime
-from uccl_ep.cuda.proxy_path import CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base, fifo_table_entry
+from uccl_ep.cuda.proxy_path import CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, write_chunk_bytes, ProxyLowLatencyEngine, counter_base, fifo_table_entry
 from uccl_ep.proxy import native
 from uccl_ep.topology import Topology
 
@@ -159,7 +159,8 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert d["max_slots"] == slots and d["counts_bytes"] >= 4 * (E // R) and d["idx_bytes"] >= 4 * slots
         assert d["region_bytes"] >= 16 + d["counts_bytes"] + d["idx_bytes"] + slots * d["payload_bytes"]
         assert R * d["region_bytes"] <= lay.set_bytes // 2 and d["region_bytes"] % 16 == 0
-        assert d["chunk_bytes"] == CHUNK_BYTES and d["chunk_bytes"] % 16 == 0 and d["chunk_bytes"] < 1 << 24
+        assert d["chunk_bytes"] == lay.chunk_bytes == write_chunk_bytes() <= CHUNK_BYTES < 1 << 24
+        assert d["chunk_bytes"] % 16 == 0
         assert d["signal_total"] == lay.signal_total >= -(-d["region_bytes"] // CHUNK_BYTES) + 2
         finish()
         name, grid, _, params, _ = log[-1]
@@ -204,6 +205,20 @@ def test_layout_fits_deepep_size_hint(T, H):
             for fp8 in (False, True):
                 assert R * lay.dispatch_region(K, fp8).region_bytes <= lay.set_bytes // 2, (T, H, R, E, K, fp8)
             assert R * lay.combine_region(K).region_bytes <= lay.set_bytes // 2, (T, H, R, E, K)
+
+
+def test_write_size_setting(monkeypatch):
+    """UCCL_EP_PROXY_WRITE_KB sets the largest Write; the counter growth per op follows it, and a
+    size that would need more Writes per op than an Atomic can count is refused up front."""
+    from uccl_ep.errors import InvalidArgument
+    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "64")
+    assert write_chunk_bytes() == 64 * 1024
+    lay = ProxyLayout.make(128, 7168, 288, 2, write_chunk_bytes())
+    assert lay.signal_total == -(-(lay.set_bytes // 2) // (64 * 1024)) + 2 > 144 + 2
+    for bad in ("0", "16384"):
+        monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", bad)
+        with pytest.raises(InvalidArgument, match="UCCL_EP_PROXY_WRITE_KB"):
+            write_chunk_bytes()
 
 
 def test_forced_routes(monkeypatch):

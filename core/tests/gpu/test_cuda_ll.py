@@ -76,11 +76,42 @@ def _ll_pair(group, T_max, H, E, **kw):
     return ours, ref
 
 
+def _device_error(buf) -> str:
+    """The buffer's device/proxy error as text ("none" when there is none)."""
+    try:
+        buf._executor.check_error()
+        return "none"
+    except Exception as e:  # noqa: BLE001 - a diagnostic
+        return f"{type(e).__name__}: {e}"
+
+
+def _proxy_state(buf) -> str:
+    """Proxy path only: transport counters, receiver counters of the four (set, phase) pairs per
+    source, and the kernels' rounds words -- what a lost signal leaves behind."""
+    import ctypes
+    eng = buf._executor._ll
+    if eng is None or not hasattr(eng, "proxy") or eng.proxy is None:
+        return "(not the proxy path)"
+    from uccl_ep.cuda.proxy_path import NUM_COUNTERS, counter_base
+    addr, _ = eng.C.proxy_counters_address(eng.proxy)
+    R = eng.R
+    vals = (ctypes.c_int64 * (R * NUM_COUNTERS)).from_address(addr)
+    parts = [f"transport {dict(eng.proxy.transport_counters())}"]
+    for s in (0, 1):
+        for ph in (0, 1):
+            c = counter_base(s, ph)
+            rounds = eng.drv.memcpy_dtoh(eng.dev, eng._rounds(s, ph), 8 * R)
+            parts.append(f"set {s} phase {ph}: counters {[vals[j * NUM_COUNTERS + c] for j in range(R)]} "
+                         f"rounds {list(memoryview(rounds).cast('q'))}")
+    return "; ".join(parts)
+
+
 def worker_options(rank, world, H, E, T_max, seed):
     """Every option combination vs the reference; returns the number of cases checked."""
     torch.manual_seed(seed + rank)
     group = dist.group.WORLD
     ours, ref = _ll_pair(group, T_max, H, E)
+    quiet = dist.new_group(backend="gloo")  # a barrier that makes no CUDA call (see NOTES below)
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator().manual_seed(seed * 31 + rank)
     K, R = 8, world
@@ -97,6 +128,15 @@ def worker_options(rank, world, H, E, T_max, seed):
         stats_r = torch.zeros(E_loc, dtype=torch.int32, device=dev)
         wait_o = torch.zeros(R, dtype=torch.int64, device=dev)
         kw = dict(use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0)
+        # NOTES: the reference runs first, and nothing else runs on the host while an op of ours is
+        # in flight: on the proxy path between GPUs of one host (ipc transport) the proxy thread
+        # submits the copies through the CUDA driver, and a host thread blocked in the driver
+        # behind our kernels (a pageable copy, a collective waiting for the peer) stalls it until
+        # the device timeout (docs/troubleshooting.md). Real NIC transports make no CUDA calls.
+        # Hence: reference first, then ours, synchronize, and a CPU barrier before the host goes on.
+        rx, rc, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T_max, E, cumulative_local_expert_recv_stats=stats_r,
+                                                   **kw)
+        torch.cuda.synchronize()
         gx, gc, gh, ev, h = ours.low_latency_dispatch(x, topk_idx, T_max, E, cumulative_local_expert_recv_stats=stats_o,
                                                       dispatch_wait_recv_cost_stats=wait_o, async_finish=async_finish,
                                                       return_recv_hook=hook, **kw)
@@ -104,20 +144,24 @@ def worker_options(rank, world, H, E, T_max, seed):
             h()
         if async_finish:
             ev.current_stream_wait()
-        rx, rc, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T_max, E, cumulative_local_expert_recv_stats=stats_r,
-                                                   **kw)
         torch.cuda.synchronize()
+        dist.barrier(group=quiet)
         tag = f"rank {rank} case {i} fp8={use_fp8} rs={round_scale} ue8m0={use_ue8m0} hook={hook} async={async_finish} T={T}"
-        _assert_same_dispatch(tag, (gx, gc, gh), (rx, rc, rh), use_fp8)
+        try:
+            _assert_same_dispatch(tag, (gx, gc, gh), (rx, rc, rh), use_fp8)
+        except AssertionError as e:  # say what the device reported, if anything
+            raise AssertionError(f"{e}; device error: {_device_error(ours)}") from None
         assert torch.equal(stats_o, stats_r), f"{tag}: cumulative stats differ"
         assert int(wait_o.sum()) > 0, f"{tag}: wait stats not accumulated"
         # Combine with the same expert outputs on both.
         y = (torch.randn(E_loc, R * T_max, H, generator=gen)).to(torch.bfloat16).to(dev)
         for zero_copy, use_out in ((False, False), (True, True), (False, True)):
             poison = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device=dev) if use_out else None
+            cwait = torch.zeros(R, dtype=torch.int64, device=dev)
+            want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, rh)
+            torch.cuda.synchronize()
             if zero_copy:
                 ours.get_next_low_latency_combine_buffer(gh).copy_(y)
-            cwait = torch.zeros(R, dtype=torch.int64, device=dev)
             got, cev, ch = ours.low_latency_combine(y, topk_idx, topk_w, gh, zero_copy=zero_copy, out=poison,
                                                     return_recv_hook=hook, async_finish=async_finish,
                                                     combine_wait_recv_cost_stats=cwait)
@@ -125,12 +169,28 @@ def worker_options(rank, world, H, E, T_max, seed):
                 ch()
             if async_finish:
                 cev.current_stream_wait()
-            want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, rh)
             torch.cuda.synchronize()
+            dist.barrier(group=quiet)
             if use_out:
                 assert got.data_ptr() == poison.data_ptr(), f"{tag}: out= not used"
-            assert torch.equal(got.cpu(), want.cpu()), \
-                f"{tag} zero_copy={zero_copy}: combine differs (max {(got.float() - want.float()).abs().max().item()})"
+            same = torch.equal(got.cpu(), want.cpu())
+            any_bad = torch.tensor([0 if same else 1], device=dev)
+            dist.all_reduce(any_bad)  # collective: every rank repeats the op when one rank differs
+            if int(any_bad.item()):
+                bad = (got != want).any(1).nonzero().flatten().tolist()
+                error = _device_error(ours)
+                print(f"{tag} zero_copy={zero_copy}: {len(bad)} tokens differ; device error: {error}; "
+                      f"proxy: {_proxy_state(ours)}", flush=True)
+                again = []  # a race or a rule? run the same combine again and compare
+                for _ in range(3 if error == "none" else 0):
+                    g2, _, ch2 = ours.low_latency_combine(y, topk_idx, topk_w, gh, return_recv_hook=True)
+                    ch2()
+                    torch.cuda.synchronize()
+                    again.append(int((g2 != want).any(1).sum()))
+                raise AssertionError(
+                    f"{tag} zero_copy={zero_copy}: combine differs (max {(got.float() - want.float()).abs().max().item()})"
+                    f" on {len(bad)} of {T} tokens, first {bad[:6]} (topk {topk_idx[bad[:2]].tolist()}); "
+                    f"differing tokens when repeated: {again}; device error: {error}")
             assert int(cwait.sum()) > 0
             cases += 1
     ours._executor.check_error()

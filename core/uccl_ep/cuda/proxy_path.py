@@ -36,7 +36,7 @@ import torch
 
 from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
-from ..errors import Aborted, LimitExceeded
+from ..errors import Aborted, InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
 from .ll import LowLatencyEngine
@@ -49,6 +49,7 @@ _ALIGN = 128
 _SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
 _MAX_RANKS, _MAX_TOPK = 64, 32
 NUM_COUNTERS = 4 * NUM_MAX_LOCAL_EXPERTS
+_MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
 _FIFOS_PER_THREAD = 2
 
 
@@ -109,6 +110,14 @@ def _align16(n: int) -> int:
 CHUNK_BYTES = (1 << 24) - 16
 
 
+def write_chunk_bytes() -> int:
+    """Largest Write of the LL proxy path (UCCL_EP_PROXY_WRITE_KB), a multiple of 16."""
+    kb = int(env.get("UCCL_EP_PROXY_WRITE_KB"))
+    if not 1 <= kb <= 16383:
+        raise InvalidArgument("UCCL_EP_PROXY_WRITE_KB", "an integer in 1..16383", kb)
+    return min(kb * 1024, CHUNK_BYTES) // 16 * 16
+
+
 @dataclass(frozen=True)
 class PackedRegion:
     """Per-peer packed region of one op (kernel_abi.h): its stride and, for dispatch, its parts."""
@@ -131,9 +140,11 @@ class ProxyLayout:
     send_off: int
     recv_off: int
     set_bytes: int
+    chunk_bytes: int = CHUNK_BYTES
 
     @staticmethod
-    def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "ProxyLayout":
+    def make(num_max: int, hidden: int, num_experts: int, num_ranks: int,
+             chunk_bytes: int = CHUNK_BYTES) -> "ProxyLayout":
         idx = _align16(4 * num_max)
         block = _align16(16 + idx + num_max * 2 * hidden)
         rows = num_experts * num_max * 2 * hidden
@@ -141,7 +152,7 @@ class ProxyLayout:
         # the largest packed dispatch regions (every token selects every local expert; BF16)
         packed = num_ranks * ProxyLayout._region(num_max, hidden, e_loc, e_loc, False).region_bytes
         area = _align(max(num_experts * block, rows, packed))
-        return ProxyLayout(num_max, hidden, num_experts, num_ranks, idx, block, 0, area, 2 * area)
+        return ProxyLayout(num_max, hidden, num_experts, num_ranks, idx, block, 0, area, 2 * area, chunk_bytes)
 
     @staticmethod
     def payload_bytes(hidden: int, use_fp8: bool) -> int:
@@ -162,7 +173,7 @@ class ProxyLayout:
         the layout only, so ops of any top-k, dtype or copy mode may follow each other on a counter
         (a new layout resets the counters)."""
         e_loc = self.num_experts // self.num_ranks
-        return max(e_loc, -(-(self.set_bytes // 2) // CHUNK_BYTES)) + 2
+        return max(e_loc, -(-(self.set_bytes // 2) // self.chunk_bytes)) + 2
 
     def dispatch_region(self, num_topk: int, use_fp8: bool) -> PackedRegion:
         """Stride and parts of the dispatch regions for top-k `num_topk` (same on every rank)."""
@@ -294,10 +305,14 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if num_experts // self.R > NUM_MAX_LOCAL_EXPERTS:
             raise LimitExceeded("num_experts", "experts per rank of the proxy path", num_experts // self.R,
                                 NUM_MAX_LOCAL_EXPERTS)
-        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R)
+        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes())
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
                                 f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
+        if lay.signal_total > _MAX_SIGNAL:  # an Atomic carries 15 bits of value
+            raise LimitExceeded("UCCL_EP_PROXY_WRITE_KB", f"Writes per (op, peer) of the proxy path (regions of up to "
+                                f"{lay.set_bytes // 2} bytes in {lay.chunk_bytes}-byte Writes)", lay.signal_total - 2,
+                                _MAX_SIGNAL - 2)
         if num_max * 2 * hidden > CHUNK_BYTES:  # a zero-copy combine segment is one Write
             raise LimitExceeded("num_max_dispatch_tokens_per_rank", "bytes of one proxy write (24-bit length)",
                                 num_max * 2 * hidden, CHUNK_BYTES)
@@ -338,7 +353,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
-                             chunk_bytes=CHUNK_BYTES, **shape)
+                             chunk_bytes=lay.chunk_bytes, **shape)
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
         recv_params = pack_params(
@@ -387,7 +402,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              layout_range=layout_range.data_ptr(), fifos=self.fifo_table.ptr,
                              finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
-                             chunk_bytes=CHUNK_BYTES, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
+                             chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
                              **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
