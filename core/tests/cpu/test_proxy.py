@@ -97,6 +97,58 @@ def test_fenced_atomic_waits_for_its_writes():
     assert r.counters()[5] == -9 and r.counters()[2 * 8 + 5] == 7
 
 
+def test_signal_pair_counts_any_number_of_writes_in_any_order():
+    """The LL proxy path's per-(op, peer) signal (device/proxy_ll.cuh push_op_signal): n counted
+    writes, a fenced Atomic n + 1 and a plain Atomic total - n - 1. Whatever n and the arrival
+    order, the counter reaches the op's target exactly when every message of the op arrived."""
+    rng = random.Random(7)
+    total = 18  # ProxyLayout.signal_total: above the most writes an op sends a peer, plus 1
+    r = C.Receiver(2, 4)
+    for op in range(200):
+        n = rng.choice([0, 1, 1, 2, 5, total - 2])
+        msgs = [C.imm_counted(3)] * n + [C.imm_atomic(3, n + 1, True)]
+        if total - n - 1 > 0:
+            msgs.append(C.imm_atomic(3, total - n - 1, False))
+        rng.shuffle(msgs)
+        target = total * (op + 1)
+        for i, m in enumerate(msgs):
+            assert r.on_imm(1, m) == ""
+            got = r.counters()[1 * 4 + 3]
+            assert (got >= target) == (i == len(msgs) - 1), (op, n, i, got, target)
+        assert r.counters()[1 * 4 + 3] == target
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_packed_region_writes_and_signal_pair_through_proxies(transport):
+    """What the packed LL kernels push per (op, peer) -- a region cut into chunk-sized counted
+    Writes, then the signal pair, all on one FIFO -- through whole proxies (fault: reorders, delays,
+    tears): the counter reaches k * total only once op k's bytes all landed."""
+    ps = make_group(2, transport)
+    total, chunk = 10, 4096
+    try:
+        rng = np.random.default_rng(9)
+        for op in range(6):
+            sizes = [int(rng.integers(0, 8 * chunk)) // 16 * 16 for _ in ps]
+            for r, p in enumerate(ps):
+                p.region()[:sizes[r]] = rng.integers(0, 256, sizes[r], dtype=np.uint8)
+            srcs = [p.region()[:sizes[r]].copy() for r, p in enumerate(ps)]
+            for r, p in enumerate(ps):
+                dst, base = 1 - r, 65536 + r * 65536
+                n = 0
+                for at in range(0, sizes[r], chunk):
+                    p.push(dst, *C.encode_counted_write(dst, at, base + at, min(chunk, sizes[r] - at), 5), 5.0)
+                    n += 1
+                p.push(dst, *C.encode_atomic(dst, 5, n + 1, True), 5.0)
+                p.push(dst, *C.encode_atomic(dst, 5, total - n - 1, False), 5.0)
+            for r, p in enumerate(ps):
+                src = 1 - r
+                assert p.wait_counter(src, 5, total * (op + 1), 10.0, "test") == total * (op + 1)
+                got = p.region()[65536 + src * 65536:65536 + src * 65536 + sizes[src]]
+                assert np.array_equal(got, srcs[src]), (op, r)
+    finally:
+        stop_all(ps)
+
+
 @pytest.mark.parametrize("imm,src,msg", [
     (lambda: C.imm_counted(8), 0, "out of range"),
     (lambda: C.imm_counted(1) | (1 << 20), 0, "malformed"),
