@@ -1,6 +1,8 @@
-// Host executor, low-latency path: host threads push the per-token counted writes and the
-// per-(destination, expert) fenced atomics exactly as the LL kernels do, routed to FIFO
-// (counter % num_fifos) so that a counter's writes and its fence share one FIFO (and thread).
+// Host executor, low-latency path (uccl_ep/host/ll.py): host threads push the per-token counted
+// writes and the per-(destination, expert) fenced atomics of the host executor's LL protocol, whose
+// counter values also carry the counts its masking logic needs (the CUDA proxy kernels pack one
+// Write per (op, peer) instead), routed to FIFO (counter % num_fifos) so that a counter's writes
+// and its fence share one FIFO (and thread).
 #pragma once
 
 #include <stdint.h>
