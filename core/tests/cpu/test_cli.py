@@ -67,11 +67,11 @@ def test_bench_proxy_hop_fields():
     """The proxy columns: writes per op and mean post->delivery time between two ipc snapshots."""
     from uccl_ep.bench.ep import _proxy_fields, _proxy_snapshot
     counters = {"ipc_post_to_deliver_ns": 5_000_000, "ipc_delivered_to_0": 300, "ipc_delivered_to_1": 700,
-                "ipc_copy_bytes": 1}
-    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000)
+                "ipc_copy_bytes": 1, "ipc_submit_ns": 900_000, "ipc_cuda_copies": 600}
+    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000, 900_000, 600)
     assert _proxy_snapshot(lambda: {"loop_writes": 3}) is None     # not an ipc transport
     assert _proxy_snapshot(None) is None
-    f = _proxy_fields((1_000_000, 200), (5_000_000, 1000), 4)
-    assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0}
-    assert _proxy_fields((1, 5), (1, 5), 4) == {}                   # nothing delivered: no columns
+    f = _proxy_fields((1_000_000, 200, 100_000, 200), (5_000_000, 1000, 900_000, 600), 4)
+    assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0, "proxy_submit_us": 2.0}
+    assert _proxy_fields((1, 5, 0, 0), (1, 5, 0, 0), 4) == {}       # nothing delivered: no columns
     assert _proxy_fields(None, (1, 5), 4) == {}

@@ -166,22 +166,30 @@ def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
 
 
 def _proxy_snapshot(counters_fn):
-    """(post->delivery ns summed, writes delivered) of an `ipc` proxy transport, or None."""
+    """(post->delivery ns summed, writes delivered, copy-submit ns summed, copies) of an `ipc` proxy
+    transport, or None."""
     if counters_fn is None:
         return None
     c = dict(counters_fn())
     if "ipc_post_to_deliver_ns" not in c:
         return None
-    return int(c["ipc_post_to_deliver_ns"]), sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_"))
+    copies = sum(int(v) for k, v in c.items() if k.startswith("ipc_") and k.endswith("_copies"))
+    return (int(c["ipc_post_to_deliver_ns"]), sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_")),
+            int(c.get("ipc_submit_ns", 0)), copies)
 
 
 def _proxy_fields(before, after, calls: int) -> dict:
-    """Proxy writes per op and their mean post->delivery time (copy done, record in the receiver's
-    inbox) between two snapshots: where the proxy path's time goes, per hop."""
+    """Proxy writes per op, their mean post->delivery time (copy done, record in the receiver's
+    inbox) and the mean time the proxy thread spent inside one copy submission (the CUDA driver
+    call on the ipc stand-in: large values mean it waited on another thread), between two
+    snapshots: where the proxy path's time goes, per hop."""
     if before is None or after is None or calls <= 0 or after[1] <= before[1]:
         return {}
     n = after[1] - before[1]
-    return {"proxy_writes": n / calls, "proxy_hop_us": (after[0] - before[0]) / n / 1e3}
+    out = {"proxy_writes": n / calls, "proxy_hop_us": (after[0] - before[0]) / n / 1e3}
+    if len(after) > 3 and len(before) > 3 and after[3] > before[3]:
+        out["proxy_submit_us"] = (after[2] - before[2]) / (after[3] - before[3]) / 1e3
+    return out
 
 
 def _timed_with_proxy(fn, spec: BenchSpec, device, group, counters_fn) -> tuple[dict, dict]:

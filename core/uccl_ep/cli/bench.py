@@ -102,8 +102,8 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
         for col in ("nodes", "RDMA GB/s", "transport MB/op"):
             table.add_column(col, justify="right")
     proxied = any("proxy_hop_us" in r for r in rows)
-    if proxied:  # where the proxy path's time goes: its writes per op and their post->delivery time
-        for col in ("proxy writes/op", "post→deliver µs"):
+    if proxied:  # where the proxy path's time goes: writes per op, post->delivery, time in a copy submit
+        for col in ("proxy writes/op", "post→deliver µs", "submit µs"):
             table.add_column(col, justify="right")
     for r in rows:
         cells = [r["mode"], r["op"], r["dtype"], r["backend"], str(r["ranks"]), str(r["tokens"]), str(r["hidden"]),
@@ -115,7 +115,8 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
                       f"{r['transport_bytes'] / 1e6:.2f}" if "transport_bytes" in r else ""]
         if proxied:
             cells += [f"{r['proxy_writes']:.0f}" if "proxy_writes" in r else "",
-                      f"{r['proxy_hop_us']:.1f}" if "proxy_hop_us" in r else ""]
+                      f"{r['proxy_hop_us']:.1f}" if "proxy_hop_us" in r else "",
+                      f"{r['proxy_submit_us']:.1f}" if "proxy_submit_us" in r else ""]
         table.add_row(*cells)
     console = Console()
     if not console.is_terminal:
@@ -129,7 +130,8 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
     for i, row in enumerate(per_rank[0]):
         same = [rows[i] for rows in per_rank]
         out = dict(row)
-        for key in ("time_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes", "proxy_hop_us"):
+        for key in ("time_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes", "proxy_hop_us",
+                    "proxy_submit_us"):
             if key in row and all(key in r for r in same):
                 out[key] = sum(r[key] for r in same) / len(same)
         out["gbps"] = out["bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0
