@@ -17,7 +17,8 @@ import torch
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
 from uccl_ep.cuda import proxy_path, runtime
-from uccl_ep.cuda.proxy_path import CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, write_chunk_bytes, ProxyLowLatencyEngine, counter_base, fifo_table_entry
+from uccl_ep.cuda.proxy_path import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
+                                     fifo_table_entry, write_chunk_bytes)
 from uccl_ep.proxy import native
 from uccl_ep.topology import Topology
 

@@ -31,7 +31,8 @@ Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU
 kernels emulated through real proxies (core/tests/cpu/test_ht_internode_proxy_path.py); on 2 x H200
 with one rank per node it matches the reference for uniform routing in every option combination
 (core/tests/gpu/test_cuda_ht_internode.py) -- open: skewed routing + num_worst_tokens, cached
-dispatch in the full test (not reproduced in isolation: diag_internode_worst.py) -- and runs two orders of magnitude below NCCL (docs/benchmarks.md). Needs
+dispatch in the full test (not reproduced in isolation: diag_internode_worst.py) -- and runs two
+orders of magnitude below NCCL (docs/benchmarks.md). Needs
 CUDA_MODULE_LOADING=EAGER (proxy_path.warn_lazy_module_loading).
 """
 
