@@ -85,6 +85,8 @@ for step in $STEPS; do
       done
       $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_variants.md" ;;
     proxy)
+      # short device waits: a stalled op fails in seconds with a Timeout naming rank, peer and phase
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       timeout -k 5 ${TEST_TIMEOUT_S:-600} $PY -m pytest core/tests/gpu/test_cuda_ll_proxy.py -x -q -p no:cacheprovider 2>&1 | \
         tee "$OUT/gpu_proxy_tests.log" | tail -25
       for t in ${LL_TOKENS:-128 256 512}; do
@@ -92,6 +94,7 @@ for step in $STEPS; do
           --warmup 10 --json "$OUT/ll_proxy_$t.json" 2>&1 | tail -8
       done ;;
     internode)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       timeout -k 5 ${TEST_TIMEOUT_S:-600} $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider 2>&1 | \
         tee "$OUT/gpu_internode_tests.log" | tail -25
       NODES=$($PY -c "import torch; print(torch.cuda.device_count())")
