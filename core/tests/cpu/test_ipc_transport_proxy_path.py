@@ -222,6 +222,20 @@ def test_write_size_setting(monkeypatch):
             write_chunk_bytes()
 
 
+def test_write_size_too_small_for_the_layout_is_refused(engine, monkeypatch):
+    """More Writes per (op, peer) than an Atomic's 15 bits can count: a typed error naming the
+    setting, before any kernel runs."""
+    from uccl_ep.errors import LimitExceeded
+    eng = engine.eng
+    eng.mem = FakeMem(0, 1 << 30)  # room for the big layout below, so only the Write count can fail
+    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "1")
+    with pytest.raises(LimitExceeded, match="UCCL_EP_PROXY_WRITE_KB"):
+        eng.ensure_layout(512, 7168, 8)
+    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "4096")
+    lay = eng.ensure_layout(512, 7168, 8)
+    assert lay.chunk_bytes == 4096 * 1024 and lay.signal_total <= (1 << 15) - 1
+
+
 def test_forced_routes(monkeypatch):
     for name in ("UCCL_EP_FORCE_PROXY", "UCCL_EP_TRANSPORT"):
         monkeypatch.delenv(name, raising=False)
