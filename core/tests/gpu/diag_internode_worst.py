@@ -1,7 +1,7 @@
 """Diagnostic (GPU, 2+ GPUs): the open internode bug -- skewed routing (every token to rank 0's
 experts) with num_worst_tokens = world * T, where the cached dispatch differed from the reference on
 rank 0 while the fresh dispatch matched. For each config and for several ways of sequencing the
-fresh and cached calls, prints how many rows of the cached output differ from the (verified) fresh
+fresh and cached calls, BF16 and FP8 rows, prints how many rows of the cached output differ from the (verified) fresh
 output, which rows, and what they hold instead (zeros, another fresh row, or something else).
 
 Run: CUDA_MODULE_LOADING=EAGER python core/tests/gpu/diag_internode_worst.py [T] [H]
@@ -9,6 +9,7 @@ Run: CUDA_MODULE_LOADING=EAGER python core/tests/gpu/diag_internode_worst.py [T]
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -20,7 +21,7 @@ from multirank import run_ranks  # noqa: E402
 
 
 def _describe(got, want, n):
-    got, want = got[:n].cpu().view(torch.int16), want[:n].cpu().view(torch.int16)
+    got, want = got[:n].cpu().view(torch.uint8), want[:n].cpu().view(torch.uint8)
     bad = (got != want).any(1).nonzero().flatten().tolist()
     if not bad:
         return "equal"
@@ -46,9 +47,13 @@ def worker(rank, world, H, T, E):
     buf = Buffer(dist.group.WORLD, nvl, 0, backend="cuda", ranks_per_node=1)
     gen = torch.Generator().manual_seed(11 + rank)
     lines = []
+    from uccl_ep.refs.fp8 import per_token_cast_to_fp8
     for ci, config in enumerate(configs):
-        for order in ("as-test", "sync-between", "cached-twice", "no-worst"):
+        for order, label in itertools.product(("as-test", "sync-between", "cached-twice", "no-worst"), ("bf16", "fp8")):
             x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
+            if label == "fp8":  # FP8 rows with column-major scales, as the test passes them
+                q, sc = per_token_cast_to_fp8(x)
+                x = (q, sc.t().contiguous().t())
             idx = torch.stack([torch.randperm(E // world, generator=gen)[:8] for _ in range(T)]).to(dev)
             w = torch.rand(T, 8, generator=gen).to(dev)
             lay = buf.get_dispatch_layout(idx, E)
@@ -62,16 +67,17 @@ def worker(rank, world, H, T, E):
             if order == "sync-between":
                 torch.cuda.synchronize()
                 dist.barrier()
-            fresh = go[0].clone()
+            first = (lambda t: t[0]) if label == "fp8" else (lambda t: t)  # noqa: E731
+            fresh = first(go[0]).clone()
             per_src = [torch.zeros(world, dtype=torch.int64, device=dev) for _ in range(world)]
             dist.all_gather(per_src, lay[0].to(torch.int64))
             n = int(sum(int(t[rank].item()) for t in per_src))  # rows this rank receives
-            c1 = buf.dispatch(x, handle=go[4], config=config)[0]
+            c1 = first(buf.dispatch(x, handle=go[4], config=config)[0])
             torch.cuda.synchronize()
-            msg = f"rank {rank} cfg {ci} {order}: rows {go[0].shape[0]} received {n}: cached vs fresh: " + \
+            msg = f"rank {rank} cfg {ci} {order} {label}: rows {go[0].shape[0]} received {n}: cached vs fresh: " + \
                 _describe(c1, fresh, n)
             if order == "cached-twice":
-                c2 = buf.dispatch(x, handle=go[4], config=config)[0]
+                c2 = first(buf.dispatch(x, handle=go[4], config=config)[0])
                 torch.cuda.synchronize()
                 msg += " | second cached: " + _describe(c2, fresh, n)
             lines.append(msg)
