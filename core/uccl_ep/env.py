@@ -33,6 +33,7 @@ class Var:
     doc: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    maximum: float | None = None
     used_by: str = ""
 
     def parse(self, raw: str) -> Any:
@@ -62,6 +63,8 @@ class Var:
             return text
         if self.minimum is not None and value < self.minimum:
             raise InvalidArgument(self.name, f"a value >= {self.minimum}", repr(raw))
+        if self.maximum is not None and value > self.maximum:
+            raise InvalidArgument(self.name, f"a value <= {self.maximum}", repr(raw))
         return value
 
 
@@ -93,7 +96,7 @@ _VARS: list[Var] = [
     Var("UCCL_EP_PROXY_WRITE_KB", "int", 16383,
         "Largest Write the low-latency proxy path pushes, in KiB (1..16383; a 16-byte command carries "
         "24 bits of length). Each (op, peer) region goes out as ceil(bytes / this) Writes.",
-        used_by="cuda"),
+        minimum=1, maximum=16383, used_by="cuda"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
         "(in-process, tests). `auto` = ipc for same-host GPU peers, fabric otherwise.",

@@ -31,6 +31,7 @@ def test_int_float_choice_parsing():
 @pytest.mark.parametrize("name,raw,expect", [
     ("UCCL_EP_NUM_PROXY_THREADS", "four", "an integer"),
     ("UCCL_EP_NUM_PROXY_THREADS", "0", ">= 1"),
+    ("UCCL_EP_PROXY_WRITE_KB", "16384", "<= 16383"),
     ("UCCL_EP_TIMEOUT_S", "soon", "a number"),
     ("UCCL_EP_BACKEND", "nccl", "one of auto, reference, host, cuda"),
     ("UCCL_EP_FORCE_PROXY", "maybe", "a boolean"),

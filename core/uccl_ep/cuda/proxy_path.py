@@ -37,7 +37,7 @@ import torch
 
 from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
-from ..errors import Aborted, InvalidArgument, LimitExceeded
+from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
 from .ll import LowLatencyEngine
@@ -113,10 +113,7 @@ CHUNK_BYTES = (1 << 24) - 16
 
 def write_chunk_bytes() -> int:
     """Largest Write of the LL proxy path (UCCL_EP_PROXY_WRITE_KB), a multiple of 16."""
-    kb = int(env.get("UCCL_EP_PROXY_WRITE_KB"))
-    if not 1 <= kb <= 16383:
-        raise InvalidArgument("UCCL_EP_PROXY_WRITE_KB", "an integer in 1..16383", kb)
-    return min(kb * 1024, CHUNK_BYTES) // 16 * 16
+    return min(int(env.get("UCCL_EP_PROXY_WRITE_KB")) * 1024, CHUNK_BYTES) // 16 * 16  # env checks 1..16383
 
 
 @dataclass(frozen=True)
