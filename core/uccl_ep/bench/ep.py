@@ -187,7 +187,7 @@ def _proxy_fields(before, after, calls: int) -> dict:
         return {}
     n = after[1] - before[1]
     out = {"proxy_writes": n / calls, "proxy_hop_us": (after[0] - before[0]) / n / 1e3}
-    if len(after) > 3 and len(before) > 3 and after[3] > before[3]:
+    if after[3] > before[3]:
         out["proxy_submit_us"] = (after[2] - before[2]) / (after[3] - before[3]) / 1e3
     return out
 

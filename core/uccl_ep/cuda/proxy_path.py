@@ -31,7 +31,7 @@ the driver), not the command count. Needs CUDA_MODULE_LOADING=EAGER (warn_lazy_m
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -176,9 +176,8 @@ class ProxyLayout:
     def dispatch_region(self, num_topk: int, use_fp8: bool) -> PackedRegion:
         """Stride and parts of the dispatch regions for top-k `num_topk` (same on every rank)."""
         e_loc = self.num_experts // self.num_ranks
-        r = self._region(self.num_max, self.hidden, num_topk, e_loc, use_fp8)
-        return PackedRegion(r.region_bytes, r.counts_bytes, r.idx_bytes, r.payload_bytes, r.max_slots,
-                            self.signal_total)
+        return replace(self._region(self.num_max, self.hidden, num_topk, e_loc, use_fp8),
+                       signal_total=self.signal_total)
 
     def combine_region(self, num_topk: int) -> PackedRegion:
         """Stride of the combine regions (rows of 2 * hidden bytes)."""
