@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants scale
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -16,6 +16,11 @@
 #          benchmarked. Bounded: HT_BUDGET_S (default 420 s) for the whole step, each command under
 #          its own timeout. HT_VARIANTS (new variants) / HT_SMS override the lists.
 #          One call, 2 GPUs: bash core/tests/gpu/run_device.sh isolate build variants
+#   scale: issue 12's runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
+#          (default 520 s), each command under its own timeout: HT intranode small bitwise test, then
+#          `bench --mode ht` at 24/12/8 SMs; LL NVLink small test + `bench --mode ll` at 128 tokens;
+#          2 nodes x (GPUs/2) through the proxy: small test + `bench --mode ht --nodes 2`; LL forced
+#          proxy `bench` at 128 tokens; then the deepseek-size tests while time remains.
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
@@ -106,6 +111,34 @@ for step in $STEPS; do
         timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes 2 --num-sms 24 --iters 30 \
           --warmup 5 --json "$OUT/ht_internode_2nodes_24.json" 2>&1 | tail -8
       fi ;;
+    scale)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
+      t0=$SECONDS; budget=${SCALE_BUDGET_S:-520}
+      bounded() {  # bounded CAP CMD...: run under min(CAP, time left); 124 when skipped or cut
+        local cap=$1; shift; local l=$(( budget - (SECONDS - t0) ))
+        if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
+        timeout -k 10 $(( cap < l ? cap : l )) "$@"
+      }
+      G=$($PY -c "import torch; print(torch.cuda.device_count())")
+      B="$PY -m uccl_ep.cli.main bench --backend cuda"
+      PT="$PY -m pytest -x -q -p no:cacheprovider"
+      echo "--- HT intranode EP$G"
+      bounded 150 $PT "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small]" 2>&1 | tee "$OUT/scale_tests.log" | tail -3
+      for sms in 24 12 8; do
+        bounded 90 $B --mode ht --num-sms $sms --iters 20 --warmup 3 --timeout 80 --json "$OUT/scale_ht_$sms.json" 2>&1 | tail -6
+      done
+      echo "--- LL NVLink EP$G"
+      bounded 120 $PT "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[small]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
+      bounded 60 $B --mode ll --num-tokens 128 --iters 50 --warmup 10 --json "$OUT/scale_ll_128.json" 2>&1 | tail -6
+      echo "--- 2 nodes x $((G / 2)) through the proxy"
+      bounded 150 $PT "core/tests/gpu/test_cuda_ht_internode.py::test_ht_internode_matches_reference[small-rpn2]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
+      bounded 90 $B --mode ht --nodes 2 --num-sms 24 --iters 20 --warmup 3 --timeout 80 --json "$OUT/scale_ht_2nodes_24.json" 2>&1 | tail -6
+      echo "--- LL forced proxy EP$G"
+      bounded 90 $B --mode ll --force-proxy --num-tokens 128 --iters 50 --warmup 10 --json "$OUT/scale_ll_proxy_128.json" 2>&1 | tail -6
+      echo "--- deepseek-size tests"
+      bounded 200 $PT "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[deepseek]" \
+        "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[deepseek]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
+      echo "scale step: $(( SECONDS - t0 )) s" ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
         $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
