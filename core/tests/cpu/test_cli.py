@@ -22,6 +22,7 @@ def _check_rows(rows, ranks, modes=("ht", "ll")):
     for r in rows:
         assert r["verified"] == "ok" and r["ranks"] == ranks and r["bytes"] > 0 and r["time_s"] > 0
         assert r["baseline_s"] > 0 and r["gbps"] == pytest.approx(r["bytes"] / 1e9 / r["time_s"])
+        assert r["synced_s"] > 0  # the whole-call time, next to DeepEP's back-to-back convention
 
 
 def test_bench_spawns_cpu_ranks_and_verifies(tmp_path):
@@ -75,3 +76,15 @@ def test_bench_proxy_hop_fields():
     assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0, "proxy_submit_us": 2.0}
     assert _proxy_fields((1, 5, 0, 0), (1, 5, 0, 0), 4) == {}       # nothing delivered: no columns
     assert _proxy_fields(None, (1, 5), 4) == {}
+
+
+def test_time_op_counts_every_call_and_reports_synced():
+    """The proxy columns divide by the calls made, so time_op must count warm-up and synced calls."""
+    import torch
+    from uccl_ep.bench.timing import time_op
+    calls = []
+    t = time_op(lambda: calls.append(1), 4, 2, torch.device("cpu"), synced_iters=3)
+    assert t["calls"] == len(calls) == 6
+    assert {"mean", "median", "min", "max", "synced_mean", "synced_median"} <= set(t)
+    assert t["min"] <= t["median"] <= t["max"]
+    assert "synced_mean" not in time_op(lambda: None, 2, 0, torch.device("cpu"))

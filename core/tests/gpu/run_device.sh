@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants scale
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants scale sweep
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -21,6 +21,9 @@
 #          `bench --mode ht` at 24/12/8 SMs; LL NVLink small test + `bench --mode ll` at 128 tokens;
 #          2 nodes x (GPUs/2) through the proxy: small test + `bench --mode ht --nodes 2`; LL forced
 #          proxy `bench` at 128 tokens; then the deepseek-size tests while time remains.
+#   sweep: `uccl-ep bench` rows for the records: for R in SWEEP_RANKS (default "2 4", capped at the
+#          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
+#          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
@@ -139,6 +142,25 @@ for step in $STEPS; do
       bounded 200 $PT "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[deepseek]" \
         "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[deepseek]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
       echo "scale step: $(( SECONDS - t0 )) s" ;;
+    sweep)
+      t0=$SECONDS; budget=${SWEEP_BUDGET_S:-480}
+      bounded() {  # bounded CAP CMD...: run under min(CAP, time left); 124 when skipped or cut
+        local cap=$1; shift; local l=$(( budget - (SECONDS - t0) ))
+        if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
+        timeout -k 10 $(( cap < l ? cap : l )) "$@"
+      }
+      G=$($PY -c "import torch; print(torch.cuda.device_count())")
+      for R in ${SWEEP_RANKS:-2 4}; do
+        (( R > G )) && continue
+        B="$PY -m uccl_ep.cli.main bench --backend cuda --ranks $R"
+        for sms in ${SWEEP_SMS:-24 16 12 8}; do
+          bounded 90 $B --mode ht --num-sms $sms --iters 30 --warmup 5 --timeout 80 --json "$OUT/sweep_r${R}_ht_$sms.json" 2>&1 | tail -6
+        done
+        for t in ${SWEEP_LL_TOKENS:-128 256 512}; do
+          bounded 60 $B --mode ll --num-tokens $t --iters 50 --warmup 10 --timeout 55 --json "$OUT/sweep_r${R}_ll_$t.json" 2>&1 | tail -6
+        done
+      done
+      echo "sweep step: $(( SECONDS - t0 )) s" ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
         $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;

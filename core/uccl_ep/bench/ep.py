@@ -9,7 +9,10 @@ Byte formulas are DeepEP's (shared/reference/deepep-api.md §2.5):
   bytes = (token, distinct destination node) pairs, this rank's own node included, x hidden x 2
   (same FP8 factor), and the bytes the proxy transport really copied per op where the backend
   reports them (``transport_bytes``: rows plus their scales/top-k/index fields, own node included).
-  Times are whole calls (as for every row), not DeepEP's kernel-only kineto time.
+  Times follow DeepEP's ``bench`` (bench/timing.py): calls back to back between CUDA events, one
+  synchronize at the end, first sample dropped; not its kernel-only kineto time.
+Every row also carries ``synced_s``: the mean of calls synchronized one by one (the whole call as a
+caller that waits for each sees it, host path included).
 The baseline moves the same per-destination bytes with one `all_to_all_single` (NCCL on GPU,
 gloo on CPU) in the same run.
 """
@@ -141,20 +144,20 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     t_bf16 = internode.timed(lambda: buf.dispatch(x, handle=handle, config=dcfg), device, group)
     base_bf16 = _a2a_baseline(group, per_dest, H * 2, device, spec)
     rows.add(mode="ht", op="dispatch", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_bf16["mean"],
-             baseline_s=base_bf16, verified=verified, **internode.fields(1.0, t_bf16["mean"]))
+             synced_s=t_bf16["synced_mean"], baseline_s=base_bf16, verified=verified, **internode.fields(1.0, t_bf16["mean"]))
     progress("ht: timing dispatch fp8")
     t_fp8 = internode.timed(lambda: buf.dispatch(x_fp8, handle=handle, config=dcfg), device, group)
     fp8_row = H + H // 128 * 4
     base_fp8 = _a2a_baseline(group, per_dest, fp8_row, device, spec)
     rows.add(mode="ht", op="dispatch", dtype="fp8", tokens=T, experts=E, bytes=bf16_bytes * (1 + 4 / 128) / 2,
-             time_s=t_fp8["mean"], baseline_s=base_fp8, verified=verified,
+             time_s=t_fp8["mean"], synced_s=t_fp8["synced_mean"], baseline_s=base_fp8, verified=verified,
              **internode.fields((1 + 4 / 128) / 2, t_fp8["mean"]))
     progress("ht: timing combine")
     t_comb = internode.timed(lambda: buf.combine(recv_x, handle, config=ccfg), device, group)
     recv_counts = [int(v) for v in handle.plan.recv_counts] if hasattr(handle.plan, "recv_counts") else per_dest
     base_comb = _a2a_baseline(group, recv_counts, H * 2, device, spec)
     rows.add(mode="ht", op="combine", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_comb["mean"],
-             baseline_s=base_comb, verified=verified, **internode.fields(1.0, t_comb["mean"]))
+             synced_s=t_comb["synced_mean"], baseline_s=base_comb, verified=verified, **internode.fields(1.0, t_comb["mean"]))
 
 
 def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
@@ -192,10 +195,14 @@ def _proxy_fields(before, after, calls: int) -> dict:
     return out
 
 
+def _synced_iters(spec: BenchSpec) -> int:
+    return max(1, min(spec.iters, 10))
+
+
 def _timed_with_proxy(fn, spec: BenchSpec, device, group, counters_fn) -> tuple[dict, dict]:
     before = _proxy_snapshot(counters_fn)
-    t = time_op(fn, spec.iters, spec.warmup, device, group)
-    return t, _proxy_fields(before, _proxy_snapshot(counters_fn), spec.iters + spec.warmup)
+    t = time_op(fn, spec.iters, spec.warmup, device, group, synced_iters=_synced_iters(spec))
+    return t, _proxy_fields(before, _proxy_snapshot(counters_fn), int(t["calls"]))
 
 
 class _InternodeRows:
@@ -224,7 +231,7 @@ class _InternodeRows:
         before = self._copied() if self.on else None
         t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None)
         after = self._copied() if before is not None else None
-        calls = self.spec.iters + self.spec.warmup
+        calls = int(t["calls"])
         self.per_op = (after - before) / calls if after is not None and calls else None
         return t
 
@@ -291,12 +298,14 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
                                          device, group, counters)
     base_disp = _a2a_baseline(group, per_dest, H * 2, device, spec)
     rows.add(mode="ll", op="dispatch", dtype="fp8", tokens=T, experts=E, bytes=num_sel * (H + H // 128 * 4 + 16),
-             time_s=t_disp["mean"], baseline_s=base_disp, verified=verified, **hop_disp)
+             time_s=t_disp["median"], synced_s=t_disp["synced_mean"], baseline_s=base_disp, verified=verified,
+             **hop_disp)
     progress("ll: timing combine")
     t_comb, hop_comb = _timed_with_proxy(lambda: buf.low_latency_combine(y, topk_idx, topk_weights, handle_bf16),
                                          spec, device, group, counters)
     rows.add(mode="ll", op="combine", dtype="bf16", tokens=T, experts=E, bytes=num_sel * H * 2,
-             time_s=t_comb["mean"], baseline_s=base_disp, verified=verified, **hop_comb)
+             time_s=t_comb["median"], synced_s=t_comb["synced_mean"], baseline_s=base_disp, verified=verified,
+             **hop_comb)
     if buf.backend == "cuda":
         _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows, num_sel, base_disp, verified,
                         progress)
@@ -317,9 +326,10 @@ def _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows
         buf.low_latency_combine(y, topk_idx, topk_weights, h)
     torch.cuda.synchronize()
     dist.barrier(group=group)
-    t = time_op(graph.replay, spec.iters, spec.warmup, device, group)
+    t = time_op(graph.replay, spec.iters, spec.warmup, device, group, synced_iters=_synced_iters(spec))
     rows.add(mode="ll", op="dispatch+combine graph", dtype="fp8+bf16", tokens=T, experts=E,
-             bytes=num_sel * (H + H // 128 * 4 + 16 + 2 * H), time_s=t["median"], baseline_s=2 * base_s,
+             bytes=num_sel * (H + H // 128 * 4 + 16 + 2 * H), time_s=t["median"], synced_s=t["synced_mean"],
+             baseline_s=2 * base_s,
              verified=verified)
 
 

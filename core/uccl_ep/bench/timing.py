@@ -12,12 +12,27 @@ import torch.distributed as dist
 __all__ = ["time_op"]
 
 
-def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
-            group: dist.ProcessGroup | None = None) -> dict[str, float]:
-    """Run ``fn`` ``warmup`` times, then time ``iters`` calls one by one.
+def _stats(samples: list[float], prefix: str = "") -> dict[str, float]:
+    return {prefix + "mean": statistics.fmean(samples), prefix + "median": statistics.median(samples),
+            prefix + "min": min(samples), prefix + "max": max(samples)}
 
-    Returns seconds per call: mean, median, min, max. Each call is synchronized before its clock
-    stops, so the time includes launch and every notify step (DeepEP's `bench` convention).
+
+def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
+            group: dist.ProcessGroup | None = None, synced_iters: int = 0) -> dict[str, float]:
+    """Run ``fn`` ``warmup`` times, then time ``iters`` calls; seconds per call.
+
+    GPU, ``mean``/``median``/``min``/``max``: DeepEP's ``bench`` convention, so rows compare with
+    its published figures: the calls run back to back, each bracketed by CUDA events on the current
+    stream, with one synchronize at the end, and the first sample is dropped. A sample is the
+    call's device time; where the host cannot stay ahead of the device (a call whose host path is
+    longer than its kernels, or one that waits for the device itself, such as a non-cached
+    dispatch reading counts), the host's time shows in it too.
+
+    ``synced_*`` (when ``synced_iters`` > 0): that many more calls, each synchronized before the
+    next starts, so each sample is the whole call as one caller sees it, host path included.
+
+    CPU: every call is timed with a monotonic clock (calls are synchronous there); ``synced_*``
+    repeats those figures. ``calls`` counts every call made, warm-up included.
     """
     for _ in range(warmup):
         fn()
@@ -25,18 +40,37 @@ def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.dev
         torch.cuda.synchronize()
     if group is not None:
         dist.barrier(group=group)
-    samples = []
-    for _ in range(iters):
-        if device.type == "cuda":
+    if device.type != "cuda":
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        out = _stats(samples)
+        if synced_iters > 0:
+            out.update(_stats(samples, "synced_"))
+        out["calls"] = warmup + iters
+        return out
+    n = max(iters, 2)  # the first sample is dropped
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    out = _stats([s.elapsed_time(e) / 1e3 for s, e in zip(starts[1:], ends[1:])])
+    if synced_iters > 0:
+        if group is not None:
+            dist.barrier(group=group)
+        synced = []
+        for _ in range(synced_iters):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return {"mean": statistics.fmean(samples), "median": statistics.median(samples),
-            "min": min(samples), "max": max(samples)}
+            synced.append(start.elapsed_time(end) / 1e3)
+        out.update(_stats(synced, "synced_"))
+    out["calls"] = warmup + n + synced_iters
+    return out

@@ -94,8 +94,8 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
     table = Table(title=title)
     for col, justify in (("mode", "left"), ("op", "left"), ("dtype", "left"), ("backend", "left"), ("ranks", "right"),
                          ("tokens", "right"), ("hidden", "right"), ("topk", "right"), ("experts", "right"),
-                         ("time µs", "right"), ("GB/s", "right"), ("baseline", "left"), ("base µs", "right"),
-                         ("base GB/s", "right"), ("vs base", "right"), ("verified", "left")):
+                         ("time µs", "right"), ("GB/s", "right"), ("synced µs", "right"), ("baseline", "left"),
+                         ("base µs", "right"), ("base GB/s", "right"), ("vs base", "right"), ("verified", "left")):
         table.add_column(col, justify=justify)
     internode = any("rdma_gbps" in r for r in rows)
     if internode:  # DeepEP's RDMA formula and the bytes the proxy transport really copied
@@ -108,6 +108,7 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
     for r in rows:
         cells = [r["mode"], r["op"], r["dtype"], r["backend"], str(r["ranks"]), str(r["tokens"]), str(r["hidden"]),
                  str(r["topk"]), str(r["experts"]), f"{r['time_s'] * 1e6:.1f}", f"{r['gbps']:.2f}",
+                 f"{r['synced_s'] * 1e6:.1f}" if "synced_s" in r else "",
                  r.get("baseline", ""), f"{r.get('baseline_s', 0) * 1e6:.1f}", f"{r.get('baseline_gbps', 0):.2f}",
                  f"{r.get('ratio', 0):.2f}x", r["verified"]]
         if internode:
@@ -130,7 +131,7 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
     for i, row in enumerate(per_rank[0]):
         same = [rows[i] for rows in per_rank]
         out = dict(row)
-        for key in ("time_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes", "proxy_hop_us",
+        for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes", "proxy_hop_us",
                     "proxy_submit_us"):
             if key in row and all(key in r for r in same):
                 out[key] = sum(r[key] for r in same) / len(same)
