@@ -104,8 +104,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
         }
         uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
         const int tok = tb + b;
-        // NOTES: 16 loads per lane in flight measured slower (119 registers, and a 7 KiB FP8 row then
-        // runs entirely in the one-load remainder loop); 8 is the measured configuration.
+        // NOTES: 16 loads per lane in flight measured slower (119 registers, when the row's tail was still
+        // copied one load at a time); 8 is the measured configuration (block.cuh: warp_copy16).
         warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + int64_t(tok) * p.hidden_bytes, p.hidden_bytes);
         for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
           reinterpret_cast<uint32_t*>(slot + L.scales)[s] =

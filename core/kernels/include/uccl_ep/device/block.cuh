@@ -49,21 +49,26 @@ UCCL_DEVICE void last_block_bumps_seq(unsigned* done, unsigned* seq) {
 
 // Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) with 8 loads per lane in
 // flight (4 KiB per warp): enough bytes outstanding to cover NVLink / HBM latency.
+//
+// NOTES: the tail is one more predicated round, not a loop of single loads: a row that is not a
+// multiple of 4 KiB (a 7 KiB FP8 row is 1.75 rounds, a 14 KiB BF16 row 3.5) otherwise ends in a
+// chain of dependent load -> store steps (6 for FP8, 4 for BF16), so FP8 dispatch ran no faster
+// than BF16 at half the bytes (2 x H200, 2026-11-22). Rounds are now ceil(bytes / 4 KiB).
 template <bool kCg, int kUnroll = 8>
 UCCL_DEVICE void warp_copy16_impl(void* dst, const void* src, int64_t bytes) {
   const int lane = lane_id();
   const int64_t n = bytes / 16;
   auto* d = reinterpret_cast<Vec16*>(dst);
   auto* s = reinterpret_cast<const Vec16*>(src);
-  int64_t i = lane;
-  for (; i + (kUnroll - 1) * kWarpSize < n; i += kUnroll * kWarpSize) {
+  for (int64_t i0 = lane; i0 < n; i0 += kUnroll * kWarpSize) {
     Vec16 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = kCg ? ld16_cg(s + i + u * kWarpSize) : s[i + u * kWarpSize];
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kWarpSize < n) v[u] = kCg ? ld16_cg(s + i0 + u * kWarpSize) : s[i0 + u * kWarpSize];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) d[i + u * kWarpSize] = v[u];
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kWarpSize < n) d[i0 + u * kWarpSize] = v[u];
   }
-  for (; i < n; i += kWarpSize) d[i] = kCg ? ld16_cg(s + i) : s[i];
 }
 
 UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) { warp_copy16_impl<false>(dst, src, bytes); }
