@@ -1,12 +1,19 @@
-"""Per-kernel device times of the cuda backend (torch profiler), for tuning; not a test.
+"""Per-kernel device times of the cuda backend (torch profiler), and the host time of one call, for
+tuning; not a test.
 
-python core/tests/gpu/profile_kernels.py [ll|ht]   (2 GPUs; prints rank 0's table)
+python core/tests/gpu/profile_kernels.py [ll|ht]   (every GPU; prints each rank's table)
+
+`host/call` is the wall time of issuing one call without waiting for the device (mean over a
+back-to-back loop): when it exceeds the call's kernel times, back-to-back calls are host-bound.
+LL is profiled as dispatch + combine (what the graph replays) and as dispatch alone (what the
+bench's eager dispatch row repeats).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -15,19 +22,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from multirank import run_ranks  # noqa: E402
 
 
-def _profile(fn, iters=20):
+def _profile(fn, iters=20, tag=""):
     for _ in range(5):
         fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    host_us = (time.perf_counter() - t0) / iters * 1e6
     torch.cuda.synchronize()
     dist.barrier()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    rows = {}
+    rows = {f"{tag}host/call": (iters, host_us)}
     for evt in prof.key_averages():
         if evt.device_type == torch.autograd.DeviceType.CUDA and (evt.key.startswith("ll_") or evt.key.startswith("ht_")):
-            rows[evt.key] = (evt.count, evt.device_time_total / max(evt.count, 1))
+            rows[tag + evt.key] = (evt.count, evt.device_time_total / max(evt.count, 1))
     return rows
 
 
@@ -50,7 +63,8 @@ def worker(rank, world, what):
         def step():
             _, _, hh, _, _ = buf.low_latency_dispatch(x, idx, T, E)
             buf.low_latency_combine(y, idx, w, hh)
-        out = _profile(step)
+        out = _profile(step, tag="d+c ")
+        out.update(_profile(lambda: buf.low_latency_dispatch(x, idx, T, E), tag="dispatch-only "))
     else:
         T, H, E = 4096, 7168, 256
         Buffer.set_num_sms(24)
@@ -74,4 +88,4 @@ if __name__ == "__main__":
     res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, backend="nccl", timeout_s=300)
     for r, rows in enumerate(res):
         for k, (n, us) in sorted(rows.items()):
-            print(f"rank {r} {k:24s} x{n:3d} {us:9.1f} us")
+            print(f"rank {r} {k:40s} x{n:3d} {us:9.1f} us")
