@@ -179,6 +179,16 @@ void register_proxy(nb::module_& m) {
         "(NIC name, PCI address or '') of a provider's domains usable by the fabric transport.");
   m.def("fabric_domains", &transport::fabric_domains, nb::arg("provider") = "",
         "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
+  m.def(
+      "fabric_probe",
+      [](const std::string& provider, const std::string& domain, int hmem_cuda_device) {
+        std::string why;
+        std::string name = transport::fabric_probe(provider, domain, hmem_cuda_device, &why);
+        return std::make_pair(name, why);
+      },
+      nb::arg("provider") = "", nb::arg("domain") = "", nb::arg("hmem_cuda_device") = -1,
+      "(endpoint name, '') if the fabric transport opens here for a host region (or, with hmem_cuda_device >= 0, "
+      "one in that GPU's memory: FI_HMEM), else ('', why). Registers and connects nothing.");
   m.def("protocol_limits", &protocol_limits, "Limits implied by the TransferCmd and immediate field widths.");
   m.def("encode_counted_write", [](uint32_t dst, uint64_t soff, uint64_t doff, uint32_t len, uint32_t counter) {
     check_offsets(soff, doff);

@@ -9,6 +9,7 @@
 #include "bootstrap/endpoint_info.h"
 #include "fifo/backoff.h"
 #include "proxy/proxy_thread.h"
+#include "runtime/cuda_driver.h"
 #include "transport/shm.h"
 #include "uccl_ep/immediate.h"
 #include "uccl_ep/protocol.h"
@@ -131,6 +132,12 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
     excluded_[size_t(r)].store(0, std::memory_order_relaxed);
     dead_[size_t(r)].store(0, std::memory_order_relaxed);
   }
+  // NOTES: a NIC transport must know before it opens its endpoint whether the region is GPU memory
+  // (fabric then asks the provider for FI_HMEM and registers the region as CUDA memory).
+  int region_cuda_device = -1;
+  if (c.external_region != 0 && runtime::cu::available(nullptr) &&
+      runtime::cu::pointer_memory_type(c.external_region) == runtime::cu::kMemoryTypeDevice)
+    region_cuda_device = runtime::cu::pointer_device(c.external_region);
   for (int t = 0; t < c.num_threads; ++t) {
     transport::Options o;
     o.rank = c.rank;
@@ -138,6 +145,7 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
     o.thread_index = t;
     o.provider = c.provider;
     o.domain = domain_for_thread(c.domains, t);
+    o.hmem_cuda_device = region_cuda_device;
     o.job_key = c.token_digest;
     o.region_name = region_shm_ ? region_shm_->name() : "";
     o.max_outstanding = std::min<uint32_t>(8192, c.max_inflight * uint32_t(c.num_ranks) + 64);

@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include <vector>
 
@@ -96,13 +97,15 @@ uint64_t fnv1a(const std::string& s, uint64_t salt) {
 }
 
 
-// Hints for an RDM endpoint with RMA writes carrying remote CQ data, for one provider.
-fi_info* rma_hints(const std::string& provider) {
+// Hints for an RDM endpoint with RMA writes carrying remote CQ data, for one provider; with `hmem`
+// the provider must also register GPU memory (FI_HMEM; GPUDirect RDMA on efa / verbs).
+fi_info* rma_hints(const std::string& provider, bool hmem = false) {
   fi_info* hints = api().dupinfo(nullptr);
-  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SOURCE;
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SOURCE | (hmem ? FI_HMEM : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT |
+                                (hmem ? FI_MR_HMEM : 0);
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->fabric_attr->prov_name = strdup(provider.c_str());
   return hints;
@@ -129,6 +132,12 @@ class FabricTransport final : public Transport {
     if (ep_ == nullptr) {
       std::string why;
       for (const auto& t : tried) why += "\n  " + t;
+      if (hmem())
+        throw TransportError("no libfabric provider can register the region in GPU " +
+                             std::to_string(opt_.hmem_cuda_device) +
+                             "'s memory (FI_HMEM) for RDM + RMA write with remote CQ data:" + why +
+                             "\n  the GPU proxy path over a network needs GPUDirect RDMA: efa with FI_HMEM "
+                             "(nvidia-peermem or dma-buf), or verbs;ofi_rxm with nvidia-peermem; tcp;ofi_rxm cannot");
       throw TransportError("no usable libfabric provider for RDM + RMA write with remote CQ data:" + why);
     }
   }
@@ -164,8 +173,26 @@ class FabricTransport final : public Transport {
     // A requested key derived from the job token: a process of another job cannot guess it.
     uint64_t key = fnv1a(opt_.job_key, uint64_t(opt_.thread_index) + 1);
     if (info_->domain_attr->mr_key_size < 8) key &= (uint64_t(1) << (8 * info_->domain_attr->mr_key_size)) - 1;
-    int rc = fi_mr_reg(domain_, base, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, key, 0, &mr_, nullptr);
-    if (rc) throw TransportError(fi_err("fi_mr_reg of the region", rc));
+    int rc = 0;
+    if (hmem()) {
+      // NOTES: GPU memory is registered through fi_mr_regattr naming its interface and device, so
+      // the provider pins it for the NIC (GPUDirect RDMA) instead of treating it as host pages.
+      iovec iov{base, size_t(bytes)};
+      fi_mr_attr attr{};
+      attr.mr_iov = &iov;
+      attr.iov_count = 1;
+      attr.access = FI_WRITE | FI_REMOTE_WRITE;
+      attr.requested_key = key;
+      attr.iface = FI_HMEM_CUDA;
+      attr.device.cuda = opt_.hmem_cuda_device;
+      rc = fi_mr_regattr(domain_, &attr, 0, &mr_);
+      if (rc)
+        throw TransportError(fi_err(("fi_mr_regattr of the region in GPU " + std::to_string(opt_.hmem_cuda_device) +
+                                     "'s memory (FI_HMEM_CUDA)").c_str(), rc));
+    } else {
+      rc = fi_mr_reg(domain_, base, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, key, 0, &mr_, nullptr);
+      if (rc) throw TransportError(fi_err("fi_mr_reg of the region", rc));
+    }
     if (mr_mode & FI_MR_ENDPOINT) {
       if ((rc = fi_mr_bind(mr_, &ep_->fid, 0)) || (rc = fi_mr_enable(mr_))) throw TransportError(fi_err("fi_mr_bind", rc));
     }
@@ -297,9 +324,11 @@ class FabricTransport final : public Transport {
     return 1;
   }
 
+  bool hmem() const { return opt_.hmem_cuda_device >= 0; }
+
   // Tries one provider; on failure records why in *tried and returns false.
   bool open(const std::string& provider, std::vector<std::string>* tried) {
-    fi_info* hints = rma_hints(provider);
+    fi_info* hints = rma_hints(provider, hmem());
     // NOTES: with several NICs per GPU (p5en: 2 EFA devices per H200) the proxy threads are spread
     // over them (Options::domain, chosen per thread by the proxy): each thread's endpoint, CQ and
     // MR live on its own NIC, so the threads' traffic adds up instead of sharing one device.
@@ -309,7 +338,7 @@ class FabricTransport final : public Transport {
     api().freeinfo(hints);
     if (rc != 0 || info == nullptr) {
       tried->push_back(provider + (opt_.domain.empty() ? "" : " on domain '" + opt_.domain + "'") + ": " +
-                       fi_err("fi_getinfo", rc) +
+                       fi_err("fi_getinfo", rc) + (hmem() ? " (asked for FI_HMEM: GPU memory)" : "") +
                        (opt_.domain.empty() ? "" : " (UCCL_EP_FABRIC_DOMAINS: list the NICs with `fi_info -p <provider>`)"));
       return false;
     }
@@ -412,6 +441,21 @@ std::string fabric_unavailable_reason() {
   return "";
 }
 
+std::string fabric_probe(const std::string& provider, const std::string& domain, int hmem_cuda_device,
+                         std::string* why) {
+  Options o;
+  o.provider = provider;
+  o.domain = domain;
+  o.hmem_cuda_device = hmem_cuda_device;
+  o.job_key = "probe";
+  try {
+    return FabricTransport(o).name();
+  } catch (const TransportError& e) {
+    if (why) *why = e.what();
+    return "";
+  }
+}
+
 std::vector<std::string> fabric_domains(const std::string& provider) {
   std::vector<std::string> names;
   for (const auto& [name, pci] : fabric_domain_pci(provider)) names.push_back(name);
@@ -461,6 +505,10 @@ std::string fabric_unavailable_reason() {
 }
 std::vector<std::string> fabric_domains(const std::string&) { return {}; }
 std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string&) { return {}; }
+std::string fabric_probe(const std::string&, const std::string&, int, std::string* why) {
+  if (why) *why = fabric_unavailable_reason();
+  return "";
+}
 
 #endif
 

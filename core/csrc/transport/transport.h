@@ -58,6 +58,8 @@ struct Options {
   int thread_index = 0;         // proxy thread this endpoint belongs to
   std::string provider;         // fabric: libfabric provider name ("" = first that works)
   std::string domain;           // fabric: libfabric domain (NIC) this endpoint opens ("" = the provider's first)
+  int hmem_cuda_device = -1;    // fabric: the region is device memory of this CUDA ordinal (registered with
+                                // FI_HMEM, GPUDirect RDMA); -1 = host memory
   std::string job_key;          // hex digest of the job token: names shared objects, MR keys
   std::string region_name;      // shared-memory object holding the region ("" = not shared)
   uint32_t max_outstanding = 1024;
@@ -119,6 +121,11 @@ std::string unavailable_reason(const std::string& name);
 std::vector<std::string> fabric_domains(const std::string& provider);
 // The same, each with its NIC's PCI address ("dddd:bb:dd.f", "" when the provider does not say).
 std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string& provider);
+// The fabric transport endpoint this machine would open with `provider` ("" = the default order) on
+// `domain` ("" = the provider's first), for a region in host memory or (hmem_cuda_device >= 0) in
+// that GPU's memory: "fabric:<provider>" when it opens, else "" and *why says what every provider
+// answered. Nothing is registered or connected.
+std::string fabric_probe(const std::string& provider, const std::string& domain, int hmem_cuda_device, std::string* why);
 
 }  // namespace transport
 }  // namespace uccl_ep

@@ -136,7 +136,7 @@ def _fake_ex(rank, R, rpn, nvl_bytes, drv=None, group=None):
     err = HostMem(0, 64)
     return SimpleNamespace(ctx=ctx, device=0, drv=drv or FakeDrv(), nvl_mem=HostMem(0, nvl_bytes),
                            error_dev_ptr=err.ptr, _err=err, timeout_ns=int(60e9), owner=object(),
-                           check_error=lambda: None)
+                           check_error=lambda: None, multi_host=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,6 +276,36 @@ def test_proxy_on_the_nvl_buffer_over_ipc(engine):
     assert ent["head"] == engine.eng.fifo_words.ptr + 128
 
 
+def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
+    """Ranks on several hosts: normal mode starts its proxy on the fabric transport (GPU memory through
+    FI_HMEM, here a stand-in probe), not ipc; without UCCL_EP_TRANSPORT=fabric it is refused."""
+    from uccl_ep.cuda import gpu_transport
+    import uccl_ep.proxy
+    from uccl_ep.cuda import ht
+    R = 2
+    proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=4 << 20)
+    asked, log = {}, []
+    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory,
+             ht_internode.load_kernel, ht_internode.current_stream, torch.cuda.synchronize,
+             uccl_ep.proxy.start_proxy, ht.current_stream)
+    _install_fakes(log, start_proxy=lambda group, **kw: asked.update(kw) or proxies[0])
+    try:
+        ex = _fake_ex(0, R, 1, 4 << 20, drv=FakeDrv(offset=1 << 46))
+        ex.multi_host = True
+        monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
+        with pytest.raises(Unsupported, match="UCCL_EP_TRANSPORT=fabric"):
+            ht_internode.ProxyNormalEngine(ex)
+        monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
+        monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)
+        eng = ht_internode.ProxyNormalEngine(ex)
+        assert asked["transport"] == "fabric" and asked["external_region"] == ex.nvl_mem.ptr
+        eng.close()
+    finally:
+        stop_all(proxies)
+        (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, ht_internode.load_kernel,
+         ht_internode.current_stream, torch.cuda.synchronize, uccl_ep.proxy.start_proxy, ht.current_stream) = saved
+
+
 def _routing(T, E, K, g):
     idx = torch.rand(T, E, generator=g).topk(K, dim=1).indices
     idx[torch.rand(T, K, generator=g) < 0.1] = -1
@@ -409,8 +439,10 @@ def test_scope_refusals(monkeypatch):
     assert "at most 8 ranks" in ht_internode.unavailable_reason(ctx(32, 16))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 32)
     assert "at most 16" in ht_internode.unavailable_reason(ctx(32, 1))
-    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
-    assert "ipc transport only" in ht_internode.unavailable_reason(ctx(2, 1))
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")   # no provider here registers GPU memory
+    assert "FI_HMEM" in ht_internode.unavailable_reason(ctx(2, 1))
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "loop")
+    assert "cannot move GPU memory" in ht_internode.unavailable_reason(ctx(2, 1))
     ex = _fake_ex(0, 32, 16, 1 << 20)
     monkeypatch.delenv("UCCL_EP_TRANSPORT")
     with pytest.raises(Unsupported, match="ranks per node"):

@@ -101,7 +101,7 @@ def engine(monkeypatch):
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
                           topology=Topology(R, 1))
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000,
-                         timeout_ns=123, host_barrier=lambda: None, check_error=lambda: None)
+                         timeout_ns=123, host_barrier=lambda: None, check_error=lambda: None, multi_host=False)
     eng = ProxyLowLatencyEngine(ex)
     yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R)
     eng.close()
@@ -239,6 +239,7 @@ def test_write_size_too_small_for_the_layout_is_refused(engine, monkeypatch):
 def test_forced_routes(monkeypatch):
     for name in ("UCCL_EP_FORCE_PROXY", "UCCL_EP_TRANSPORT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)   # both ranks on this host
     ctx = SimpleNamespace(low_latency_mode=True, allow_nvlink_for_low_latency_mode=False, num_ranks=2)
     assert proxy_path.proxy_forced(ctx)              # DeepEP's flag: LL through the network path
     ctx.allow_nvlink_for_low_latency_mode = True
@@ -246,8 +247,67 @@ def test_forced_routes(monkeypatch):
     monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
     assert proxy_path.proxy_forced(ctx)
     assert proxy_path.unavailable_reason(ctx) is None
-    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
-    assert "ipc transport only" in proxy_path.unavailable_reason(ctx)
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")   # no provider here registers GPU memory
+    assert "FI_HMEM" in proxy_path.unavailable_reason(ctx)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "ipc")
     ctx.num_ranks = 65
     assert "at most 64" in proxy_path.unavailable_reason(ctx)
+
+
+def test_gpu_transport_choice(monkeypatch):
+    """ipc on one host; between hosts only fabric with GPU memory (FI_HMEM), and only when asked for;
+    transports that cannot reach GPU memory are refused with the reason."""
+    from uccl_ep.cuda import gpu_transport
+    from uccl_ep.errors import Unsupported
+    monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
+    assert gpu_transport.choose(False) == "ipc"
+    with pytest.raises(Unsupported, match="UCCL_EP_TRANSPORT=fabric"):   # auto never picks an unproven path
+        gpu_transport.choose(True)
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "ipc")
+    assert gpu_transport.choose(False) == "ipc"
+    assert "one host only" in gpu_transport.unavailable_reason(True)
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "loop")
+    assert "cannot move GPU memory" in gpu_transport.unavailable_reason(False)
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
+    why = gpu_transport.unavailable_reason(True, 0)     # the real probe: tcp;ofi_rxm has no FI_HMEM
+    assert "FI_HMEM" in why and "tcp;ofi_rxm" in why
+    monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)   # a GPUDirect-capable NIC
+    assert gpu_transport.choose(True) == gpu_transport.choose(False) == "fabric"
+
+
+def test_fabric_probe_reports_host_and_gpu_regions():
+    """The native probe behind the choice and `uccl-ep doctor`: tcp;ofi_rxm opens for host memory and
+    refuses GPU memory with what it answered."""
+    name, why = C.fabric_probe("tcp;ofi_rxm", "", -1)
+    assert name == "fabric:tcp;ofi_rxm" and why == ""
+    name, why = C.fabric_probe("tcp;ofi_rxm", "", 3)
+    assert name == "" and "GPU 3" in why and "FI_HMEM" in why
+
+
+def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
+    """Ranks on several hosts: the LL proxy engine starts its proxy on the fabric transport (and does
+    not warn about lazy module loading, an ipc-only hazard)."""
+    import warnings
+    from uccl_ep.cuda import gpu_transport
+    R = 2
+    proxies = make_group(R, "loop", num_counters=NUM_COUNTERS, region_bytes=1 << 16)
+    asked = {}
+    monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[0])
+    monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
+    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name: FakeKernel([], name))
+    monkeypatch.setattr(proxy_path, "_LOADING_WARNED", False)
+    monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    ctx = SimpleNamespace(num_ranks=R, rank=0, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
+                          topology=Topology(R, 1))
+    ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, 1 << 16), error_dev_ptr=0xE000,
+                         timeout_ns=123, host_barrier=lambda: None, check_error=lambda: None, multi_host=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            eng = ProxyLowLatencyEngine(ex)
+        assert asked["transport"] == "fabric" and asked["external_region"] == ex.ll_mem.ptr
+        eng.close()
+    finally:
+        stop_all(proxies)

@@ -16,12 +16,11 @@ and a small one whose 8-slot rings force wrap-around and credit waits. Then: pre
 async_finish, CUDA-graph capture of cached dispatch + combine, the traffic really crossing the
 ipc transport, and a peer that skips an op (bounded device wait -> Timeout naming it).
 
-Status on 2 x H200 (2026-11-22): uniform routing passes in every combination; skewed routing with
-num_worst_tokens failed its cached-dispatch comparison once (open, docs/benchmarks.md; not reproduced
-in isolation by diag_internode_worst.py; the test then ran the reference between our ops, which on
-the ipc stand-in can stall the proxy into a device timeout -- it now runs the reference first, lets
-every op finish on every rank, and reports device errors before comparing); the graph and timeout
-tests pass; the 2 x 2 cases need 4 GPUs and have not run. Run: bash core/tests/gpu/run_device.sh build internode
+Status (2026-11-22): every case passes on 2 x H200 and on 4 x H200 (4 nodes of 1 GPU, and 2 nodes x
+2 GPUs), skewed routing with num_worst_tokens included; its one earlier failure came from running the
+reference between our in-flight ops (the ipc stand-in's driver stall), so the test runs the reference
+first, lets every op finish on every rank, and reports device errors before comparing.
+Run: bash core/tests/gpu/run_device.sh build internode
 """
 
 from __future__ import annotations

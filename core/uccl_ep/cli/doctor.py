@@ -67,6 +67,11 @@ def _libfabric() -> dict[str, Any]:
             probe["nics"] = [f"{name} ({pci})" if pci else name for name, pci in pairs]
         except Exception as e:  # noqa: BLE001 - a report, never a failure
             probe["nics"] = [f"? ({e})"]
+        try:  # can a provider register GPU memory for the NIC (FI_HMEM: the cuda backend between hosts)?
+            name, why = native().fabric_probe(env.get("UCCL_EP_FABRIC_PROVIDER") or "", "", 0)
+            probe["gpu_memory"] = {"provider": name, "why_not": why}
+        except Exception as e:  # noqa: BLE001 - a report, never a failure
+            probe["gpu_memory"] = {"provider": "", "why_not": str(e)}
     return probe
 
 
@@ -173,6 +178,13 @@ def _verdict(r: dict[str, Any]) -> list[str]:
                          "for RoCE, see docs/nic-tuning.md).")
         else:
             lines.append("No RDMA NIC: multi-node traffic falls back to libfabric tcp;ofi_rxm (functional, slow).")
+        gm = fab.get("gpu_memory") or {}
+        if gm.get("provider"):
+            lines.append(f"GPU memory over the NIC (FI_HMEM): {gm['provider']} can register it; the cuda backend "
+                         "between hosts takes UCCL_EP_TRANSPORT=fabric (not yet run on a NIC by this project).")
+        elif gpus:
+            lines.append("No libfabric provider here registers GPU memory (FI_HMEM): between hosts the cuda backend "
+                         "is unavailable (GPUDirect RDMA needs efa, or verbs with nvidia-peermem).")
     return lines
 
 

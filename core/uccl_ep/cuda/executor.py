@@ -39,17 +39,18 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     why = driver_unavailable_reason()
     if why:
         return why
-    from . import proxy_path
-    if proxy_path.proxy_forced(ctx):
-        why = proxy_path.unavailable_reason(ctx)
+    from . import gpu_transport, proxy_path
+    multi_host = gpu_transport.multi_host_guess(ctx)
+    if proxy_path.proxy_forced(ctx) or (multi_host and ctx.low_latency_mode):
+        why = proxy_path.unavailable_reason(ctx)  # LL through the proxy (forced, or peers on other hosts)
         if why:
             return why
-    elif ctx.topology.is_internode:
+    if ctx.topology.is_internode:
         from .ht_internode import unavailable_reason as internode_reason
-        why = internode_reason(ctx)  # normal mode goes through the proxy (one rank per node)
+        why = internode_reason(ctx)  # normal mode goes through the proxy between nodes
         if why:
             return why
-    if ctx.num_ranks > _MAX_NVLINK_RANKS:
+    if not multi_host and ctx.num_ranks > _MAX_NVLINK_RANKS:
         return f"{ctx.num_ranks} ranks on one host; NVLink kernels support at most {_MAX_NVLINK_RANKS}"
     try:
         from .jit import find_nvcc
@@ -78,20 +79,28 @@ class CudaExecutor(Executor):
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
                 self.ll_mem.ipc_handle() if self.ll_mem else None)
         dist.all_gather_object(infos, mine, group=ctx.group)
-        devices = [i[1] for i in infos]
-        if len(set(devices)) != len(devices) or len({i[0] for i in infos}) != 1:
-            raise Unsupported(f"the cuda executor needs one distinct GPU per rank on one host; got devices {devices} "
-                              f"on hosts {sorted({i[0] for i in infos})}")
-        for r, d in enumerate(devices):
-            if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
-                raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
-                                  "executor needs NVLink/PCIe peer access")
-        # Normal mode through the proxy: the ipc transport opens the peers' NVL buffers itself.
+        devices = [(i[0], i[1]) for i in infos]
+        # NOTES: ranks on several hosts reach each other only through the proxy (every path: LL and
+        # normal mode), over the fabric transport with GPU memory registered for the NIC
+        # (gpu_transport.py); NVLink kernels and IPC maps stay within one host.
+        self.multi_host = len({i[0] for i in infos}) > 1
+        if len(set(devices)) != len(devices):
+            raise Unsupported(f"the cuda executor needs one distinct GPU per rank on each host; got (host, device) "
+                              f"{devices}")
         from .ht_internode import serves as ht_through_proxy
         self.ht_proxy = ht_through_proxy(ctx)
+        self.ll_proxy = proxy_path.proxy_forced(ctx) or self.multi_host
+        if self.multi_host and not self.ht_proxy:
+            raise Unsupported("ranks on several hosts with ranks_per_node spanning hosts: normal mode needs the "
+                              "nodes to be the hosts (leave ranks_per_node / UCCL_EP_RANKS_PER_NODE unset)")
+        if not (self.ht_proxy and self.ll_proxy):
+            for r, (_, d) in enumerate(devices):
+                if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
+                    raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
+                                      "executor needs NVLink/PCIe peer access")
+        # Normal mode through the proxy: its transport reaches the peers' NVL buffers itself.
         self.nvl_peer_base = [] if self.ht_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
-        # The proxy path's ipc transport opens the peers' LL buffers itself (once per process).
-        self.ll_proxy = proxy_path.proxy_forced(ctx)
+        # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process).
         self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
         self._ll = None
         self._ht = None

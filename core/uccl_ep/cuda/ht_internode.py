@@ -45,6 +45,7 @@ import torch
 from .. import env
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
+from . import gpu_transport
 from . import ht_internode_plan as plan
 from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params
 
@@ -60,15 +61,14 @@ def serves(ctx) -> bool:
     return ctx.topology.is_internode or bool(env.get("UCCL_EP_FORCE_PROXY"))
 
 
-def _scope_reason(ctx) -> str | None:
+def _scope_reason(ctx, multi_host: bool) -> str | None:
     topo = ctx.topology
     if topo.is_internode and topo.ranks_per_node > plan.MAX_LOCAL:
         return (f"{topo.ranks_per_node} ranks per node; normal mode through the proxy forwards inside a node of at "
                 f"most {plan.MAX_LOCAL} ranks")
-    transport = env.get("UCCL_EP_TRANSPORT")
-    if transport not in ("auto", "ipc"):
-        return (f"UCCL_EP_TRANSPORT={transport}: the GPU proxy path moves GPU memory with the ipc transport only "
-                "(fabric needs FI_HMEM registration of GPU memory, not wired yet)")
+    why = gpu_transport.unavailable_reason(multi_host)
+    if why:
+        return why
     if ctx.num_ranks > plan.MAX_RANKS:
         return f"{ctx.num_ranks} ranks; normal mode through the proxy supports at most {plan.MAX_RANKS}"
     return None
@@ -76,12 +76,7 @@ def _scope_reason(ctx) -> str | None:
 
 def unavailable_reason(ctx) -> str | None:
     """None when the proxy path can serve normal mode of ``ctx`` (cheap, no collective)."""
-    why = _scope_reason(ctx)
-    if why is None and ctx.topology.is_internode and ctx.num_ranks > torch.cuda.device_count():
-        # NOTES: a heuristic without a collective: more ranks than this host's GPUs means several
-        # hosts, which the ipc transport cannot reach (the executor's set-up checks it exactly).
-        why = "ranks span several hosts; the GPU proxy path reaches peers with the ipc transport (one host) only so far"
-    return why
+    return _scope_reason(ctx, gpu_transport.multi_host_guess(ctx))
 
 
 def check_scales(x_scales) -> None:
@@ -106,8 +101,10 @@ class ProxyNormalEngine:
         from ..proxy import native, start_proxy
         from .proxy_path import ProxyLowLatencyEngine, warn_lazy_module_loading
         ctx = ex.ctx
-        warn_lazy_module_loading(ctx.rank)
-        why = _scope_reason(ctx)
+        transport = gpu_transport.choose(ex.multi_host, ex.device)
+        if transport == "ipc":
+            warn_lazy_module_loading(ctx.rank)
+        why = _scope_reason(ctx, ex.multi_host)
         if why:
             raise Unsupported(f"normal mode of the cuda backend: {why}")
         if ex.nvl_mem is None:
@@ -132,7 +129,7 @@ class ProxyNormalEngine:
         self._registered: list[int] = []
         self.state = self.host = None
         self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=plan.NUM_COUNTERS,
-                                 transport="ipc", num_threads=threads, fifos_per_thread=2, timeout_s=ctx.timeout_s,
+                                 transport=transport, num_threads=threads, fifos_per_thread=2, timeout_s=ctx.timeout_s,
                                  ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr)
         try:
             # NOTES: the LL proxy path's mapping of FIFOs and counters, reused unchanged: it sets

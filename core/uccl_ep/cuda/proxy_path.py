@@ -40,6 +40,7 @@ from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
+from . import gpu_transport
 from .ll import LowLatencyEngine
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
 
@@ -90,13 +91,9 @@ def proxy_forced(ctx) -> bool:
 
 def unavailable_reason(ctx) -> str | None:
     """None when the proxy path can serve ``ctx`` (cheap, no collective)."""
-    transport = env.get("UCCL_EP_TRANSPORT")
-    if transport not in ("auto", "ipc"):
-        return (f"UCCL_EP_TRANSPORT={transport}: the GPU proxy path moves GPU memory with the ipc transport only "
-                "(fabric needs FI_HMEM registration of GPU memory, not wired yet)")
     if ctx.num_ranks > _MAX_RANKS:
         return f"{ctx.num_ranks} ranks; the proxy-path LL kernels support at most {_MAX_RANKS}"
-    return None
+    return gpu_transport.unavailable_reason(gpu_transport.multi_host_guess(ctx))
 
 
 def _align(n: int) -> int:
@@ -200,7 +197,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.ex = ex
         self.dev = ex.device
         self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
-        warn_lazy_module_loading(self.rank)
+        self.transport = gpu_transport.choose(ex.multi_host, self.dev)
+        if self.transport == "ipc":
+            warn_lazy_module_loading(self.rank)
         self.mem: DeviceMemory = ex.ll_mem
         self.idx = 0
         self.layout: ProxyLayout | None = None
@@ -214,7 +213,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         ctx = ex.ctx
         threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
         self.C = native()
-        self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=NUM_COUNTERS, transport="ipc",
+        self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=NUM_COUNTERS,
+                                 transport=self.transport,
                                  num_threads=threads, fifos_per_thread=_FIFOS_PER_THREAD, timeout_s=ctx.timeout_s,
                                  ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr)
         self._registered: list[int] = []

@@ -1,0 +1,64 @@
+"""Which proxy transport moves GPU memory for the cuda executor's proxy paths (LL through the proxy,
+normal mode between nodes).
+
+- ``ipc`` (all ranks on one host): the sending proxy copies into the peer's GPU buffer with the copy
+  engine, then hands over the immediate. The stand-in for a NIC on machines without one; measured
+  on 2 and 4 x H200 (docs/benchmarks.md).
+- ``fabric``: libfabric RMA writes with immediate data, the buffer registered as GPU memory
+  (``FI_HMEM``, i.e. GPUDirect RDMA: efa, or verbs with nvidia-peermem). Chosen only with
+  ``UCCL_EP_TRANSPORT=fabric``: it is built and its set-up is checked here (a provider that cannot
+  register GPU memory is refused with what every provider answered, see ``uccl-ep doctor``), but no
+  machine of this project has such a NIC, so it has never carried traffic. On one host it sends
+  through the NIC (loopback), which is how a machine with one tests it before a cluster run.
+
+``UCCL_EP_TRANSPORT=auto`` keeps ranks on several hosts off the GPU proxy path (the executor then
+says how to opt in); ``loop`` cannot reach GPU memory at all.
+"""
+
+from __future__ import annotations
+
+from .. import env
+
+__all__ = ["choose", "unavailable_reason", "multi_host_guess"]
+
+
+def multi_host_guess(ctx) -> bool:
+    """Whether the group spans hosts, without a collective: more ranks than this host has GPUs.
+    NOTES: a guess for backend selection only; the executor's set-up compares host names exactly."""
+    import torch
+    return ctx.num_ranks > torch.cuda.device_count()
+
+
+def _probe_fabric(device: int | None) -> str | None:
+    from ..proxy import native
+    provider = str(env.get("UCCL_EP_FABRIC_PROVIDER") or "")
+    # NOTES: whether a provider grants FI_HMEM does not depend on the GPU; the ordinal matters when
+    # the region is registered, which the proxy does with the buffer's real device.
+    name, why = native().fabric_probe(provider, "", 0 if device is None else device)
+    return None if name else why
+
+
+def unavailable_reason(multi_host: bool, device: int | None = None) -> str | None:
+    """None when a transport can move this process's GPU buffers to every peer, else why not."""
+    transport = str(env.get("UCCL_EP_TRANSPORT"))
+    if transport == "fabric":
+        why = _probe_fabric(device)
+        return f"UCCL_EP_TRANSPORT=fabric: {why}" if why else None
+    if transport not in ("auto", "ipc"):
+        return (f"UCCL_EP_TRANSPORT={transport} cannot move GPU memory; the GPU proxy path uses ipc (one host) or "
+                "fabric (GPU memory registered with FI_HMEM)")
+    if multi_host:
+        return ("ranks span several hosts: the GPU proxy path between hosts is the fabric transport with GPU memory "
+                "registered for the NIC (FI_HMEM, GPUDirect RDMA), built but not yet run on a NIC; opt in with "
+                "UCCL_EP_TRANSPORT=fabric (`uccl-ep doctor` says whether a provider here can), or use "
+                "backend='host'" + ("" if transport == "auto" else "; ipc reaches the GPUs of one host only"))
+    return None
+
+
+def choose(multi_host: bool, device: int | None = None) -> str:
+    """The transport name for ``start_proxy``; raises `Unsupported` with the reason when none fits."""
+    why = unavailable_reason(multi_host, device)
+    if why:
+        from ..errors import Unsupported
+        raise Unsupported(f"the cuda backend's proxy path: {why}")
+    return "fabric" if str(env.get("UCCL_EP_TRANSPORT")) == "fabric" else "ipc"
