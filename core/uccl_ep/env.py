@@ -99,7 +99,8 @@ _VARS: list[Var] = [
         minimum=1, maximum=16383, used_by="cuda"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
-        "(in-process, tests). `auto` = ipc for same-host GPU peers, fabric otherwise.",
+        "(in-process, tests). `auto`: host executor loop on one host, fabric across hosts; cuda backend ipc on "
+        "one host, and across hosts only with `fabric` set (GPU memory registered for the NIC, FI_HMEM).",
         choices=("auto", "fabric", "ipc", "loop"), used_by="proxy"),
     Var("UCCL_EP_FABRIC_DOMAINS", "str", "",
         "NICs for the `fabric` transport (libfabric domain names, comma-separated, e.g. "
