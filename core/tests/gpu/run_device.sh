@@ -32,6 +32,15 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export UCCL_EP_JIT_CACHE_DIR=${UCCL_EP_JIT_CACHE_DIR:-/tmp/uccl_ep_jit}
 STEPS=${*:-build test ll ht}
 PY=python3
+# A step's time budget: start_budget SECONDS, then `bounded CAP CMD...` runs CMD under min(CAP, time
+# left) and returns 124 when skipped (under 20 s left) or cut; `left` prints the seconds left.
+start_budget() { t0=$SECONDS; budget=$1; }
+left() { echo $(( budget - (SECONDS - t0) )); }
+bounded() {
+  local cap=$1; shift; local l; l=$(left)
+  if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
+  timeout -k 10 $(( cap < l ? cap : l )) "$@"
+}
 for step in $STEPS; do
   echo "=== $step $(date +%T)"
   case $step in
@@ -60,13 +69,7 @@ for step in $STEPS; do
       done ;;
     variants)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
-      t0=$SECONDS; budget=${HT_BUDGET_S:-420}
-      left() { echo $(( budget - (SECONDS - t0) )); }
-      bounded() {  # bounded CAP CMD...: run under min(CAP, time left); 124 when skipped or cut
-        local cap=$1; shift; local l; l=$(left)
-        if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
-        timeout -k 10 $(( cap < l ? cap : l )) "$@"
-      }
+      start_budget ${HT_BUDGET_S:-420}
       T=core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference
       sweep() {  # sweep VARIANT: the SM sweep of one variant
         for sms in ${HT_SMS:-24 16 12 8}; do
@@ -116,12 +119,7 @@ for step in $STEPS; do
       fi ;;
     scale)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
-      t0=$SECONDS; budget=${SCALE_BUDGET_S:-520}
-      bounded() {  # bounded CAP CMD...: run under min(CAP, time left); 124 when skipped or cut
-        local cap=$1; shift; local l=$(( budget - (SECONDS - t0) ))
-        if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
-        timeout -k 10 $(( cap < l ? cap : l )) "$@"
-      }
+      start_budget ${SCALE_BUDGET_S:-520}
       G=$($PY -c "import torch; print(torch.cuda.device_count())")
       B="$PY -m uccl_ep.cli.main bench --backend cuda"
       PT="$PY -m pytest -x -q -p no:cacheprovider"
@@ -143,12 +141,7 @@ for step in $STEPS; do
         "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[deepseek]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
       echo "scale step: $(( SECONDS - t0 )) s" ;;
     sweep)
-      t0=$SECONDS; budget=${SWEEP_BUDGET_S:-480}
-      bounded() {  # bounded CAP CMD...: run under min(CAP, time left); 124 when skipped or cut
-        local cap=$1; shift; local l=$(( budget - (SECONDS - t0) ))
-        if (( l < 20 )); then echo "  (skipped: step budget spent) $*"; return 124; fi
-        timeout -k 10 $(( cap < l ? cap : l )) "$@"
-      }
+      start_budget ${SWEEP_BUDGET_S:-480}
       G=$($PY -c "import torch; print(torch.cuda.device_count())")
       for R in ${SWEEP_RANKS:-2 4}; do
         (( R > G )) && continue
