@@ -98,10 +98,11 @@ _VARS: list[Var] = [
         "24 bits of length). Each (op, peer) region goes out as ceil(bytes / this) Writes.",
         minimum=1, maximum=16383, used_by="cuda"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
-        "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host GPU peer copies), `loop` "
-        "(in-process, tests). `auto`: host executor loop on one host, fabric across hosts; cuda backend ipc on "
-        "one host, and across hosts only with `fabric` set (GPU memory registered for the NIC, FI_HMEM).",
-        choices=("auto", "fabric", "ipc", "loop"), used_by="proxy"),
+        "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host peer copies), `ipc+fabric` (ipc to the "
+        "ranks of this node, fabric to the others), `loop` (in-process, tests). `auto`: host executor loop on one "
+        "host, fabric across hosts; cuda backend ipc on one host, and across hosts only with `fabric` or "
+        "`ipc+fabric` set (both mean ipc+fabric there: GPU memory registered for the NIC, FI_HMEM).",
+        choices=("auto", "fabric", "ipc", "ipc+fabric", "loop"), used_by="proxy"),
     Var("UCCL_EP_FABRIC_DOMAINS", "str", "",
         "NICs for the `fabric` transport (libfabric domain names, comma-separated, e.g. "
         "`rdmap16s27,rdmap32s27` for the 2 EFA devices of a p5en GPU): proxy thread i uses entry "

@@ -146,6 +146,7 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
     o.provider = c.provider;
     o.domain = domain_for_thread(c.domains, t);
     o.hmem_cuda_device = region_cuda_device;
+    o.ranks_per_node = c.ranks_per_node;
     o.job_key = c.token_digest;
     o.region_name = region_shm_ ? region_shm_->name() : "";
     o.max_outstanding = std::min<uint32_t>(8192, c.max_inflight * uint32_t(c.num_ranks) + 64);

@@ -220,12 +220,16 @@ class FabricTransport final : public Transport {
                const std::vector<uint64_t>& region_bytes) override {
     peers_.assign(addresses.size(), Peer{});
     for (size_t r = 0; r < addresses.size(); ++r) {
+      if (addresses[r].empty() && keys[r].empty()) {  // a split transport's other half reaches this rank
+        peers_[r] = {FI_ADDR_NOTAVAIL, 0, 0, region_bytes[r], false};
+        continue;
+      }
       fi_addr_t fa = FI_ADDR_NOTAVAIL;
       int rc = fi_av_insert(av_, addresses[r].data(), 1, &fa, 0, nullptr);
       if (rc != 1) throw TransportError("fi_av_insert of rank " + std::to_string(r) + "'s address failed (" +
                                         std::to_string(rc) + ")");
       if (keys[r].size() != 16) throw TransportError("malformed region key of rank " + std::to_string(r));
-      peers_[r] = {fa, get_u64(keys[r], 0), get_u64(keys[r], 8), region_bytes[r]};
+      peers_[r] = {fa, get_u64(keys[r], 0), get_u64(keys[r], 8), region_bytes[r], true};
       rank_of_.resize(std::max<size_t>(rank_of_.size(), size_t(fa) + 1), -1);
       rank_of_[size_t(fa)] = int(r);
     }
@@ -233,8 +237,12 @@ class FabricTransport final : public Transport {
 
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string* error) override {
-    if (free_.empty()) return PostResult::kAgain;
     const Peer& p = peers_.at(size_t(peer));
+    if (!p.served) {
+      if (error) *error = "fabric: rank " + std::to_string(peer) + " is not reached through fabric (same node)";
+      return PostResult::kError;
+    }
+    if (free_.empty()) return PostResult::kAgain;
     const uint32_t slot = free_.back();
     Op& op = ops_[slot];
     op.ctx = ctx;
@@ -301,6 +309,7 @@ class FabricTransport final : public Transport {
     uint64_t key;
     uint64_t base;
     uint64_t bytes;
+    bool served;  // false: another transport reaches this rank (split transport)
   };
   struct Op {
     fi_context2 fi_ctx;  // provider scratch (FI_CONTEXT / FI_CONTEXT2 modes); must stay first

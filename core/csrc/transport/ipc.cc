@@ -156,6 +156,10 @@ class IpcTransport final : public Transport {
     for (size_t r = 0; r < addresses.size(); ++r) {
       Peer& p = peers_[r];
       const std::string who = "rank " + std::to_string(r);
+      if (addresses[r].empty() && keys[r].empty() && int(r) != opt_.rank) {
+        p.served = false;  // a split transport's other half reaches this rank
+        continue;
+      }
       if (addresses[r].size() < 9 || keys[r].size() < 17) throw TransportError("ipc: malformed blob of " + who);
       const uint64_t mode = get_u64(keys[r], 0);
       p.bytes = get_u64(keys[r], 8);
@@ -209,6 +213,10 @@ class IpcTransport final : public Transport {
     }
     if (engine_ == nullptr) {
       if (error) *error = "ipc: the endpoint was shut down";
+      return PostResult::kError;
+    }
+    if (!peers_[size_t(peer)].served) {
+      if (error) *error = "ipc: rank " + std::to_string(peer) + " is not reached through ipc (another node)";
       return PostResult::kError;
     }
     bind_thread();
@@ -290,6 +298,7 @@ class IpcTransport final : public Transport {
     std::string handle;     // CUDA IPC handle we opened ("" = none)
     int64_t submitted = 0;  // copies submitted to this peer
     std::deque<Op> pending; // posted, not yet delivered, in posting order
+    bool served = true;     // false: another transport reaches this rank (split transport)
   };
 
   void bind_thread() {

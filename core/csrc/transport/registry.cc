@@ -18,6 +18,8 @@ std::string fabric_unavailable_reason();
 std::unique_ptr<Transport> make_ipc(const Options&);
 std::string ipc_unavailable_reason();
 std::unique_ptr<Transport> make_fault(std::unique_ptr<Transport> inner, const Options&);
+std::unique_ptr<Transport> make_split(std::unique_ptr<Transport> local, std::unique_ptr<Transport> remote,
+                                      const Options&);
 
 namespace {
 
@@ -42,7 +44,7 @@ const Entry* find(const std::string& name) {
 std::string known() {
   std::string s;
   for (const Entry& e : kBackends) s += std::string(s.empty() ? "" : ", ") + e.name;
-  return s + " (or fault:<one of them>)";
+  return s + " (or fault:<one of them>, or <local>+<remote> such as ipc+fabric)";
 }
 
 }  // namespace
@@ -52,6 +54,9 @@ std::unique_ptr<Transport> create(const std::string& name, const Options& option
   if (name.compare(0, fault_prefix.size(), fault_prefix) == 0) {
     return make_fault(create(name.substr(fault_prefix.size()), options), options);
   }
+  const size_t plus = name.find('+');
+  if (plus != std::string::npos)
+    return make_split(create(name.substr(0, plus), options), create(name.substr(plus + 1), options), options);
   const Entry* e = find(name);
   if (e == nullptr) throw TransportError("unknown transport '" + name + "'; known: " + known());
   return e->make(options);
@@ -66,6 +71,11 @@ std::vector<std::string> backend_names() {
 std::string unavailable_reason(const std::string& name) {
   const std::string fault_prefix = "fault:";
   if (name.compare(0, fault_prefix.size(), fault_prefix) == 0) return unavailable_reason(name.substr(6));
+  const size_t plus = name.find('+');
+  if (plus != std::string::npos) {
+    const std::string a = unavailable_reason(name.substr(0, plus));
+    return a.empty() ? unavailable_reason(name.substr(plus + 1)) : a;
+  }
   const Entry* e = find(name);
   if (e == nullptr) return "unknown transport '" + name + "'; known: " + known();
   return e->unavailable();

@@ -58,6 +58,7 @@ struct Options {
   int thread_index = 0;         // proxy thread this endpoint belongs to
   std::string provider;         // fabric: libfabric provider name ("" = first that works)
   std::string domain;           // fabric: libfabric domain (NIC) this endpoint opens ("" = the provider's first)
+  int ranks_per_node = 1;       // split transports (`<local>+<remote>`): node of rank r = r / ranks_per_node
   int hmem_cuda_device = -1;    // fabric: the region is device memory of this CUDA ordinal (registered with
                                 // FI_HMEM, GPUDirect RDMA); -1 = host memory
   std::string job_key;          // hex digest of the job token: names shared objects, MR keys
@@ -88,7 +89,9 @@ class Transport {
   // Opaque blobs to publish at bootstrap.
   virtual Bytes local_address() = 0;
   virtual Bytes region_key() = 0;
-  // Every rank's (address, key, region bytes), index = rank (includes ourselves).
+  // Every rank's (address, key, region bytes), index = rank (includes ourselves). An empty address
+  // and key mark a rank this endpoint does not serve (a split transport's other half): writes to it
+  // are refused.
   virtual void connect(const std::vector<Bytes>& addresses, const std::vector<Bytes>& keys,
                        const std::vector<uint64_t>& region_bytes) = 0;
 
@@ -109,8 +112,9 @@ class Transport {
 
 using Factory = std::function<std::unique_ptr<Transport>(const Options&)>;
 
-// Creates a backend by name: "loop", "fabric", "ipc", or "fault:<inner>". Throws TransportError with
-// the list of known names when `name` is unknown.
+// Creates a backend by name: "loop", "fabric", "ipc", "fault:<inner>", or "<local>+<remote>" (peers of
+// this node through <local>, the others through <remote>, e.g. "ipc+fabric"; split.cc). Throws
+// TransportError with the list of known names when `name` is unknown.
 std::unique_ptr<Transport> create(const std::string& name, const Options& options);
 // Names in the table (without the "fault:" form).
 std::vector<std::string> backend_names();

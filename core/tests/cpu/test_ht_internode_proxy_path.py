@@ -298,7 +298,7 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
         monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
         monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)
         eng = ht_internode.ProxyNormalEngine(ex)
-        assert asked["transport"] == "fabric" and asked["external_region"] == ex.nvl_mem.ptr
+        assert asked["transport"] == "ipc+fabric" and asked["external_region"] == ex.nvl_mem.ptr
         eng.close()
     finally:
         stop_all(proxies)

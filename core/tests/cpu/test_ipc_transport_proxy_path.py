@@ -272,7 +272,9 @@ def test_gpu_transport_choice(monkeypatch):
     why = gpu_transport.unavailable_reason(True, 0)     # the real probe: tcp;ofi_rxm has no FI_HMEM
     assert "FI_HMEM" in why and "tcp;ofi_rxm" in why
     monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)   # a GPUDirect-capable NIC
-    assert gpu_transport.choose(True) == gpu_transport.choose(False) == "fabric"
+    assert gpu_transport.choose(True) == gpu_transport.choose(False) == "ipc+fabric"
+    monkeypatch.setenv("UCCL_EP_TRANSPORT", "ipc+fabric")
+    assert gpu_transport.choose(True) == "ipc+fabric"
 
 
 def test_fabric_probe_reports_host_and_gpu_regions():
@@ -307,7 +309,7 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             eng = ProxyLowLatencyEngine(ex)
-        assert asked["transport"] == "fabric" and asked["external_region"] == ex.ll_mem.ptr
+        assert asked["transport"] == "ipc+fabric" and asked["external_region"] == ex.ll_mem.ptr
         eng.close()
     finally:
         stop_all(proxies)

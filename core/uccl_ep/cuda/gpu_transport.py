@@ -4,12 +4,15 @@ normal mode between nodes).
 - ``ipc`` (all ranks on one host): the sending proxy copies into the peer's GPU buffer with the copy
   engine, then hands over the immediate. The stand-in for a NIC on machines without one; measured
   on 2 and 4 x H200 (docs/benchmarks.md).
-- ``fabric``: libfabric RMA writes with immediate data, the buffer registered as GPU memory
+- ``ipc+fabric`` (split transport, csrc/transport/split.cc): ``ipc`` to the ranks of this node,
+  libfabric RMA writes with immediate data to the others, the buffer registered as GPU memory
   (``FI_HMEM``, i.e. GPUDirect RDMA: efa, or verbs with nvidia-peermem). Chosen only with
-  ``UCCL_EP_TRANSPORT=fabric``: it is built and its set-up is checked here (a provider that cannot
-  register GPU memory is refused with what every provider answered, see ``uccl-ep doctor``), but no
-  machine of this project has such a NIC, so it has never carried traffic. On one host it sends
-  through the NIC (loopback), which is how a machine with one tests it before a cluster run.
+  ``UCCL_EP_TRANSPORT=fabric`` (or ``ipc+fabric``): it is built, the split is tested on CPU over host
+  memory (ipc + tcp;ofi_rxm), and a provider that cannot register GPU memory is refused at set-up
+  with what every provider answered (``uccl-ep doctor``); but no machine of this project has such a
+  NIC, so GPU memory has never crossed one. With one GPU per node (``ranks_per_node=1`` on one
+  host) every peer is "another node": the traffic goes through the NIC's loopback, which is how a
+  single machine with such a NIC tests it before a cluster run.
 
 ``UCCL_EP_TRANSPORT=auto`` keeps ranks on several hosts off the GPU proxy path (the executor then
 says how to opt in); ``loop`` cannot reach GPU memory at all.
@@ -41,9 +44,9 @@ def _probe_fabric(device: int | None) -> str | None:
 def unavailable_reason(multi_host: bool, device: int | None = None) -> str | None:
     """None when a transport can move this process's GPU buffers to every peer, else why not."""
     transport = str(env.get("UCCL_EP_TRANSPORT"))
-    if transport == "fabric":
+    if transport in ("fabric", "ipc+fabric"):
         why = _probe_fabric(device)
-        return f"UCCL_EP_TRANSPORT=fabric: {why}" if why else None
+        return f"UCCL_EP_TRANSPORT={transport}: {why}" if why else None
     if transport not in ("auto", "ipc"):
         return (f"UCCL_EP_TRANSPORT={transport} cannot move GPU memory; the GPU proxy path uses ipc (one host) or "
                 "fabric (GPU memory registered with FI_HMEM)")
@@ -61,4 +64,6 @@ def choose(multi_host: bool, device: int | None = None) -> str:
     if why:
         from ..errors import Unsupported
         raise Unsupported(f"the cuda backend's proxy path: {why}")
-    return "fabric" if str(env.get("UCCL_EP_TRANSPORT")) == "fabric" else "ipc"
+    # NOTES: with the NIC in play the ranks of one node still reach each other over the copy engine
+    # (NVLink): the second hop of internode normal mode stays off the NIC, as in DeepEP.
+    return "ipc+fabric" if str(env.get("UCCL_EP_TRANSPORT")) in ("fabric", "ipc+fabric") else "ipc"
