@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -63,18 +64,26 @@ class _Layout:
         return s * self.set_bytes + self.sig_off + self.num_experts * 8
 
 
-def dispatch_outputs(dev, E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
-    """(recv_x, scales or None, recv_count, src_info, layout_range) of a low-latency dispatch."""
+@lru_cache(maxsize=64)
+def _output_plan(E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
+    """(byte sizes, offsets, total) of the outputs packed in one allocation, 256-byte aligned."""
     rows = R * num_max
-    # NOTES: one allocation for all outputs (views into it): each torch.empty costs microseconds
-    # of host time, which is most of a small LL call.
     data_bytes = E_loc * rows * H * (1 if use_fp8 else 2)
     scale_cols = (H // 512 if use_ue8m0 else H // 128) if use_fp8 else 0
-    parts = [data_bytes, E_loc * scale_cols * rows * 4, E_loc * 4, E_loc * rows * 4, E_loc * R * 8]
+    parts = (data_bytes, E_loc * scale_cols * rows * 4, E_loc * 4, E_loc * rows * 4, E_loc * R * 8)
     offs, total = [], 0
     for n in parts:
         offs.append(total)
         total += (n + 255) // 256 * 256
+    return parts, tuple(offs), total, scale_cols
+
+
+def dispatch_outputs(dev, E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
+    """(recv_x, scales or None, recv_count, src_info, layout_range) of a low-latency dispatch."""
+    rows = R * num_max
+    # NOTES: one allocation for all outputs (views into it), its layout computed once per shape:
+    # each torch call costs microseconds of host time, which is most of a small eager LL call.
+    parts, offs, total, scale_cols = _output_plan(E_loc, R, num_max, H, bool(use_fp8), bool(use_ue8m0))
     blob = torch.empty(total, dtype=torch.uint8, device=dev)
     view = lambda i, dtype, shape: blob[offs[i]:offs[i] + parts[i]].view(dtype).view(shape)  # noqa: E731
     if use_fp8:

@@ -62,15 +62,24 @@ def param_fields(struct_name: str) -> list[str]:
     return [f for _, f in _abi_structs()[struct_name]]
 
 
-def pack_params(struct_name: str, **values: Any) -> bytes:
-    """Pack a kernel parameter struct; every field must be given (pointers as ints)."""
+@lru_cache(maxsize=None)
+def _packer(struct_name: str) -> tuple[struct.Struct, tuple[str, ...], frozenset[str]]:
     fields = _abi_structs()[struct_name]
-    missing = [f for _, f in fields if f not in values]
-    extra = set(values) - {f for _, f in fields}
-    if missing or extra:
-        raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(extra)}")
     fmt = "<" + "".join("Q" if t == "uint64_t" else "q" for t, _ in fields)
-    return struct.pack(fmt, *(int(values[f]) for _, f in fields))
+    names = tuple(f for _, f in fields)
+    return struct.Struct(fmt), names, frozenset(names)
+
+
+def pack_params(struct_name: str, **values: Any) -> bytes:
+    """Pack a kernel parameter struct; every field must be given (pointers as ints).
+
+    NOTES: on every launch's host path (an eager LL call packs two), so the layout is parsed once
+    per struct and the check is one set comparison."""
+    packer, names, name_set = _packer(struct_name)
+    if values.keys() != name_set:
+        missing = [f for f in names if f not in values]
+        raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(set(values) - name_set)}")
+    return packer.pack(*[int(values[f]) for f in names])
 
 
 # ---- kernels --------------------------------------------------------------------------------------
@@ -122,7 +131,15 @@ def load_kernel(device: int, source: str, name: str, defines: tuple[str, ...] = 
         return k
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream() -> int:
+    """torch's current CUDA stream (a CUstream as int) of the current device.
+    NOTES: torch's raw accessor where it exists: building a torch.cuda.Stream object costs
+    microseconds on every launch's host path."""
+    if _raw_stream is not None:
+        return int(_raw_stream(torch.cuda.current_device()))
     return torch.cuda.current_stream().cuda_stream
 
 
