@@ -313,3 +313,27 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
         eng.close()
     finally:
         stop_all(proxies)
+
+
+def test_paths_of_a_group_on_several_hosts(monkeypatch):
+    """The cuda executor's routing from every rank's (host, GPU): one host keeps NVLink paths unless
+    the proxy is forced; several hosts put every path on the proxy and need nodes inside hosts."""
+    from uccl_ep.cuda.executor import plan_paths
+    from uccl_ep.errors import Unsupported
+    for name in ("UCCL_EP_FORCE_PROXY", "UCCL_EP_TRANSPORT"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = lambda R, G, nvlink=True: SimpleNamespace(topology=Topology(R, G), low_latency_mode=True,  # noqa: E731
+                                                   allow_nvlink_for_low_latency_mode=nvlink, num_ranks=R)
+    one_host = [("a", d) for d in range(4)]
+    assert plan_paths(ctx(4, 4), one_host) == (False, False, False)        # NVLink kernels
+    assert plan_paths(ctx(4, 4, nvlink=False), one_host) == (False, False, True)
+    assert plan_paths(ctx(4, 2), one_host) == (False, True, False)         # GPUs as 2 nodes
+    two_hosts = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert plan_paths(ctx(4, 2), two_hosts) == (True, True, True)          # LL through the proxy too
+    assert plan_paths(ctx(4, 1), two_hosts) == (True, True, True)
+    with pytest.raises(Unsupported, match="must share a host"):
+        plan_paths(ctx(4, 4), two_hosts)                                    # one "node" over two hosts
+    with pytest.raises(Unsupported, match="must share a host"):
+        plan_paths(ctx(4, 2), [("a", 0), ("b", 0), ("a", 1), ("b", 1)])     # interleaved hosts
+    with pytest.raises(Unsupported, match="distinct GPU"):
+        plan_paths(ctx(4, 2), [("a", 0), ("a", 0), ("b", 0), ("b", 1)])

@@ -23,7 +23,7 @@ from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from . import proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
 
-__all__ = ["CudaExecutor", "unavailable_reason"]
+__all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
 
 _PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
            5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier",
@@ -60,6 +60,29 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     return None
 
 
+def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool, bool, bool]:
+    """(multi_host, normal mode through the proxy, LL through the proxy) for a group whose rank r
+    runs on host devices[r][0], GPU devices[r][1]; `Unsupported` when no path fits.
+
+    NOTES: ranks on several hosts reach each other only through the proxy (every path: LL and
+    normal mode), over ipc+fabric with GPU memory registered for the NIC (gpu_transport.py); NVLink
+    kernels and IPC maps stay within one host."""
+    from .ht_internode import serves as ht_through_proxy
+    if len(set(devices)) != len(devices):
+        raise Unsupported(f"the cuda executor needs one distinct GPU per rank on each host; got (host, device) "
+                          f"{devices}")
+    multi_host = len({h for h, _ in devices}) > 1
+    ht_proxy = ht_through_proxy(ctx)
+    if multi_host:
+        hosts = [h for h, _ in devices]
+        G = ctx.topology.ranks_per_node
+        if not ht_proxy or any(len({hosts[r] for r in range(n, n + G)}) > 1 for n in range(0, len(hosts), G)):
+            raise Unsupported(f"ranks on several hosts with nodes of {G} ranks spanning hosts {sorted(set(hosts))}: "
+                              "a node's ranks must share a host (leave ranks_per_node / UCCL_EP_RANKS_PER_NODE "
+                              "unset, or a divisor of the ranks per host)")
+    return multi_host, ht_proxy, proxy_path.proxy_forced(ctx) or multi_host
+
+
 class CudaExecutor(Executor):
     name = "cuda"
     device_type = "cuda"
@@ -80,19 +103,7 @@ class CudaExecutor(Executor):
                 self.ll_mem.ipc_handle() if self.ll_mem else None)
         dist.all_gather_object(infos, mine, group=ctx.group)
         devices = [(i[0], i[1]) for i in infos]
-        # NOTES: ranks on several hosts reach each other only through the proxy (every path: LL and
-        # normal mode), over the fabric transport with GPU memory registered for the NIC
-        # (gpu_transport.py); NVLink kernels and IPC maps stay within one host.
-        self.multi_host = len({i[0] for i in infos}) > 1
-        if len(set(devices)) != len(devices):
-            raise Unsupported(f"the cuda executor needs one distinct GPU per rank on each host; got (host, device) "
-                              f"{devices}")
-        from .ht_internode import serves as ht_through_proxy
-        self.ht_proxy = ht_through_proxy(ctx)
-        self.ll_proxy = proxy_path.proxy_forced(ctx) or self.multi_host
-        if self.multi_host and not self.ht_proxy:
-            raise Unsupported("ranks on several hosts with ranks_per_node spanning hosts: normal mode needs the "
-                              "nodes to be the hosts (leave ranks_per_node / UCCL_EP_RANKS_PER_NODE unset)")
+        self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
         if not (self.ht_proxy and self.ll_proxy):
             for r, (_, d) in enumerate(devices):
                 if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
