@@ -337,3 +337,17 @@ def test_paths_of_a_group_on_several_hosts(monkeypatch):
         plan_paths(ctx(4, 2), [("a", 0), ("b", 0), ("a", 1), ("b", 1)])     # interleaved hosts
     with pytest.raises(Unsupported, match="distinct GPU"):
         plan_paths(ctx(4, 2), [("a", 0), ("a", 0), ("b", 0), ("b", 1)])
+
+
+def test_multi_host_guess_prefers_the_launcher(monkeypatch):
+    from uccl_ep.cuda.gpu_transport import multi_host_guess
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)     # one GPU visible per process
+    ctx = SimpleNamespace(num_ranks=8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")                    # torchrun: all 8 ranks on this host
+    assert not multi_host_guess(ctx)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert multi_host_guess(ctx)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert multi_host_guess(ctx)                                   # no launcher: GPUs this process sees
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert not multi_host_guess(ctx)

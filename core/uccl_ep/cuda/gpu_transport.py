@@ -26,9 +26,15 @@ __all__ = ["choose", "unavailable_reason", "multi_host_guess"]
 
 
 def multi_host_guess(ctx) -> bool:
-    """Whether the group spans hosts, without a collective: more ranks than this host has GPUs.
+    """Whether the group spans hosts, without a collective: torchrun's LOCAL_WORLD_SIZE below the group
+    size, else more ranks than this process sees GPUs.
     NOTES: a guess for backend selection only; the executor's set-up compares host names exactly."""
+    import os
+
     import torch
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) > 0:
+        return int(local) < ctx.num_ranks
     return ctx.num_ranks > torch.cuda.device_count()
 
 
