@@ -144,7 +144,8 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     t_bf16 = internode.timed(lambda: buf.dispatch(x, handle=handle, config=dcfg), device, group)
     base_bf16 = _a2a_baseline(group, per_dest, H * 2, device, spec)
     rows.add(mode="ht", op="dispatch", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_bf16["mean"],
-             synced_s=t_bf16["synced_mean"], baseline_s=base_bf16, verified=verified, **internode.fields(1.0, t_bf16["mean"]))
+             synced_s=t_bf16["synced_mean"], baseline_s=base_bf16, verified=verified,
+             **internode.fields(1.0, t_bf16["mean"]))
     progress("ht: timing dispatch fp8")
     t_fp8 = internode.timed(lambda: buf.dispatch(x_fp8, handle=handle, config=dcfg), device, group)
     fp8_row = H + H // 128 * 4
@@ -157,7 +158,8 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     recv_counts = [int(v) for v in handle.plan.recv_counts] if hasattr(handle.plan, "recv_counts") else per_dest
     base_comb = _a2a_baseline(group, recv_counts, H * 2, device, spec)
     rows.add(mode="ht", op="combine", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_comb["mean"],
-             synced_s=t_comb["synced_mean"], baseline_s=base_comb, verified=verified, **internode.fields(1.0, t_comb["mean"]))
+             synced_s=t_comb["synced_mean"], baseline_s=base_comb, verified=verified,
+             **internode.fields(1.0, t_comb["mean"]))
 
 
 def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:

@@ -131,8 +131,8 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
     for i, row in enumerate(per_rank[0]):
         same = [rows[i] for rows in per_rank]
         out = dict(row)
-        for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes", "proxy_hop_us",
-                    "proxy_submit_us"):
+        for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes",
+                    "proxy_hop_us", "proxy_submit_us"):
             if key in row and all(key in r for r in same):
                 out[key] = sum(r[key] for r in same) / len(same)
         out["gbps"] = out["bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0

@@ -68,7 +68,8 @@ def _libfabric() -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - a report, never a failure
             probe["nics"] = [f"? ({e})"]
         try:  # can a provider register GPU memory for the NIC (FI_HMEM: the cuda backend between hosts)?
-            name, why = native().fabric_probe(env.get("UCCL_EP_FABRIC_PROVIDER") or "", "", 0)
+            from ..cuda.gpu_transport import gpu_memory_provider
+            name, why = gpu_memory_provider(env.get("UCCL_EP_FABRIC_PROVIDER") or "")
             probe["gpu_memory"] = {"provider": name, "why_not": why}
         except Exception as e:  # noqa: BLE001 - a report, never a failure
             probe["gpu_memory"] = {"provider": "", "why_not": str(e)}

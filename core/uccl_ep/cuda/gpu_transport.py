@@ -20,9 +20,11 @@ says how to opt in); ``loop`` cannot reach GPU memory at all.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .. import env
 
-__all__ = ["choose", "unavailable_reason", "multi_host_guess"]
+__all__ = ["choose", "unavailable_reason", "multi_host_guess", "gpu_memory_provider"]
 
 
 def multi_host_guess(ctx) -> bool:
@@ -38,12 +40,20 @@ def multi_host_guess(ctx) -> bool:
     return ctx.num_ranks > torch.cuda.device_count()
 
 
-def _probe_fabric(device: int | None) -> str | None:
+@lru_cache(maxsize=None)
+def gpu_memory_provider(provider: str = "") -> tuple[str, str]:
+    """(fabric endpoint name, '') when `provider` ("" = the default order) can register GPU memory
+    (FI_HMEM), else ('', every provider's answer). Cached per process: each probe opens and closes a
+    fabric endpoint, and every Buffer's backend choice and proxy engine asks.
+    NOTES: whether a provider grants FI_HMEM does not depend on the GPU; the ordinal matters when
+    the region is registered, which the proxy does with the buffer's real device."""
     from ..proxy import native
-    provider = str(env.get("UCCL_EP_FABRIC_PROVIDER") or "")
-    # NOTES: whether a provider grants FI_HMEM does not depend on the GPU; the ordinal matters when
-    # the region is registered, which the proxy does with the buffer's real device.
-    name, why = native().fabric_probe(provider, "", 0 if device is None else device)
+    name, why = native().fabric_probe(provider, "", 0)
+    return name, why
+
+
+def _probe_fabric(device: int | None) -> str | None:
+    name, why = gpu_memory_provider(str(env.get("UCCL_EP_FABRIC_PROVIDER") or ""))
     return None if name else why
 
 

@@ -29,11 +29,12 @@ ht_internode_forward.py.
 
 Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU with the
 kernels emulated through real proxies (core/tests/cpu/test_ht_internode_proxy_path.py); on 2 x H200
-with one rank per node it matches the reference for uniform routing in every option combination
-(core/tests/gpu/test_cuda_ht_internode.py) -- open: skewed routing + num_worst_tokens, cached
-dispatch in the full test (not reproduced in isolation: diag_internode_worst.py) -- and runs two
-orders of magnitude below NCCL (docs/benchmarks.md). Needs
-CUDA_MODULE_LOADING=EAGER (proxy_path.warn_lazy_module_loading).
+with one rank per node, and on 4 x H200 also as 2 nodes x 2, it matches the reference in every
+option combination, skewed routing and num_worst_tokens included
+(core/tests/gpu/test_cuda_ht_internode.py), and runs two orders of magnitude below NCCL on that
+one-host stand-in (docs/benchmarks.md). Between hosts the transport is ipc+fabric
+(gpu_transport.py; not yet run on a NIC). With ipc it needs CUDA_MODULE_LOADING=EAGER
+(proxy_path.warn_lazy_module_loading).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on 
 the packed kernels pass the LL option, mask/clean, graph and timeout tests and run 313 µs dispatch,
 985 µs combine at 128 tokens (the first version, a Write per (peer, expert): 1.3 ms / 4.9 ms;
 docs/benchmarks.md). The remaining time is the ipc stand-in's CUDA copies (each submit can wait in
-the driver), not the command count. Needs CUDA_MODULE_LOADING=EAGER (warn_lazy_module_loading).
+the driver), not the command count. With ipc it needs CUDA_MODULE_LOADING=EAGER
+(warn_lazy_module_loading); between hosts the transport is ipc+fabric (gpu_transport.py).
 """
 
 from __future__ import annotations
