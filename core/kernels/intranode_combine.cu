@@ -15,6 +15,7 @@
 // over that many counters.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
+#include "uccl_ep/device/ht_tuning.cuh"
 #include "uccl_ep/device/ring.cuh"
 
 using namespace uccl_ep;
@@ -29,13 +30,9 @@ namespace {
 constexpr int kRanks = UCCL_EP_RANKS;
 static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
 
-constexpr int kPublishEvery = 4;     // sender: own tokens between publishes (see intranode_dispatch.cu)
-constexpr int kHeadSlack = 16;       // receiver: positions a head may lag before it is republished
-
-
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_CONSTANT HTCombineParams p) {
+extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCCL_GRID_CONSTANT HTCombineParams p) {
   const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.warps_per_peer), me = int(p.rank);
   const int NW = R * G;  // consumer warps of a receiver block
   const int c = blockIdx.x / 2;
@@ -55,7 +52,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
   for (int j = 0; j < kRanks; ++j)
     bases[j] = j < R ? reinterpret_cast<const uint64_t*>(sender ? p.sent : p.consumed)[c * R + j] : 0;
   __syncthreads();
+  ht_prof_report("ht_combine", me);
   if (warp >= NW) return;
+  HTProf prof;
+  prof.begin();
 
   if (sender) {
     const int i = warp / G, w = warp % G;
@@ -71,7 +71,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       const uint64_t pos = base + k;
       if (pos >= head_min + S) {
         if (done > published) warp_publish(tail, published = done);
+        const long long w0 = prof.mark();
         head_min = warp_wait_above(heads, NW, pos - S, uint64_t(p.timeout_ns), err, kPhaseHTCombineSend, me, i, c);
+        prof.waited(w0);
         if (head_min == 0) return;
       }
       uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
@@ -85,6 +87,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
     }
     warp_publish(tail, base + n);
     if (w == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.sent)[c * R + i] = base + n;
+    prof.end(true);
     return;
   }
 
@@ -98,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
     tail_min[j] = 0;
     published[j] = bases[j];
     counts[j] = 0;
-    if (j < R) warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j]);
+    if (j < R) publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j]);
   }
   for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
     const int tl = tb + lane;
@@ -120,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) {  // publish lazily, but always before blocking
         if (j < R && (before[j] >= published[j] + kHeadSlack || (must_wait && before[j] > published[j]))) {
-          warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), before[j]);
+          publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), before[j]);
           published[j] = before[j];
         }
       }
@@ -130,8 +133,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
         if (j >= R || !((masks[j] >> o) & 1)) continue;
         const uint64_t pos = bases[j] + send_head[int64_t(t) * R + j];
         if (pos >= tail_min[j]) {
+          const long long w0 = prof.mark();
           tail_min[j] = warp_wait_above(counter(peer[me], kHTTailOffset, c, R, j, 0), G, pos, uint64_t(p.timeout_ns),
                                         err, kPhaseHTCombineRecv, me, j, c);
+          prof.waited(w0);
           if (tail_min[j] == 0) failed = true;
         }
         rows[nsrc++] = reinterpret_cast<const uint8_t*>(peer[me] + kHTRingOffset) +
@@ -139,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
       }
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
-      constexpr int U = 4;  // vectors per lane per step, loads in flight together
+      constexpr int U = kCombineUnroll;  // vectors per lane per step, loads in flight together
       for (int64_t v0 = lane; v0 < H / 8; v0 += U * kWarpSize) {
         float acc[U][8];
 #pragma unroll
@@ -200,7 +205,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_combine(const UCCL_GRID_
 #pragma unroll
   for (int j = 0; j < kRanks; ++j) {
     if (j >= R) continue;
-    warp_publish(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j] + counts[j]);
+    publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j] + counts[j]);
     if (warp == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + j] = bases[j] + counts[j];
   }
+  prof.end(false);
 }

@@ -17,6 +17,7 @@
 // reset between ops, no barrier is needed for cached dispatch, and CUDA-graph replays stay in
 // step. Flow control: a producer may write position p once every consumer warp passed p - S.
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/ht_tuning.cuh"
 #include "uccl_ep/device/ring.cuh"
 
 using namespace uccl_ep;
@@ -24,9 +25,9 @@ using namespace uccl_ep::dev;
 
 namespace {
 
-// A warp publishes its progress after this many of its own tokens (and always before it blocks):
-// each publish is a system-scope release that drains the warp's outstanding NVLink stores.
-constexpr int kPublishEvery = 4;
+// A producer warp publishes its progress after kPublishEvery of its own tokens (ht_tuning.cuh) and
+// always before it blocks: each publish is a system-scope release that drains the warp's
+// outstanding NVLink stores.
 
 struct SlotLayout {
   int64_t scales, topk, weights, src, bytes;
@@ -45,7 +46,7 @@ UCCL_DEVICE SlotLayout dispatch_slot(int64_t hidden_bytes, int64_t num_scales, i
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID_CONSTANT HTDispatchParams p) {
+extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UCCL_GRID_CONSTANT HTDispatchParams p) {
   const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.warps_per_peer), me = int(p.rank);
   const int c = blockIdx.x / 2;
   const bool sender = (blockIdx.x & 1) == 0;
@@ -75,7 +76,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
       reinterpret_cast<int*>(p.recv_src_idx)[r] = -1;
     }
   }
+  ht_prof_report("ht_dispatch", me);
   if (grp >= R) return;
+  HTProf prof;
+  prof.begin();
 
   if (sender) {
     const int j = grp;
@@ -98,8 +102,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
         const uint64_t pos = base + k;
         if (pos >= head_min + S) {
           if (done > published) warp_publish(tail, published = done);  // never wait holding progress
+          const long long w0 = prof.mark();
           head_min = warp_wait_above(heads, G, pos - S, uint64_t(p.timeout_ns), err,
                                      kPhaseHTDispatchSend, me, j, c);
+          prof.waited(w0);
           if (head_min == 0) return;
         }
         uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
@@ -124,6 +130,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
     }
     warp_publish(tail, base + k_run);
     if (w == 0 && lane_id() == 0) reinterpret_cast<uint64_t*>(p.sent)[c * R + j] = base + k_run;
+    prof.end(true);
     return;
   }
 
@@ -141,8 +148,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
   for (int k = w; k < n; k += G) {
     const uint64_t pos = base + k;
     if (pos >= tail_min) {
-      if (done > published) warp_publish(head, published = done);
+      if (done > published) publish_head(head, published = done);
+      const long long w0 = prof.mark();
       tail_min = warp_wait_above(tails, G, pos, uint64_t(p.timeout_ns), err, kPhaseHTDispatchRecv, me, i, c);
+      prof.waited(w0);
       if (tail_min == 0) return;
     }
     const uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
@@ -165,8 +174,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_dispatch(const UCCL_GRID
         reinterpret_cast<int*>(p.recv_src_idx)[row] = *reinterpret_cast<const int*>(slot + L.src);
     }
     done = pos + 1;
-    if (done >= published + kPublishEvery * G) warp_publish(head, published = done);
+    if (done >= published + kPublishEvery * G) publish_head(head, published = done);
   }
-  warp_publish(head, base + n);
+  publish_head(head, base + n);
   if (w == 0 && lane_id() == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + i] = base + n;
+  prof.end(false);
 }

@@ -130,6 +130,17 @@ _VARS: list[Var] = [
         "every variant writes the peer rings the same way, so ranks may differ. An experiment switch: "
         "a variant that wins replaces `default` rather than becoming an API argument.",
         choices=("default", "tma", "tma-wide"), used_by="CUDA kernels (normal mode)"),
+    Var("UCCL_EP_HT_WARPS", "int", 16,
+        "Warps per block of the cuda backend's normal (HT) intranode kernels (`default` variant): "
+        "each rank's share is warps / ranks. More warps keep more bytes in flight per SM. Read when "
+        "a Buffer first runs a normal-mode op; every rank of a group must use the same value.",
+        minimum=8, maximum=32, used_by="CUDA kernels (normal mode)"),
+    Var("UCCL_EP_HT_DEFINES", "str", "",
+        "Extra compile-time settings of the `default` HT intranode kernels, space-separated NAME=VALUE "
+        "(names in core/kernels/include/uccl_ep/device/ht_tuning.cuh, e.g. "
+        "`UCCL_EP_HT_PUBLISH_EVERY=8 UCCL_EP_HT_RELAXED_HEAD=1`). A tuning experiment switch: every "
+        "rank must use the same values, and a setting that wins becomes the header's default.",
+        used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_JIT_CACHE_DIR", "str", "~/.cache/uccl_ep/jit",
         "Where JIT-compiled kernels are cached (keyed by a hash of sources, headers, flags, arch "
         "and nvcc version; published by atomic rename, safe on shared file systems).",

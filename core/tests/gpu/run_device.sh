@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants scale sweep
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -24,6 +24,11 @@
 #   sweep: `uccl-ep bench` rows for the records: for R in SWEEP_RANKS (default "2 4", capped at the
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
+#   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
+#          "label:warps:DEFINES;..." each benchmarked (bench-verified) at TUNE_SMS (default 24) ->
+#          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
+#          one bench with UCCL_EP_HT_PROF=1 (per-launch wait shares, $OUT/ht_prof.log). TUNE_BUDGET_S
+#          (default 520 s). Kernels are compiled in parallel first (precompile_ht.py).
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
@@ -154,6 +159,32 @@ for step in $STEPS; do
         done
       done
       echo "sweep step: $(( SECONDS - t0 )) s" ;;
+    tune)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
+      start_budget ${TUNE_BUDGET_S:-520}
+      CFGS=${TUNE_CONFIGS:-"w16:16:;w16r:16:UCCL_EP_HT_RELAXED_HEAD=1;w24:24:;w32:32:"}
+      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16:UCCL_EP_HT_PROF=1"
+      bounded 150 $PY core/tests/gpu/precompile_ht.py 2 "$CFGS" 2>&1 | tail -3
+      IFS=';' read -ra TC <<< "$CFGS"
+      for sms in ${TUNE_SMS:-24}; do
+        for cfg in "${TC[@]}"; do
+          IFS=: read -r label warps defs <<< "$cfg"
+          [[ $label == prof ]] && continue
+          echo "--- $label (warps $warps; $defs) $sms SMs, $(left) s left"
+          UCCL_EP_HT_WARPS=$warps UCCL_EP_HT_DEFINES="$defs" bounded 75 $PY -m uccl_ep.cli.main bench --backend cuda \
+            --ranks 2 --mode ht --num-sms $sms --iters 10 --warmup 3 --timeout 70 \
+            --json "$OUT/ht_variant_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
+        done
+      done
+      $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
+      if [[ ${TUNE_PROF:-1} != 0 ]]; then
+        UCCL_EP_HT_WARPS=16 UCCL_EP_HT_DEFINES="UCCL_EP_HT_PROF=1" bounded 75 $PY -m uccl_ep.cli.main bench \
+          --backend cuda --ranks 2 --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
+          > "$OUT/ht_prof.log" 2>&1
+        grep HTPROF "$OUT/ht_prof.log" | awk '{print $2}' | sort | uniq -c
+        for k in ht_dispatch ht_combine; do grep "HTPROF $k rank 0" "$OUT/ht_prof.log" | tail -4; done
+      fi
+      echo "tune step: $(( SECONDS - t0 )) s" ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
         $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from .. import env
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import ht_variants
@@ -27,7 +28,6 @@ __all__ = ["NormalEngine", "CudaNormalPlan"]
 
 _RING_OFF = 512 * 1024
 _MAX_CHANNELS = 64
-_MAX_WARPS = 16
 _HOST_OFF_INTS = 1024      # the HT host area starts 4 KiB into the mapped page (error word at 0)
 _MAX_LOCAL_EXPERTS = 1024
 
@@ -64,7 +64,10 @@ class NormalEngine:
         if ex.nvl_mem is None:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
-        self.G = _MAX_WARPS // self.R
+        self.warps = env.get("UCCL_EP_HT_WARPS")
+        if self.warps < self.R:
+            raise InvalidArgument("UCCL_EP_HT_WARPS", f">= the number of ranks ({self.R})", self.warps)
+        self.G = self.warps // self.R  # warps per peer; a combine receiver block runs R * G of them
         self.block = self.R * self.G * 32
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)
@@ -74,7 +77,8 @@ class NormalEngine:
         self.host_tag = 0
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (("layout.cu", "ht_layout"),
                                                                     ("intranode_notify.cu", "ht_notify"))}
-        self._k.update(ht_variants.load(self.dev, self.R))  # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT
+        # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT (launch bounds: the block size)
+        self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block))
 
     @property
     def _sent(self) -> int:
@@ -94,8 +98,8 @@ class NormalEngine:
         if channels > _MAX_CHANNELS:
             raise LimitExceeded("config.num_sms", "SMs (2 per channel) of the CUDA normal kernels", 2 * channels,
                                 2 * _MAX_CHANNELS)
-        if slots < 2 * _MAX_WARPS:
-            raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {2 * _MAX_WARPS} for the CUDA kernels",
+        if slots < 2 * self.warps:
+            raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {2 * self.warps} for the CUDA kernels",
                                   slots)
         slot_bytes = (self.ex.nvl_mem.nbytes - _RING_OFF) // (channels * self.R * slots) // 16 * 16
         if slot_bytes <= 0:

@@ -6,7 +6,9 @@ produces the same rows and handle, and writes the peer rings the way the default
 layout and per-warp progress counters), so ranks running different variants still interoperate.
 
 - ``default``: intranode_dispatch.cu / intranode_combine.cu, verified bitwise against
-  ``uccl_ep.refs`` and measured on 2 x H200 (docs/benchmarks.md, "CUDA backend").
+  ``uccl_ep.refs`` and measured on 2 x H200 (docs/benchmarks.md, "CUDA backend"). Its block size
+  comes from ``UCCL_EP_HT_WARPS`` and its compile-time tuning (ht_tuning.cuh) from
+  ``UCCL_EP_HT_DEFINES``.
 - ``tma``: intranode_dispatch_tma.cu / intranode_combine_tma.cu: rows move by bulk copies
   (cp.async.bulk) through per-warp shared-memory stages, progress is published without draining
   the copy pipeline, and tokens a rank keeps skip its own ring. sm_90+ only. Compiled, not yet run.
@@ -23,10 +25,10 @@ import re
 from dataclasses import dataclass
 
 from .. import env
-from ..errors import Unsupported
+from ..errors import InvalidArgument, Unsupported
 from .runtime import Kernel, device_arch, load_kernel
 
-__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes"]
+__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines"]
 
 _MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90 / sm_100 opt-in limit of dynamic shared memory per block
 
@@ -90,18 +92,46 @@ class _WithSmem:
         self.kernel.launch(grid, block, params, stream, smem=smem, cooperative=cooperative)
 
 
+_DEFINE = re.compile(r"(UCCL_EP_HT_[A-Z0-9_]+)=(-?\d+)$")
+_FROM_WARPS = "UCCL_EP_HT_THREADS"  # set from UCCL_EP_HT_WARPS, not through UCCL_EP_HT_DEFINES
+
+
+def tuning_defines(text: str | None = None) -> tuple[str, ...]:
+    """``UCCL_EP_HT_DEFINES`` parsed: NAME=INT items, NAME one of ht_tuning.cuh's UCCL_EP_HT_* macros."""
+    text = env.get("UCCL_EP_HT_DEFINES") if text is None else text
+    out = []
+    for item in text.split():
+        m = _DEFINE.match(item)
+        if m is None or m.group(1) == _FROM_WARPS:
+            raise InvalidArgument("UCCL_EP_HT_DEFINES", "space-separated UCCL_EP_HT_<NAME>=<integer> items "
+                                  "(names in ht_tuning.cuh; the block size comes from UCCL_EP_HT_WARPS)", repr(item))
+        out.append(item)
+    return tuple(out)
+
+
+def default_defines(num_ranks: int, block_threads: int, tuning: str | None = None) -> tuple[tuple[str, ...], ...]:
+    """-D macros of the default variant's (dispatch, combine) builds (also what precompiling uses)."""
+    common = (f"UCCL_EP_HT_THREADS={block_threads}",) + tuning_defines(tuning)
+    return common, (f"UCCL_EP_RANKS={num_ranks}",) + common
+
+
 def _sm_number(arch: str) -> int:
     m = re.match(r"sm_(\d+)", arch)
     return int(m.group(1)) if m else 0
 
 
-def load(device: int, num_ranks: int, variant: Variant | None = None) -> dict[str, object]:
+def load(device: int, num_ranks: int, variant: Variant | None = None, block_threads: int = 512) -> dict[str, object]:
     """The dispatch and combine kernels of ``variant`` (default: the selected one), keyed
-    ``ht_dispatch`` and ``ht_combine`` as NormalEngine launches them."""
+    ``ht_dispatch`` and ``ht_combine`` as NormalEngine launches them, for blocks of
+    ``block_threads`` (the default variant only; the bulk variants are built for 512)."""
     v = variant or selected()
     if not v.bulk:
-        return {"ht_dispatch": load_kernel(device, *v.dispatch),
-                "ht_combine": load_kernel(device, *v.combine, defines=(f"UCCL_EP_RANKS={num_ranks}",))}
+        d_defs, c_defs = default_defines(num_ranks, block_threads)
+        return {"ht_dispatch": load_kernel(device, *v.dispatch, defines=d_defs),
+                "ht_combine": load_kernel(device, *v.combine, defines=c_defs)}
+    if block_threads != 512:
+        raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name} runs 16 warps per block; UCCL_EP_HT_WARPS="
+                          f"{block_threads // 32} applies to the default variant only")
     arch = device_arch(device)
     if _sm_number(arch) < v.min_sm:
         raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name} uses bulk copies (cp.async.bulk), which need compute "

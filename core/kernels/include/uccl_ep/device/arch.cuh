@@ -93,6 +93,16 @@ UCCL_DEVICE void st_release_sys(uint64_t* p, uint64_t v) {
 #endif
 }
 
+// A plain system-scope store (no fence): for progress words whose only ordering need is that
+// this warp's earlier *loads* were consumed (their values already fed later instructions).
+UCCL_DEVICE void st_relaxed_sys(uint64_t* p, uint64_t v) {
+#if UCCL_EP_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
 UCCL_DEVICE int ld_acquire_sys(const int* p) {
 #if UCCL_EP_HIP
   return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);

@@ -66,4 +66,13 @@ UCCL_DEVICE void warp_publish(uint64_t* counter, uint64_t value) {
   sync_warp();
 }
 
+// Publish a consumer counter whose freed positions this warp only *read*: every load of them fed a
+// value this warp already used, so no fence is needed before the store (a release would drain the
+// warp's outstanding output stores first, which the producer does not depend on).
+UCCL_DEVICE void warp_publish_consumed(uint64_t* counter, uint64_t value) {
+  sync_warp();
+  if (lane_id() == 0) st_relaxed_sys(counter, value);
+  sync_warp();
+}
+
 }  // namespace uccl_ep::dev

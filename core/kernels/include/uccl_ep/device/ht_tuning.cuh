@@ -1,0 +1,92 @@
+// Compile-time tuning of the default HT intranode kernels (intranode_dispatch.cu,
+// intranode_combine.cu). The engine (uccl_ep/cuda/ht.py) passes UCCL_EP_HT_THREADS from
+// UCCL_EP_HT_WARPS; the others come from UCCL_EP_HT_DEFINES (experiments only: a setting that wins
+// on the GPU becomes the default here, with its measurement in a NOTES line).
+#pragma once
+
+#include "uccl_ep/device/ring.cuh"
+
+#ifndef UCCL_EP_HT_THREADS
+#define UCCL_EP_HT_THREADS 512  // threads per block = warps per block * 32 (<= kHTMaxWarps warps)
+#endif
+#ifndef UCCL_EP_HT_PUBLISH_EVERY
+#define UCCL_EP_HT_PUBLISH_EVERY 4  // a producer warp's own rows between progress publications
+#endif
+#ifndef UCCL_EP_HT_HEAD_SLACK
+#define UCCL_EP_HT_HEAD_SLACK 16  // combine receiver: positions a head may lag before republishing
+#endif
+#ifndef UCCL_EP_HT_COMBINE_UNROLL
+#define UCCL_EP_HT_COMBINE_UNROLL (UCCL_EP_HT_THREADS > 512 ? 2 : 4)  // 16-byte vectors per lane per step
+#endif
+#ifndef UCCL_EP_HT_PROF
+#define UCCL_EP_HT_PROF 0  // 1: account each warp's cycles spent waiting on the other side (HTProf)
+#endif
+#ifndef UCCL_EP_HT_RELAXED_HEAD
+#define UCCL_EP_HT_RELAXED_HEAD 0  // consumers publish heads without a fence (see warp_publish_consumed)
+#endif
+
+namespace uccl_ep::dev {
+
+constexpr int kHTThreads = UCCL_EP_HT_THREADS;
+static_assert(kHTThreads % 32 == 0 && kHTThreads / 32 <= kHTMaxWarps, "UCCL_EP_HT_THREADS: whole warps, <= kHTMaxWarps");
+constexpr int kPublishEvery = UCCL_EP_HT_PUBLISH_EVERY;
+constexpr int kHeadSlack = UCCL_EP_HT_HEAD_SLACK;
+constexpr int kCombineUnroll = UCCL_EP_HT_COMBINE_UNROLL;
+static_assert(kPublishEvery >= 1 && kHeadSlack >= 1 && kCombineUnroll >= 1, "HT tuning values must be >= 1");
+
+// A consumer's head counter: the positions below `value` were only read by this warp.
+UCCL_DEVICE void publish_head(uint64_t* counter, uint64_t value) {
+#if UCCL_EP_HT_RELAXED_HEAD
+  warp_publish_consumed(counter, value);
+#else
+  warp_publish(counter, value);
+#endif
+}
+
+// ---- wait accounting (UCCL_EP_HT_PROF=1; a measurement build, never the default) ---------------
+// Each warp counts the SM cycles it spends inside progress waits and its cycles in total; lane 0
+// adds them to a module global at exit. The next launch's thread (0, 0) prints and clears the
+// totals, so a run prints one line per launch describing the launch before it (approximately:
+// blocks of the new launch that finish before the clear land in the old line).
+constexpr bool kHTProf = UCCL_EP_HT_PROF != 0;
+#if UCCL_EP_HT_PROF
+__device__ unsigned long long g_ht_prof[5];  // sender wait, sender total, receiver wait, receiver total, warps
+#endif
+
+struct HTProf {
+  long long start = 0, wait = 0;
+  UCCL_DEVICE void begin() {
+    if constexpr (kHTProf) start = clock64();
+  }
+  UCCL_DEVICE long long mark() const { return kHTProf ? clock64() : 0; }
+  UCCL_DEVICE void waited(long long since) {
+    if constexpr (kHTProf) wait += clock64() - since;
+  }
+  UCCL_DEVICE void end(bool sender) {
+#if UCCL_EP_HT_PROF
+    if (lane_id() == 0) {
+      atomicAdd(&g_ht_prof[sender ? 0 : 2], (unsigned long long)wait);
+      atomicAdd(&g_ht_prof[sender ? 1 : 3], (unsigned long long)(clock64() - start));
+      atomicAdd(&g_ht_prof[4], 1ull);
+    }
+#endif
+  }
+};
+
+// Thread (0, 0) at kernel start: print and clear the previous launch's totals.
+UCCL_DEVICE void ht_prof_report(const char* kernel, int rank) {
+#if UCCL_EP_HT_PROF
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  unsigned long long v[5];
+  for (int i = 0; i < 5; ++i) v[i] = atomicExch(&g_ht_prof[i], 0ull);
+  if (v[4] == 0) return;
+  printf("HTPROF %s rank %d warps %llu sender wait %.1f%% of %llu kcyc, receiver wait %.1f%% of %llu kcyc\n", kernel,
+         rank, v[4], v[1] ? 100.0 * double(v[0]) / double(v[1]) : 0.0, v[1] / 1000, v[3] ? 100.0 * double(v[2]) / double(v[3]) : 0.0,
+         v[3] / 1000);
+#else
+  (void)kernel;
+  (void)rank;
+#endif
+}
+
+}  // namespace uccl_ep::dev
