@@ -14,6 +14,7 @@
 // counter rules. Consumers here are all R*G warps of the block, so producers take the minimum
 // over that many counters.
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/combine_sum.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/ht_tuning.cuh"
 #include "uccl_ep/device/ring.cuh"
@@ -106,8 +107,13 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
   for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
     const int tl = tb + lane;
     uint64_t masks[kRanks];
+    int heads_of_lane[kRanks];  // send_head of token tb + lane: each token's slot without a dependent load
 #pragma unroll
-    for (int j = 0; j < kRanks; ++j) masks[j] = j < R ? warp_ballot(tl < t_end && in_rank[int64_t(tl) * R + j]) : 0;
+    for (int j = 0; j < kRanks; ++j) {
+      const bool in = j < R && tl < t_end && in_rank[int64_t(tl) * R + j];
+      masks[j] = warp_ballot(in);
+      heads_of_lane[j] = in ? send_head[int64_t(tl) * R + j] : 0;
+    }
     for (int o = 0; o < kWarpSize && tb + o < t_end; ++o) {
       const int t = tb + o;
       if ((t - t_begin) % NW != warp) continue;
@@ -131,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) {
         if (j >= R || !((masks[j] >> o) & 1)) continue;
-        const uint64_t pos = bases[j] + send_head[int64_t(t) * R + j];
+        const uint64_t pos = bases[j] + shfl_idx(heads_of_lane[j], o);
         if (pos >= tail_min[j]) {
           const long long w0 = prof.mark();
           tail_min[j] = warp_wait_above(counter(peer[me], kHTTailOffset, c, R, j, 0), G, pos, uint64_t(p.timeout_ns),
@@ -144,52 +150,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       }
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
-      constexpr int U = kCombineUnroll;  // vectors per lane per step, loads in flight together
-      for (int64_t v0 = lane; v0 < H / 8; v0 += U * kWarpSize) {
-        float acc[U][8];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t v = v0 + u * kWarpSize;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
-          if (v >= H / 8) continue;
-          float b[8];
-          if (p.bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias0) + (int64_t(t) * H + v * 8) * 2), acc[u]);
-          if (p.bias1 != 0) {
-            unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(p.bias1) + (int64_t(t) * H + v * 8) * 2), b);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], b[e]);
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], 0.0f);  // the reference's "+ 0" (-0 -> +0)
-        }
-        for (int s0 = 0; s0 < nsrc; s0 += 2) {  // two sources' loads in flight together
-          Vec16 ra[U], rb[U];
-          const bool two = s0 + 1 < nsrc;
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            if (v0 + u * kWarpSize >= H / 8) continue;
-            ra[u] = ld16_cg(rows[s0] + (v0 + u * kWarpSize) * 16);
-            if (two) rb[u] = ld16_cg(rows[s0 + 1] + (v0 + u * kWarpSize) * 16);
-          }
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            if (v0 + u * kWarpSize >= H / 8) continue;
-            float f[8];
-            unpack_bf16x8(ra[u], f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-            if (two) {
-              unpack_bf16x8(rb[u], f);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (v0 + u * kWarpSize < H / 8) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
-      }
+      warp_combine_rows<kCombineUnroll>(out, rows, nsrc, H, p.bias0, p.bias1, t);
       if (p.out_weights != 0) {
         for (int kk = lane; kk < K; kk += kWarpSize) {
           float acc = 0.0f;

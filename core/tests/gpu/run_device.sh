@@ -27,7 +27,8 @@
 #   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
 #          "label:warps:DEFINES;..." each benchmarked (bench-verified) at TUNE_SMS (default 24) ->
 #          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
-#          one bench with UCCL_EP_HT_PROF=1 (per-launch wait shares, $OUT/ht_prof.log). TUNE_BUDGET_S
+#          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
+#          $OUT/ht_prof.log). TUNE_BUDGET_S
 #          (default 520 s). Kernels are compiled in parallel first (precompile_ht.py).
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
@@ -163,7 +164,8 @@ for step in $STEPS; do
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${TUNE_BUDGET_S:-520}
       CFGS=${TUNE_CONFIGS:-"w16:16:;w16r:16:UCCL_EP_HT_RELAXED_HEAD=1;w24:24:;w32:32:"}
-      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16:UCCL_EP_HT_PROF=1"
+      PROF_DEFS="UCCL_EP_HT_PROF=1 ${TUNE_PROF_DEFINES:-}"
+      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16:$PROF_DEFS"
       bounded 150 $PY core/tests/gpu/precompile_ht.py 2 "$CFGS" 2>&1 | tail -3
       IFS=';' read -ra TC <<< "$CFGS"
       for sms in ${TUNE_SMS:-24}; do
@@ -178,7 +180,7 @@ for step in $STEPS; do
       done
       $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
       if [[ ${TUNE_PROF:-1} != 0 ]]; then
-        UCCL_EP_HT_WARPS=16 UCCL_EP_HT_DEFINES="UCCL_EP_HT_PROF=1" bounded 75 $PY -m uccl_ep.cli.main bench \
+        UCCL_EP_HT_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
           --backend cuda --ranks 2 --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
           > "$OUT/ht_prof.log" 2>&1
         grep HTPROF "$OUT/ht_prof.log" | awk '{print $2}' | sort | uniq -c

@@ -16,7 +16,7 @@
 #define UCCL_EP_HT_HEAD_SLACK 16  // combine receiver: positions a head may lag before republishing
 #endif
 #ifndef UCCL_EP_HT_COMBINE_UNROLL
-#define UCCL_EP_HT_COMBINE_UNROLL (UCCL_EP_HT_THREADS > 512 ? 2 : 4)  // 16-byte vectors per lane per step
+#define UCCL_EP_HT_COMBINE_UNROLL 2  // 16-byte vectors per lane per chunk (warp_combine_rows; 4 spills)
 #endif
 #ifndef UCCL_EP_HT_PROF
 #define UCCL_EP_HT_PROF 0  // 1: account each warp's cycles spent waiting on the other side (HTProf)

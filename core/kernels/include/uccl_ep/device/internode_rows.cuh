@@ -1,10 +1,11 @@
 // Output-row pieces shared by the proxy-path normal-mode kernels (internode_dispatch.cu,
 // internode_combine.cu and their forward variants): placing a received dispatch message in its
-// row, the num_worst_tokens padding, and the bias start of a combine sum.
+// row and the num_worst_tokens padding (the bias start of a combine sum: combine_sum.cuh).
 #pragma once
 
 #include "uccl_ep/device/arch.cuh"
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/combine_sum.cuh"
 #include "uccl_ep/device/internode_ring.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/kernel_abi_internode.h"
@@ -45,22 +46,6 @@ UCCL_DEVICE void pad_dispatch_rows(const P& p, int64_t real, int block, int num_
     }
     if (p.recv_src_idx != 0) reinterpret_cast<int*>(p.recv_src_idx)[r] = -1;
   }
-}
-
-// The start of a combine sum for elements [8v, 8v + 8) of token t: (bias0 + bias1) + 0, one IEEE
-// add at a time, as uccl_ep.refs computes it (the "+ 0" turns -0 into +0).
-UCCL_DEVICE void combine_sum_start(float* acc, uint64_t bias0, uint64_t bias1, int64_t t, int64_t H, int64_t v) {
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-  if (bias0 != 0) unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(bias0) + (t * H + v * 8) * 2), acc);
-  if (bias1 != 0) {
-    float b[8];
-    unpack_bf16x8(ld16(reinterpret_cast<const uint8_t*>(bias1) + (t * H + v * 8) * 2), b);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], b[e]);
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);
 }
 
 }  // namespace uccl_ep::dev
