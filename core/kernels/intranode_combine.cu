@@ -79,12 +79,18 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       }
       uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
       const int64_t row = start_row + k;
+      const long long c0 = prof.mark();
       warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + row * H * 2, H * 2);
       if (p.topk_weights != 0)
         for (int kk = lane; kk < K; kk += kWarpSize)
           reinterpret_cast<float*>(slot + w_off)[kk] = reinterpret_cast<const float*>(p.topk_weights)[row * K + kk];
       done = pos + 1;
-      if (done >= published + kPublishEvery * G) warp_publish(tail, published = done);
+      prof.add(1, c0);
+      if (done >= published + kPublishEvery * G) {
+        const long long p0 = prof.mark();
+        warp_publish(tail, published = done);
+        prof.add(2, p0);
+      }
     }
     warp_publish(tail, base + n);
     if (w == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.sent)[c * R + i] = base + n;
@@ -150,15 +156,19 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       }
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
+      const long long s0 = prof.mark();
       warp_combine_rows<kCombineUnroll>(out, rows, nsrc, H, p.bias0, p.bias1, t);
+      prof.add(1, s0);
+      const long long k0 = prof.mark();
       if (p.out_weights != 0) {
         for (int kk = lane; kk < K; kk += kWarpSize) {
           float acc = 0.0f;
-          for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, reinterpret_cast<const float*>(rows[s] + w_off)[kk]);
+          for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, __uint_as_float(ld_u32_cg(rows[s] + w_off + 4 * kk)));
           reinterpret_cast<float*>(p.out_weights)[int64_t(t) * K + kk] = acc;
         }
       }
       sync_warp();
+      prof.add(2, k0);
     }
 #pragma unroll
     for (int j = 0; j < kRanks; ++j) counts[j] += popc64(masks[j]);

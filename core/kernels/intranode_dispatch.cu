@@ -112,7 +112,9 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
         const int tok = tb + b;
         // NOTES: 16 loads per lane in flight measured slower (119 registers, when the row's tail was still
         // copied one load at a time); 8 is the measured configuration (block.cuh: warp_copy16).
+        const long long c0 = prof.mark();
         warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + int64_t(tok) * p.hidden_bytes, p.hidden_bytes);
+        prof.add(1, c0);
         for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
           reinterpret_cast<uint32_t*>(slot + L.scales)[s] =
               reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
@@ -124,7 +126,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
         }
         if (lane_id() == 0) *reinterpret_cast<int*>(slot + L.src) = tok;
         done = pos + 1;
-        if (done >= published + kPublishEvery * G) warp_publish(tail, published = done);
+        if (done >= published + kPublishEvery * G) {
+          const long long p0 = prof.mark();
+          warp_publish(tail, published = done);
+          prof.add(2, p0);
+        }
       }
       k_run += popc64(mask);
     }
@@ -157,7 +163,9 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
     const uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
     const int64_t row = start_row + k;
     if (row < p.num_rows) {
+      const long long c0 = prof.mark();
       warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + row * p.hidden_bytes, slot, p.hidden_bytes);
+      prof.add(1, c0);
       for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
         reinterpret_cast<uint32_t*>(p.recv_scales)[row * p.num_scales + s] =
             reinterpret_cast<const uint32_t*>(slot + L.scales)[s];
@@ -174,7 +182,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
         reinterpret_cast<int*>(p.recv_src_idx)[row] = *reinterpret_cast<const int*>(slot + L.src);
     }
     done = pos + 1;
-    if (done >= published + kPublishEvery * G) publish_head(head, published = done);
+    if (done >= published + kPublishEvery * G) {
+      const long long p0 = prof.mark();
+      publish_head(head, published = done);
+      prof.add(2, p0);
+    }
   }
   publish_head(head, base + n);
   if (w == 0 && lane_id() == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + i] = base + n;

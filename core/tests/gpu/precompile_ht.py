@@ -1,7 +1,7 @@
 """Compile the default HT kernels of every tuning configuration in parallel (run_device.sh `tune`),
 so each benchmark run finds its kernels in the JIT cache instead of compiling on the clock.
 
-Usage: python core/tests/gpu/precompile_ht.py RANKS "label:warps:DEFINES;label:warps:DEFINES;..."
+Usage: python core/tests/gpu/precompile_ht.py RANKS "label:warps[/combine warps]:DEFINES;..."
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def main(argv: list[str]) -> int:
     jobs = []
     for cfg in configs:
         _label, warps, defines = (cfg.split(":", 2) + [""])[:3]
-        g = int(warps) // ranks
-        d_defs, c_defs = ht_variants.default_defines(ranks, ranks * g * 32, defines)
+        dw, _, cw = warps.partition("/")  # dispatch warps [/ combine warps]
+        d_defs = ht_variants.default_defines(ranks, int(dw) // ranks * ranks * 32, defines)[0]
+        c_defs = ht_variants.default_defines(ranks, int(cw or dw) // ranks * ranks * 32, defines)[1]
         jobs += [(v.dispatch[0], d_defs), (v.combine[0], c_defs)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         for (src, defs), path in zip(jobs, pool.map(

@@ -25,7 +25,7 @@
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
 #   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
-#          "label:warps:DEFINES;..." each benchmarked (bench-verified) at TUNE_SMS (default 24) ->
+#          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10) (bench-verified) at TUNE_SMS (default 24) ->
 #          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
 #          $OUT/ht_prof.log). TUNE_BUDGET_S
@@ -172,9 +172,11 @@ for step in $STEPS; do
         for cfg in "${TC[@]}"; do
           IFS=: read -r label warps defs <<< "$cfg"
           [[ $label == prof ]] && continue
+          IFS=/ read -r dw cw <<< "$warps"
           echo "--- $label (warps $warps; $defs) $sms SMs, $(left) s left"
-          UCCL_EP_HT_WARPS=$warps UCCL_EP_HT_DEFINES="$defs" bounded 75 $PY -m uccl_ep.cli.main bench --backend cuda \
-            --ranks 2 --mode ht --num-sms $sms --iters 10 --warmup 3 --timeout 70 \
+          UCCL_EP_HT_WARPS=$dw UCCL_EP_HT_COMBINE_WARPS=${cw:-0} UCCL_EP_HT_DEFINES="$defs" bounded 75 \
+            $PY -m uccl_ep.cli.main bench --backend cuda \
+            --ranks 2 --mode ht --num-sms $sms --iters ${TUNE_ITERS:-10} --warmup 3 --timeout 70 \
             --json "$OUT/ht_variant_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
         done
       done

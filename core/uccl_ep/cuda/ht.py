@@ -64,11 +64,15 @@ class NormalEngine:
         if ex.nvl_mem is None:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
-        self.warps = env.get("UCCL_EP_HT_WARPS")
-        if self.warps < self.R:
-            raise InvalidArgument("UCCL_EP_HT_WARPS", f">= the number of ranks ({self.R})", self.warps)
-        self.G = self.warps // self.R  # warps per peer; a combine receiver block runs R * G of them
-        self.block = self.R * self.G * 32
+        warps = env.get("UCCL_EP_HT_WARPS")
+        combine_warps = env.get("UCCL_EP_HT_COMBINE_WARPS") or warps
+        for name, n in (("UCCL_EP_HT_WARPS", warps), ("UCCL_EP_HT_COMBINE_WARPS", combine_warps)):
+            if n < self.R:
+                raise InvalidArgument(name, f">= the number of ranks ({self.R})", n)
+        # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
+        self.G, self.Gc = warps // self.R, combine_warps // self.R
+        self.block, self.combine_block = self.R * self.G * 32, self.R * self.Gc * 32
+        self.warps = max(warps, combine_warps)
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)
         ex.drv.memcpy_htod(self.dev, self.peers.ptr, struct.pack(f"<{self.R}Q", *ex.nvl_peer_base))
@@ -78,7 +82,7 @@ class NormalEngine:
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (("layout.cu", "ht_layout"),
                                                                     ("intranode_notify.cu", "ht_notify"))}
         # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT (launch bounds: the block size)
-        self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block))
+        self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block, combine_threads=self.combine_block))
 
     @property
     def _sent(self) -> int:
@@ -282,9 +286,9 @@ class NormalEngine:
             sent=self._sent, consumed=self._consumed, rank_prefix=handle[0].data_ptr(),
             recv_channel_prefix=handle[2].data_ptr(), error=self.ex.error_dev_ptr, num_tokens=T, hidden=H,
             num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=plan.num_channels,
-            ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.G,
+            ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.Gc,
             timeout_ns=self.ex.timeout_ns)
-        self._k["ht_combine"].launch(2 * plan.num_channels, self.block, params, current_stream())
+        self._k["ht_combine"].launch(2 * plan.num_channels, self.combine_block, params, current_stream())
         return out, out_w
 
     def free(self) -> None:

@@ -120,16 +120,20 @@ def _sm_number(arch: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def load(device: int, num_ranks: int, variant: Variant | None = None, block_threads: int = 512) -> dict[str, object]:
+def load(device: int, num_ranks: int, variant: Variant | None = None, block_threads: int = 512,
+         combine_threads: int = 0) -> dict[str, object]:
     """The dispatch and combine kernels of ``variant`` (default: the selected one), keyed
     ``ht_dispatch`` and ``ht_combine`` as NormalEngine launches them, for blocks of
-    ``block_threads`` (the default variant only; the bulk variants are built for 512)."""
+    ``block_threads`` (combine: ``combine_threads`` if set). The default variant only; the bulk
+    variants are built for 512."""
     v = variant or selected()
+    combine_threads = combine_threads or block_threads
     if not v.bulk:
-        d_defs, c_defs = default_defines(num_ranks, block_threads)
+        d_defs = default_defines(num_ranks, block_threads)[0]
+        c_defs = default_defines(num_ranks, combine_threads)[1]
         return {"ht_dispatch": load_kernel(device, *v.dispatch, defines=d_defs),
                 "ht_combine": load_kernel(device, *v.combine, defines=c_defs)}
-    if block_threads != 512:
+    if block_threads != 512 or combine_threads != 512:
         raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name} runs 16 warps per block; UCCL_EP_HT_WARPS="
                           f"{block_threads // 32} applies to the default variant only")
     arch = device_arch(device)

@@ -162,4 +162,7 @@ UCCL_DEVICE Vec16 ld16_cg(const void* p) {
 #endif
 }
 
+// 4-byte load that skips L1, for the same memory as ld16_cg (message fields, combine weights).
+UCCL_DEVICE uint32_t ld_u32_cg(const uint8_t* p) { return *reinterpret_cast<const volatile uint32_t*>(p); }
+
 }  // namespace uccl_ep::dev

@@ -43,46 +43,53 @@ UCCL_DEVICE void publish_head(uint64_t* counter, uint64_t value) {
 #endif
 }
 
-// ---- wait accounting (UCCL_EP_HT_PROF=1; a measurement build, never the default) ---------------
-// Each warp counts the SM cycles it spends inside progress waits and its cycles in total; lane 0
-// adds them to a module global at exit. The next launch's thread (0, 0) prints and clears the
-// totals, so a run prints one line per launch describing the launch before it (approximately:
-// blocks of the new launch that finish before the clear land in the old line).
+// ---- cycle accounting (UCCL_EP_HT_PROF=1; a measurement build, never the default) --------------
+// Each warp counts the SM cycles it spends in up to three named sections (bucket 0: waits on the
+// other side; 1, 2: per kernel, e.g. row copy / sum and progress publication) and its cycles in
+// total; lane 0 adds them to a module global at exit. The next launch's thread (0, 0) prints and
+// clears the totals, so a run prints one line per launch describing the launch before it
+// (approximately: blocks of the new launch that finish before the clear land in the old line).
 constexpr bool kHTProf = UCCL_EP_HT_PROF != 0;
+constexpr int kProfBuckets = 3;
 #if UCCL_EP_HT_PROF
-__device__ unsigned long long g_ht_prof[5];  // sender wait, sender total, receiver wait, receiver total, warps
+__device__ unsigned long long g_ht_prof[2][kProfBuckets + 2];  // [sender, receiver][buckets, total, warps]
 #endif
 
 struct HTProf {
-  long long start = 0, wait = 0;
+  long long start = 0, spent[kProfBuckets] = {0, 0, 0};
   UCCL_DEVICE void begin() {
     if constexpr (kHTProf) start = clock64();
   }
   UCCL_DEVICE long long mark() const { return kHTProf ? clock64() : 0; }
-  UCCL_DEVICE void waited(long long since) {
-    if constexpr (kHTProf) wait += clock64() - since;
+  UCCL_DEVICE void add(int bucket, long long since) {
+    if constexpr (kHTProf) spent[bucket] += clock64() - since;
   }
+  UCCL_DEVICE void waited(long long since) { add(0, since); }
   UCCL_DEVICE void end(bool sender) {
 #if UCCL_EP_HT_PROF
     if (lane_id() == 0) {
-      atomicAdd(&g_ht_prof[sender ? 0 : 2], (unsigned long long)wait);
-      atomicAdd(&g_ht_prof[sender ? 1 : 3], (unsigned long long)(clock64() - start));
-      atomicAdd(&g_ht_prof[4], 1ull);
+      auto* g = g_ht_prof[sender ? 0 : 1];
+      for (int b = 0; b < kProfBuckets; ++b) atomicAdd(&g[b], (unsigned long long)spent[b]);
+      atomicAdd(&g[kProfBuckets], (unsigned long long)(clock64() - start));
+      atomicAdd(&g[kProfBuckets + 1], 1ull);
     }
 #endif
   }
 };
 
-// Thread (0, 0) at kernel start: print and clear the previous launch's totals.
+// Thread (0, 0) at kernel start: print and clear the previous launch's totals, per role: cycles
+// per warp (thousands) and each bucket's share of them.
 UCCL_DEVICE void ht_prof_report(const char* kernel, int rank) {
 #if UCCL_EP_HT_PROF
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  unsigned long long v[5];
-  for (int i = 0; i < 5; ++i) v[i] = atomicExch(&g_ht_prof[i], 0ull);
-  if (v[4] == 0) return;
-  printf("HTPROF %s rank %d warps %llu sender wait %.1f%% of %llu kcyc, receiver wait %.1f%% of %llu kcyc\n", kernel,
-         rank, v[4], v[1] ? 100.0 * double(v[0]) / double(v[1]) : 0.0, v[1] / 1000, v[3] ? 100.0 * double(v[2]) / double(v[3]) : 0.0,
-         v[3] / 1000);
+  double v[2][kProfBuckets + 2];
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < kProfBuckets + 2; ++i) v[r][i] = double(atomicExch(&g_ht_prof[r][i], 0ull));
+  if (v[0][kProfBuckets + 1] == 0 || v[1][kProfBuckets + 1] == 0) return;
+  const double ts = v[0][kProfBuckets], tr = v[1][kProfBuckets];
+  printf("HTPROF %s rank %d sender %.0f kcyc/warp [%.1f%% %.1f%% %.1f%%] receiver %.0f kcyc/warp [%.1f%% %.1f%% %.1f%%]\n",
+         kernel, rank, ts / v[0][kProfBuckets + 1] / 1000, 100 * v[0][0] / ts, 100 * v[0][1] / ts, 100 * v[0][2] / ts,
+         tr / v[1][kProfBuckets + 1] / 1000, 100 * v[1][0] / tr, 100 * v[1][1] / tr, 100 * v[1][2] / tr);
 #else
   (void)kernel;
   (void)rank;

@@ -257,7 +257,6 @@ UCCL_DEVICE void st_u64_words(uint8_t* p, int64_t v) {
   reinterpret_cast<uint32_t*>(p)[0] = uint32_t(uint64_t(v));
   reinterpret_cast<uint32_t*>(p)[1] = uint32_t(uint64_t(v) >> 32);
 }
-UCCL_DEVICE uint32_t ld_u32_cg(const uint8_t* p) { return *reinterpret_cast<const volatile uint32_t*>(p); }
 UCCL_DEVICE int64_t ld_i64_words_cg(const uint8_t* p) {
   return int64_t(uint64_t(ld_u32_cg(p)) | (uint64_t(ld_u32_cg(p + 4)) << 32));
 }
