@@ -79,10 +79,14 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       }
       uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
       const int64_t row = start_row + k;
+      // the row's weights are loaded first: their latency overlaps the row copy (see intranode_dispatch.cu)
+      const bool has_w = p.topk_weights != 0 && lane < K;
+      const float weight = has_w ? reinterpret_cast<const float*>(p.topk_weights)[row * K + lane] : 0.0f;
       const long long c0 = prof.mark();
       warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + row * H * 2, H * 2);
+      if (has_w) reinterpret_cast<float*>(slot + w_off)[lane] = weight;
       if (p.topk_weights != 0)
-        for (int kk = lane; kk < K; kk += kWarpSize)
+        for (int64_t kk = lane + kWarpSize; kk < K; kk += kWarpSize)
           reinterpret_cast<float*>(slot + w_off)[kk] = reinterpret_cast<const float*>(p.topk_weights)[row * K + kk];
       done = pos + 1;
       prof.add(1, c0);

@@ -44,6 +44,57 @@ UCCL_DEVICE SlotLayout dispatch_slot(int64_t hidden_bytes, int64_t num_scales, i
 }
 
 
+// A row's scales and top-k entries, loaded before its data is copied so that their latency
+// overlaps the copy: lane l holds scales l and l + 32 and top-k entry l; entries past those (more
+// than 64 scales or 32 top-k) are copied after the row, one load at a time.
+//
+// NOTES: copied after the row (a dependent load -> store per field), the metadata cost as much as
+// the row itself for FP8 rows (2 x H200 cycle accounting, UCCL_EP_HT_PROF: the sender warps spent
+// over half their cycles outside the row copy and the publications).
+struct RowMeta {
+  uint32_t scales[2];
+  int64_t topk;
+  float weight;
+};
+
+UCCL_DEVICE RowMeta load_row_meta(const HTDispatchParams& p, int64_t tok, int64_t K) {
+  RowMeta m{{0, 0}, 0, 0.0f};
+  const int lane = lane_id();
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int64_t s = lane + q * kWarpSize;
+    if (s < p.num_scales)
+      m.scales[q] = reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
+  }
+  if (lane < K) {
+    m.topk = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + lane];
+    m.weight = reinterpret_cast<const float*>(p.topk_weights)[tok * K + lane];
+  }
+  return m;
+}
+
+UCCL_DEVICE void store_row_meta(const HTDispatchParams& p, const RowMeta& m, uint8_t* slot, const SlotLayout& L,
+                                int64_t tok, int64_t K) {
+  const int lane = lane_id();
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int64_t s = lane + q * kWarpSize;
+    if (s < p.num_scales) reinterpret_cast<uint32_t*>(slot + L.scales)[s] = m.scales[q];
+  }
+  for (int64_t s = lane + 2 * kWarpSize; s < p.num_scales; s += kWarpSize)
+    reinterpret_cast<uint32_t*>(slot + L.scales)[s] =
+        reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
+  if (lane < K) {
+    reinterpret_cast<int64_t*>(slot + L.topk)[lane] = m.topk;
+    reinterpret_cast<float*>(slot + L.weights)[lane] = m.weight;
+  }
+  for (int64_t kk = lane + kWarpSize; kk < K; kk += kWarpSize) {
+    reinterpret_cast<int64_t*>(slot + L.topk)[kk] = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + kk];
+    reinterpret_cast<float*>(slot + L.weights)[kk] = reinterpret_cast<const float*>(p.topk_weights)[tok * K + kk];
+  }
+  if (lane == 0) *reinterpret_cast<int*>(slot + L.src) = int(tok);
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UCCL_GRID_CONSTANT HTDispatchParams p) {
@@ -112,19 +163,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
         const int tok = tb + b;
         // NOTES: 16 loads per lane in flight measured slower (119 registers, when the row's tail was still
         // copied one load at a time); 8 is the measured configuration (block.cuh: warp_copy16).
+        const RowMeta meta = load_row_meta(p, tok, K);
         const long long c0 = prof.mark();
         warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + int64_t(tok) * p.hidden_bytes, p.hidden_bytes);
         prof.add(1, c0);
-        for (int s = lane_id(); s < p.num_scales; s += kWarpSize)
-          reinterpret_cast<uint32_t*>(slot + L.scales)[s] =
-              reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
-        if (K > 0) {
-          for (int kk = lane_id(); kk < K; kk += kWarpSize) {
-            reinterpret_cast<int64_t*>(slot + L.topk)[kk] = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + kk];
-            reinterpret_cast<float*>(slot + L.weights)[kk] = reinterpret_cast<const float*>(p.topk_weights)[tok * K + kk];
-          }
-        }
-        if (lane_id() == 0) *reinterpret_cast<int*>(slot + L.src) = tok;
+        store_row_meta(p, meta, slot, L, tok, K);
         done = pos + 1;
         if (done >= published + kPublishEvery * G) {
           const long long p0 = prof.mark();
