@@ -163,9 +163,9 @@ for step in $STEPS; do
     tune)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${TUNE_BUDGET_S:-520}
-      CFGS=${TUNE_CONFIGS:-"w16:16:;w16r:16:UCCL_EP_HT_RELAXED_HEAD=1;w24:24:;w32:32:"}
+      CFGS=${TUNE_CONFIGS:-"d16c24:16/24:;d16c16:16/16:;d24c24:24/24:;fenced:16/24:UCCL_EP_HT_RELAXED_HEAD=0"}
       PROF_DEFS="UCCL_EP_HT_PROF=1 ${TUNE_PROF_DEFINES:-}"
-      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16:$PROF_DEFS"
+      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16/24:$PROF_DEFS"
       bounded 150 $PY core/tests/gpu/precompile_ht.py 2 "$CFGS" 2>&1 | tail -3
       IFS=';' read -ra TC <<< "$CFGS"
       for sms in ${TUNE_SMS:-24}; do

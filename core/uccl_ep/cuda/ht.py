@@ -72,7 +72,6 @@ class NormalEngine:
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
         self.G, self.Gc = warps // self.R, combine_warps // self.R
         self.block, self.combine_block = self.R * self.G * 32, self.R * self.Gc * 32
-        self.warps = max(warps, combine_warps)
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)
         ex.drv.memcpy_htod(self.dev, self.peers.ptr, struct.pack(f"<{self.R}Q", *ex.nvl_peer_base))
@@ -102,8 +101,13 @@ class NormalEngine:
         if channels > _MAX_CHANNELS:
             raise LimitExceeded("config.num_sms", "SMs (2 per channel) of the CUDA normal kernels", 2 * channels,
                                 2 * _MAX_CHANNELS)
-        if slots < 2 * self.warps:
-            raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {2 * self.warps} for the CUDA kernels",
+        # NOTES: a ring must hold one position per consumer warp of a block (R * G): consumers
+        # publish before they block, and the waiting one's position is at most that far past the
+        # slowest head, so the producer can always write it.
+        need = self.R * max(self.G, self.Gc)
+        if slots < need:
+            raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {need} for the CUDA kernels "
+                                  "(the consumer warps of a block: UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS)",
                                   slots)
         slot_bytes = (self.ex.nvl_mem.nbytes - _RING_OFF) // (channels * self.R * slots) // 16 * 16
         if slot_bytes <= 0:

@@ -21,8 +21,11 @@
 #ifndef UCCL_EP_HT_PROF
 #define UCCL_EP_HT_PROF 0  // 1: account each warp's cycles spent waiting on the other side (HTProf)
 #endif
+// NOTES: consumers publish heads without a fence (warp_publish_consumed). 2 x H200, EP2, 24 SMs,
+// 30 iterations (run_device.sh tune, 2026-11-22): combine 199 -> 234 GB/s, dispatch unchanged or
+// better; a release drained each receiver warp's output stores before every head update.
 #ifndef UCCL_EP_HT_RELAXED_HEAD
-#define UCCL_EP_HT_RELAXED_HEAD 0  // consumers publish heads without a fence (see warp_publish_consumed)
+#define UCCL_EP_HT_RELAXED_HEAD 1
 #endif
 
 namespace uccl_ep::dev {
