@@ -198,3 +198,61 @@ def test_hipcc_refuses_cuda_only_variants_with_a_reason(tmp_path):
                               f"-I{jit.include_dir()}", "-c", str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode != 0 and "CUDA-only" in res.stderr, (source, res.stderr[-2000:])
+
+
+# ---- default HT kernels: block sizes and tuning settings (ht_tuning.cuh) ----------------------------
+def _ptxas_info(nvcc, source, defines, tmp_path):
+    cmd = [str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-c", "-Xptxas", "-v",
+           "-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG", *(f"-D{d}" for d in defines),
+           str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stderr
+
+
+@pytest.mark.parametrize("threads", [512, 768, 1024])
+def test_ht_default_kernels_build_for_each_block_size(threads, tmp_path):
+    """The engine's defines for dispatch and combine (ht_variants.default_defines) build at every block
+    size UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS allow, within the registers one block of that
+    size may hold; the shipped defaults (dispatch 512, combine 768 threads) keep the spills they
+    were measured with (dispatch none, combine 76 bytes at 80 registers) from growing."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    d_defs, c_defs = ht_variants.default_defines(2, threads, "")
+    for source, defs, default in (("intranode_dispatch.cu", d_defs, 512), ("intranode_combine.cu", c_defs, 768)):
+        info = _ptxas_info(nvcc, source, defs, tmp_path)
+        regs = [int(m) for m in re.findall(r"Used (\d+) registers", info)]
+        assert regs and max(regs) <= 65536 // threads, info
+        if threads == default:
+            spilled = sum(int(m) for m in re.findall(r"(\d+) bytes spill stores", info))
+            assert spilled <= (0 if default == 512 else 128), (source, info)
+
+
+def test_ht_prof_build_counts_cycles(tmp_path):
+    """UCCL_EP_HT_PROF=1 builds with the cycle accounting (a printf and clock reads); the default build
+    has neither."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    for prof, expect in (("UCCL_EP_HT_PROF=1", True), ("UCCL_EP_HT_PROF=0", False)):
+        out = tmp_path / "c.ptx"
+        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                              *(f"-D{d}" for d in ht_variants.default_defines(2, 512, prof)[1]),
+                              str(jit.kernel_dir() / "intranode_combine.cu"), "-o", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        ptx = out.read_text()
+        assert ("vprintf" in ptx) == expect and ("%clock64" in ptx) == expect, prof
+
+
+def test_ht_consumer_heads_are_fence_free_by_default(tmp_path):
+    """Default builds publish consumer heads with a relaxed system-scope store and producer tails with a
+    release; UCCL_EP_HT_RELAXED_HEAD=0 brings the release back for heads (the measured alternative)."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    for defs, relaxed in (("", True), ("UCCL_EP_HT_RELAXED_HEAD=0", False)):
+        out = tmp_path / "d.ptx"
+        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                              *(f"-D{d}" for d in ht_variants.default_defines(2, 512, defs)[0]),
+                              str(jit.kernel_dir() / "intranode_dispatch.cu"), "-o", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        ptx = out.read_text()
+        assert "st.release.sys.global.u64" in ptx
+        assert ("st.relaxed.sys.global.u64" in ptx) == relaxed, defs
