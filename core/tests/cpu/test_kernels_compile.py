@@ -210,6 +210,15 @@ def _ptxas_info(nvcc, source, defines, tmp_path):
     return res.stderr
 
 
+def _default_ht_ptx(nvcc, source, defines, tmp_path) -> str:
+    out = tmp_path / "k.ptx"
+    res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                          *(f"-D{d}" for d in defines), str(jit.kernel_dir() / source), "-o", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text()
+
+
 @pytest.mark.parametrize("threads", [512, 768, 1024])
 def test_ht_default_kernels_build_for_each_block_size(threads, tmp_path):
     """The engine's defines for dispatch and combine (ht_variants.default_defines) build at every block
@@ -232,13 +241,7 @@ def test_ht_prof_build_counts_cycles(tmp_path):
     has neither."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for prof, expect in (("UCCL_EP_HT_PROF=1", True), ("UCCL_EP_HT_PROF=0", False)):
-        out = tmp_path / "c.ptx"
-        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
-                              *(f"-D{d}" for d in ht_variants.default_defines(2, 512, prof)[1]),
-                              str(jit.kernel_dir() / "intranode_combine.cu"), "-o", str(out)],
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        ptx = out.read_text()
+        ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", ht_variants.default_defines(2, 512, prof)[1], tmp_path)
         assert ("vprintf" in ptx) == expect and ("%clock64" in ptx) == expect, prof
 
 
@@ -247,12 +250,6 @@ def test_ht_consumer_heads_are_fence_free_by_default(tmp_path):
     release; UCCL_EP_HT_RELAXED_HEAD=0 brings the release back for heads (the measured alternative)."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for defs, relaxed in (("", True), ("UCCL_EP_HT_RELAXED_HEAD=0", False)):
-        out = tmp_path / "d.ptx"
-        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
-                              *(f"-D{d}" for d in ht_variants.default_defines(2, 512, defs)[0]),
-                              str(jit.kernel_dir() / "intranode_dispatch.cu"), "-o", str(out)],
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        ptx = out.read_text()
+        ptx = _default_ht_ptx(nvcc, "intranode_dispatch.cu", ht_variants.default_defines(2, 512, defs)[0], tmp_path)
         assert "st.release.sys.global.u64" in ptx
         assert ("st.relaxed.sys.global.u64" in ptx) == relaxed, defs
