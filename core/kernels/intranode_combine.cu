@@ -161,7 +161,14 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
       const long long s0 = prof.mark();
+#if UCCL_EP_HT_COMBINE_STAGES
+      extern __shared__ __align__(16) uint8_t combine_stages[];  // kCombineStageVecs per warp (ht.py sizes it)
+      warp_combine_rows_staged<kCombineUnroll, kCombineStages>(
+          out, rows, nsrc, H, p.bias0, p.bias1, t,
+          reinterpret_cast<Vec16*>(combine_stages) + warp * kCombineStageVecs<kCombineUnroll, kCombineStages>);
+#else
       warp_combine_rows<kCombineUnroll>(out, rows, nsrc, H, p.bias0, p.bias1, t);
+#endif
       prof.add(1, s0);
       const long long k0 = prof.mark();
       if (p.out_weights != 0) {

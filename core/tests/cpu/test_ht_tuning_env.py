@@ -45,3 +45,16 @@ def test_warps_out_of_range_are_refused(monkeypatch, name, value):
 def test_warp_defaults():
     assert env.REGISTRY["UCCL_EP_HT_WARPS"].default == 16
     assert env.REGISTRY["UCCL_EP_HT_COMBINE_WARPS"].default == 24
+
+
+def test_combine_stage_areas_are_sized_and_bounded():
+    assert ht_variants.combine_smem_bytes(768, "") == 0
+    # 24 warps x 4 stages x 2 sources x 2 vectors x 32 lanes x 16 bytes
+    assert ht_variants.combine_smem_bytes(768, "UCCL_EP_HT_COMBINE_STAGES=4") == 24 * 4 * 2 * 2 * 32 * 16
+    assert ht_variants.combine_smem_bytes(512, "UCCL_EP_HT_COMBINE_STAGES=2 UCCL_EP_HT_COMBINE_UNROLL=4") == \
+        16 * 2 * 2 * 4 * 32 * 16
+    for bad in ("UCCL_EP_HT_COMBINE_STAGES=1", "UCCL_EP_HT_COMBINE_STAGES=8 UCCL_EP_HT_COMBINE_UNROLL=4"):
+        with pytest.raises(InvalidArgument) as e:
+            ht_variants.combine_smem_bytes(1024, bad)
+        assert "UCCL_EP_HT_DEFINES" in str(e.value)
+

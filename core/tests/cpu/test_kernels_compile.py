@@ -253,3 +253,17 @@ def test_ht_consumer_heads_are_fence_free_by_default(tmp_path):
         ptx = _default_ht_ptx(nvcc, "intranode_dispatch.cu", ht_variants.default_defines(2, 512, defs)[0], tmp_path)
         assert "st.release.sys.global.u64" in ptx
         assert ("st.relaxed.sys.global.u64" in ptx) == relaxed, defs
+
+
+def test_ht_staged_combine_builds_with_cp_async(tmp_path):
+    """The cp.async-staged combine sum (UCCL_EP_HT_COMBINE_STAGES, an experiment) builds at the block
+    sizes its stage areas fit, issues its copies as cp.async through L2, and is absent by default."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    for threads, stages in ((512, 4), (768, 3)):
+        c_defs = ht_variants.default_defines(2, threads, f"UCCL_EP_HT_COMBINE_STAGES={stages}")[1]
+        ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", c_defs, tmp_path)
+        assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
+        _ptxas_info(nvcc, "intranode_combine.cu", c_defs, tmp_path)
+    assert "cp.async" not in _default_ht_ptx(nvcc, "intranode_combine.cu",
+                                             ht_variants.default_defines(2, 768, "")[1], tmp_path)
+

@@ -163,7 +163,9 @@ for step in $STEPS; do
     tune)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${TUNE_BUDGET_S:-520}
-      CFGS=${TUNE_CONFIGS:-"d16c24:16/24:;d16c16:16/16:;d24c24:24/24:;fenced:16/24:UCCL_EP_HT_RELAXED_HEAD=0"}
+      # default matrix: the shipped setting, then the cp.async-staged combine (not yet measured)
+      S=UCCL_EP_HT_COMBINE_STAGES
+      CFGS=${TUNE_CONFIGS:-"d16c24:16/24:;c16s4:16/16:$S=4;c24s4:16/24:$S=4;c16s2u4:16/16:$S=2 UCCL_EP_HT_COMBINE_UNROLL=4"}
       PROF_DEFS="UCCL_EP_HT_PROF=1 ${TUNE_PROF_DEFINES:-}"
       [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16/24:$PROF_DEFS"
       bounded 150 $PY core/tests/gpu/precompile_ht.py 2 "$CFGS" 2>&1 | tail -3

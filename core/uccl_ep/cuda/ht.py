@@ -82,6 +82,8 @@ class NormalEngine:
                                                                     ("intranode_notify.cu", "ht_notify"))}
         # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT (launch bounds: the block size)
         self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block, combine_threads=self.combine_block))
+        self.combine_smem = ht_variants.combine_smem_bytes(self.combine_block) if \
+            ht_variants.selected().name == "default" else 0
 
     @property
     def _sent(self) -> int:
@@ -292,7 +294,8 @@ class NormalEngine:
             num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=plan.num_channels,
             ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.Gc,
             timeout_ns=self.ex.timeout_ns)
-        self._k["ht_combine"].launch(2 * plan.num_channels, self.combine_block, params, current_stream())
+        self._k["ht_combine"].launch(2 * plan.num_channels, self.combine_block, params, current_stream(),
+                                     smem=self.combine_smem)
         return out, out_w
 
     def free(self) -> None:

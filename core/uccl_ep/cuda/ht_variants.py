@@ -28,7 +28,7 @@ from .. import env
 from ..errors import InvalidArgument, Unsupported
 from .runtime import Kernel, device_arch, load_kernel
 
-__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines"]
+__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines", "combine_smem_bytes"]
 
 _MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90 / sm_100 opt-in limit of dynamic shared memory per block
 
@@ -113,6 +113,25 @@ def default_defines(num_ranks: int, block_threads: int, tuning: str | None = Non
     """-D macros of the default variant's (dispatch, combine) builds (also what precompiling uses)."""
     common = (f"UCCL_EP_HT_THREADS={block_threads}",) + tuning_defines(tuning)
     return common, (f"UCCL_EP_RANKS={num_ranks}",) + common
+
+
+def combine_smem_bytes(block_threads: int, tuning: str | None = None) -> int:
+    """Dynamic shared memory of the default combine kernel: with UCCL_EP_HT_COMBINE_STAGES >= 2, one
+    stage area per warp (combine_sum.cuh: kCombineStageVecs = stages x 2 sources x unroll x 32
+    lanes x 16 bytes); 0 otherwise."""
+    values = dict(d.split("=") for d in tuning_defines(tuning))
+    stages = int(values.get("UCCL_EP_HT_COMBINE_STAGES", 0))
+    if stages == 0:
+        return 0
+    if stages < 2:
+        raise InvalidArgument("UCCL_EP_HT_DEFINES", "UCCL_EP_HT_COMBINE_STAGES 0 or >= 2", stages)
+    unroll = int(values.get("UCCL_EP_HT_COMBINE_UNROLL", 2))
+    need = block_threads // 32 * stages * 2 * unroll * 32 * 16
+    if need > _MAX_SMEM_PER_BLOCK:
+        raise InvalidArgument("UCCL_EP_HT_DEFINES", f"combine stage areas within {_MAX_SMEM_PER_BLOCK} bytes of "
+                              f"shared memory per block ({block_threads // 32} warps x {stages} stages x unroll "
+                              f"{unroll})", need)
+    return need
 
 
 def _sm_number(arch: str) -> int:

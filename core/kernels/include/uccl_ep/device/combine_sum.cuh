@@ -85,4 +85,114 @@ UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int
   }
 }
 
+#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define UCCL_EP_HAS_CP_ASYNC 1
+#else
+#define UCCL_EP_HAS_CP_ASYNC 0
+#endif
+
+// 16 bytes global -> shared without registers, through L2 only (as ld16_cg), sm_80+.
+UCCL_DEVICE void cp_async16_cg(void* smem, const void* gmem) {
+#if UCCL_EP_HAS_CP_ASYNC
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<Vec16*>(smem) = ld16_cg(gmem);
+#endif
+}
+
+UCCL_DEVICE void cp_async_commit() {
+#if UCCL_EP_HAS_CP_ASYNC
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+UCCL_DEVICE void cp_async_wait() {
+#if UCCL_EP_HAS_CP_ASYNC
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Vec16 per warp of warp_combine_rows_staged's stage area.
+template <int U, int D>
+constexpr int kCombineStageVecs = D * 2 * U * 32;
+
+// warp_combine_rows with the chunks staged through this warp's shared memory (`stage`,
+// kCombineStageVecs<U, D> vectors) by cp.async: D chunks in flight per warp and no registers held
+// for them. Each lane copies and reads back only its own vectors, so no warp barrier is needed.
+//
+// NOTES: an experiment (UCCL_EP_HT_COMBINE_STAGES >= 2): the register pipeline above keeps one
+// chunk in flight while adding another, and combine receivers are bound by loads in flight per
+// SM (24 warps beat 16 by 47 % on 2 x H200, 32 warps spilled registers). Not yet measured.
+template <int U, int D>
+UCCL_DEVICE void warp_combine_rows_staged(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H,
+                                          uint64_t bias0, uint64_t bias1, int64_t t, Vec16* stage) {
+  static_assert(D >= 2, "at least two stages");
+  const int lane = lane_id();
+  const int64_t nvec = H / 8;
+  const int pairs = (nsrc + 1) / 2;
+  if (pairs == 0) {  // nothing received for this token: the bias sum alone
+    for (int64_t v = lane; v < nvec; v += kWarpSize) {
+      float acc[8];
+      combine_sum_start(acc, bias0, bias1, t, H, v);
+      st16(out + v * 16, pack_bf16x8(acc));
+    }
+    return;
+  }
+  const int64_t steps = (nvec + U * kWarpSize - 1) / (U * kWarpSize);
+  const int64_t chunks = steps * pairs;
+  auto issue = [&](int64_t c) {  // chunk c = (step c / pairs, pair c % pairs) into stage c % D
+    if (c < chunks) {
+      const int64_t v0 = (c / pairs) * U * kWarpSize + lane;
+      const int s = 2 * int(c % pairs);
+      Vec16* st = stage + int(c % D) * 2 * U * kWarpSize;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t v = v0 + u * kWarpSize;
+        if (v >= nvec) continue;
+        cp_async16_cg(st + u * kWarpSize + lane, rows[s] + v * 16);
+        if (s + 1 < nsrc) cp_async16_cg(st + (U + u) * kWarpSize + lane, rows[s + 1] + v * 16);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  };
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) issue(d);
+  float acc[U][8];
+  for (int64_t c = 0; c < chunks; ++c) {
+    issue(c + D - 1);
+    cp_async_wait<D - 1>();  // chunk c has landed
+    const int64_t v0 = (c / pairs) * U * kWarpSize + lane;
+    const int pair = int(c % pairs);
+    if (pair == 0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * kWarpSize < nvec) combine_sum_start(acc[u], bias0, bias1, t, H, v0 + u * kWarpSize);
+    }
+    const Vec16* st = stage + int(c % D) * 2 * U * kWarpSize;
+    const bool two = 2 * pair + 1 < nsrc;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (v0 + u * kWarpSize >= nvec) continue;
+      float f[8];
+      unpack_bf16x8(st[u * kWarpSize + lane], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+      if (two) {
+        unpack_bf16x8(st[(U + u) * kWarpSize + lane], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+      }
+    }
+    if (pair + 1 == pairs) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * kWarpSize < nvec) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
+    }
+  }
+  cp_async_wait<0>();
+}
+
 }  // namespace uccl_ep::dev

@@ -18,6 +18,9 @@
 #ifndef UCCL_EP_HT_COMBINE_UNROLL
 #define UCCL_EP_HT_COMBINE_UNROLL 2  // 16-byte vectors per lane per chunk (warp_combine_rows; 4 spills)
 #endif
+#ifndef UCCL_EP_HT_COMBINE_STAGES
+#define UCCL_EP_HT_COMBINE_STAGES 0  // >= 2: combine rows staged by cp.async (warp_combine_rows_staged)
+#endif
 #ifndef UCCL_EP_HT_PROF
 #define UCCL_EP_HT_PROF 0  // 1: account each warp's cycles spent waiting on the other side (HTProf)
 #endif
@@ -35,6 +38,8 @@ static_assert(kHTThreads % 32 == 0 && kHTThreads / 32 <= kHTMaxWarps, "UCCL_EP_H
 constexpr int kPublishEvery = UCCL_EP_HT_PUBLISH_EVERY;
 constexpr int kHeadSlack = UCCL_EP_HT_HEAD_SLACK;
 constexpr int kCombineUnroll = UCCL_EP_HT_COMBINE_UNROLL;
+constexpr int kCombineStages = UCCL_EP_HT_COMBINE_STAGES;
+static_assert(kCombineStages == 0 || kCombineStages >= 2, "UCCL_EP_HT_COMBINE_STAGES: 0 or >= 2");
 static_assert(kPublishEvery >= 1 && kHeadSlack >= 1 && kCombineUnroll >= 1, "HT tuning values must be >= 1");
 
 // A consumer's head counter: the positions below `value` were only read by this warp.
