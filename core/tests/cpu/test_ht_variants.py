@@ -46,11 +46,26 @@ def test_env_choices_are_the_variant_table(monkeypatch):
         ht_variants.selected()
 
 
-def test_default_variant_loads_the_verified_kernels_unchanged(fake_loader):
-    ks = ht_variants.load(0, 4, ht_variants.VARIANTS["default"])
-    assert fake_loader == [("intranode_dispatch.cu", "ht_dispatch", ()),
-                           ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=4",))]
+def test_default_variant_loads_its_kernels_for_the_block_sizes(fake_loader, monkeypatch):
+    monkeypatch.delenv("UCCL_EP_HT_DEFINES", raising=False)
+    ks = ht_variants.load(0, 4, ht_variants.VARIANTS["default"], block_threads=512, combine_threads=768)
+    assert fake_loader == [("intranode_dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512",)),
+                           ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768"))]
     assert all(isinstance(k, _FakeKernel) for k in ks.values())  # launched as before: no wrapper
+
+
+def test_default_variant_takes_the_tuning_defines(fake_loader, monkeypatch):
+    monkeypatch.setenv("UCCL_EP_HT_DEFINES", "UCCL_EP_HT_PUBLISH_EVERY=8")
+    ht_variants.load(0, 2, ht_variants.VARIANTS["default"])
+    assert fake_loader == [
+        ("intranode_dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8")),
+        ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8"))]
+
+
+def test_bulk_variants_refuse_other_block_sizes(fake_loader):
+    with pytest.raises(Unsupported, match="UCCL_EP_HT_WARPS"):
+        ht_variants.load(0, 2, ht_variants.VARIANTS["tma"], block_threads=512, combine_threads=768)
+    assert fake_loader == []
 
 
 @pytest.mark.parametrize("name", [n for n, v in ht_variants.VARIANTS.items() if v.bulk])
@@ -78,7 +93,8 @@ def test_variant_kernels_exist_with_the_packed_struct(name):
     v = ht_variants.VARIANTS[name]
     for (source, kernel), struct in ((v.dispatch, "HTDispatchParams"), (v.combine, "HTCombineParams")):
         text = (jit.kernel_dir() / source).read_text()
-        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(512, 1\) {re.escape(kernel)}\('
+        bounds = r"kHTThreads" if name == "default" else r"512"  # default: UCCL_EP_HT_THREADS (ht_tuning.cuh)
+        assert re.search(rf'extern "C" __global__ void __launch_bounds__\({bounds}, 1\) {re.escape(kernel)}\('
                          rf"const UCCL_GRID_CONSTANT {struct} p\)", text), (source, kernel)
 
 

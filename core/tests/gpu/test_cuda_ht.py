@@ -52,6 +52,9 @@ def _eq(tag, a, b):
 
 def worker(rank, world, H, T, E, seed, variants=("default",)):
     os.environ["UCCL_EP_HT_VARIANT"] = variants[rank % len(variants)]  # read when the engine is built
+    from uccl_ep.cuda.ht_variants import VARIANTS as _V
+    if any(_V[v].bulk for v in variants):  # ranks must agree on block sizes; the bulk variants run 16 warps
+        os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16"
     from uccl_ep import Buffer, Config
     from uccl_ep.cuda.ht_variants import VARIANTS
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8

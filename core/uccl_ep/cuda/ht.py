@@ -66,6 +66,8 @@ class NormalEngine:
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         warps = env.get("UCCL_EP_HT_WARPS")
         combine_warps = env.get("UCCL_EP_HT_COMBINE_WARPS") or warps
+        if ht_variants.selected().bulk and not env.is_set("UCCL_EP_HT_COMBINE_WARPS"):
+            combine_warps = warps  # the bulk variants run one block size (16 warps); an explicit other one is refused
         for name, n in (("UCCL_EP_HT_WARPS", warps), ("UCCL_EP_HT_COMBINE_WARPS", combine_warps)):
             if n < self.R:
                 raise InvalidArgument(name, f">= the number of ranks ({self.R})", n)
