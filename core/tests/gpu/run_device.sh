@@ -25,7 +25,7 @@
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
 #   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
-#          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10) (bench-verified) at TUNE_SMS (default 24) ->
+#          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10; TUNE_RANKS, default 2) (bench-verified) at TUNE_SMS (default 24) ->
 #          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
 #          $OUT/ht_prof.log). TUNE_BUDGET_S
@@ -168,7 +168,7 @@ for step in $STEPS; do
       CFGS=${TUNE_CONFIGS:-"d16c24:16/24:;c16s4:16/16:$S=4;c24s4:16/24:$S=4;c16s2u4:16/16:$S=2 UCCL_EP_HT_COMBINE_UNROLL=4"}
       PROF_DEFS="UCCL_EP_HT_PROF=1 ${TUNE_PROF_DEFINES:-}"
       [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16/24:$PROF_DEFS"
-      bounded 150 $PY core/tests/gpu/precompile_ht.py 2 "$CFGS" 2>&1 | tail -3
+      bounded 150 $PY core/tests/gpu/precompile_ht.py ${TUNE_RANKS:-2} "$CFGS" 2>&1 | tail -3
       IFS=';' read -ra TC <<< "$CFGS"
       for sms in ${TUNE_SMS:-24}; do
         for cfg in "${TC[@]}"; do
@@ -178,14 +178,14 @@ for step in $STEPS; do
           echo "--- $label (warps $warps; $defs) $sms SMs, $(left) s left"
           UCCL_EP_HT_WARPS=$dw UCCL_EP_HT_COMBINE_WARPS=${cw:-0} UCCL_EP_HT_DEFINES="$defs" bounded 75 \
             $PY -m uccl_ep.cli.main bench --backend cuda \
-            --ranks 2 --mode ht --num-sms $sms --iters ${TUNE_ITERS:-10} --warmup 3 --timeout 70 \
+            --ranks ${TUNE_RANKS:-2} --mode ht --num-sms $sms --iters ${TUNE_ITERS:-10} --warmup 3 --timeout 70 \
             --json "$OUT/ht_variant_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
         done
       done
       $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
       if [[ ${TUNE_PROF:-1} != 0 ]]; then
         UCCL_EP_HT_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
-          --backend cuda --ranks 2 --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
+          --backend cuda --ranks ${TUNE_RANKS:-2} --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
           > "$OUT/ht_prof.log" 2>&1
         grep HTPROF "$OUT/ht_prof.log" | awk '{print $2}' | sort | uniq -c
         for k in ht_dispatch ht_combine; do grep "HTPROF $k rank 0" "$OUT/ht_prof.log" | tail -4; done
