@@ -133,7 +133,8 @@ _VARS: list[Var] = [
     Var("UCCL_EP_HT_WARPS", "int", 16,
         "Warps per block of the cuda backend's normal (HT) intranode kernels (`default` variant): "
         "each rank's share is warps / ranks. More warps keep more bytes in flight per SM. Read when "
-        "a Buffer first runs a normal-mode op; every rank of a group must use the same value.",
+        "a Buffer first runs a normal-mode op; every rank of a group must use the same value (a Buffer whose "
+        "ranks differ is refused when it is built).",
         minimum=8, maximum=32, used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_COMBINE_WARPS", "int", 24,
         "Warps per block of the HT intranode combine kernel (0: UCCL_EP_HT_WARPS). Its receivers are "

@@ -58,3 +58,28 @@ def test_combine_stage_areas_are_sized_and_bounded():
             ht_variants.combine_smem_bytes(1024, bad)
         assert "UCCL_EP_HT_DEFINES" in str(e.value)
 
+
+
+def test_warps_per_peer_follows_the_env_and_the_variant(monkeypatch):
+    for name in ("UCCL_EP_HT_WARPS", "UCCL_EP_HT_COMBINE_WARPS", "UCCL_EP_HT_VARIANT"):
+        monkeypatch.delenv(name, raising=False)
+    assert ht_variants.warps_per_peer(2) == (8, 12)
+    assert ht_variants.warps_per_peer(8) == (2, 3)
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_WARPS", "0")  # 0: as dispatch
+    assert ht_variants.warps_per_peer(4) == (4, 4)
+    monkeypatch.delenv("UCCL_EP_HT_COMBINE_WARPS")
+    monkeypatch.setenv("UCCL_EP_HT_VARIANT", "tma")  # the bulk variants keep one block size
+    assert ht_variants.warps_per_peer(2) == (8, 8)
+    monkeypatch.setenv("UCCL_EP_HT_WARPS", "8")
+    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_WARPS"):
+        ht_variants.warps_per_peer(9)
+
+
+def test_ranks_must_agree_on_block_sizes():
+    ht_variants.check_same_block_sizes([(8, 12), (8, 12)])
+    with pytest.raises(InvalidArgument) as e:
+        ht_variants.check_same_block_sizes([(8, 12), (8, 8)])
+    assert "rank 1: 8/8" in str(e.value) and "UCCL_EP_HT_COMBINE_WARPS" in str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        ht_variants.check_same_block_sizes([(8, 12), "invalid argument `UCCL_EP_HT_WARPS`: expected a value <= 32"])
+    assert "rank 1" in str(e.value) and "<= 32" in str(e.value)

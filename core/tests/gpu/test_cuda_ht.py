@@ -170,5 +170,24 @@ def test_ht_matches_reference(shape, variants):
     assert all(n > 0 for n in out)
 
 
+def _mismatch_worker(rank, world):
+    os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16" if rank == 0 else "24"
+    from uccl_ep import Buffer
+    from uccl_ep.errors import InvalidArgument
+    try:
+        Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, backend="cuda")
+    except InvalidArgument as e:
+        assert "the same warps per peer on every rank" in str(e), str(e)
+        return 1
+    return 0
+
+
+def test_ranks_with_different_block_sizes_are_refused():
+    """Ranks whose HT block sizes differ would wait on counters the peer never writes: the Buffer is
+    refused on every rank, with each rank's sizes named, instead of a device-wait timeout later."""
+    out = run_ranks(_mismatch_worker, min(torch.cuda.device_count(), 8), backend="nccl", timeout_s=300)
+    assert all(n == 1 for n in out)
+
+
 if __name__ == "__main__":
     print(run_ranks(worker, min(torch.cuda.device_count(), 8), 2048, 512, 64, 1, backend="nccl", timeout_s=900))

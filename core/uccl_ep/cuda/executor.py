@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from ..backends import BufferContext, Executor
-from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
-from . import proxy_path
+from ..errors import InvalidArgument, LimitExceeded, Timeout, UcclEpError, Unsupported
+from . import ht_variants, proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
 
 __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
@@ -98,12 +98,18 @@ class CudaExecutor(Executor):
         self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
         self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
         infos = [None] * ctx.num_ranks
+        try:  # normal-mode block sizes: every rank must agree (checked below, on every rank alike)
+            ht_sizes = ht_variants.warps_per_peer(ctx.num_ranks)
+        except UcclEpError as e:
+            ht_sizes = str(e)
         mine = (socket.gethostname(), self.device,
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
-                self.ll_mem.ipc_handle() if self.ll_mem else None)
+                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes)
         dist.all_gather_object(infos, mine, group=ctx.group)
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
+        if self.nvl_mem is not None and not self.ht_proxy:
+            ht_variants.check_same_block_sizes([i[4] for i in infos])
         if not (self.ht_proxy and self.ll_proxy):
             for r, (_, d) in enumerate(devices):
                 if r != ctx.rank and not self.drv.can_access_peer(self.device, d):

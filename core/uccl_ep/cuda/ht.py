@@ -18,7 +18,6 @@ import time
 
 import torch
 
-from .. import env
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import ht_variants
@@ -64,15 +63,8 @@ class NormalEngine:
         if ex.nvl_mem is None:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
-        warps = env.get("UCCL_EP_HT_WARPS")
-        combine_warps = env.get("UCCL_EP_HT_COMBINE_WARPS") or warps
-        if ht_variants.selected().bulk and not env.is_set("UCCL_EP_HT_COMBINE_WARPS"):
-            combine_warps = warps  # the bulk variants run one block size (16 warps); an explicit other one is refused
-        for name, n in (("UCCL_EP_HT_WARPS", warps), ("UCCL_EP_HT_COMBINE_WARPS", combine_warps)):
-            if n < self.R:
-                raise InvalidArgument(name, f">= the number of ranks ({self.R})", n)
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
-        self.G, self.Gc = warps // self.R, combine_warps // self.R
+        self.G, self.Gc = ht_variants.warps_per_peer(self.R)
         self.block, self.combine_block = self.R * self.G * 32, self.R * self.Gc * 32
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)

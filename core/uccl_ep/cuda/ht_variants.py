@@ -28,7 +28,8 @@ from .. import env
 from ..errors import InvalidArgument, Unsupported
 from .runtime import Kernel, device_arch, load_kernel
 
-__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines", "combine_smem_bytes"]
+__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines", "combine_smem_bytes",
+           "warps_per_peer", "check_same_block_sizes"]
 
 _MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90 / sm_100 opt-in limit of dynamic shared memory per block
 
@@ -113,6 +114,34 @@ def default_defines(num_ranks: int, block_threads: int, tuning: str | None = Non
     """-D macros of the default variant's (dispatch, combine) builds (also what precompiling uses)."""
     common = (f"UCCL_EP_HT_THREADS={block_threads}",) + tuning_defines(tuning)
     return common, (f"UCCL_EP_RANKS={num_ranks}",) + common
+
+
+def warps_per_peer(num_ranks: int) -> tuple[int, int]:
+    """(dispatch, combine) warps per peer rank of the normal-mode intranode kernels, from
+    UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS and the selected variant. Both kernels of a ring
+    pair wait on the other rank's per-warp counters, so every rank of a group must get the same pair
+    (the cuda executor checks it when the Buffer is built)."""
+    warps = env.get("UCCL_EP_HT_WARPS")
+    combine_warps = env.get("UCCL_EP_HT_COMBINE_WARPS") or warps
+    if selected().bulk and not env.is_set("UCCL_EP_HT_COMBINE_WARPS"):
+        combine_warps = warps  # the bulk variants run one block size (16 warps); an explicit other one is refused
+    for name, n in (("UCCL_EP_HT_WARPS", warps), ("UCCL_EP_HT_COMBINE_WARPS", combine_warps)):
+        if n < num_ranks:
+            raise InvalidArgument(name, f">= the number of ranks ({num_ranks})", n)
+    return warps // num_ranks, combine_warps // num_ranks
+
+
+def check_same_block_sizes(per_rank: list) -> None:
+    """Raise on every rank alike when the ranks' warps_per_peer() answers (or errors, as text) differ."""
+    errors = [(r, v) for r, v in enumerate(per_rank) if isinstance(v, str)]
+    if errors:
+        r, text = errors[0]
+        raise InvalidArgument("UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS", "valid settings on every rank",
+                              f"rank {r}: {text}")
+    if len(set(per_rank)) > 1:
+        listing = ", ".join(f"rank {r}: {d}/{c}" for r, (d, c) in enumerate(per_rank))
+        raise InvalidArgument("UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS", "the same warps per peer on every rank",
+                              f"dispatch/combine {listing}", hint="set both variables alike for every process")
 
 
 def combine_smem_bytes(block_threads: int, tuning: str | None = None) -> int:
