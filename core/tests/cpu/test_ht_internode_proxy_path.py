@@ -296,7 +296,7 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
         with pytest.raises(Unsupported, match="UCCL_EP_TRANSPORT=fabric"):
             ht_internode.ProxyNormalEngine(ex)
         monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
-        monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)
+        monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
         eng = ht_internode.ProxyNormalEngine(ex)
         assert asked["transport"] == "ipc+fabric" and asked["external_region"] == ex.nvl_mem.ptr
         eng.close()

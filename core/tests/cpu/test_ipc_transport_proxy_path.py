@@ -269,9 +269,9 @@ def test_gpu_transport_choice(monkeypatch):
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "loop")
     assert "cannot move GPU memory" in gpu_transport.unavailable_reason(False)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
-    why = gpu_transport.unavailable_reason(True, 0)     # the real probe: tcp;ofi_rxm has no FI_HMEM
+    why = gpu_transport.unavailable_reason(True)     # the real probe: tcp;ofi_rxm has no FI_HMEM
     assert "FI_HMEM" in why and "tcp;ofi_rxm" in why
-    monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)   # a GPUDirect-capable NIC
+    monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)   # a GPUDirect-capable NIC
     assert gpu_transport.choose(True) == gpu_transport.choose(False) == "ipc+fabric"
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "ipc+fabric")
     assert gpu_transport.choose(True) == "ipc+fabric"
@@ -298,7 +298,7 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name: FakeKernel([], name))
     monkeypatch.setattr(proxy_path, "_LOADING_WARNED", False)
-    monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda device: None)
+    monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     ctx = SimpleNamespace(num_ranks=R, rank=0, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,

@@ -52,16 +52,16 @@ def gpu_memory_provider(provider: str = "") -> tuple[str, str]:
     return name, why
 
 
-def _probe_fabric(device: int | None) -> str | None:
+def _probe_fabric() -> str | None:
     name, why = gpu_memory_provider(str(env.get("UCCL_EP_FABRIC_PROVIDER") or ""))
     return None if name else why
 
 
-def unavailable_reason(multi_host: bool, device: int | None = None) -> str | None:
+def unavailable_reason(multi_host: bool) -> str | None:
     """None when a transport can move this process's GPU buffers to every peer, else why not."""
     transport = str(env.get("UCCL_EP_TRANSPORT"))
     if transport in ("fabric", "ipc+fabric"):
-        why = _probe_fabric(device)
+        why = _probe_fabric()
         return f"UCCL_EP_TRANSPORT={transport}: {why}" if why else None
     if transport not in ("auto", "ipc"):
         return (f"UCCL_EP_TRANSPORT={transport} cannot move GPU memory; the GPU proxy path uses ipc (one host) or "
@@ -74,9 +74,9 @@ def unavailable_reason(multi_host: bool, device: int | None = None) -> str | Non
     return None
 
 
-def choose(multi_host: bool, device: int | None = None) -> str:
+def choose(multi_host: bool) -> str:
     """The transport name for ``start_proxy``; raises `Unsupported` with the reason when none fits."""
-    why = unavailable_reason(multi_host, device)
+    why = unavailable_reason(multi_host)
     if why:
         from ..errors import Unsupported
         raise Unsupported(f"the cuda backend's proxy path: {why}")

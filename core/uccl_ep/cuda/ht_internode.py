@@ -102,7 +102,7 @@ class ProxyNormalEngine:
         from ..proxy import native, start_proxy
         from .proxy_path import ProxyLowLatencyEngine, warn_lazy_module_loading
         ctx = ex.ctx
-        transport = gpu_transport.choose(ex.multi_host, ex.device)
+        transport = gpu_transport.choose(ex.multi_host)
         if transport == "ipc":
             warn_lazy_module_loading(ctx.rank)
         why = _scope_reason(ctx, ex.multi_host)

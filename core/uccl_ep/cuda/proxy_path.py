@@ -198,7 +198,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.ex = ex
         self.dev = ex.device
         self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
-        self.transport = gpu_transport.choose(ex.multi_host, self.dev)
+        self.transport = gpu_transport.choose(ex.multi_host)
         if self.transport == "ipc":
             warn_lazy_module_loading(self.rank)
         self.mem: DeviceMemory = ex.ll_mem

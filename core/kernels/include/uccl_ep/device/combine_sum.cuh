@@ -24,14 +24,48 @@ UCCL_DEVICE void combine_sum_start(float* acc, uint64_t bias0, uint64_t bias1, i
   for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], 0.0f);
 }
 
+// A chunk = U 16-byte vectors per lane (elements [8v, 8v + 8) for v = v0 + u * 32) of one or two
+// sources. Shared by both warp sums below: start from the biases, add a pair of sources, store.
+template <int U>
+UCCL_DEVICE void chunk_start(float (&acc)[U][8], int64_t v0, int64_t nvec, uint64_t bias0, uint64_t bias1, int64_t t,
+                             int64_t H) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (v0 + u * kWarpSize < nvec) combine_sum_start(acc[u], bias0, bias1, t, H, v0 + u * kWarpSize);
+}
+
+template <int U>
+UCCL_DEVICE void chunk_add(float (&acc)[U][8], const Vec16 (&x)[2][U], bool two, int64_t v0, int64_t nvec) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (v0 + u * kWarpSize >= nvec) continue;
+    float f[8];
+    unpack_bf16x8(x[0][u], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+    if (two) {
+      unpack_bf16x8(x[1][u], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
+    }
+  }
+}
+
+template <int U>
+UCCL_DEVICE void chunk_store(uint8_t* out, const float (&acc)[U][8], int64_t v0, int64_t nvec) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (v0 + u * kWarpSize < nvec) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
+}
+
 // One warp sums token t's `nsrc` BF16 rows (`rows`, in source order, read through L2: peers wrote
 // them) into `out` (H elements). Work is cut into chunks of (step: U vectors of 16 bytes per lane,
 // pair of sources); the loads of the next chunk are issued before the current one is added up.
 //
-// NOTES: a receiver warp is latency-bound, not ALU- or bandwidth-bound: with loads issued only
-// after the previous step's adds, each step paid a full L2 round trip plus its adds, and the
-// 2 x H200 wait accounting (UCCL_EP_HT_PROF) showed combine receivers busy 95% of the time at
-// half the row rate of dispatch's receivers. Prefetching one chunk ahead overlaps the two.
+// NOTES: combine receivers are busy, not waiting (2 x H200 cycle accounting, UCCL_EP_HT_PROF: 95 %
+// of their cycles outside waits), bound by loads in flight per SM. Prefetching one chunk ahead
+// measured neutral on its own; it keeps as many loads in flight as 4 unpipelined vectors per lane
+// with 2, in fewer registers, and more warps per block (UCCL_EP_HT_COMBINE_WARPS) is what paid.
 template <int U>
 UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H, uint64_t bias0,
                                    uint64_t bias1, int64_t t) {
@@ -52,36 +86,18 @@ UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int
   if (pairs > 0) load(cur, lane, 0);
   for (int64_t v0 = lane; v0 < nvec; v0 += U * kWarpSize) {
     float acc[U][8];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (v0 + u * kWarpSize < nvec) combine_sum_start(acc[u], bias0, bias1, t, H, v0 + u * kWarpSize);
-    }
+    chunk_start<U>(acc, v0, nvec, bias0, bias1, t, H);
     for (int pair = 0; pair < pairs; ++pair) {
       const bool last_pair = pair + 1 == pairs;  // prefetch the next chunk (nothing past the row)
       load(nxt, last_pair ? v0 + U * kWarpSize : v0, last_pair ? 0 : pair + 1);
-      const bool two = 2 * pair + 1 < nsrc;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (v0 + u * kWarpSize >= nvec) continue;
-        float f[8];
-        unpack_bf16x8(cur[0][u], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-        if (two) {
-          unpack_bf16x8(cur[1][u], f);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-        }
-      }
+      chunk_add<U>(acc, cur, 2 * pair + 1 < nsrc, v0, nvec);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         cur[0][u] = nxt[0][u];
         cur[1][u] = nxt[1][u];
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (v0 + u * kWarpSize < nvec) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
+    chunk_store<U>(out, acc, v0, nvec);
   }
 }
 
@@ -166,31 +182,18 @@ UCCL_DEVICE void warp_combine_rows_staged(uint8_t* out, const uint8_t* const* ro
     cp_async_wait<D - 1>();  // chunk c has landed
     const int64_t v0 = (c / pairs) * U * kWarpSize + lane;
     const int pair = int(c % pairs);
-    if (pair == 0) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (v0 + u * kWarpSize < nvec) combine_sum_start(acc[u], bias0, bias1, t, H, v0 + u * kWarpSize);
-    }
-    const Vec16* st = stage + int(c % D) * 2 * U * kWarpSize;
     const bool two = 2 * pair + 1 < nsrc;
+    if (pair == 0) chunk_start<U>(acc, v0, nvec, bias0, bias1, t, H);
+    const Vec16* st = stage + int(c % D) * 2 * U * kWarpSize;
+    Vec16 got[2][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (v0 + u * kWarpSize >= nvec) continue;
-      float f[8];
-      unpack_bf16x8(st[u * kWarpSize + lane], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-      if (two) {
-        unpack_bf16x8(st[(U + u) * kWarpSize + lane], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[u][e] = __fadd_rn(acc[u][e], f[e]);
-      }
+      got[0][u] = st[u * kWarpSize + lane];
+      if (two) got[1][u] = st[(U + u) * kWarpSize + lane];
     }
-    if (pair + 1 == pairs) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (v0 + u * kWarpSize < nvec) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
-    }
+    chunk_add<U>(acc, got, two, v0, nvec);
+    if (pair + 1 == pairs) chunk_store<U>(out, acc, v0, nvec);
   }
   cp_async_wait<0>();
 }
