@@ -6,7 +6,7 @@
 // at [global expert][token], then counts it in finish[e]; the warp that completes expert e resets
 // the counter and publishes (tag << 32) into every source's signal[global expert] with a
 // system-scope release (every source gets one, even for 0 rows).
-// Recv (ll_combine_recv, one block per token t): wait (bounded) for the signal of every expert
+// Recv (ll_combine_recv, one block per token t, UCCL_EP_LL_COMBINE_RECV_THREADS threads): wait (bounded) for the signal of every expert
 // in topk_idx[t] (skipping -1 and masked ranks), then out[t] = sum_k w[t,k] * y_k in fp32 with k
 // ascending, one IEEE-rounded multiply and add each (bit-exact with uccl_ep.refs), cast to BF16.
 //
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) ll_combine_recv(const UCCL_GRID_CONSTANT LLCombineRecvParams p) {
+extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRID_CONSTANT LLCombineRecvParams p) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
   __shared__ unsigned s_tag;

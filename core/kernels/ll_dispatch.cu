@@ -1,25 +1,36 @@
 // Low-latency dispatch over NVLink: per-expert padded slabs with in-kernel FP8 (DeepEP V1 LL).
 //
+// Receive area of a buffer set (this kernel's part; ll_combine.cu lays the same bytes out its own way):
+//   token area [source rank][num_max] messages of msg_bytes (16-byte pad, payload, FP8 scales),
+//   then, 16-byte aligned, the slot index [local expert][source rank][num_max] int32: token of slot.
+//
 // Send (ll_dispatch_send, one block per token t of this rank, on the current stream):
 //   1. every block histograms topk_idx (shared-memory counts per expert over all tokens, and over
 //      tokens before t), so the slot of t in expert e's segment is the number of earlier tokens
 //      selecting e: deterministic (token order, as the reference) and without global atomics;
-//   2. its threads cast token t once (FP8 per 128 channels via 8-lane amax, or BF16 as is) and
-//      store each 16-byte piece into the slot of every selected expert, straight into the owner
-//      rank's receive area (a peer pointer through an IPC map, or local memory);
+//   2. one thread per selected expert writes t into the owner's slot index; its threads cast token
+//      t once (FP8 per 128 channels via 8-lane amax, or BF16 as is) and store each 16-byte piece
+//      into the token area of every distinct owner rank (a peer pointer through an IPC map, or
+//      local memory): once per rank, however many of its experts t selects;
 //   3. after a block barrier and a system fence, thread 0 counts the token in finish[e]; the block
 //      that brings finish[e] to the expert's total resets it and publishes (tag << 32 | count)
 //      into signal[e_loc][rank] of the owner with a system-scope release. Experts nobody selects
 //      are signalled (count 0) by block e % grid.
 // Recv (ll_dispatch_recv, one block per local expert, now or in the recv hook):
 //   waits (bounded) for every source's signal, lays the sources out in rank order (begin_j =
-//   prefix of counts), writes layout_range / recv_count / stats, and copies messages into the
-//   caller's tensors: data rows, column-major scales (packed to UE8M0 if asked), src_info.
+//   prefix of counts), writes layout_range / recv_count / stats, and copies each slot's token
+//   (through the slot index) into the caller's tensors: data rows, column-major scales (packed to
+//   UE8M0 if asked), src_info.
 //
 // NOTES: signals are never cleared. A tag is "completed ops on this buffer set + 1": every rank
 // runs the same sequence of LL ops, so sender and receiver agree on it, a stale signal from the
 // previous use of the set carries an older tag, and the device-side counter makes CUDA-graph
 // replays correct without host involvement. The last receive block bumps the set's counter.
+//
+// NOTES: a token goes to each rank once, not once per selected expert (DeepEP's LL sends per
+// expert): with top-8 of 288 experts a token selects ~4 experts of each rank at EP2 and ~1.5 per
+// selected rank at EP8, so NVLink carries 1.5-4x fewer bytes; the receiver's expansion into
+// the per-expert slabs is a local copy it made anyway (it copied each slot's message before).
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/wait.cuh"
@@ -32,12 +43,18 @@ namespace {
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 
+// The slot index follows the token area ([R][num_max] messages), 16-byte aligned.
+UCCL_DEVICE int64_t slot_index_offset(int64_t R, int64_t num_max, int64_t msg_bytes) {
+  return (R * num_max * msg_bytes + 15) / 16 * 16;
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GRID_CONSTANT LLDispatchParams p) {
   extern __shared__ int smem[];  // [E] selections before this token, [E] selections in total
   __shared__ int s_expert[kMaxTopk];
-  __shared__ uint8_t* s_msg[kMaxTopk];
+  __shared__ uint8_t* s_msg[kMaxTopk];  // [0, s_num_dst): the token's message in each distinct owner rank
+  __shared__ int s_num_dst;
   const int t = blockIdx.x, tid = threadIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
   const int E_loc = E / R;
@@ -55,6 +72,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
   const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
+  const int64_t index_off = slot_index_offset(R, p.num_max, p.msg_bytes);
   __syncthreads();
 
   if (t < T) {
@@ -62,15 +80,27 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
       int e = int(topk[int64_t(t) * K + tid]);
       if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
       s_expert[tid] = e;
-      s_msg[tid] = e < 0 ? nullptr
-                         : reinterpret_cast<uint8_t*>(peer_recv[e / E_loc]) +
-                               ((int64_t(e % E_loc) * R + p.rank) * p.num_max + before[e]) * p.msg_bytes;
       if (e >= 0) {
-        Vec16 header = {{uint32_t(t), 0u, 0u, 0u}};
-        st16(s_msg[tid], header);
+        auto* index = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(peer_recv[e / E_loc]) + index_off);
+        index[(int64_t(e % E_loc) * R + p.rank) * p.num_max + before[e]] = t;
       }
     }
     __syncthreads();
+    if (tid == 0) {  // distinct owner ranks, in top-k order
+      int n = 0;
+      for (int k = 0; k < K; ++k) {
+        const int e = s_expert[k];
+        if (e < 0) continue;
+        const int d = e / E_loc;
+        bool seen = false;
+        for (int k2 = 0; k2 < k; ++k2) seen |= s_expert[k2] >= 0 && s_expert[k2] / E_loc == d;
+        if (!seen)
+          s_msg[n++] = reinterpret_cast<uint8_t*>(peer_recv[d]) + (int64_t(p.rank) * p.num_max + t) * p.msg_bytes;
+      }
+      s_num_dst = n;
+    }
+    __syncthreads();
+    const int num_dst = s_num_dst;
     const uint16_t* row = reinterpret_cast<const uint16_t*>(p.x) + int64_t(t) * p.hidden;
     if (p.use_fp8) {
       const int nchunk = int(p.hidden / 16);  // 16 channels per thread; 8 threads per 128-block
@@ -91,9 +121,8 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
           float scale, scale_inv;
           fp8_block_scales(amax, p.round_scale != 0, &scale, &scale_inv);
           const Vec16 q = quantize16(v, scale);
-          for (int k = 0; k < K; ++k) {
+          for (int k = 0; k < num_dst; ++k) {
             uint8_t* msg = s_msg[k];
-            if (msg == nullptr) continue;
             st16(msg + 16 + c * 16, q);
             if ((c & 7) == 0) reinterpret_cast<float*>(msg + 16 + p.hidden)[c >> 3] = scale_inv;
           }
@@ -102,8 +131,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
     } else {
       for (int c = tid; c < p.hidden / 8; c += blockDim.x) {
         const Vec16 v = ld16(row + c * 8);
-        for (int k = 0; k < K; ++k)
-          if (s_msg[k] != nullptr) st16(s_msg[k] + 16 + c * 16, v);
+        for (int k = 0; k < num_dst; ++k) st16(s_msg[k] + 16 + c * 16, v);
       }
     }
     __syncthreads();
@@ -169,14 +197,16 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
 
   const int total = s_begin[R];
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
+  const auto* index = reinterpret_cast<const int*>(recv + slot_index_offset(R, p.num_max, p.msg_bytes));
   const int64_t H = p.hidden;
   for (int row = warp_id(); row < total; row += num_warps()) {
     int j = 0;
     while (row >= s_begin[j + 1]) ++j;
     const int i = row - s_begin[j];
-    const uint8_t* msg = recv + ((int64_t(e) * R + j) * p.num_max + i) * p.msg_bytes;
+    const int t = index[(int64_t(e) * R + j) * p.num_max + i];
+    const uint8_t* msg = recv + (int64_t(j) * p.num_max + t) * p.msg_bytes;
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
-    if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = *reinterpret_cast<const int*>(msg);
+    if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = t;
     if (p.use_fp8) {
       warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg + 16, H);
       const auto* scales = reinterpret_cast<const float*>(msg + 16 + H);

@@ -123,6 +123,12 @@ _VARS: list[Var] = [
         "Send same-host GPU peers' traffic through the CPU proxy instead of NVLink stores, so the "
         "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",
         used_by="CUDA kernels"),
+    Var("UCCL_EP_LL_COMBINE_RECV_THREADS", "int", 512,
+        "Threads per block of the low-latency combine's receive kernel (one block per token; a multiple "
+        "of 32). Its loads of the top-k rows are what it waits on, so more threads keep more of them in "
+        "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
+        "flat at 512 tokens). A tuning switch, read when a low-latency combine is issued; ranks may differ.",
+        minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
     Var("UCCL_EP_HT_VARIANT", "choice", "default",
         "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
         "`tma` or `tma-wide` (bulk-copy variants, sm_90+, compiled but not yet measured; see "
@@ -136,10 +142,11 @@ _VARS: list[Var] = [
         "a Buffer first runs a normal-mode op; every rank of a group must use the same value (a Buffer whose "
         "ranks differ is refused when it is built).",
         minimum=8, maximum=32, used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_COMBINE_WARPS", "int", 24,
+    Var("UCCL_EP_HT_COMBINE_WARPS", "int", 16,
         "Warps per block of the HT intranode combine kernel (0: UCCL_EP_HT_WARPS). Its receivers are "
-        "latency-bound (two rows read per token), so more warps pay there, while dispatch spills "
-        "registers above 16 (2 x H200: combine 234 -> 310 GB/s at 24 warps). Both kernels use the same "
+        "bound by loads in flight; on sm_80+ they stage rows through shared memory by cp.async (1 KiB "
+        "per warp per stage and vector of unroll), which 16 warps fill best (2 x H200: 332 GB/s; 20 "
+        "warps 280, 24 warps 215; without staging 24 warps were best at 310). Both kernels use the same "
         "rings and per-warp counters, which only grow, so a counter one kernel leaves unused is never "
         "ahead of the other's positions.",
         minimum=0, maximum=32, used_by="CUDA kernels (normal mode)"),

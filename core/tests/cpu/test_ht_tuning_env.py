@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from uccl_ep import env
-from uccl_ep.cuda import ht_variants
+from uccl_ep.cuda import ht_variants, jit
 from uccl_ep.errors import InvalidArgument
 
 
@@ -44,25 +44,41 @@ def test_warps_out_of_range_are_refused(monkeypatch, name, value):
 
 def test_warp_defaults():
     assert env.REGISTRY["UCCL_EP_HT_WARPS"].default == 16
-    assert env.REGISTRY["UCCL_EP_HT_COMBINE_WARPS"].default == 24
+    assert env.REGISTRY["UCCL_EP_HT_COMBINE_WARPS"].default == 16
 
 
 def test_combine_stage_areas_are_sized_and_bounded():
-    assert ht_variants.combine_smem_bytes(768, "") == 0
-    # 24 warps x 4 stages x 2 sources x 2 vectors x 32 lanes x 16 bytes
-    assert ht_variants.combine_smem_bytes(768, "UCCL_EP_HT_COMBINE_STAGES=4") == 24 * 4 * 2 * 2 * 32 * 16
-    assert ht_variants.combine_smem_bytes(512, "UCCL_EP_HT_COMBINE_STAGES=2 UCCL_EP_HT_COMBINE_UNROLL=4") == \
-        16 * 2 * 2 * 4 * 32 * 16
-    for bad in ("UCCL_EP_HT_COMBINE_STAGES=1", "UCCL_EP_HT_COMBINE_STAGES=8 UCCL_EP_HT_COMBINE_UNROLL=4"):
+    # default on sm_80+: 2 stages x 4 vectors; 16 warps x 2 stages x 2 sources x 4 x 32 lanes x 16 bytes
+    assert ht_variants.combine_staging("") == (2, 4)
+    assert ht_variants.combine_smem_bytes(512, "") == 16 * 2 * 2 * 4 * 32 * 16
+    assert ht_variants.combine_smem_bytes(512, "", sm=75) == 0  # no cp.async: the register pipeline
+    assert ht_variants.combine_staging("", sm=75) == (0, 2)
+    assert ht_variants.combine_smem_bytes(768, "UCCL_EP_HT_COMBINE_STAGES=0") == 0
+    assert ht_variants.combine_staging("UCCL_EP_HT_COMBINE_STAGES=0") == (0, 2)
+    assert ht_variants.combine_smem_bytes(768, "UCCL_EP_HT_COMBINE_STAGES=4 UCCL_EP_HT_COMBINE_UNROLL=2") == \
+        24 * 4 * 2 * 2 * 32 * 16
+    for warps, bad in ((32, "UCCL_EP_HT_COMBINE_STAGES=1"), (32, "UCCL_EP_HT_COMBINE_STAGES=8"), (32, "")):
         with pytest.raises(InvalidArgument) as e:
-            ht_variants.combine_smem_bytes(1024, bad)
+            ht_variants.combine_smem_bytes(warps * 32, bad)
         assert "UCCL_EP_HT_DEFINES" in str(e.value)
+    assert ht_variants.combine_smem_bytes(32 * 32, "UCCL_EP_HT_COMBINE_UNROLL=2") == 32 * 2 * 2 * 2 * 32 * 16
 
+
+def test_combine_staging_defaults_match_the_header():
+    """combine_staging's defaults are the ones ht_tuning.cuh compiles with (Python sizes the shared
+    memory of what the header builds)."""
+    text = (jit.include_dir() / "uccl_ep/device/ht_tuning.cuh").read_text()
+    assert "#define UCCL_EP_HT_COMBINE_STAGES 2" in text and "#define UCCL_EP_HT_COMBINE_STAGES 0" in text
+    assert "__CUDA_ARCH__ >= 800" in text
+    assert "#define UCCL_EP_HT_COMBINE_UNROLL (UCCL_EP_HT_COMBINE_STAGES ? 4 : 2)" in text
 
 
 def test_warps_per_peer_follows_the_env_and_the_variant(monkeypatch):
     for name in ("UCCL_EP_HT_WARPS", "UCCL_EP_HT_COMBINE_WARPS", "UCCL_EP_HT_VARIANT"):
         monkeypatch.delenv(name, raising=False)
+    assert ht_variants.warps_per_peer(2) == (8, 8)
+    assert ht_variants.warps_per_peer(8) == (2, 2)
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_WARPS", "24")
     assert ht_variants.warps_per_peer(2) == (8, 12)
     assert ht_variants.warps_per_peer(8) == (2, 3)
     monkeypatch.setenv("UCCL_EP_HT_COMBINE_WARPS", "0")  # 0: as dispatch

@@ -28,7 +28,7 @@ from .. import env
 from ..errors import InvalidArgument, Unsupported
 from .runtime import Kernel, device_arch, load_kernel
 
-__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines", "combine_smem_bytes",
+__all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines", "combine_staging", "combine_smem_bytes",
            "warps_per_peer", "check_same_block_sizes"]
 
 _MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90 / sm_100 opt-in limit of dynamic shared memory per block
@@ -144,26 +144,36 @@ def check_same_block_sizes(per_rank: list) -> None:
                               f"dispatch/combine {listing}", hint="set both variables alike for every process")
 
 
-def combine_smem_bytes(block_threads: int, tuning: str | None = None) -> int:
-    """Dynamic shared memory of the default combine kernel: with UCCL_EP_HT_COMBINE_STAGES >= 2, one
+def combine_staging(tuning: str | None = None, sm: int = 90) -> tuple[int, int]:
+    """(stages, unroll) of the default combine kernel's sum, as ht_tuning.cuh resolves them: from
+    UCCL_EP_HT_DEFINES where set, else 2 cp.async stages of 4 vectors on sm_80+ (``sm``: the build's
+    compute capability x 10) and the register pipeline (0 stages, unroll 2) before."""
+    values = dict(d.split("=") for d in tuning_defines(tuning))
+    stages = int(values.get("UCCL_EP_HT_COMBINE_STAGES", 2 if sm >= 80 else 0))
+    if stages != 0 and stages < 2:
+        raise InvalidArgument("UCCL_EP_HT_DEFINES", "UCCL_EP_HT_COMBINE_STAGES 0 or >= 2", stages)
+    return stages, int(values.get("UCCL_EP_HT_COMBINE_UNROLL", 4 if stages else 2))
+
+
+def combine_smem_bytes(block_threads: int, tuning: str | None = None, sm: int = 90) -> int:
+    """Dynamic shared memory of the default combine kernel: with cp.async stages (combine_staging), one
     stage area per warp (combine_sum.cuh: kCombineStageVecs = stages x 2 sources x unroll x 32
     lanes x 16 bytes); 0 otherwise."""
-    values = dict(d.split("=") for d in tuning_defines(tuning))
-    stages = int(values.get("UCCL_EP_HT_COMBINE_STAGES", 0))
+    stages, unroll = combine_staging(tuning, sm)
     if stages == 0:
         return 0
-    if stages < 2:
-        raise InvalidArgument("UCCL_EP_HT_DEFINES", "UCCL_EP_HT_COMBINE_STAGES 0 or >= 2", stages)
-    unroll = int(values.get("UCCL_EP_HT_COMBINE_UNROLL", 2))
     need = block_threads // 32 * stages * 2 * unroll * 32 * 16
     if need > _MAX_SMEM_PER_BLOCK:
-        raise InvalidArgument("UCCL_EP_HT_DEFINES", f"combine stage areas within {_MAX_SMEM_PER_BLOCK} bytes of "
-                              f"shared memory per block ({block_threads // 32} warps x {stages} stages x unroll "
-                              f"{unroll})", need)
+        raise InvalidArgument("UCCL_EP_HT_COMBINE_WARPS / UCCL_EP_HT_DEFINES",
+                              f"combine stage areas within {_MAX_SMEM_PER_BLOCK} bytes of shared memory per "
+                              f"block ({block_threads // 32} warps x {stages} stages x unroll {unroll} x 1 KiB)",
+                              need, hint="fewer combine warps, or UCCL_EP_HT_DEFINES with a smaller "
+                              "UCCL_EP_HT_COMBINE_UNROLL / UCCL_EP_HT_COMBINE_STAGES (0: no staging)")
     return need
 
 
-def _sm_number(arch: str) -> int:
+def sm_number(arch: str) -> int:
+    """Compute capability x 10 of an nvcc arch name (sm_90a -> 90); 0 for others (gfx*)."""
     m = re.match(r"sm_(\d+)", arch)
     return int(m.group(1)) if m else 0
 
@@ -185,7 +195,7 @@ def load(device: int, num_ranks: int, variant: Variant | None = None, block_thre
         raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name} runs 16 warps per block; UCCL_EP_HT_WARPS="
                           f"{block_threads // 32} applies to the default variant only")
     arch = device_arch(device)
-    if _sm_number(arch) < v.min_sm:
+    if sm_number(arch) < v.min_sm:
         raise Unsupported(f"UCCL_EP_HT_VARIANT={v.name} uses bulk copies (cp.async.bulk), which need compute "
                           f"capability {v.min_sm // 10}.{v.min_sm % 10} or newer; this GPU builds for {arch}. "
                           "Use UCCL_EP_HT_VARIANT=default")

@@ -21,7 +21,8 @@ from functools import lru_cache
 
 import torch
 
-from ..errors import LimitExceeded
+from .. import env
+from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
 from .runtime import DeviceMemory, current_stream, load_kernel, pack_params, raw_tensor
@@ -30,11 +31,18 @@ __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 
 _ALIGN = 128
 # Threads per block of each kernel (one block per expert or token; see the kernels' notes).
-_SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
+_SEND_BLOCK, _RECV_BLOCK = 512, 256
 
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _combine_recv_threads() -> int:
+    n = env.get("UCCL_EP_LL_COMBINE_RECV_THREADS")
+    if n % 32:
+        raise InvalidArgument("UCCL_EP_LL_COMBINE_RECV_THREADS", "a multiple of 32 in [32, 512]", n)
+    return n
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,10 @@ class _Layout:
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "_Layout":
         msg = 16 + 2 * hidden
         send = _align(num_experts * num_max * hidden * 2)
-        recv = _align(num_experts * num_max * max(msg, 2 * hidden))
+        # dispatch (ll_dispatch.cu): token area [R][num_max] messages, then the int32 slot index
+        # [E][num_max]; combine (ll_combine.cu): [E][num_max] BF16 rows
+        token_area = (num_ranks * num_max * msg + 15) // 16 * 16
+        recv = _align(max(num_experts * num_max * 2 * hidden, token_area + num_experts * num_max * 4))
         sig = _align(2 * num_experts * 8)
         return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, send + recv, send + recv + sig)
 
@@ -259,10 +270,11 @@ class LowLatencyEngine:
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
             masked=mask, timeout_ns=self.ex.timeout_ns)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
+        recv_threads = _combine_recv_threads()
 
         def finish() -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_combine_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream())
+            self._k["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream())
 
         return result, finish

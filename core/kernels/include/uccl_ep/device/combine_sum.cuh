@@ -139,9 +139,10 @@ constexpr int kCombineStageVecs = D * 2 * U * 32;
 // kCombineStageVecs<U, D> vectors) by cp.async: D chunks in flight per warp and no registers held
 // for them. Each lane copies and reads back only its own vectors, so no warp barrier is needed.
 //
-// NOTES: an experiment (UCCL_EP_HT_COMBINE_STAGES >= 2): the register pipeline above keeps one
-// chunk in flight while adding another, and combine receivers are bound by loads in flight per
-// SM (24 warps beat 16 by 47 % on 2 x H200, 32 warps spilled registers). Not yet measured.
+// NOTES: the default on sm_80+ (ht_tuning.cuh has the measurements). The register pipeline above
+// holds its chunk in registers, so its depth is capped by the register budget, while the receivers
+// are bound by loads in flight per SM; cp.async lands the loads in shared memory instead, so a warp
+// keeps 2 x 4 vectors per lane per source pair in flight without registers for them.
 template <int U, int D>
 UCCL_DEVICE void warp_combine_rows_staged(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H,
                                           uint64_t bias0, uint64_t bias1, int64_t t, Vec16* stage) {

@@ -15,11 +15,21 @@
 #ifndef UCCL_EP_HT_HEAD_SLACK
 #define UCCL_EP_HT_HEAD_SLACK 16  // combine receiver: positions a head may lag before republishing
 #endif
-#ifndef UCCL_EP_HT_COMBINE_UNROLL
-#define UCCL_EP_HT_COMBINE_UNROLL 2  // 16-byte vectors per lane per chunk (warp_combine_rows; 4 spills)
-#endif
+// NOTES: combine rows are staged through shared memory by cp.async (warp_combine_rows_staged), 2
+// chunks of 4 vectors per lane in flight per warp, 16 warps per block. 2 x H200, EP2, 24 SMs, 30
+// iterations, three runs (run_device.sh tune, 2026-11-22): combine 331.8-333.8 GB/s against
+// 307-310 for the register pipeline at 24 warps (its best); 3 stages 329.9, 4 stages 307.0, unroll 2
+// 287.8, and more warps lose with staging (20: 279.8, 24: 215.4: the stage areas cap blocks per SM
+// and the loads in flight already suffice). GPUs before sm_80 have no cp.async: register pipeline.
 #ifndef UCCL_EP_HT_COMBINE_STAGES
-#define UCCL_EP_HT_COMBINE_STAGES 0  // >= 2: combine rows staged by cp.async (warp_combine_rows_staged)
+#if UCCL_EP_CUDA && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+#define UCCL_EP_HT_COMBINE_STAGES 2  // >= 2: combine rows staged by cp.async; 0: register pipeline
+#else
+#define UCCL_EP_HT_COMBINE_STAGES 0
+#endif
+#endif
+#ifndef UCCL_EP_HT_COMBINE_UNROLL  // 16-byte vectors per lane per chunk (the register pipeline spills at 4)
+#define UCCL_EP_HT_COMBINE_UNROLL (UCCL_EP_HT_COMBINE_STAGES ? 4 : 2)
 #endif
 #ifndef UCCL_EP_HT_PROF
 #define UCCL_EP_HT_PROF 0  // 1: account each warp's cycles spent waiting on the other side (HTProf)
