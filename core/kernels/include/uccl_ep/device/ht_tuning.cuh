@@ -19,8 +19,8 @@
 // chunks of 4 vectors per lane in flight per warp, 16 warps per block. 2 x H200, EP2, 24 SMs, 30
 // iterations, three runs (run_device.sh tune, 2026-11-22): combine 331.8-333.8 GB/s against
 // 307-310 for the register pipeline at 24 warps (its best); 3 stages 329.9, 4 stages 307.0, unroll 2
-// 287.8, and more warps lose with staging (20: 279.8, 24: 215.4: the stage areas cap blocks per SM
-// and the loads in flight already suffice). GPUs before sm_80 have no cp.async: register pipeline.
+// 287.8; more warps lose with staging (20: 279.8, 24: 215.4; the loads in flight suffice at 16, and
+// why more cost this much is not measured yet). GPUs before sm_80 have no cp.async: register pipeline.
 #ifndef UCCL_EP_HT_COMBINE_STAGES
 #if UCCL_EP_CUDA && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
 #define UCCL_EP_HT_COMBINE_STAGES 2  // >= 2: combine rows staged by cp.async; 0: register pipeline
