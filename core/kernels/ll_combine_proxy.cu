@@ -12,7 +12,9 @@
 // Recv (ll_combine_proxy_recv, one block per token t): waits (bounded) for every unmasked owner's
 // signal; for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
 // region at (this rank's selections of the owner's experts below g) + (t's rank among this rank's
-// selections of g, exactly the dispatch slot); out[t] = sum_k w[t,k] * row_k in fp32, k ascending,
+// selections of g, exactly the dispatch slot), both counted by the whole block in one strided scan
+// of topk_idx per selected expert (it was one thread per expert scanning alone: T*K loads each,
+// serial); out[t] = sum_k w[t,k] * row_k in fp32, k ascending,
 // one IEEE-rounded multiply and add each, cast to BF16.
 //
 // NOTES: every block waits for every owner's signal, so the kernel ends only after every peer's
@@ -169,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(256)
   __shared__ int64_t s_row[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
   __shared__ int s_owner_ok[kMaxRanks];
+  __shared__ int s_slot[kMaxTopk], s_below[kMaxTopk];
   const int t = blockIdx.x, tid = threadIdx.x;
   const int K = int(p.num_topk), E = int(p.num_experts), R = int(p.num_ranks);
   const int E_loc = E / R;
@@ -188,20 +191,42 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     s_owner_ok[tid] = ok;
   }
+  if (tid < K) {
+    int g = t < p.num_tokens ? int(topk[int64_t(t) * K + tid]) : -1;
+    if (g >= E || (g >= 0 && is_masked(p.masked, g / E_loc))) g = -1;
+    s_expert[tid] = g;
+    s_slot[tid] = 0;
+    s_below[tid] = 0;
+  }
+  __syncthreads();
+  // For each selected expert g (owner o): t's slot in g = selections of g by earlier tokens; rows
+  // before g's segment in o's region = this rank's selections of o's experts below g. The whole
+  // block scans topk_idx once per k (strided, warp sums, one shared add per warp).
+  const int64_t n_sel = int64_t(p.num_tokens) * K;
+  for (int k = 0; k < K && t < p.num_tokens; ++k) {
+    const int g = s_expert[k];
+    if (g < 0) continue;  // uniform across the block
+    const int64_t lo = int64_t(g / E_loc) * E_loc;
+    int slot = 0, below = 0;
+    for (int64_t i = tid; i < n_sel; i += blockDim.x) {
+      const int64_t v = topk[i];
+      slot += (v == g && i < int64_t(t) * K) ? 1 : 0;
+      below += (v >= lo && v < g) ? 1 : 0;
+    }
+    slot = warp_sum(slot);
+    below = warp_sum(below);
+    if (lane_id() == 0) {
+      atomicAdd(&s_slot[k], slot);
+      atomicAdd(&s_below[k], below);
+    }
+  }
   __syncthreads();
   if (t < p.num_tokens && tid < K) {
-    int g = int(topk[int64_t(t) * K + tid]);
-    if (g >= E || (g >= 0 && is_masked(p.masked, g / E_loc))) g = -1;
+    int g = s_expert[tid];
     int64_t row = 0;
     if (g >= 0) {
       const int owner = g / E_loc;
-      int slot = 0, below = 0;  // the dispatch slot of t in g; this rank's selections of owner's experts < g
-      for (int64_t i = 0; i < int64_t(p.num_tokens) * K; ++i) {
-        const int64_t v = topk[i];
-        slot += (v == g && i < int64_t(t) * K) ? 1 : 0;
-        below += (v >= int64_t(owner) * E_loc && v < g) ? 1 : 0;
-      }
-      row = int64_t(owner) * (p.region_bytes / (p.hidden * 2)) + below + slot;
+      row = int64_t(owner) * (p.region_bytes / (p.hidden * 2)) + s_below[tid] + s_slot[tid];
       if (!s_owner_ok[owner]) g = -1;
     }
     s_expert[tid] = g;

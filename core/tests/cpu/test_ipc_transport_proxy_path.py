@@ -201,7 +201,8 @@ def test_layout_fits_deepep_size_hint(T, H):
     for R, E in ((2, 2), (2, 32), (4, 64), (8, 256), (2, 288)):
         lay = ProxyLayout.make(T, H, E, R)
         assert 2 * lay.set_bytes <= low_latency_rdma_size_hint(T, H, R, E), (T, H, R, E)
-        assert lay.set_bytes % 128 == 0 and lay.block_bytes % 16 == 0 and lay.idx_bytes >= 4 * T
+        assert lay.set_bytes % 128 == 0 and lay.recv_off == lay.set_bytes // 2
+        assert lay.recv_off >= E * T * 2 * H  # the zero-copy combine input: every local expert's rows
         for K in (1, 4, 8, 9):  # the packed regions of every top-k fit one area (send or recv)
             for fp8 in (False, True):
                 assert R * lay.dispatch_region(K, fp8).region_bytes <= lay.set_bytes // 2, (T, H, R, E, K, fp8)

@@ -2,6 +2,8 @@
 tuning; not a test.
 
 python core/tests/gpu/profile_kernels.py [ll|ht]   (every GPU; prints each rank's table)
+python core/tests/gpu/profile_kernels.py llhost    (cProfile of rank 0's eager LL dispatch + combine
+                                                   host path: where the per-call host time goes)
 
 `host/call` is the wall time of issuing one call without waiting for the device (mean over a
 back-to-back loop): when it exceeds the call's kernel times, back-to-back calls are host-bound.
@@ -50,7 +52,7 @@ def worker(rank, world, what):
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator().manual_seed(rank)
     out = {}
-    if what == "ll":
+    if what in ("ll", "llhost"):
         T, H, E = 128, 7168, 288
         buf = Buffer(group, 0, Buffer.get_low_latency_rdma_size_hint(T, H, world, E), low_latency_mode=True,
                      backend="cuda")
@@ -63,6 +65,26 @@ def worker(rank, world, what):
         def step():
             _, _, hh, _, _ = buf.low_latency_dispatch(x, idx, T, E)
             buf.low_latency_combine(y, idx, w, hh)
+        if what == "llhost":
+            import cProfile
+            import io
+            import pstats
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+            dist.barrier()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                step()
+            prof.disable()
+            torch.cuda.synchronize()
+            dist.barrier()
+            text = io.StringIO()
+            st = pstats.Stats(prof, stream=text)
+            st.sort_stats("tottime").print_stats(30)
+            st.sort_stats("cumulative").print_stats(30)
+            return {"cprofile": text.getvalue()} if rank == 0 else {}
         out = _profile(step, tag="d+c ")
         out.update(_profile(lambda: buf.low_latency_dispatch(x, idx, T, E), tag="dispatch-only "))
     else:
@@ -87,5 +109,7 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "ll"
     res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, backend="nccl", timeout_s=300)
     for r, rows in enumerate(res):
+        if "cprofile" in rows:
+            print(rows.pop("cprofile"))
         for k, (n, us) in sorted(rows.items()):
             print(f"rank {r} {k:40s} x{n:3d} {us:9.1f} us")

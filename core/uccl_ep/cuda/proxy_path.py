@@ -131,8 +131,6 @@ class ProxyLayout:
     hidden: int
     num_experts: int
     num_ranks: int
-    idx_bytes: int
-    block_bytes: int
     send_off: int
     recv_off: int
     set_bytes: int
@@ -141,14 +139,13 @@ class ProxyLayout:
     @staticmethod
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int,
              chunk_bytes: int = CHUNK_BYTES) -> "ProxyLayout":
-        idx = _align16(4 * num_max)
-        block = _align16(16 + idx + num_max * 2 * hidden)
+        # an area (send or recv) holds the zero-copy combine input (every local expert's rows) and the
+        # largest packed regions (every token selects every local expert; BF16), one per rank
         rows = num_experts * num_max * 2 * hidden
         e_loc = max(1, num_experts // num_ranks)
-        # the largest packed dispatch regions (every token selects every local expert; BF16)
         packed = num_ranks * ProxyLayout._region(num_max, hidden, e_loc, e_loc, False).region_bytes
-        area = _align(max(num_experts * block, rows, packed))
-        return ProxyLayout(num_max, hidden, num_experts, num_ranks, idx, block, 0, area, 2 * area, chunk_bytes)
+        area = _align(max(rows, packed))
+        return ProxyLayout(num_max, hidden, num_experts, num_ranks, 0, area, 2 * area, chunk_bytes)
 
     @staticmethod
     def payload_bytes(hidden: int, use_fp8: bool) -> int:

@@ -48,6 +48,13 @@ UCCL_DEVICE int shfl_xor(int v, int mask) {
 #endif
 }
 
+// Sum of v over the warp (every lane must call), in every lane.
+UCCL_DEVICE int warp_sum(int v) {
+#pragma unroll
+  for (int m = kWarpSize / 2; m >= 1; m >>= 1) v += shfl_xor(v, m);
+  return v;
+}
+
 UCCL_DEVICE uint64_t warp_ballot(bool pred) {
 #if UCCL_EP_HIP
   return __ballot(pred);
