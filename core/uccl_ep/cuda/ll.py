@@ -29,7 +29,10 @@ from .runtime import DeviceMemory, current_stream, load_kernel, pack_params, raw
 
 __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 
-_ALIGN = 128
+# NOTES: areas are 16-byte aligned (the widest access is a 16-byte vector; signals are 8 bytes), not
+# 128: with 128 the three areas' padding made tiny shapes (1-2 tokens) overrun the buffer that
+# get_low_latency_rdma_size_hint sizes, which DeepEP callers pass as is.
+_ALIGN = 16
 # Threads per block of each kernel (one block per expert or token; see the kernels' notes).
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
 

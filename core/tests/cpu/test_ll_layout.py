@@ -1,0 +1,49 @@
+"""The NVLink low-latency engine's buffer layout (uccl_ep/cuda/ll.py) against what kernels write and
+what DeepEP callers allocate (Buffer.get_low_latency_rdma_size_hint), and its block-size switch."""
+
+from __future__ import annotations
+
+import pytest
+
+from uccl_ep.config import low_latency_rdma_size_hint
+from uccl_ep.cuda import ll
+from uccl_ep.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("hidden", [512, 1024, 2048, 4096, 7168, 8192])
+def test_layout_fits_the_size_hint(hidden):
+    """Two buffer sets fit the hint's bytes for every rank count, experts per rank and token count
+    (hidden >= 512; below that, one expert per rank with few tokens can need a few hundred bytes
+    more: the signal area is 16 bytes per expert and the hint's 4)."""
+    for t in (1, 2, 5, 64, 128, 256, 1024):
+        for R in (1, 2, 3, 4, 8, 16, 32, 64):
+            for e_loc in (1, 2, 3, 9, 36, 128):
+                E = R * e_loc
+                lay = ll._Layout.make(t, hidden, E, R)
+                assert 2 * lay.set_bytes <= low_latency_rdma_size_hint(t, hidden, R, E), (t, hidden, R, E)
+
+
+def test_receive_area_holds_dispatch_tokens_index_and_combine_rows():
+    """ll_dispatch.cu: token area [R][num_max] messages, then (16-byte aligned) the int32 slot index
+    [E][num_max]; ll_combine.cu: [E][num_max] BF16 rows. Areas start 16-byte aligned."""
+    for t, H, R, E in ((128, 7168, 2, 288), (1, 512, 64, 64), (256, 4096, 8, 256), (3, 2048, 4, 12)):
+        lay = ll._Layout.make(t, H, E, R)
+        recv = lay.sig_off - lay.recv_off
+        token_area = (R * t * lay.msg_bytes + 15) // 16 * 16
+        assert recv >= token_area + E * t * 4 and recv >= E * t * 2 * H
+        assert lay.msg_bytes == 16 + 2 * H  # FP8 rows (H + H/128 scales) fit the BF16 message
+        assert lay.recv_off - lay.send_off >= E * t * 2 * H  # zero-copy combine input
+        assert all(off % 16 == 0 for off in (lay.send_off, lay.recv_off, lay.sig_off, lay.set_bytes))
+        assert lay.set_bytes - lay.sig_off >= 2 * E * 8  # dispatch + combine signals, u64 each
+
+
+def test_combine_recv_threads_switch(monkeypatch):
+    monkeypatch.delenv("UCCL_EP_LL_COMBINE_RECV_THREADS", raising=False)
+    assert ll._combine_recv_threads() == 512
+    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "256")
+    assert ll._combine_recv_threads() == 256
+    for bad in ("100", "1024", "0"):
+        monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", bad)
+        with pytest.raises(InvalidArgument) as e:
+            ll._combine_recv_threads()
+        assert "UCCL_EP_LL_COMBINE_RECV_THREADS" in str(e.value)
