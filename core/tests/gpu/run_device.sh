@@ -25,7 +25,7 @@
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
 #   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
-#          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10; TUNE_RANKS, default 2) (bench-verified) at TUNE_SMS (default 24) ->
+#          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10 (30 for decisions: 10 is noisy); TUNE_RANKS, default 2) (bench-verified) at TUNE_SMS (default 24) ->
 #          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
 #          $OUT/ht_prof.log). TUNE_BUDGET_S
@@ -163,11 +163,12 @@ for step in $STEPS; do
     tune)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${TUNE_BUDGET_S:-520}
-      # default matrix: the shipped setting, then the cp.async-staged combine (not yet measured)
+      # default matrix: the shipped setting (16/16 warps, cp.async-staged combine 2 x 4), the register
+      # pipeline it replaced (24 combine warps), 3 stages
       S=UCCL_EP_HT_COMBINE_STAGES
-      CFGS=${TUNE_CONFIGS:-"d16c24:16/24:;c16s4:16/16:$S=4;c24s4:16/24:$S=4;c16s2u4:16/16:$S=2 UCCL_EP_HT_COMBINE_UNROLL=4"}
+      CFGS=${TUNE_CONFIGS:-"d16c16:16/16:;reg24:16/24:$S=0;c16s3:16/16:$S=3"}
       PROF_DEFS="UCCL_EP_HT_PROF=1 ${TUNE_PROF_DEFINES:-}"
-      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16/24:$PROF_DEFS"
+      [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16/16:$PROF_DEFS"
       bounded 150 $PY core/tests/gpu/precompile_ht.py ${TUNE_RANKS:-2} "$CFGS" 2>&1 | tail -3
       IFS=';' read -ra TC <<< "$CFGS"
       for sms in ${TUNE_SMS:-24}; do
@@ -184,7 +185,7 @@ for step in $STEPS; do
       done
       $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
       if [[ ${TUNE_PROF:-1} != 0 ]]; then
-        UCCL_EP_HT_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
+        UCCL_EP_HT_WARPS=16 UCCL_EP_HT_COMBINE_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
           --backend cuda --ranks ${TUNE_RANKS:-2} --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
           > "$OUT/ht_prof.log" 2>&1
         grep HTPROF "$OUT/ht_prof.log" | awk '{print $2}' | sort | uniq -c

@@ -61,6 +61,8 @@ UCCL_DEVICE void chunk_store(uint8_t* out, const float (&acc)[U][8], int64_t v0,
 // One warp sums token t's `nsrc` BF16 rows (`rows`, in source order, read through L2: peers wrote
 // them) into `out` (H elements). Work is cut into chunks of (step: U vectors of 16 bytes per lane,
 // pair of sources); the loads of the next chunk are issued before the current one is added up.
+// Used where cp.async is missing (sm < 80, HIP) or UCCL_EP_HT_COMBINE_STAGES=0; elsewhere the
+// default is warp_combine_rows_staged below.
 //
 // NOTES: combine receivers are busy, not waiting (2 x H200 cycle accounting, UCCL_EP_HT_PROF: 95 %
 // of their cycles outside waits), bound by loads in flight per SM. Prefetching one chunk ahead
