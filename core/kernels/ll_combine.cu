@@ -6,9 +6,10 @@
 // at [global expert][token], then counts it in finish[e]; the warp that completes expert e resets
 // the counter and publishes (tag << 32) into every source's signal[global expert] with a
 // system-scope release (every source gets one, even for 0 rows).
-// Recv (ll_combine_recv, one block per token t, UCCL_EP_LL_COMBINE_RECV_THREADS threads): wait (bounded) for the signal of every expert
-// in topk_idx[t] (skipping -1 and masked ranks), then out[t] = sum_k w[t,k] * y_k in fp32 with k
-// ascending, one IEEE-rounded multiply and add each (bit-exact with uccl_ep.refs), cast to BF16.
+// Recv (ll_combine_recv, one block per token t of UCCL_EP_LL_COMBINE_RECV_THREADS threads): wait
+// (bounded) for the signal of every expert in topk_idx[t] (skipping -1 and masked ranks), then
+// out[t] = sum_k w[t,k] * y_k in fp32 with k ascending, one IEEE-rounded multiply and add each
+// (bit-exact with uccl_ep.refs), cast to BF16.
 //
 // NOTES: zero_copy needs no special path here: the caller wrote the expert outputs into this
 // rank's registered send area, which is simply passed as `y`. Tags: see ll_dispatch.cu.

@@ -124,10 +124,10 @@ _VARS: list[Var] = [
         "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",
         used_by="CUDA kernels"),
     Var("UCCL_EP_LL_COMBINE_RECV_THREADS", "int", 512,
-        "Threads per block of the low-latency combine's receive kernel (one block per token; a multiple "
+        "Threads per block of the low-latency combine's receive kernel over NVLink (one block per token; a multiple "
         "of 32). Its loads of the top-k rows are what it waits on, so more threads keep more of them in "
         "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
-        "flat at 512 tokens). A tuning switch, read when a low-latency combine is issued; ranks may differ.",
+        "flat at 512 tokens). A tuning switch, read when a Buffer first runs a low-latency op; ranks may differ.",
         minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
     Var("UCCL_EP_HT_VARIANT", "choice", "default",
         "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "

@@ -66,7 +66,7 @@ class _Layout:
         send = _align(num_experts * num_max * hidden * 2)
         # dispatch (ll_dispatch.cu): token area [R][num_max] messages, then the int32 slot index
         # [E][num_max]; combine (ll_combine.cu): [E][num_max] BF16 rows
-        token_area = (num_ranks * num_max * msg + 15) // 16 * 16
+        token_area = _align(num_ranks * num_max * msg)
         recv = _align(max(num_experts * num_max * 2 * hidden, token_area + num_experts * num_max * 4))
         sig = _align(2 * num_experts * 8)
         return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, send + recv, send + recv + sig)
@@ -124,6 +124,7 @@ class LowLatencyEngine:
         self.work: DeviceMemory | None = None
         drv = ex.drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
+        self.combine_recv_threads = _combine_recv_threads()  # read once: off the per-call host path
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
             ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}
@@ -273,7 +274,7 @@ class LowLatencyEngine:
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
             masked=mask, timeout_ns=self.ex.timeout_ns)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
-        recv_threads = _combine_recv_threads()
+        recv_threads = self.combine_recv_threads
 
         def finish() -> None:
             self.ex.check_error()
