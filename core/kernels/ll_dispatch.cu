@@ -1,7 +1,7 @@
 // Low-latency dispatch over NVLink: per-expert padded slabs with in-kernel FP8 (DeepEP V1 LL).
 //
 // Receive area of a buffer set (this kernel's part; ll_combine.cu lays the same bytes out its own way):
-//   token area [source rank][num_max] messages of msg_bytes (16-byte pad, payload, FP8 scales),
+//   token area [source rank][num_max] messages of msg_bytes (payload, then FP8 scales),
 //   then, 16-byte aligned, the slot index [local expert][source rank][num_max] int32: token of slot.
 //
 // Send (ll_dispatch_send, one block per token t of this rank, on the current stream):
@@ -123,15 +123,15 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
           const Vec16 q = quantize16(v, scale);
           for (int k = 0; k < num_dst; ++k) {
             uint8_t* msg = s_msg[k];
-            st16(msg + 16 + c * 16, q);
-            if ((c & 7) == 0) reinterpret_cast<float*>(msg + 16 + p.hidden)[c >> 3] = scale_inv;
+            st16(msg + c * 16, q);
+            if ((c & 7) == 0) reinterpret_cast<float*>(msg + p.hidden)[c >> 3] = scale_inv;
           }
         }
       }
     } else {
       for (int c = tid; c < p.hidden / 8; c += blockDim.x) {
         const Vec16 v = ld16(row + c * 8);
-        for (int k = 0; k < num_dst; ++k) st16(s_msg[k] + 16 + c * 16, v);
+        for (int k = 0; k < num_dst; ++k) st16(s_msg[k] + c * 16, v);
       }
     }
     __syncthreads();
@@ -208,8 +208,8 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
     if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = t;
     if (p.use_fp8) {
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg + 16, H);
-      const auto* scales = reinterpret_cast<const float*>(msg + 16 + H);
+      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg, H);
+      const auto* scales = reinterpret_cast<const float*>(msg + H);
       if (p.use_ue8m0) {
         for (int g = lane_id(); g < H / 512; g += kWarpSize) {
           uint32_t packed = 0;
@@ -222,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
           reinterpret_cast<float*>(p.recv_scales)[(int64_t(e) * (H / 128) + g) * rows_per_expert + row] = scales[g];
       }
     } else {
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg + 16, H * 2);
+      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg, H * 2);
     }
   }
   last_block_bumps_seq(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<unsigned*>(p.seq));

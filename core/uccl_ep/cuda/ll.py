@@ -62,7 +62,7 @@ class _Layout:
 
     @staticmethod
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "_Layout":
-        msg = 16 + 2 * hidden
+        msg = 2 * hidden  # BF16 row, or FP8 row (hidden) + its scales (hidden / 32)
         send = _align(num_experts * num_max * hidden * 2)
         # dispatch (ll_dispatch.cu): token area [R][num_max] messages, then the int32 slot index
         # [E][num_max]; combine (ll_combine.cu): [E][num_max] BF16 rows
