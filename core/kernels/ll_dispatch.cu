@@ -8,7 +8,8 @@
 //   1. every block histograms topk_idx (shared-memory counts per expert over all tokens, and over
 //      tokens before t), so the slot of t in expert e's segment is the number of earlier tokens
 //      selecting e: deterministic (token order, as the reference) and without global atomics;
-//   2. one thread per selected expert writes t into the owner's slot index; its threads cast token
+//   2. one lane of warp 0 per selected expert writes t into the owner's slot index (the warp
+//      finds the distinct owner ranks by ballot); the block's threads cast token
 //      t once (FP8 per 128 channels via 8-lane amax, or BF16 as is) and store each 16-byte piece
 //      into the token area of every distinct owner rank (a peer pointer through an IPC map, or
 //      local memory): once per rank, however many of its experts t selects;
@@ -76,28 +77,30 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   __syncthreads();
 
   if (t < T) {
-    if (tid < K) {
-      int e = int(topk[int64_t(t) * K + tid]);
-      if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
-      s_expert[tid] = e;
-      if (e >= 0) {
-        auto* index = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(peer_recv[e / E_loc]) + index_off);
-        index[(int64_t(e % E_loc) * R + p.rank) * p.num_max + before[e]] = t;
+    if (warp_id() == 0) {  // K <= kMaxTopk <= the warp: lane k handles the token's k-th expert
+      const int lane = lane_id();
+      int e = -1;
+      if (lane < K) {
+        e = int(topk[int64_t(t) * K + lane]);
+        if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
+        s_expert[lane] = e;
+        if (e >= 0) {
+          auto* index = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(peer_recv[e / E_loc]) + index_off);
+          index[(int64_t(e % E_loc) * R + p.rank) * p.num_max + before[e]] = t;
+        }
       }
-    }
-    __syncthreads();
-    if (tid == 0) {  // distinct owner ranks, in top-k order
-      int n = 0;
-      for (int k = 0; k < K; ++k) {
-        const int e = s_expert[k];
-        if (e < 0) continue;
-        const int d = e / E_loc;
-        bool seen = false;
-        for (int k2 = 0; k2 < k; ++k2) seen |= s_expert[k2] >= 0 && s_expert[k2] / E_loc == d;
-        if (!seen)
-          s_msg[n++] = reinterpret_cast<uint8_t*>(peer_recv[d]) + (int64_t(p.rank) * p.num_max + t) * p.msg_bytes;
+      // distinct owner ranks, in top-k order: a lane is first if no lower lane has its owner
+      const int d = e < 0 ? -1 : e / E_loc;
+      bool first = d >= 0;
+      for (int k2 = 0; k2 < K; ++k2) {
+        const int d2 = shfl_idx(d, k2);
+        first = first && !(k2 < lane && d2 == d);
       }
-      s_num_dst = n;
+      const uint64_t firsts = warp_ballot(first);
+      if (first)
+        s_msg[popc64(firsts & lanemask_lt())] =
+            reinterpret_cast<uint8_t*>(peer_recv[d]) + (int64_t(p.rank) * p.num_max + t) * p.msg_bytes;
+      if (lane == 0) s_num_dst = popc64(firsts);
     }
     __syncthreads();
     const int num_dst = s_num_dst;
