@@ -76,11 +76,11 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes, row_bytes);
     sync_warp();
     if (lane_id() == 0) {
-      fence_system();
+      fence_acq_rel_sys();
       const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
       if (int(prev) + 1 == prefix[e + 1] - prefix[e]) {
         reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
-        fence_system();
+        fence_acq_rel_sys();
         for (int jj = 0; jj < R; ++jj)
           if (!is_masked(p.masked, jj))
             st_release_sys(reinterpret_cast<uint64_t*>(peer_signal[jj]) + g, uint64_t(tag) << 32);

@@ -140,11 +140,11 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
       const int e = s_expert[tid];
-      fence_system();  // the block's stores (ordered by the barrier) before this count
+      fence_acq_rel_sys();  // the block's stores (ordered by the barrier) before this count
       const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
       if (int(prev) + 1 == total[e]) {  // last writer of e: everyone's stores are ordered before
         reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
-        fence_system();
+        fence_acq_rel_sys();
         auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
         st_release_sys(sig + int64_t(e % E_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(total[e]));
       }

@@ -132,6 +132,21 @@ UCCL_DEVICE int ld_volatile(const int* p) { return *reinterpret_cast<const volat
 
 UCCL_DEVICE void fence_system() { __threadfence_system(); }
 
+// Release/acquire fence at system scope: orders this thread's earlier accesses (and, through a
+// preceding barrier, its block's) before its later ones for every observer (peers over NVLink, the
+// CPU), without the single total order of fence_system.
+// NOTES: fence_system is fence.sc.sys (MEMBAR.SC.SYS), which also joins a global order of every SC
+// fence and costs microseconds while NVLink traffic is in flight; the publish patterns (stores,
+// fence, relaxed counter or st.release flag) need only release semantics, which fence.acq_rel.sys
+// (MEMBAR.ALL.SYS) gives. HIP's __threadfence_system is already a release/acquire fence.
+UCCL_DEVICE void fence_acq_rel_sys() {
+#if UCCL_EP_HIP
+  __threadfence_system();
+#else
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+}
+
 // Nanoseconds from a device-wide clock (only differences are used).
 UCCL_DEVICE uint64_t clock_ns() {
 #if UCCL_EP_HIP
