@@ -31,6 +31,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
   const auto* lr = reinterpret_cast<const int64_t*>(p.layout_range);
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
+  allow_dependent_launch();  // the receive kernel may start now: every block has read the op counter
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
   const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
   int* prefix = smem;

@@ -71,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
     if (i / K < t) atomicAdd(before + e, 1);
   }
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
+  allow_dependent_launch();  // the receive kernel may start now: every block has read the op counter
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
   const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
   const int64_t index_off = slot_index_offset(R, p.num_max, p.msg_bytes);

@@ -79,7 +79,9 @@ class Executor:
     # low-latency mode --------------------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
                              masked, cumulative_stats, wait_stats):
-        """Returns (recv_x, recv_count, handle, finish); ``finish()`` is the receive phase.
+        """Returns (recv_x, recv_count, handle, finish); ``finish()`` is the receive phase
+        (``finish(follows_send=True)`` when it runs right after the send phase on the same stream:
+        a launch hint the NVLink path uses, others ignore it).
 
         ``masked`` is the Buffer's live set of masked ranks (shrink mode): skip them, and add the
         peers found to have masked this rank (DeepEP: a timeout masks the silent peer)."""

@@ -45,7 +45,7 @@ class LowLatencyMixin:
                                   True)
         if return_recv_hook:
             return EventOverlap(None, extra_tensors=tensors), finish
-        finish()
+        finish(follows_send=True)  # right after the send phase, on the same stream
         if async_finish:
             return EventOverlap(EventHandle(), extra_tensors=tensors), None
         return EventOverlap(None), None

@@ -129,6 +129,12 @@ _VARS: list[Var] = [
         "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
         "flat at 512 tokens). A tuning switch, read when a Buffer first runs a low-latency op; ranks may differ.",
         minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
+    Var("UCCL_EP_LL_PDL", "bool", True,
+        "Launch the low-latency receive kernels over NVLink with programmatic dependent launch (sm_90+), so they "
+        "start while the send kernel's last blocks run instead of after it; they synchronize with it through "
+        "signals in memory anyway. Only when the receive phase follows the send directly (not through a "
+        "return_recv_hook). Off: plain stream order. Read when a Buffer first runs a low-latency op.",
+        used_by="CUDA kernels (low-latency mode)"),
     Var("UCCL_EP_HT_VARIANT", "choice", "default",
         "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
         "`tma` or `tma-wide` (bulk-copy variants, sm_90+, compiled but not yet measured; see "

@@ -87,14 +87,15 @@ void register_runtime(nb::module_& parent) {
   });
   m.def("launch", [](int device, uint64_t f, std::tuple<unsigned, unsigned, unsigned> grid,
                      std::tuple<unsigned, unsigned, unsigned> block, unsigned smem, uint64_t stream,
-                     nb::bytes params, bool cooperative) {
+                     nb::bytes params, bool cooperative, bool programmatic) {
     const unsigned g[3] = {std::get<0>(grid), std::get<1>(grid), std::get<2>(grid)};
     const unsigned b[3] = {std::get<0>(block), std::get<1>(block), std::get<2>(block)};
     cu::launch(device, reinterpret_cast<cu::CUfunction>(f), g, b, smem, reinterpret_cast<cu::CUstream>(stream),
-               params.c_str(), params.size(), cooperative);
+               params.c_str(), params.size(), cooperative, programmatic);
   }, nb::arg("device"), nb::arg("function"), nb::arg("grid"), nb::arg("block"), nb::arg("smem"), nb::arg("stream"),
-     nb::arg("params"), nb::arg("cooperative") = false,
-     "cuLaunchKernelEx of a kernel taking one by-value parameter struct (`params`) on `stream`.");
+     nb::arg("params"), nb::arg("cooperative") = false, nb::arg("programmatic") = false,
+     "cuLaunchKernelEx of a kernel taking one by-value parameter struct (`params`) on `stream`; "
+     "`programmatic`: programmatic dependent launch (may overlap the previous kernel on the stream).");
 }
 
 }  // namespace uccl_ep::bindings

@@ -351,10 +351,10 @@ void function_set_max_dynamic_smem(CUfunction f, int bytes) {
 }
 
 void launch(int device, CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned smem,
-            CUstream stream, const void* params, size_t params_size, bool cooperative) {
+            CUstream stream, const void* params, size_t params_size, bool cooperative, bool programmatic) {
   (void)params_size;
   use_device(device);
-  CUlaunchAttribute attrs[1] = {};
+  CUlaunchAttribute attrs[2] = {};
   CUlaunchConfig cfg{};
   cfg.gridDimX = grid[0];
   cfg.gridDimY = grid[1];
@@ -364,11 +364,21 @@ void launch(int device, CUfunction f, const unsigned grid[3], const unsigned blo
   cfg.blockDimZ = block[2];
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
+  unsigned n = 0;
   if (cooperative) {
-    attrs[0].id = kLaunchAttrCooperative;
-    attrs[0].value.cooperative = 1;
+    attrs[n].id = kLaunchAttrCooperative;
+    attrs[n++].value.cooperative = 1;
+  }
+  if (programmatic) {
+    // NOTES: programmatic dependent launch: this kernel may start before the previous kernel on the
+    // stream has finished, once every block of that kernel called griddepcontrol.launch_dependents
+    // (or exited). Only for kernels that synchronize with their predecessor through memory anyway.
+    attrs[n].id = kLaunchAttrProgrammaticStreamSerialization;
+    attrs[n++].value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (n > 0) {
     cfg.attrs = attrs;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
   }
   // NOTES: every kernel takes exactly one by-value parameter struct, so one pointer suffices.
   void* args[1] = {const_cast<void*>(params)};

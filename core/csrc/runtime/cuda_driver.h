@@ -135,6 +135,6 @@ void function_set_max_dynamic_smem(CUfunction f, int bytes);
 
 // Launch `f(params)` where the kernel takes one by-value struct of `params_size` bytes.
 void launch(int device, CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned smem,
-            CUstream stream, const void* params, size_t params_size, bool cooperative);
+            CUstream stream, const void* params, size_t params_size, bool cooperative, bool programmatic = false);
 
 }  // namespace uccl_ep::runtime::cu

@@ -79,8 +79,8 @@ def worker(rank, world, rows, row_bytes, few):
 
     out = []
     if few:
-        for remote_every, what in ((1, "all remote"), (2, "half remote")):
-            rbytes = nbytes if remote_every == 1 else nbytes // 2
+        for remote_every, what in ((1, "all remote"), (2, "half remote"), (0, "all local")):
+            rbytes = nbytes if remote_every in (0, 1) else nbytes // 2  # local: bytes copied
             for blocks in (6, 12, 24):
                 cases = [(f"warp16 {blocks}x{t}", launch("probe_warp16", blocks, t, remote_every, 0))
                          for t in (256, 512, 1024)]

@@ -2,8 +2,8 @@
 
 Buffer layout (inside this rank's `num_rdma_bytes` IPC buffer), two alternating sets, each:
   send     [E_loc, R*T, H] bf16      the zero-copy combine staging area (get_next_..._buffer)
-  recv     [E_loc][R][T] dispatch messages (16 B header + 2H payload slot) or [E][T][H] bf16
-           combine rows (one op at a time uses a set)
+  recv     dispatch: token area [R][T] messages (payload, then FP8 scales) and the int32 slot
+           index [E_loc][R][T]; or combine: [E][T][H] bf16 rows (one op at a time uses a set)
   signals  dispatch [E_loc][R] u64, then combine [E] u64; (tag << 32) | count, never cleared
 Device words (a small workspace): seq[2] (completed ops per set: the tag of the next op on a set
 is seq + 1), done[2] (the recv kernels' last-block counters).
@@ -25,7 +25,8 @@ from .. import env
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
-from .runtime import DeviceMemory, current_stream, load_kernel, pack_params, raw_tensor
+from .ht_variants import sm_number
+from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor
 
 __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 
@@ -125,6 +126,9 @@ class LowLatencyEngine:
         drv = ex.drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
         self.combine_recv_threads = _combine_recv_threads()  # read once: off the per-call host path
+        # Receive kernels launched right after their send kernel may overlap its tail (programmatic
+        # dependent launch, sm_90+; the send kernels allow it once every block has read the op counter).
+        self.pdl = bool(env.get("UCCL_EP_LL_PDL")) and sm_number(device_arch(self.dev)) >= 90
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
             ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}
@@ -223,10 +227,11 @@ class LowLatencyEngine:
             use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, masked=mask, timeout_ns=self.ex.timeout_ns)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
-        def finish() -> None:
+        def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream())
+            self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(),
+                                               programmatic=follows_send and self.pdl)
 
         plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
                               recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
@@ -276,9 +281,10 @@ class LowLatencyEngine:
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         recv_threads = self.combine_recv_threads
 
-        def finish() -> None:
+        def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream())
+            self._k["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(),
+                                              programmatic=follows_send and self.pdl)
 
         return result, finish

@@ -361,7 +361,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, **shape)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
-        def finish() -> None:
+        def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
             self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream())
@@ -409,7 +409,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, **shape)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
 
-        def finish() -> None:
+        def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
             self._k["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream())

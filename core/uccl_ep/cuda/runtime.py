@@ -91,12 +91,12 @@ class Kernel:
         self._smem_set = 0
 
     def launch(self, grid: int | tuple, block: int, params: bytes, stream: int, smem: int = 0,
-               cooperative: bool = False) -> None:
+               cooperative: bool = False, programmatic: bool = False) -> None:
         g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         if smem > 48 * 1024 and smem > self._smem_set:
             driver().function_set_max_dynamic_smem(self.function, smem)
             self._smem_set = smem
-        driver().launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative)
+        driver().launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative, programmatic)
 
 
 _modules: dict[tuple, int] = {}

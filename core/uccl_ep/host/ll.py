@@ -222,7 +222,7 @@ def dispatch(ex, set_idx, x, topk_idx, num_max, num_experts, use_fp8, round_scal
     layout_range = torch.zeros(E_loc, R, dtype=torch.int64)
     state = {}
 
-    def finish() -> None:
+    def finish(follows_send: bool = False) -> None:
         n, recv_masked, learned = _receive_counts(ex, set_idx, 0, num_max, send_masked, E_loc,
                                                   "low_latency_dispatch")
         masked.update(learned)
@@ -307,7 +307,7 @@ def combine(ex, set_idx, y, topk_idx, topk_weights, handle, masked, out, combine
     t_sent = time.perf_counter_ns()
     result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16)
 
-    def finish() -> None:
+    def finish(follows_send: bool = False) -> None:
         got, recv_masked, learned = _receive_counts(ex, set_idx, 1, num_max, send_masked, E_loc,
                                                     "low_latency_combine")
         masked.update(learned)

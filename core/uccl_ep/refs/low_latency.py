@@ -116,7 +116,7 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
     src_info = torch.full((num_local, slab_rows), -1, dtype=torch.int32, device=device)
     layout_range = torch.zeros(num_local, num_ranks, dtype=torch.int64, device=device)
 
-    def finish() -> None:
+    def finish(follows_send: bool = False) -> None:
         fill = torch.zeros(num_local, dtype=torch.int64)
         for j in range(num_ranks):
             parts = decoded[j]
@@ -194,7 +194,7 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
 
     result = out if out is not None else torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
 
-    def finish() -> None:
+    def finish(follows_send: bool = False) -> None:
         # Map (global expert, token) -> received row.
         keys, values = [], []
         for j, (tag, rows) in enumerate(decoded):

@@ -147,6 +147,16 @@ UCCL_DEVICE void fence_acq_rel_sys() {
 #endif
 }
 
+// Lets the kernel launched after this one with programmatic stream serialization (the LL receive
+// phases, uccl_ep/cuda/ll.py) start once every block of this grid has called this or exited.
+// NOTES: a no-op without such a dependent, and on HIP / before sm_90. A caller must have read
+// everything the dependent may change (the LL op counter) before calling it.
+UCCL_DEVICE void allow_dependent_launch() {
+#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Nanoseconds from a device-wide clock (only differences are used).
 UCCL_DEVICE uint64_t clock_ns() {
 #if UCCL_EP_HIP
