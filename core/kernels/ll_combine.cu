@@ -1,18 +1,27 @@
 // Low-latency combine over NVLink: weighted sum of expert outputs back at the source rank.
 //
-// Send (ll_combine_send, a grid of a few blocks per SM): the rows of all local experts' slabs are
-// one flat list of work items (prefix of the per-expert counts from layout_range); a warp copies
-// row (e, r), which came from source rank j with token src_info[e][r], into rank j's combine area
-// at [global expert][token], then counts it in finish[e]; the warp that completes expert e resets
-// the counter and publishes (tag << 32) into every source's signal[global expert] with a
-// system-scope release (every source gets one, even for 0 rows).
-// Recv (ll_combine_recv, one block per token t of UCCL_EP_LL_COMBINE_RECV_THREADS threads): wait
-// (bounded) for the signal of every expert in topk_idx[t] (skipping -1 and masked ranks), then
-// out[t] = sum_k w[t,k] * y_k in fp32 with k ascending, one IEEE-rounded multiply and add each
-// (bit-exact with uccl_ep.refs), cast to BF16.
+// Combine area of a buffer set (this kernel's part; ll_dispatch.cu lays the same bytes out its own
+// way): rows [E][num_max] BF16 of hidden; at flag_off, past both kernels' parts (a flag must never
+// hold a dispatch's bytes), one u64 flag per row [E][num_max].
 //
+// Send (ll_combine_send, a grid of a few blocks per SM): the rows of all local experts' slabs are
+// one flat list of work items, ordered by (local expert e, source rank j) (prefix of the counts in
+// layout_range, kept in shared memory with each segment's first row); a warp copies row (e, r),
+// which came from source rank j with token t = src_info[e][r], into rank j's combine area at
+// [global expert][t], then publishes (tag << 32) into that row's flag with a system-scope release.
+// Recv (ll_combine_recv, one block per token t of UCCL_EP_LL_COMBINE_RECV_THREADS threads): wait
+// (bounded) for the flag of every row (expert in topk_idx[t], t) it needs (skipping -1 and masked
+// ranks), then out[t] = sum_k w[t,k] * y_k in fp32 with k ascending, one IEEE-rounded multiply and
+// add each (bit-exact with uccl_ep.refs), cast to BF16.
+//
+// NOTES: one flag per row, not a counter per expert: a row is published by the warp that wrote
+// it (a fence and one store), with no device-wide atomic and no "last writer" round trip, experts
+// with no rows need no message, and a receiving block can sum its token as soon as its own K rows
+// are in (the receive kernel starts early, see UCCL_EP_LL_PDL). Each (expert, token) row is
+// written at most once per op (top-k ids of a token are distinct), so the flag's tag says "this
+// op's row is here"; flags are never cleared (tags: see ll_dispatch.cu).
 // NOTES: zero_copy needs no special path here: the caller wrote the expert outputs into this
-// rank's registered send area, which is simply passed as `y`. Tags: see ll_dispatch.cu.
+// rank's registered send area, which is simply passed as `y`.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/wait.cuh"
@@ -22,79 +31,60 @@ using namespace uccl_ep::dev;
 
 namespace {
 constexpr int kMaxTopk = 32;
+
+UCCL_DEVICE uint64_t* row_flags(uint64_t area, int64_t flag_off) { return reinterpret_cast<uint64_t*>(area + flag_off); }
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRID_CONSTANT LLCombineParams p) {
-  extern __shared__ int smem[];  // [E_loc + 1] prefix of rows per local expert
+  // [E + 1] prefix of rows per (local expert, source rank) segment, [E] each segment's first row
+  // in its expert's slab, [2 * blockDim.x] scan scratch.
+  extern __shared__ int smem[];
   const int tid = threadIdx.x;
-  const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
+  const int R = int(p.num_ranks), E_loc = int(p.num_local_experts), E = E_loc * R;
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
   const auto* lr = reinterpret_cast<const int64_t*>(p.layout_range);
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
   allow_dependent_launch();  // the receive kernel may start now: every block has read the op counter
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
-  const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
   int* prefix = smem;
-  int* scratch = smem + E_loc + 1;  // [2 * blockDim.x]
+  int* first_row = smem + E + 1;
+  int* scratch = first_row + E;
   int carry = 0;
-  for (int e0 = 0; e0 < E_loc; e0 += blockDim.x) {
-    const int e = e0 + tid;
+  for (int f0 = 0; f0 < E; f0 += blockDim.x) {  // f = e * R + j, the order of the work items
+    const int f = f0 + tid;
     int cnt = 0;
-    if (e < E_loc)
-      for (int j = 0; j < R; ++j)
-        if (!is_masked(p.masked, j)) cnt += int(lr[int64_t(e) * R + j] & 0xffffffff);
+    if (f < E && !is_masked(p.masked, f % R)) {
+      const int64_t packed = lr[f];
+      cnt = int(packed & 0xffffffff);
+      first_row[f] = int(packed >> 32);
+    }
     int sum = 0;
     const int excl = block_exclusive_scan(cnt, scratch, &sum);
-    if (e < E_loc) prefix[e] = carry + excl;
+    if (f < E) prefix[f] = carry + excl;
     carry += sum;
   }
-  if (tid == 0) prefix[E_loc] = carry;
+  if (tid == 0) prefix[E] = carry;
   __syncthreads();
-  const int total = prefix[E_loc];
+  const int total = prefix[E];
   const int64_t row_bytes = p.hidden * 2;
   const int gw = blockIdx.x * num_warps() + warp_id(), nw = gridDim.x * num_warps();
   for (int item = gw; item < total; item += nw) {
-    int lo = 0, hi = E_loc;  // largest e with prefix[e] <= item
+    int lo = 0, hi = E;  // largest f with prefix[f] <= item (empty segments share their prefix)
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
       if (prefix[mid] <= item) lo = mid; else hi = mid;
     }
-    const int e = lo;
-    int r = item - prefix[e], j = 0, row = 0;
-    for (; j < R; ++j) {
-      if (is_masked(p.masked, j)) continue;
-      const int64_t packed = lr[int64_t(e) * R + j];
-      const int cnt = int(packed & 0xffffffff);
-      if (r < cnt) {
-        row = int(packed >> 32) + r;
-        break;
-      }
-      r -= cnt;
-    }
+    const int e = lo / R, j = lo % R;
+    const int row = first_row[lo] + (item - prefix[lo]);
     const int g = int(p.rank) * E_loc + e;
     const int t = reinterpret_cast<const int*>(p.src_info)[int64_t(e) * rows_per_expert + row];
     warp_copy16(reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes,
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes, row_bytes);
     sync_warp();
-    if (lane_id() == 0) {
-      fence_acq_rel_sys();
-      const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
-      if (int(prev) + 1 == prefix[e + 1] - prefix[e]) {
-        reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
-        fence_acq_rel_sys();
-        for (int jj = 0; jj < R; ++jj)
-          if (!is_masked(p.masked, jj))
-            st_release_sys(reinterpret_cast<uint64_t*>(peer_signal[jj]) + g, uint64_t(tag) << 32);
-      }
-    }
+    if (lane_id() == 0)  // release (system scope): the warp's row before its flag
+      st_release_sys(row_flags(peer_recv[j], p.flag_off) + int64_t(g) * p.num_max + t,
+                     uint64_t(tag) << 32);
     sync_warp();
-  }
-  // Experts with no rows at all: signal every source from one thread.
-  for (int e = blockIdx.x + int(gridDim.x) * tid; e < E_loc; e += int(gridDim.x) * int(blockDim.x)) {
-    if (prefix[e + 1] != prefix[e]) continue;
-    const int g = int(p.rank) * E_loc + e;
-    for (int jj = 0; jj < R; ++jj)
-      if (!is_masked(p.masked, jj)) st_release_sys(reinterpret_cast<uint64_t*>(peer_signal[jj]) + g, uint64_t(tag) << 32);
   }
 }
 
@@ -115,8 +105,9 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
       if (g >= 0) {
         const int owner = g / E_loc;
         uint64_t waited = 0;
-        int64_t got = wait_tagged(reinterpret_cast<const uint64_t*>(p.signal) + g, s_tag, uint64_t(p.timeout_ns), err,
-                                  kPhaseLLCombineRecv, int(p.rank), owner, g, &waited);
+        const uint64_t* flag = row_flags(p.recv_area, p.flag_off) + int64_t(g) * p.num_max + t;
+        int64_t got = wait_tagged(flag, s_tag, uint64_t(p.timeout_ns), err, kPhaseLLCombineRecv, int(p.rank), owner,
+                                  g, &waited);
         if (p.wait_stats != 0)
           atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + owner, (unsigned long long)waited);
         if (got < 0) g = -1;

@@ -23,16 +23,20 @@ def test_layout_fits_the_size_hint(hidden):
 
 def test_receive_area_holds_dispatch_tokens_index_and_combine_rows():
     """ll_dispatch.cu: token area [R][num_max] messages, then (16-byte aligned) the int32 slot index
-    [E][num_max]; ll_combine.cu: [E][num_max] BF16 rows. Areas start 16-byte aligned."""
-    for t, H, R, E in ((128, 7168, 2, 288), (1, 512, 64, 64), (256, 4096, 8, 256), (3, 2048, 4, 12)):
+    [E][num_max]; ll_combine.cu: [E][num_max] BF16 rows, and past both parts its u64 row flags
+    [E][num_max] (a flag that overlapped a dispatch's bytes could read as a current tag). Areas
+    start 16-byte aligned."""
+    for t, H, R, E in ((128, 7168, 2, 288), (1, 512, 64, 64), (256, 4096, 8, 256), (3, 2048, 4, 12),
+                       (64, 128, 8, 8), (5, 256, 4, 4)):
         lay = ll._Layout.make(t, H, E, R)
         recv = lay.sig_off - lay.recv_off
         token_area = (R * t * lay.msg_bytes + 15) // 16 * 16
-        assert recv >= token_area + E * t * 4 and recv >= E * t * 2 * H
+        assert lay.flag_off >= token_area + E * t * 4 and lay.flag_off >= E * t * 2 * H, (t, H, R, E)
+        assert recv >= lay.flag_off + E * t * 8
         assert lay.msg_bytes == 2 * H and H + H // 128 * 4 <= lay.msg_bytes  # BF16 row; FP8 row + scales
         assert lay.recv_off - lay.send_off >= E * t * 2 * H  # zero-copy combine input
-        assert all(off % 16 == 0 for off in (lay.send_off, lay.recv_off, lay.sig_off, lay.set_bytes))
-        assert lay.set_bytes - lay.sig_off >= 2 * E * 8  # dispatch + combine signals, u64 each
+        assert all(off % 16 == 0 for off in (lay.send_off, lay.recv_off, lay.flag_off, lay.sig_off, lay.set_bytes))
+        assert lay.set_bytes - lay.sig_off >= E * 8  # dispatch signals, u64 each
 
 
 def test_combine_recv_threads_switch(monkeypatch):

@@ -3,8 +3,9 @@
 Buffer layout (inside this rank's `num_rdma_bytes` IPC buffer), two alternating sets, each:
   send     [E_loc, R*T, H] bf16      the zero-copy combine staging area (get_next_..._buffer)
   recv     dispatch: token area [R][T] messages (payload, then FP8 scales) and the int32 slot
-           index [E_loc][R][T]; or combine: [E][T][H] bf16 rows (one op at a time uses a set)
-  signals  dispatch [E_loc][R] u64, then combine [E] u64; (tag << 32) | count, never cleared
+           index [E_loc][R][T]; or combine: [E][T][H] bf16 rows (one op at a time uses a set);
+           then, past both, the combine's row flags [E][T] u64 (tag << 32), never cleared
+  signals  dispatch [E_loc][R] u64; (tag << 32) | count, never cleared
 Device words (a small workspace): seq[2] (completed ops per set: the tag of the next op on a set
 is seq + 1), done[2] (the recv kernels' last-block counters).
 
@@ -58,6 +59,7 @@ class _Layout:
     msg_bytes: int
     send_off: int
     recv_off: int
+    flag_off: int  # of the combine's row flags, from recv_off
     sig_off: int
     set_bytes: int
 
@@ -66,17 +68,18 @@ class _Layout:
         msg = 2 * hidden  # BF16 row, or FP8 row (hidden) + its scales (hidden / 32)
         send = _align(num_experts * num_max * hidden * 2)
         # dispatch (ll_dispatch.cu): token area [R][num_max] messages, then the int32 slot index
-        # [E][num_max]; combine (ll_combine.cu): [E][num_max] BF16 rows
+        # [E][num_max]; combine (ll_combine.cu): [E][num_max] BF16 rows; then the combine's u64 row
+        # flags [E][num_max], past both (a flag must never hold a dispatch's bytes: with one expert
+        # per rank the slot index reaches past the combine rows)
         token_area = _align(num_ranks * num_max * msg)
-        recv = _align(max(num_experts * num_max * 2 * hidden, token_area + num_experts * num_max * 4))
-        sig = _align(2 * num_experts * 8)
-        return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, send + recv, send + recv + sig)
+        flags = _align(max(num_experts * num_max * 2 * hidden, token_area + num_experts * num_max * 4))
+        recv = flags + _align(num_experts * num_max * 8)
+        sig = _align(num_experts * 8)
+        return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, flags, send + recv,
+                       send + recv + sig)
 
     def dispatch_signal_off(self, s: int) -> int:
         return s * self.set_bytes + self.sig_off
-
-    def combine_signal_off(self, s: int) -> int:
-        return s * self.set_bytes + self.sig_off + self.num_experts * 8
 
 
 @lru_cache(maxsize=64)
@@ -120,8 +123,8 @@ class LowLatencyEngine:
         self.peer_base: list[int] = ex.ll_peer_base
         self.idx = 0
         self.layout: _Layout | None = None
-        # seq[2] | done[2] as u32 words, the peer pointer tables (6 x R u64), then the finish counters
-        # (dispatch [E], combine [E_loc] u32); sized by ensure_layout.
+        # seq[2] | done[2] as u32 words, the peer pointer tables (4 x R u64: per set recv areas and
+        # dispatch signal areas), then the dispatch's finish counters ([E] u32); sized by ensure_layout.
         self.work: DeviceMemory | None = None
         drv = ex.drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
@@ -137,9 +140,8 @@ class LowLatencyEngine:
     def _table(self, i: int) -> int:
         return self.work.ptr + 64 + i * 8 * self.R
 
-    def _finish(self, combine: bool) -> int:
-        base = self.work.ptr + 64 + 6 * 8 * self.R
-        return base + 4 * self.layout.num_experts if combine else base
+    def _finish(self) -> int:
+        return self.work.ptr + 64 + 4 * 8 * self.R
 
     def _seq(self, s: int) -> int:
         return self.work.ptr + 4 * s
@@ -160,12 +162,11 @@ class LowLatencyEngine:
         for s in (0, 1):
             tables.append([b + s * lay.set_bytes + lay.recv_off for b in self.peer_base])
             tables.append([b + lay.dispatch_signal_off(s) for b in self.peer_base])
-            tables.append([b + lay.combine_signal_off(s) for b in self.peer_base])
         blob = b"".join(struct.pack(f"<{self.R}Q", *t) for t in tables)
         torch.cuda.synchronize(self.dev)
         if self.work is not None:
             self.work.free()
-        self.work = DeviceMemory(self.dev, 64 + 6 * 8 * self.R + 4 * (num_experts + num_experts // self.R))
+        self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 4 * num_experts)
         drv.memcpy_htod(self.dev, self.work.ptr + 64, blob)
         self.layout = lay
         self.clean()
@@ -178,7 +179,7 @@ class LowLatencyEngine:
         self.ex.host_barrier()
         drv.memset_d8(self.dev, self.mem.ptr, 0, self.mem.nbytes, 0)
         drv.memset_d8(self.dev, self.work.ptr, 0, 64, 0)
-        drv.memset_d8(self.dev, self._finish(False), 0, self.work.nbytes - (self._finish(False) - self.work.ptr), 0)
+        drv.memset_d8(self.dev, self._finish(), 0, self.work.nbytes - (self._finish() - self.work.ptr), 0)
         drv.synchronize(self.dev)
         self.idx = 0
         self.ex.host_barrier()
@@ -188,9 +189,8 @@ class LowLatencyEngine:
         self.idx ^= 1
         return s
 
-    def _signal_area(self, s: int, combine: bool) -> int:
-        lay = self.layout
-        return self.mem.ptr + (lay.combine_signal_off(s) if combine else lay.dispatch_signal_off(s))
+    def _signal_area(self, s: int) -> int:
+        return self.mem.ptr + self.layout.dispatch_signal_off(s)
 
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch_start(self, x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked):
@@ -210,15 +210,15 @@ class LowLatencyEngine:
         lay, s, (recv_x, scales, recv_count, src_info, layout_range), mask, x, topk_idx = self._dispatch_start(
             x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
         params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
-                             peer_recv=self._table(3 * s), peer_signal=self._table(3 * s + 1), seq=self._seq(s),
-                             finish=self._finish(False),
+                             peer_recv=self._table(2 * s), peer_signal=self._table(2 * s + 1), seq=self._seq(s),
+                             finish=self._finish(),
                              num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
                              num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
                              msg_bytes=lay.msg_bytes, masked=mask)
         self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(), smem=8 * num_experts)
         recv_params = pack_params(
             "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
-            signal=self._signal_area(s, False), seq=self._seq(s), done=self._done(s), recv_x=recv_x.data_ptr(),
+            signal=self._signal_area(s), seq=self._seq(s), done=self._done(s), recv_x=recv_x.data_ptr(),
             recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
@@ -265,15 +265,14 @@ class LowLatencyEngine:
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
         params = pack_params("LLCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
-                             layout_range=layout_range.data_ptr(), peer_recv=self._table(3 * s),
-                             peer_signal=self._table(3 * s + 2), seq=self._seq(s), finish=self._finish(True),
-                             num_max=num_max, hidden=H,
+                             layout_range=layout_range.data_ptr(), peer_recv=self._table(2 * s), seq=self._seq(s),
+                             flag_off=lay.flag_off, num_max=num_max, hidden=H,
                              num_local_experts=E_loc, num_ranks=R, rank=self.rank, masked=mask)
         self._k["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
-                                          smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK))
+                                          smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
         recv_params = pack_params(
             "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
-            signal=self._signal_area(s, True), seq=self._seq(s), done=self._done(s), topk_idx=topk_idx.data_ptr(),
+            seq=self._seq(s), flag_off=lay.flag_off, done=self._done(s), topk_idx=topk_idx.data_ptr(),
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,

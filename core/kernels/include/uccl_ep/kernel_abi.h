@@ -91,10 +91,9 @@ struct LLCombineParams {
   uint64_t y;               // bf16 [E_loc, R*T, H]
   uint64_t src_info;        // int32 [E_loc, R*T]
   uint64_t layout_range;    // int64 [E_loc, R]
-  uint64_t peer_recv;       // u64[R]: combine recv areas of this set ([E][T][H] bf16)
-  uint64_t peer_signal;     // u64[R]: combine signal areas of this set ([E] u64)
+  uint64_t peer_recv;       // u64[R]: combine recv areas of this set ([E][T][H] bf16 rows; flags at flag_off)
   uint64_t seq;
-  uint64_t finish;          // u32 [E_loc] device counters: rows written per local expert
+  int64_t flag_off;         // bytes from a combine area to its [E][T] u64 row flags
   int64_t num_max;
   int64_t hidden;
   int64_t num_local_experts;
@@ -104,9 +103,9 @@ struct LLCombineParams {
 };
 
 struct LLCombineRecvParams {
-  uint64_t recv_area;       // [E][T][H] bf16
-  uint64_t signal;          // [E] u64
+  uint64_t recv_area;       // [E][T][H] bf16 rows; [E][T] u64 row flags at flag_off
   uint64_t seq;
+  int64_t flag_off;
   uint64_t done;
   uint64_t topk_idx;        // int64 [T, K]
   uint64_t topk_weights;    // fp32 [T, K]
