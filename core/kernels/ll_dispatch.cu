@@ -1,32 +1,39 @@
 // Low-latency dispatch over NVLink: per-expert padded slabs with in-kernel FP8 (DeepEP V1 LL).
 //
 // Receive area of a buffer set (this kernel's part; ll_combine.cu lays the same bytes out its own way):
-//   token area [source rank][num_max] messages of msg_bytes (payload, then FP8 scales),
-//   then, 16-byte aligned, the slot index [local expert][source rank][num_max] int32: token of slot.
+//   token area [source rank][num_max] messages of msg_bytes (payload, then FP8 scales); at flag_off,
+//   past both kernels' parts, the slot flags [local expert][source rank][num_max] u64:
+//   (tag << 32) | token of the slot, written once the token's message is in.
 //
 // Send (ll_dispatch_send, one block per token t of this rank, on the current stream):
 //   1. every block histograms topk_idx (shared-memory counts per expert over all tokens, and over
 //      tokens before t), so the slot of t in expert e's segment is the number of earlier tokens
 //      selecting e: deterministic (token order, as the reference) and without global atomics;
-//   2. one lane of warp 0 per selected expert writes t into the owner's slot index (the warp
-//      finds the distinct owner ranks by ballot); the block's threads cast token
-//      t once (FP8 per 128 channels via 8-lane amax, or BF16 as is) and store each 16-byte piece
-//      into the token area of every distinct owner rank (a peer pointer through an IPC map, or
-//      local memory): once per rank, however many of its experts t selects;
-//   3. after a block barrier and a system fence, thread 0 counts the token in finish[e]; the block
-//      that brings finish[e] to the expert's total resets it and publishes (tag << 32 | count)
-//      into signal[e_loc][rank] of the owner with a system-scope release. Experts nobody selects
-//      are signalled (count 0) by block e % grid.
+//   2. at once, block b publishes the count of every expert e = b (mod grid) into signal[e_loc][rank]
+//      of the owner, (tag << 32) | count: the receiver lays out its slabs without waiting for data;
+//   3. warp 0 finds the token's distinct owner ranks (ballot); the block's threads cast token t
+//      once (FP8 per 128 channels via 8-lane amax, or BF16 as is) and store each 16-byte piece into
+//      the token area of every distinct owner rank (a peer pointer through an IPC map, or local
+//      memory): once per rank, however many of its experts t selects;
+//   4. after a block barrier, one thread per selected expert publishes the slot's flag with a
+//      system-scope release (the barrier orders the block's message stores before it).
 // Recv (ll_dispatch_recv, one block per local expert, now or in the recv hook):
-//   waits (bounded) for every source's signal, lays the sources out in rank order (begin_j =
-//   prefix of counts), writes layout_range / recv_count / stats, and copies each slot's token
-//   (through the slot index) into the caller's tensors: data rows, column-major scales (packed to
-//   UE8M0 if asked), src_info.
+//   waits (bounded) for every source's count, lays the sources out in rank order (begin_j = prefix
+//   of counts), writes layout_range / recv_count / stats, then for each slot waits (bounded) for its
+//   flag and copies the token it names into the caller's tensors: data rows, column-major scales
+//   (packed to UE8M0 if asked), src_info.
 //
-// NOTES: signals are never cleared. A tag is "completed ops on this buffer set + 1": every rank
-// runs the same sequence of LL ops, so sender and receiver agree on it, a stale signal from the
-// previous use of the set carries an older tag, and the device-side counter makes CUDA-graph
-// replays correct without host involvement. The last receive block bumps the set's counter.
+// NOTES: signals and flags are never cleared. A tag is "completed ops on this buffer set + 1":
+// every rank runs the same sequence of LL ops, so sender and receiver agree on it, a stale signal
+// or flag from an earlier use of the set (a dispatch's or a combine's: they share the flag area)
+// carries an older tag, and the device-side counter makes CUDA-graph replays correct without host
+// involvement. The last receive block bumps the set's counter. Flags live apart from the token
+// area and the combine's rows because a flag is read before its writer is known to be done: bytes
+// of another op there could read as a current tag.
+//
+// NOTES: a flag per slot instead of a counter per expert: no device-wide atomics and no
+// "last writer" round trip on the send side, and the receiver (started early, UCCL_EP_LL_PDL)
+// copies each token as soon as it lands.
 //
 // NOTES: a token goes to each rank once, not once per selected expert (DeepEP's LL sends per
 // expert): with top-8 of 288 experts a token selects ~4 experts of each rank at EP2 and ~1.5 per
@@ -44,10 +51,7 @@ namespace {
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 
-// The slot index follows the token area ([R][num_max] messages), 16-byte aligned.
-UCCL_DEVICE int64_t slot_index_offset(int64_t R, int64_t num_max, int64_t msg_bytes) {
-  return (R * num_max * msg_bytes + 15) / 16 * 16;
-}
+UCCL_DEVICE uint64_t* slot_flags(uint64_t area, int64_t flag_off) { return reinterpret_cast<uint64_t*>(area + flag_off); }
 
 }  // namespace
 
@@ -74,8 +78,13 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   allow_dependent_launch();  // the receive kernel may start now: every block has read the op counter
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
   const auto* peer_signal = reinterpret_cast<const uint64_t*>(p.peer_signal);
-  const int64_t index_off = slot_index_offset(R, p.num_max, p.msg_bytes);
   __syncthreads();
+  // Counts first (the histogram is complete): block b publishes experts e = b (mod grid).
+  for (int e = blockIdx.x + int(gridDim.x) * tid; e < E; e += int(gridDim.x) * int(blockDim.x)) {
+    if (is_masked(p.masked, e / E_loc)) continue;
+    auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
+    st_relaxed_sys(sig + int64_t(e % E_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(total[e]));
+  }
 
   if (t < T) {
     if (warp_id() == 0) {  // K <= kMaxTopk <= the warp: lane k handles the token's k-th expert
@@ -85,10 +94,6 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
         e = int(topk[int64_t(t) * K + lane]);
         if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
         s_expert[lane] = e;
-        if (e >= 0) {
-          auto* index = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(peer_recv[e / E_loc]) + index_off);
-          index[(int64_t(e % E_loc) * R + p.rank) * p.num_max + before[e]] = t;
-        }
       }
       // distinct owner ranks, in top-k order: a lane is first if no lower lane has its owner
       const int d = e < 0 ? -1 : e / E_loc;
@@ -141,21 +146,11 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
       const int e = s_expert[tid];
-      fence_acq_rel_sys();  // the block's stores (ordered by the barrier) before this count
-      const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + e, 1u);
-      if (int(prev) + 1 == total[e]) {  // last writer of e: everyone's stores are ordered before
-        reinterpret_cast<unsigned*>(p.finish)[e] = 0u;
-        fence_acq_rel_sys();
-        auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
-        st_release_sys(sig + int64_t(e % E_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(total[e]));
-      }
+      uint64_t* flag = slot_flags(peer_recv[e / E_loc], p.flag_off) + (int64_t(e % E_loc) * R + p.rank) * p.num_max +
+                       before[e];
+      fence_acq_rel_sys();  // the block's message stores (ordered by the barrier) before the flag
+      st_release_sys(flag, (uint64_t(tag) << 32) | uint32_t(t));
     }
-  }
-  // Experts that no token of this rank selects still get their (empty) signal.
-  for (int e = blockIdx.x + int(gridDim.x) * tid; e < E; e += int(gridDim.x) * int(blockDim.x)) {
-    if (total[e] != 0 || is_masked(p.masked, e / E_loc)) continue;
-    auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
-    st_release_sys(sig + int64_t(e % E_loc) * R + p.rank, uint64_t(tag) << 32);
   }
 }
 
@@ -201,13 +196,20 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
 
   const int total = s_begin[R];
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
-  const auto* index = reinterpret_cast<const int*>(recv + slot_index_offset(R, p.num_max, p.msg_bytes));
+  const uint64_t* flags = slot_flags(p.recv_area, p.flag_off);
   const int64_t H = p.hidden;
   for (int row = warp_id(); row < total; row += num_warps()) {
     int j = 0;
     while (row >= s_begin[j + 1]) ++j;
     const int i = row - s_begin[j];
-    const int t = index[(int64_t(e) * R + j) * p.num_max + i];
+    uint64_t waited = 0;
+    const int64_t got = wait_tagged(flags + (int64_t(e) * R + j) * p.num_max + i, s_tag, uint64_t(p.timeout_ns), err,
+                                    kPhaseLLDispatchRecv, int(p.rank), j, int(p.rank * p.num_local_experts + e),
+                                    &waited);
+    if (p.wait_stats != 0 && lane_id() == 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + j, (unsigned long long)waited);
+    if (got < 0 || got >= p.num_max) continue;  // timed out (the error word says so); never trust a bad index
+    const int t = int(got);
     const uint8_t* msg = recv + (int64_t(j) * p.num_max + t) * p.msg_bytes;
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
     if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = t;

@@ -2,9 +2,10 @@
 
 Buffer layout (inside this rank's `num_rdma_bytes` IPC buffer), two alternating sets, each:
   send     [E_loc, R*T, H] bf16      the zero-copy combine staging area (get_next_..._buffer)
-  recv     dispatch: token area [R][T] messages (payload, then FP8 scales) and the int32 slot
-           index [E_loc][R][T]; or combine: [E][T][H] bf16 rows (one op at a time uses a set);
-           then, past both, the combine's row flags [E][T] u64 (tag << 32), never cleared
+  recv     dispatch: token area [R][T] messages (payload, then FP8 scales); or combine: [E][T][H]
+           bf16 rows (one op at a time uses a set); then, past both, the flags [E][T] u64
+           (tag << 32 | ...): the dispatch's per slot [E_loc][R][T], the combine's per row [E][T];
+           never cleared (tags tell ops apart)
   signals  dispatch [E_loc][R] u64; (tag << 32) | count, never cleared
 Device words (a small workspace): seq[2] (completed ops per set: the tag of the next op on a set
 is seq + 1), done[2] (the recv kernels' last-block counters).
@@ -59,7 +60,7 @@ class _Layout:
     msg_bytes: int
     send_off: int
     recv_off: int
-    flag_off: int  # of the combine's row flags, from recv_off
+    flag_off: int  # of the dispatch's slot flags and the combine's row flags, from recv_off
     sig_off: int
     set_bytes: int
 
@@ -67,12 +68,11 @@ class _Layout:
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "_Layout":
         msg = 2 * hidden  # BF16 row, or FP8 row (hidden) + its scales (hidden / 32)
         send = _align(num_experts * num_max * hidden * 2)
-        # dispatch (ll_dispatch.cu): token area [R][num_max] messages, then the int32 slot index
-        # [E][num_max]; combine (ll_combine.cu): [E][num_max] BF16 rows; then the combine's u64 row
-        # flags [E][num_max], past both (a flag must never hold a dispatch's bytes: with one expert
-        # per rank the slot index reaches past the combine rows)
+        # dispatch (ll_dispatch.cu): token area [R][num_max] messages; combine (ll_combine.cu):
+        # [E][num_max] BF16 rows; then, past both, the u64 flags [E][num_max] both kernels use (a
+        # flag is read before its writer is known to be done, so no other op's bytes may land there)
         token_area = _align(num_ranks * num_max * msg)
-        flags = _align(max(num_experts * num_max * 2 * hidden, token_area + num_experts * num_max * 4))
+        flags = _align(max(num_experts * num_max * 2 * hidden, token_area))
         recv = flags + _align(num_experts * num_max * 8)
         sig = _align(num_experts * 8)
         return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, flags, send + recv,
@@ -123,8 +123,8 @@ class LowLatencyEngine:
         self.peer_base: list[int] = ex.ll_peer_base
         self.idx = 0
         self.layout: _Layout | None = None
-        # seq[2] | done[2] as u32 words, the peer pointer tables (4 x R u64: per set recv areas and
-        # dispatch signal areas), then the dispatch's finish counters ([E] u32); sized by ensure_layout.
+        # seq[2] | done[2] as u32 words, then the peer pointer tables (4 x R u64: per set the recv
+        # areas and the dispatch signal areas); made by ensure_layout.
         self.work: DeviceMemory | None = None
         drv = ex.drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
@@ -139,9 +139,6 @@ class LowLatencyEngine:
     # -- layout ------------------------------------------------------------------------------
     def _table(self, i: int) -> int:
         return self.work.ptr + 64 + i * 8 * self.R
-
-    def _finish(self) -> int:
-        return self.work.ptr + 64 + 4 * 8 * self.R
 
     def _seq(self, s: int) -> int:
         return self.work.ptr + 4 * s
@@ -166,20 +163,19 @@ class LowLatencyEngine:
         torch.cuda.synchronize(self.dev)
         if self.work is not None:
             self.work.free()
-        self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 4 * num_experts)
+        self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R)
         drv.memcpy_htod(self.dev, self.work.ptr + 64, blob)
         self.layout = lay
         self.clean()
         return lay
 
     def clean(self) -> None:
-        """Zero both sets' signals and the device words on every rank (host-synchronizing)."""
+        """Zero both sets (signals, flags) and the device words on every rank (host-synchronizing)."""
         drv = self.ex.drv
         torch.cuda.synchronize(self.dev)
         self.ex.host_barrier()
         drv.memset_d8(self.dev, self.mem.ptr, 0, self.mem.nbytes, 0)
         drv.memset_d8(self.dev, self.work.ptr, 0, 64, 0)
-        drv.memset_d8(self.dev, self._finish(), 0, self.work.nbytes - (self._finish() - self.work.ptr), 0)
         drv.synchronize(self.dev)
         self.idx = 0
         self.ex.host_barrier()
@@ -211,14 +207,15 @@ class LowLatencyEngine:
             x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
         params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              peer_recv=self._table(2 * s), peer_signal=self._table(2 * s + 1), seq=self._seq(s),
-                             finish=self._finish(),
+                             flag_off=lay.flag_off,
                              num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
                              num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
                              msg_bytes=lay.msg_bytes, masked=mask)
         self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(), smem=8 * num_experts)
         recv_params = pack_params(
             "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
-            signal=self._signal_area(s), seq=self._seq(s), done=self._done(s), recv_x=recv_x.data_ptr(),
+            signal=self._signal_area(s), seq=self._seq(s), done=self._done(s), flag_off=lay.flag_off,
+            recv_x=recv_x.data_ptr(),
             recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,

@@ -48,7 +48,7 @@ struct LLDispatchParams {
   uint64_t peer_recv;       // u64[R]: each rank's recv area of this set (own entry = local)
   uint64_t peer_signal;     // u64[R]: each rank's dispatch signal area of this set
   uint64_t seq;             // u32 device word: completed ops on this set (tag = seq + 1)
-  uint64_t finish;          // u32 [E] device counters: tokens written per expert (last writer signals)
+  int64_t flag_off;         // bytes from a recv area to its slot flags [E_loc][R][T] u64
   int64_t num_tokens;       // T (this rank)
   int64_t num_max;          // slots per (expert, source)
   int64_t hidden;
@@ -67,6 +67,7 @@ struct LLDispatchRecvParams {
   uint64_t signal;          // this rank's dispatch signals of the set
   uint64_t seq;             // u32 device word of the set
   uint64_t done;            // u32 device word: blocks finished (last one bumps seq)
+  int64_t flag_off;         // bytes from the recv area to its slot flags
   uint64_t recv_x;          // [E_loc, R*T, H] fp8 or bf16
   uint64_t recv_scales;     // fp32 [E_loc, H/128, R*T] or int32 [E_loc, H/512, R*T] (or 0)
   uint64_t recv_count;      // int32 [E_loc]
