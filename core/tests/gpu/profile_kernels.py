@@ -8,7 +8,9 @@ python core/tests/gpu/profile_kernels.py llhost    (cProfile of rank 0's eager L
 `host/call` is the wall time of issuing one call without waiting for the device (mean over a
 back-to-back loop): when it exceeds the call's kernel times, back-to-back calls are host-bound.
 LL is profiled as dispatch + combine (what the graph replays) and as dispatch alone (what the
-bench's eager dispatch row repeats).
+bench's eager dispatch row repeats). The LL receive kernels run with UCCL_EP_LL_PDL=0 here unless
+the caller sets it: launched early (the default), a receive kernel's span includes waiting for its
+send kernel and the peer, so its device time no longer says what it costs.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def worker(rank, world, what):
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "ll"
+    os.environ.setdefault("UCCL_EP_LL_PDL", "0")
     res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, backend="nccl", timeout_s=300)
     for r, rows in enumerate(res):
         if "cprofile" in rows:
