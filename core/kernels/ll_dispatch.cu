@@ -208,7 +208,12 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
                                     &waited);
     if (p.wait_stats != 0 && lane_id() == 0)
       atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + j, (unsigned long long)waited);
-    if (got < 0 || got >= p.num_max) continue;  // timed out (the error word says so); never trust a bad index
+    if (got < 0) continue;  // timed out: the error word says so
+    if (got >= p.num_max) {  // a current tag with no valid token: never copy from a bad index
+      if (lane_id() == 0)
+        raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), j, int(p.rank * p.num_local_experts + e), 0);
+      continue;
+    }
     const int t = int(got);
     const uint8_t* msg = recv + (int64_t(j) * p.num_max + t) * p.msg_bytes;
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
