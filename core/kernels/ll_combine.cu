@@ -144,5 +144,6 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
       st16(out + c * 16, pack_bf16x8(acc));
     }
   }
+  wait_overlapped_grids();  // the send kernel is done (see arch.cuh) before this op can complete
   last_block_bumps_seq(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<unsigned*>(p.seq));
 }

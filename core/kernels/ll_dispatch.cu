@@ -236,5 +236,6 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
       warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg, H * 2);
     }
   }
+  wait_overlapped_grids();  // the send kernel is done (see arch.cuh) before this op can complete
   last_block_bumps_seq(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<unsigned*>(p.seq));
 }

@@ -157,6 +157,18 @@ UCCL_DEVICE void allow_dependent_launch() {
 #endif
 }
 
+// Waits until every grid this one was launched to overlap (programmatic dependent launch) has
+// completed and its memory operations are visible; returns at once without such a grid.
+// NOTES: the LL receive kernels call it last: they synchronize with their send kernel through flags,
+// but a receive kernel must not complete while the send kernel still runs (it may still read the
+// caller's input, e.g. the combine's `x`), or the caller's next kernel, ordered only after the
+// receive kernel, could overwrite that input under it.
+UCCL_DEVICE void wait_overlapped_grids() {
+#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Nanoseconds from a device-wide clock (only differences are used).
 UCCL_DEVICE uint64_t clock_ns() {
 #if UCCL_EP_HIP
