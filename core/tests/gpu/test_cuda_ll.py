@@ -5,7 +5,8 @@ inputs: our kernels order slab segments by source rank and rows by token, as the
 so the valid rows, scales, src_info, layout_range and counts must be bitwise equal, and so must
 the combined output (one IEEE fp32 multiply-add per top-k entry, k ascending). Also: both buffer
 parities, -1 routing, fewer tokens than the maximum, masking, CUDA-graph capture and replay, and
-the bounded device wait (a peer that never dispatches makes the caller raise Timeout).
+the bounded device wait (a peer that never dispatches makes the caller raise Timeout), and inputs
+overwritten as soon as a call returns.
 
 Run directly on a GPU machine: python core/tests/gpu/test_cuda_ll.py
 """
@@ -274,6 +275,37 @@ def worker_graph(rank, world, H, E, T_max, seed):
     return True
 
 
+def worker_input_reuse(rank, world, H, E, T_max, seed):
+    """The caller may overwrite an op's input right after the call returns (on the same stream,
+    no synchronize): the receive kernel overlaps the send kernel (UCCL_EP_LL_PDL), so what it
+    returns must not complete before the send kernel has read the input. NaN poison in x / y
+    would reach the peer's outputs if it did."""
+    group = dist.group.WORLD
+    ours, ref = _ll_pair(group, T_max, H, E)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(seed * 13 + rank)
+    K, R = 8, world
+    for it in range(6):
+        x = torch.randn(T_max, H, generator=gen).to(torch.bfloat16).to(dev)
+        topk_idx, topk_w = _routing(T_max, E, K, gen, dev)
+        y = torch.randn(E // R, R * T_max, H, generator=gen).to(torch.bfloat16).to(dev)
+        x_keep, y_keep = x.clone(), y.clone()
+        dist.barrier()
+        (q, sc), cnt, h, _, _ = ours.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
+        x.fill_(float("nan"))
+        out, _, _ = ours.low_latency_combine(y, topk_idx, topk_w, h)
+        y.fill_(float("nan"))
+        torch.cuda.synchronize()
+        rx, rc, rh, _, _ = ref.low_latency_dispatch(x_keep, topk_idx, T_max, E, use_fp8=True)
+        _assert_same_dispatch(f"rank {rank} reuse {it}", ((q, sc), cnt, h), (rx, rc, rh), True)
+        want, _, _ = ref.low_latency_combine(y_keep, topk_idx, topk_w, rh)
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), want.cpu()), f"rank {rank} reuse {it}: combine differs"
+        dist.barrier()
+    ours._executor.check_error()
+    return True
+
+
 def worker_timeout(rank, world, H, E, T_max, seed):
     """A peer that never dispatches: the waiting rank's kernel gives up and the host raises Timeout."""
     from uccl_ep import Buffer
@@ -321,6 +353,10 @@ def test_ll_mask_and_clean():
 
 def test_ll_cuda_graph_capture():
     run_ranks(worker_graph, _world(), *BIG.values(), backend="nccl", timeout_s=300)
+
+
+def test_ll_input_overwritten_after_return():
+    run_ranks(worker_input_reuse, _world(), *BIG.values(), backend="nccl", timeout_s=300)
 
 
 def test_ll_device_wait_timeout():
