@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll ht sanitize proxy internode variants scale sweep tune
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy internode variants scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -21,6 +21,10 @@
 #          `bench --mode ht` at 24/12/8 SMs; LL NVLink small test + `bench --mode ll` at 128 tokens;
 #          2 nodes x (GPUs/2) through the proxy: small test + `bench --mode ht --nodes 2`; LL forced
 #          proxy `bench` at 128 tokens; then the deepseek-size tests while time remains.
+#   llcheck: the LL NVLink kernels in one go: every test of test_cuda_ll.py (node ids, -rA), then the
+#          bench at LL_TOKENS (default "128 256 512") with UCCL_EP_LL_PDL=1 and =0 in alternation (an
+#          A/B of programmatic dependent launch in the same run) -> $OUT/ll_pdl<0|1>_<T>.json and a
+#          one-line summary per row; then per-kernel times (profile_kernels.py ll, PDL off).
 #   sweep: `uccl-ep bench` rows for the records: for R in SWEEP_RANKS (default "2 4", capped at the
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
@@ -68,6 +72,19 @@ for step in $STEPS; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --num-tokens $t --iters 50 --warmup 10 \
           --json "$OUT/ll_$t.json" 2>&1 | tail -8
       done ;;
+    llcheck)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
+      ids=$($PY -m pytest core/tests/gpu/test_cuda_ll.py --collect-only -q -p no:cacheprovider 2>/dev/null | grep '::' | sed 's%^tests/%core/tests/%')
+      timeout -k 10 ${TEST_TIMEOUT_S:-400} $PY -m pytest -rA -q -p no:cacheprovider $ids 2>&1 | \
+        tee "$OUT/ll_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -12
+      for t in ${LL_TOKENS:-128 256 512}; do
+        for pdl in 1 0; do
+          UCCL_EP_LL_PDL=$pdl timeout -k 10 ${BENCH_TIMEOUT_S:-120} $PY -m uccl_ep.cli.main bench --backend cuda \
+            --mode ll --num-tokens $t --iters 50 --warmup 10 --json "$OUT/ll_pdl${pdl}_$t.json" 2>&1 | \
+            grep "│ ll" | sed "s/^/pdl=$pdl /" | cut -c1-190
+        done
+      done
+      timeout -k 10 120 $PY core/tests/gpu/profile_kernels.py ll 2>&1 | grep "rank 0" ;;
     ht)
       for sms in 24 12 8; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
