@@ -31,8 +31,6 @@ using namespace uccl_ep::dev;
 
 namespace {
 constexpr int kMaxTopk = 32;
-
-UCCL_DEVICE uint64_t* row_flags(uint64_t area, int64_t flag_off) { return reinterpret_cast<uint64_t*>(area + flag_off); }
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRID_CONSTANT LLCombineParams p) {
@@ -82,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes, row_bytes);
     sync_warp();
     if (lane_id() == 0)  // release (system scope): the warp's row before its flag
-      st_release_sys(row_flags(peer_recv[j], p.flag_off) + int64_t(g) * p.num_max + t,
+      st_release_sys(ll_flags(peer_recv[j], p.flag_off) + int64_t(g) * p.num_max + t,
                      uint64_t(tag) << 32);
     sync_warp();
   }
@@ -105,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
       if (g >= 0) {
         const int owner = g / E_loc;
         uint64_t waited = 0;
-        const uint64_t* flag = row_flags(p.recv_area, p.flag_off) + int64_t(g) * p.num_max + t;
+        const uint64_t* flag = ll_flags(p.recv_area, p.flag_off) + int64_t(g) * p.num_max + t;
         int64_t got = wait_tagged(flag, s_tag, uint64_t(p.timeout_ns), err, kPhaseLLCombineRecv, int(p.rank), owner,
                                   g, &waited);
         if (p.wait_stats != 0)

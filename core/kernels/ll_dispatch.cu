@@ -51,8 +51,6 @@ namespace {
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
 
-UCCL_DEVICE uint64_t* slot_flags(uint64_t area, int64_t flag_off) { return reinterpret_cast<uint64_t*>(area + flag_off); }
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GRID_CONSTANT LLDispatchParams p) {
@@ -146,9 +144,9 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
       const int e = s_expert[tid];
-      uint64_t* flag = slot_flags(peer_recv[e / E_loc], p.flag_off) + (int64_t(e % E_loc) * R + p.rank) * p.num_max +
+      uint64_t* flag = ll_flags(peer_recv[e / E_loc], p.flag_off) + (int64_t(e % E_loc) * R + p.rank) * p.num_max +
                        before[e];
-      fence_acq_rel_sys();  // the block's message stores (ordered by the barrier) before the flag
+      // release (system scope): the block's message stores, ordered before it by the barrier
       st_release_sys(flag, (uint64_t(tag) << 32) | uint32_t(t));
     }
   }
@@ -196,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
 
   const int total = s_begin[R];
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
-  const uint64_t* flags = slot_flags(p.recv_area, p.flag_off);
+  const uint64_t* flags = ll_flags(p.recv_area, p.flag_off);
   const int64_t H = p.hidden;
   for (int row = warp_id(); row < total; row += num_warps()) {
     int j = 0;

@@ -67,6 +67,15 @@ def _assert_same_dispatch(tag, got, ref, use_fp8):
             assert torch.equal(gx[e, :c].cpu(), rx[e, :c].cpu()), f"{tag}: bf16 rows differ at expert {e}"
 
 
+def _assert_matches_reference(tag, ref, got_dispatch, got_out, x, topk_idx, topk_w, y, T_max, E):
+    """FP8 dispatch of x and combine of y on the reference Buffer `ref` against what ours returned."""
+    rx, rc, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
+    _assert_same_dispatch(tag, got_dispatch, (rx, rc, rh), True)
+    want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, rh)
+    torch.cuda.synchronize()
+    assert torch.equal(got_out.cpu(), want.cpu()), f"{tag}: combine differs"
+
+
 def _ll_pair(group, T_max, H, E, **kw):
     from uccl_ep import Buffer
     R = dist.get_world_size(group)
@@ -265,11 +274,8 @@ def worker_graph(rank, world, H, E, T_max, seed):
         y.copy_(torch.randn(E // R, R * T_max, H, generator=gen).to(torch.bfloat16))
         graph.replay()
         torch.cuda.synchronize()
-        rx, rc, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
-        _assert_same_dispatch(f"rank {rank} graph replay {it}", ((gq, gs), gcnt, gh), (rx, rc, rh), True)
-        want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, rh)
-        torch.cuda.synchronize()
-        assert torch.equal(gout.cpu(), want.cpu()), f"rank {rank} graph replay {it}: combine differs"
+        _assert_matches_reference(f"rank {rank} graph replay {it}", ref, ((gq, gs), gcnt, gh), gout, x, topk_idx,
+                                  topk_w, y, T_max, E)
         dist.barrier()
     ours._executor.check_error()
     return True
@@ -296,11 +302,8 @@ def worker_input_reuse(rank, world, H, E, T_max, seed):
         out, _, _ = ours.low_latency_combine(y, topk_idx, topk_w, h)
         y.fill_(float("nan"))
         torch.cuda.synchronize()
-        rx, rc, rh, _, _ = ref.low_latency_dispatch(x_keep, topk_idx, T_max, E, use_fp8=True)
-        _assert_same_dispatch(f"rank {rank} reuse {it}", ((q, sc), cnt, h), (rx, rc, rh), True)
-        want, _, _ = ref.low_latency_combine(y_keep, topk_idx, topk_w, rh)
-        torch.cuda.synchronize()
-        assert torch.equal(out.cpu(), want.cpu()), f"rank {rank} reuse {it}: combine differs"
+        _assert_matches_reference(f"rank {rank} reuse {it}", ref, ((q, sc), cnt, h), out, x_keep, topk_idx, topk_w,
+                                  y_keep, T_max, E)
         dist.barrier()
     ours._executor.check_error()
     return True

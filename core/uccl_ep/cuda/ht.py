@@ -21,7 +21,7 @@ import torch
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import ht_variants
-from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params
+from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
 __all__ = ["NormalEngine", "CudaNormalPlan"]
 
@@ -77,7 +77,7 @@ class NormalEngine:
         # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT (launch bounds: the block size)
         self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block, combine_threads=self.combine_block))
         self.combine_smem = ht_variants.combine_smem_bytes(
-            self.combine_block, sm=ht_variants.sm_number(device_arch(self.dev))) if \
+            self.combine_block, sm=sm_number(device_arch(self.dev))) if \
             ht_variants.selected().name == "default" else 0
 
     @property

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .. import env
 from ..errors import InvalidArgument, Unsupported
-from .runtime import Kernel, device_arch, load_kernel
+from .runtime import Kernel, device_arch, load_kernel, sm_number
 
 __all__ = ["Variant", "VARIANTS", "selected", "load", "smem_bytes", "tuning_defines", "default_defines", "combine_staging", "combine_smem_bytes",
            "warps_per_peer", "check_same_block_sizes"]
@@ -170,12 +170,6 @@ def combine_smem_bytes(block_threads: int, tuning: str | None = None, sm: int = 
                               need, hint="fewer combine warps, or UCCL_EP_HT_DEFINES with a smaller "
                               "UCCL_EP_HT_COMBINE_UNROLL / UCCL_EP_HT_COMBINE_STAGES (0: no staging)")
     return need
-
-
-def sm_number(arch: str) -> int:
-    """Compute capability x 10 of an nvcc arch name (sm_90a -> 90); 0 for others (gfx*)."""
-    m = re.match(r"sm_(\d+)", arch)
-    return int(m.group(1)) if m else 0
 
 
 def load(device: int, num_ranks: int, variant: Variant | None = None, block_threads: int = 512,

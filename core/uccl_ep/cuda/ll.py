@@ -27,8 +27,7 @@ from .. import env
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
-from .ht_variants import sm_number
-from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor
+from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor, sm_number
 
 __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 

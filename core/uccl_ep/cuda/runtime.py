@@ -113,6 +113,12 @@ def device_arch(device: int) -> str:
                                    drv.device_attribute(device, drv.ATTR_CC_MINOR))
 
 
+def sm_number(arch: str) -> int:
+    """Compute capability x 10 of an nvcc arch name (sm_90a -> 90); 0 for others (gfx*)."""
+    m = re.match(r"sm_(\d+)", arch)
+    return int(m.group(1)) if m else 0
+
+
 def load_kernel(device: int, source: str, name: str, defines: tuple[str, ...] = ()) -> Kernel:
     """Compile (cached) core/kernels/<source> for the device and return kernel ``name``;
     ``defines`` are extra ``-D`` macros (a separate cached variant each)."""

@@ -130,22 +130,11 @@ UCCL_DEVICE void st_release_sys(int* p, int v) {
 
 UCCL_DEVICE int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
 
+// NOTES: fence.sc.sys (MEMBAR.SC.SYS) also joins a single global order of every SC fence and costs
+// microseconds while NVLink traffic is in flight; publishing (stores, then a flag) needs only
+// release semantics, which st_release_sys gives by itself (MEMBAR.ALL.SYS + a strong store): the
+// LL NVLink kernels publish with it alone.
 UCCL_DEVICE void fence_system() { __threadfence_system(); }
-
-// Release/acquire fence at system scope: orders this thread's earlier accesses (and, through a
-// preceding barrier, its block's) before its later ones for every observer (peers over NVLink, the
-// CPU), without the single total order of fence_system.
-// NOTES: fence_system is fence.sc.sys (MEMBAR.SC.SYS), which also joins a global order of every SC
-// fence and costs microseconds while NVLink traffic is in flight; the publish patterns (stores,
-// fence, relaxed counter or st.release flag) need only release semantics, which fence.acq_rel.sys
-// (MEMBAR.ALL.SYS) gives. HIP's __threadfence_system is already a release/acquire fence.
-UCCL_DEVICE void fence_acq_rel_sys() {
-#if UCCL_EP_HIP
-  __threadfence_system();
-#else
-  asm volatile("fence.acq_rel.sys;" ::: "memory");
-#endif
-}
 
 // Lets the kernel launched after this one with programmatic stream serialization (the LL receive
 // phases, uccl_ep/cuda/ll.py) start once every block of this grid has called this or exited.

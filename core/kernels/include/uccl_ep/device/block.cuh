@@ -78,4 +78,8 @@ UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) { war
 
 UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
 
+// The u64 flags of an LL NVLink receive area (ll_dispatch.cu: per slot; ll_combine.cu: per row), at
+// `flag_off` past both kernels' data (uccl_ep/cuda/ll.py, _Layout.flag_off).
+UCCL_DEVICE uint64_t* ll_flags(uint64_t area, int64_t flag_off) { return reinterpret_cast<uint64_t*>(area + flag_off); }
+
 }  // namespace uccl_ep::dev
