@@ -132,8 +132,9 @@ _VARS: list[Var] = [
     Var("UCCL_EP_LL_PDL", "bool", True,
         "Launch the low-latency receive kernels over NVLink with programmatic dependent launch (sm_90+), so they "
         "start while the send kernel's last blocks run instead of after it; they synchronize with it through "
-        "flags in memory anyway, and wait for it to complete before they do. Only when the receive phase follows the send directly (not through a "
-        "return_recv_hook). Off: plain stream order. Read when a Buffer first runs a low-latency op.",
+        "flags in memory anyway, and wait for it to complete before they do. Only when the receive phase "
+        "follows the send directly (not through a return_recv_hook). Off: plain stream order. Read when a "
+        "Buffer first runs a low-latency op.",
         used_by="CUDA kernels (low-latency mode)"),
     Var("UCCL_EP_HT_VARIANT", "choice", "default",
         "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
