@@ -95,6 +95,58 @@ UCCL_DEVICE void store_row_meta(const HTDispatchParams& p, const RowMeta& m, uin
   if (lane == 0) *reinterpret_cast<int*>(slot + L.src) = int(tok);
 }
 
+// The rank's own tokens of channel c, copied straight from x (and its scales, top-k) into the
+// output rows, no ring: the k-th own token goes to row recv_channel_prefix[me][c] + k, as the ring
+// would have put it. Own token k is copied by the sender block's own group when k is even and by
+// the receiver block's when k is odd (`parity`), warp (k / 2) % G of the group; the sender's also
+// writes send_head[t][me].
+//
+// NOTES: DeepEP's design sends the rank's own rows through its own ring like any peer's, so each
+// is copied twice on the SMs (x -> ring -> recv_x). One SM copies ~45-50 GB/s whether to a peer
+// or to its own HBM (core/tests/gpu/probe_nvlink_store.py), so row copies are what the <= 24-SM
+// rows are bound by; copying own rows once, split over both blocks of the channel, takes a quarter
+// of the copies away at EP2. The self ring is not used at all (neither side moves its counters),
+// so dispatch and combine, which share rings, stay in step.
+UCCL_DEVICE void copy_own_rows(const HTDispatchParams& p, int c, int t_begin, int t_end, int G, int w, int parity) {
+  const int R = int(p.num_ranks), C = int(p.num_channels), me = int(p.rank), lane = lane_id();
+  const int64_t K = p.num_topk;
+  const int E_loc = int(p.num_experts / R);
+  const int64_t lo = int64_t(me) * E_loc;
+  const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
+  const int start_row = reinterpret_cast<const int*>(p.recv_channel_prefix)[me * C + c];
+  int k_run = 0;
+  for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
+    const int t = tb + lane;
+    const bool in = t < t_end && in_rank[int64_t(t) * R + me];
+    const uint64_t mask = warp_ballot(in);
+    if (parity == 0 && p.send_head != 0 && w == 0 && t < t_end)
+      reinterpret_cast<int*>(p.send_head)[int64_t(t) * R + me] = in ? k_run + popc64(mask & lanemask_lt()) : -1;
+    for (uint64_t m = mask; m != 0; m &= m - 1) {
+      const int b = ffs64(m) - 1;
+      const int k = k_run + popc64(mask & ((uint64_t(1) << b) - 1));
+      if ((k & 1) != parity || (k >> 1) % G != w) continue;
+      const int64_t row = start_row + k, tok = tb + b;
+      if (row >= p.num_rows) continue;
+      warp_copy16(reinterpret_cast<uint8_t*>(p.recv_x) + row * p.hidden_bytes,
+                  reinterpret_cast<const uint8_t*>(p.x) + tok * p.hidden_bytes, p.hidden_bytes);
+      for (int64_t sc = lane; sc < p.num_scales; sc += kWarpSize)
+        reinterpret_cast<uint32_t*>(p.recv_scales)[row * p.num_scales + sc] =
+            reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + sc * p.scale_stride_col];
+      if (p.recv_topk_idx != 0) {
+        for (int64_t kk = lane; kk < K; kk += kWarpSize) {
+          const int64_t g = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + kk];
+          const bool local = g >= lo && g < lo + E_loc;
+          reinterpret_cast<int64_t*>(p.recv_topk_idx)[row * K + kk] = local ? g - lo : -1;
+          reinterpret_cast<float*>(p.recv_topk_weights)[row * K + kk] =
+              local ? reinterpret_cast<const float*>(p.topk_weights)[tok * K + kk] : 0.0f;
+        }
+      }
+      if (p.recv_src_idx != 0 && lane == 0) reinterpret_cast<int*>(p.recv_src_idx)[row] = int(tok);
+    }
+    k_run += popc64(mask);
+  }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UCCL_GRID_CONSTANT HTDispatchParams p) {
@@ -134,6 +186,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
 
   if (sender) {
     const int j = grp;
+    if (j == me) {  // own rows: no ring (see copy_own_rows)
+      copy_own_rows(p, c, t_begin, t_end, G, w, 0);
+      prof.end(true);
+      return;
+    }
     auto* ring = reinterpret_cast<uint8_t*>(peer[j] + kHTRingOffset) + (int64_t(c) * R + me) * S * p.slot_bytes;
     uint64_t* tail = counter(peer[j], kHTTailOffset, c, R, me, w);
     const uint64_t* heads = counter(peer[me], kHTHeadOffset, c, R, j, 0);
@@ -185,6 +242,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
 
   // Receiver of ring (c, i -> me).
   const int i = grp;
+  if (i == me) {  // own rows: no ring (see copy_own_rows)
+    copy_own_rows(p, c, t_begin, t_end, G, w, 1);
+    prof.end(false);
+    return;
+  }
   const auto* rcp = reinterpret_cast<const int*>(p.recv_channel_prefix);
   const int start_row = rcp[i * C + c];
   const int end_row = c + 1 < C ? rcp[i * C + c + 1] : rank_prefix[i * R + me];
