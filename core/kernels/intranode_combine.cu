@@ -6,7 +6,8 @@
 //     i's buffer (BF16 row, then the top-k weights if given);
 //   receiver block 2c + 1: every warp takes every (R*G)-th token of channel c; for token t and
 //     each rank j (ascending) that received it, the row is at position base_j + send_head[t][j]
-//     of ring (c, j -> me); out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32, one IEEE add
+//     of ring (c, j -> me), or for j = me in x itself, at row recv_channel_prefix[me][c] +
+//     send_head[t][me] (own rows need no ring: see copy_own_rows in intranode_dispatch.cu); out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32, one IEEE add
 //     at a time (bit-exact with uccl_ep.refs), cast to BF16; the weights are summed the same way.
 //
 // NOTES: a consumer warp publishes, per source, "all my positions below V are consumed" with V
@@ -60,6 +61,10 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
 
   if (sender) {
     const int i = warp / G, w = warp % G;
+    if (i == me) {  // own rows: the receiver reads them from x (dispatch copied them without a ring)
+      prof.end(true);
+      return;
+    }
     const uint64_t base = bases[i];
     const auto* rcp = reinterpret_cast<const int*>(p.recv_channel_prefix);
     const int start_row = rcp[i * C + c];
@@ -102,8 +107,10 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
     return;
   }
 
-  // Receiver: token-major over channel c.
+  // Receiver: token-major over channel c. Own rows (j == me) are read from x at their dispatch row,
+  // recv_channel_prefix[me][c] + send_head[t][me], not from a ring: no wait, no counters.
   const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
+  const int own_start = reinterpret_cast<const int*>(p.recv_channel_prefix)[me * C + c];
   const auto* send_head = reinterpret_cast<const int*>(p.send_head);
   uint64_t tail_min[kRanks], published[kRanks];
   int counts[kRanks];
@@ -112,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
     tail_min[j] = 0;
     published[j] = bases[j];
     counts[j] = 0;
-    if (j < R) publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j]);
+    if (j < R && j != me) publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j]);
   }
   for (int tb = t_begin; tb < t_end; tb += kWarpSize) {
     const int tl = tb + lane;
@@ -128,17 +135,19 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       const int t = tb + o;
       if ((t - t_begin) % NW != warp) continue;
       const uint8_t* rows[kRanks];
+      int own_s = -1;  // which of rows[] is this rank's own row (its weights are in topk_weights)
+      int64_t own_row = 0;
       uint64_t before[kRanks];
       int nsrc = 0;
       bool must_wait = false;
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) {
         before[j] = j < R ? bases[j] + counts[j] + popc64(masks[j] & ((uint64_t(1) << o) - 1)) : 0;
-        if (j < R && ((masks[j] >> o) & 1) && before[j] >= tail_min[j]) must_wait = true;
+        if (j < R && j != me && ((masks[j] >> o) & 1) && before[j] >= tail_min[j]) must_wait = true;
       }
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) {  // publish lazily, but always before blocking
-        if (j < R && (before[j] >= published[j] + kHeadSlack || (must_wait && before[j] > published[j]))) {
+        if (j < R && j != me && (before[j] >= published[j] + kHeadSlack || (must_wait && before[j] > published[j]))) {
           publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), before[j]);
           published[j] = before[j];
         }
@@ -147,6 +156,12 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) {
         if (j >= R || !((masks[j] >> o) & 1)) continue;
+        if (j == me) {
+          own_row = own_start + shfl_idx(heads_of_lane[j], o);
+          own_s = nsrc;
+          rows[nsrc++] = reinterpret_cast<const uint8_t*>(p.x) + own_row * H * 2;
+          continue;
+        }
         const uint64_t pos = bases[j] + shfl_idx(heads_of_lane[j], o);
         if (pos >= tail_min[j]) {
           const long long w0 = prof.mark();
@@ -174,7 +189,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       if (p.out_weights != 0) {
         for (int kk = lane; kk < K; kk += kWarpSize) {
           float acc = 0.0f;
-          for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, __uint_as_float(ld_u32_cg(rows[s] + w_off + 4 * kk)));
+          for (int s = 0; s < nsrc; ++s) {
+            const float v = s == own_s ? reinterpret_cast<const float*>(p.topk_weights)[own_row * K + kk]
+                                       : __uint_as_float(ld_u32_cg(rows[s] + w_off + 4 * kk));
+            acc = __fadd_rn(acc, v);
+          }
           reinterpret_cast<float*>(p.out_weights)[int64_t(t) * K + kk] = acc;
         }
       }
@@ -186,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
   }
 #pragma unroll
   for (int j = 0; j < kRanks; ++j) {
-    if (j >= R) continue;
+    if (j >= R || j == me) continue;
     publish_head(counter(peer[j], kHTHeadOffset, c, R, me, warp), bases[j] + counts[j]);
     if (warp == 0 && lane == 0) reinterpret_cast<uint64_t*>(p.consumed)[c * R + j] = bases[j] + counts[j];
   }
