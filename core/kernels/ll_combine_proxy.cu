@@ -41,11 +41,12 @@ UCCL_DEVICE const FifoLayout& fifo_of(const LLProxyCombineParams& p, int j) {
 __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
   const FifoLayout& f = fifo_of(p, j);
   const PushSite site{kPhaseLLCombineSend, int(p.rank), j, -1};
+  unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
   const int writes = push_chunked_writes(f, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes),
                                          uint64_t(p.recv_off + p.rank * p.region_bytes),
                                          uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0,
-                                         uint32_t(p.counter), uint64_t(p.timeout_ns), err, site);
+                                         uint32_t(p.counter), uint64_t(p.timeout_ns), err, site, dma);
   if (writes >= 0)
     push_op_signal(f, j, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site);
 }
@@ -108,11 +109,14 @@ extern "C" __global__ void __launch_bounds__(256)
       if (is_masked(p.masked, j)) continue;
       const int64_t packed = lr[int64_t(e) * R + j];
       const int64_t begin = packed >> 32, count = packed & 0xffffffff;
-      fifo_push(fifo_of(p, j),
-                protocol::make_counted_write(uint32_t(j), uint64_t(p.send_off + (int64_t(e) * rows_per_expert + begin) * row_bytes),
-                                             uint64_t(p.recv_off + p.rank * p.region_bytes + int64_t(first[s]) * row_bytes),
-                                             uint32_t(count * row_bytes), uint32_t(p.counter)),
-                uint64_t(p.timeout_ns), err, PushSite{kPhaseLLCombineSend, int(p.rank), j, int(p.rank * E_loc + e)});
+      const bool pushed = fifo_push(
+          fifo_of(p, j),
+          protocol::make_counted_write(uint32_t(j), uint64_t(p.send_off + (int64_t(e) * rows_per_expert + begin) * row_bytes),
+                                       uint64_t(p.recv_off + p.rank * p.region_bytes + int64_t(first[s]) * row_bytes),
+                                       uint32_t(count * row_bytes), uint32_t(p.counter)),
+          uint64_t(p.timeout_ns), err, PushSite{kPhaseLLCombineSend, int(p.rank), j, int(p.rank * E_loc + e)});
+      unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
+      if (pushed && dma != nullptr && count > 0) atomicAdd(dma, (unsigned long long)(count * row_bytes));
     }
     if (blockIdx.x == 0)
       for (int j = tid; j < R; j += blockDim.x)

@@ -48,13 +48,15 @@ __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, con
   int* counts = reinterpret_cast<int*>(region + kCountsAt);
   for (int e = 0; e < E_loc; ++e) counts[e] = total[d * E_loc + e];
   fence_system();  // header and counts (and, ordered before by the caller, the slots) before the push
-  const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo_for(d, int(p.num_fifos))];
+  const int fifo = fifo_for(d, int(p.num_fifos));
+  const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo];
   const PushSite site{kPhaseLLDispatchSend, int(p.rank), d, -1};
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
   const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(n) * p.payload_bytes);
   const int writes = push_chunked_writes(f, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes),
                                          uint64_t(p.recv_off + p.rank * p.region_bytes), len, uint64_t(p.chunk_bytes),
-                                         1, uint32_t(p.counter), uint64_t(p.timeout_ns), err, site);
+                                         1, uint32_t(p.counter), uint64_t(p.timeout_ns), err, site,
+                                         dma_counter(p.dma_pushed, p.num_proxy_threads, fifo));
   if (writes >= 0)
     push_op_signal(f, d, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site);
 }

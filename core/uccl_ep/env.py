@@ -119,6 +119,13 @@ _VARS: list[Var] = [
         "Most transfers one proxy thread keeps in flight per peer (back-pressure for NICs with "
         "small queues, e.g. Thor-2 and Pollara want 16-64).",
         minimum=1, used_by="proxy"),
+    Var("UCCL_EP_IPC_COPY", "choice", "kernel",
+        "How the `ipc` transport moves the low-latency proxy path's Writes between GPUs of one host (the "
+        "stand-in for a NIC there): `kernel`: the proxy writes a descriptor into a ring in host memory and a "
+        "copy kernel of the sender, launched after each send kernel, executes it over NVLink (no CUDA call "
+        "on the proxy thread, like a NIC's DMA engine); `cuda`: the proxy thread calls cuMemcpyDtoDAsync "
+        "per Write (can wait inside the driver behind the application thread: ms per op).",
+        choices=("kernel", "cuda"), used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_FORCE_PROXY", "bool", False,
         "Send same-host GPU peers' traffic through the CPU proxy instead of NVLink stores, so the "
         "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",

@@ -137,6 +137,7 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
   get("region_bytes", c.region_bytes);
   get("external_region", c.external_region);
   get("transport", c.transport);
+  get("ipc_copy", c.ipc_copy);
   get("provider", c.provider);
   get("domains", c.domains);
   get("token_digest", c.token_digest);
@@ -154,7 +155,7 @@ proxy::ProxyConfig config_from(const nb::dict& d) {
   for (auto item : d) {
     const std::string k = nb::cast<std::string>(item.first);
     static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
-                                  "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport",
+                                  "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport", "ipc_copy",
                                   "provider", "domains",
                                   "token_digest", "max_inflight", "timeout_s", "heartbeat_s", "idle_sleep_ns",
                                   "check_remote_bounds",
@@ -368,6 +369,22 @@ void register_proxy(nb::module_& m) {
       }, nb::arg("fifo"),
       "Addresses of one FIFO (fifo_layout.h) for a GPU runtime: register `memory` (mapped) and hand "
       "kernels a FifoLayout with device-side head/tail_cache.")
+      .def("copy_rings", [](const proxy::Proxy& p) {
+        nb::list out;
+        for (const auto& r : p.copy_rings()) {
+          if (r.empty()) {
+            out.append(nb::none());
+            continue;
+          }
+          nb::dict d;
+          d["memory"] = r[0];
+          d["memory_bytes"] = r[1];
+          d["capacity"] = r[2];
+          out.append(d);
+        }
+        return out;
+      }, "Per proxy thread, the copy ring (dma_ring.h) its ipc endpoint waits on: {memory, memory_bytes, "
+         "capacity}, or None (every backend but ipc with ipc_copy='kernel'). Register `memory` for the device.")
       .def("check_completion", [](proxy::Proxy& p, int f, uint64_t idx) {
         if (f < 0 || f >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
         return p.fifo(f).check_completion(idx);

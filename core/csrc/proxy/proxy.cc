@@ -149,6 +149,7 @@ Proxy::Proxy(const ProxyConfig& config) : config_(config) {
     o.ranks_per_node = c.ranks_per_node;
     o.job_key = c.token_digest;
     o.region_name = region_shm_ ? region_shm_->name() : "";
+    o.ipc_copy = c.ipc_copy;
     o.max_outstanding = std::min<uint32_t>(8192, c.max_inflight * uint32_t(c.num_ranks) + 64);
     o.fault_seed = c.fault_seed;
     o.fault_reorder = c.fault_reorder;
@@ -179,6 +180,12 @@ Proxy::~Proxy() {
 std::vector<std::string> Proxy::transport_devices() const {
   std::vector<std::string> out;
   for (const auto& t : threads_) out.push_back(t->transport().device());
+  return out;
+}
+
+std::vector<std::vector<uint64_t>> Proxy::copy_rings() const {
+  std::vector<std::vector<uint64_t>> out;
+  for (const auto& t : threads_) out.push_back(t->transport().copy_ring());
   return out;
 }
 

@@ -39,6 +39,8 @@ struct ProxyConfig {
   uint64_t external_region = 0;  // address of caller-owned memory to register instead of allocating
                                  // (e.g. a GPU runtime's buffer); must outlive the proxy
   std::string transport = "loop";
+  std::string ipc_copy;          // ipc only: "kernel" = copies by a GPU kernel from a descriptor ring
+                                 // (transport/ipc.h); "" = the driver's copy engine / host memcpy
   std::string provider;          // fabric provider ("" = first usable)
   std::string domains;           // fabric NICs (libfabric domains), comma-separated: thread i uses
                                  // entry i % n ("" = the provider's first domain for every thread)
@@ -93,6 +95,8 @@ class Proxy {
   const ProxyConfig& config() const { return config_; }
   std::string transport_name() const;
   std::vector<std::string> transport_devices() const;  // per thread: its transport's device (NIC)
+  // Per thread: its transport's copy ring {host address, bytes, capacity} (dma_ring.h), or empty.
+  std::vector<std::vector<uint64_t>> copy_rings() const;
   uint64_t peer_region_bytes(int peer) const { return peer_region_bytes_.at(size_t(peer)); }
 
   // ---- state shared with the threads --------------------------------------------------------------

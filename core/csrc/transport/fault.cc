@@ -45,6 +45,7 @@ class FaultTransport final : public Transport {
     inner_->connect(a, k, b);
   }
   void finalize_setup() override { inner_->finalize_setup(); }
+  std::vector<uint64_t> copy_ring() const override { return inner_->copy_ring(); }
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
     // relaxed: statistics only.
     std::vector<std::pair<std::string, uint64_t>> c = {

@@ -26,6 +26,7 @@
 #include "transport/shm.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
+#include "uccl_ep/dma_ring.h"
 
 namespace uccl_ep {
 namespace transport {
@@ -76,6 +77,11 @@ std::string range_text(uint64_t off, uint64_t len) { return "[" + std::to_string
 class IpcTransport final : public Transport {
  public:
   explicit IpcTransport(const Options& opt) : opt_(opt) {
+    if (!opt.ipc_copy.empty() && opt.ipc_copy != "kernel")
+      throw TransportError("ipc: unknown copy engine '" + opt.ipc_copy + "' (expected \"kernel\" or none)");
+    if (kernel_copies() && opt.max_outstanding > kDmaRingCapacity)
+      throw TransportError("ipc: " + std::to_string(opt.max_outstanding) + " outstanding writes exceed the copy ring's " +
+                           std::to_string(kDmaRingCapacity) + " descriptors");
     inbox_ = ShmObject::create(shm_name(opt.job_key, "r" + std::to_string(opt.rank) + "_t" +
                                                          std::to_string(opt.thread_index) + "_ipc"),
                                inbox_bytes());
@@ -91,7 +97,8 @@ class IpcTransport final : public Transport {
       if (!p.handle.empty()) ipc::close_peer_memory(device_, p.handle);
   }
 
-  std::string name() const override { return device_ >= 0 ? "ipc:cuda" : "ipc:host"; }
+  std::string name() const override { return "ipc:" + kind_; }
+  std::vector<uint64_t> copy_ring() const override { return engine_ ? engine_->ring() : std::vector<uint64_t>{}; }
   Caps caps() const override {
     Caps c;
     c.ordered = true;
@@ -124,15 +131,15 @@ class IpcTransport final : public Transport {
       } catch (const std::exception& e) {
         throw TransportError(std::string("ipc: cannot export the device region: ") + e.what());
       }
-      engine_ = ipc::make_cuda_engine(device_, opt_.num_ranks);
-      kind_ = "cuda";
+      engine_ = kernel_copies() ? ipc::make_kernel_engine(opt_.num_ranks) : ipc::make_cuda_engine(device_, opt_.num_ranks);
+      kind_ = engine_->kind();
     } else {
       if (opt_.region_name.empty())
         throw TransportError("ipc: the region is neither CUDA device memory nor host memory in named shared "
                              "memory (host regions must be allocated by the proxy)");
       key_.insert(key_.end(), opt_.region_name.begin(), opt_.region_name.end());
-      engine_ = ipc::make_host_engine(opt_.num_ranks);
-      kind_ = "host";
+      engine_ = kernel_copies() ? ipc::make_kernel_engine(opt_.num_ranks) : ipc::make_host_engine(opt_.num_ranks);
+      kind_ = engine_->kind();
     }
   }
 
@@ -300,6 +307,8 @@ class IpcTransport final : public Transport {
     std::deque<Op> pending; // posted, not yet delivered, in posting order
     bool served = true;     // false: another transport reaches this rank (split transport)
   };
+
+  bool kernel_copies() const { return opt_.ipc_copy == "kernel"; }
 
   void bind_thread() {
     if (bound_ == std::this_thread::get_id()) return;

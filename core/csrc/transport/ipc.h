@@ -9,7 +9,9 @@
 //            receiver's inbox ring (shared memory)  ---->  poll(): record -> kRemoteImm
 //            then report kLocalDone(ctx)
 //
-// Two copy engines (ipc_copy.cc), picked by what the registered region is:
+// Copy engines (ipc_copy.cc): with Options::ipc_copy == "kernel", descriptors in a host ring that
+// a GPU kernel of the sender executes (dma_ring.h; the LL proxy path); otherwise picked by what the
+// registered region is:
 // - CUDA: the region is device memory (the LL buffer of the cuda executor); peers' regions are
 //   opened through CUDA IPC handles and copied into with cuMemcpyDtoDAsync on one proxy-owned
 //   stream per peer, completion seen by event queries (never blocking on one peer);
@@ -23,6 +25,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace uccl_ep {
 namespace transport {
@@ -41,10 +44,15 @@ class CopyEngine {
   virtual int64_t completed(int peer, std::string* error) = 0;
   // Called on the proxy thread before its first submit/completed (CUDA: context, capture mode).
   virtual void bind_thread() {}
+  // The "kernel" engine: {host address, bytes, capacity} of its copy ring (dma_ring.h); else empty.
+  virtual std::vector<uint64_t> ring() const { return {}; }
 };
 
 // memcpy on one worker thread (host regions).
 std::unique_ptr<CopyEngine> make_host_engine(int num_peers);
+// Descriptors in a host ring (dma_ring.h) for an outside consumer: the LL proxy path's DMA kernel
+// on the GPU (ll_proxy_dma.cu), or a test's emulator on the CPU. Regions of either kind.
+std::unique_ptr<CopyEngine> make_kernel_engine(int num_peers);
 // cuMemcpyDtoDAsync on per-peer streams of `device` (device regions). Throws TransportError when
 // the CUDA driver is unusable.
 std::unique_ptr<CopyEngine> make_cuda_engine(int device, int num_peers);

@@ -1,6 +1,8 @@
 // The copy engines of the `ipc` transport (see ipc.h): memcpy on a worker thread for host
-// regions, cuMemcpyDtoDAsync on proxy-owned streams for device regions; and the process-wide
+// regions, cuMemcpyDtoDAsync on proxy-owned streams for device regions, or descriptors in a host
+// ring that a GPU kernel copies (dma_ring.h); and the process-wide
 // table of peers' device memory opened through CUDA IPC handles.
+#include <stdlib.h>
 #include <string.h>
 
 #include <atomic>
@@ -15,6 +17,7 @@
 #include "runtime/cuda_driver.h"
 #include "transport/ipc.h"
 #include "transport/transport.h"
+#include "uccl_ep/dma_ring.h"
 
 namespace uccl_ep {
 namespace transport {
@@ -182,6 +185,68 @@ class CudaEngine final : public CopyEngine {
   std::vector<cu::CUevent> spare_;
 };
 
+// ---- kernel: descriptors in a host ring, copied by a GPU kernel (or a test's emulator) --------
+// NOTES: the proxy thread makes no CUDA call here: a descriptor is four host stores (dma_ring.h).
+// Completion is one ring-wide count, in ring order; per peer we keep the ring indices of its copies
+// to answer completed(peer).
+class KernelEngine final : public CopyEngine {
+ public:
+  explicit KernelEngine(int num_peers) : peers_(size_t(num_peers)) {
+    void* mem = nullptr;
+    if (posix_memalign(&mem, 4096, dma_ring_bytes()) != 0 || mem == nullptr)
+      throw TransportError("ipc: cannot allocate the copy ring (" + std::to_string(dma_ring_bytes()) + " bytes)");
+    memset(mem, 0, dma_ring_bytes());
+    ring_ = static_cast<uint8_t*>(mem);
+  }
+  ~KernelEngine() override { free(ring_); }
+
+  const char* kind() const override { return "kernel"; }
+  std::vector<uint64_t> ring() const override {
+    return {reinterpret_cast<uint64_t>(ring_), dma_ring_bytes(), kDmaRingCapacity};
+  }
+
+  bool submit(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string* error) override {
+    if (head_ - done() >= kDmaRingCapacity) {  // cannot happen under the outstanding bound (dma_ring.h)
+      if (error) *error = "ipc: the copy ring is full (" + std::to_string(kDmaRingCapacity) + " descriptors not done)";
+      return false;
+    }
+    DmaDesc& d = slots()[head_ & (kDmaRingCapacity - 1)];
+    d.dst = dst;
+    d.src = src;
+    d.len = len;
+    // release: dst, src and len are visible to the consumer before seq says the slot is valid.
+    __atomic_store_n(&d.seq, head_ + 1, __ATOMIC_RELEASE);
+    peers_[size_t(peer)].indices.push_back(head_);
+    ++head_;
+    return true;
+  }
+
+  int64_t completed(int peer, std::string*) override {
+    PeerCopies& q = peers_[size_t(peer)];
+    const uint64_t done_now = done();
+    while (!q.indices.empty() && q.indices.front() < done_now) {
+      q.indices.pop_front();
+      ++q.completed;
+    }
+    return q.completed;
+  }
+
+ private:
+  struct PeerCopies {
+    std::deque<uint64_t> indices;  // ring indices of copies not yet seen complete, in order
+    int64_t completed = 0;
+  };
+  DmaDesc* slots() { return reinterpret_cast<DmaDesc*>(ring_ + sizeof(DmaRingHeader)); }
+  uint64_t done() const {
+    // acquire: pairs with the consumer's release of done (after its copies): the bytes of every
+    // descriptor below it are in the receiver's memory before we deliver the immediates.
+    return __atomic_load_n(&reinterpret_cast<DmaRingHeader*>(ring_)->done, __ATOMIC_ACQUIRE);
+  }
+  uint8_t* ring_ = nullptr;
+  uint64_t head_ = 0;  // next descriptor index
+  std::vector<PeerCopies> peers_;
+};
+
 // ---- peers' device memory, opened once per process -------------------------------------------------
 std::mutex g_open_mu;
 std::map<std::string, std::pair<uint64_t, int>> g_open;  // (device:handle) -> (address, users)
@@ -191,6 +256,8 @@ std::string open_key(int device, const std::string& handle) { return std::to_str
 }  // namespace
 
 std::unique_ptr<CopyEngine> make_host_engine(int num_peers) { return std::make_unique<HostEngine>(num_peers); }
+
+std::unique_ptr<CopyEngine> make_kernel_engine(int num_peers) { return std::make_unique<KernelEngine>(num_peers); }
 
 std::unique_ptr<CopyEngine> make_cuda_engine(int device, int num_peers) {
   return std::make_unique<CudaEngine>(device, num_peers);

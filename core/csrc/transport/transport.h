@@ -63,6 +63,8 @@ struct Options {
                                 // FI_HMEM, GPUDirect RDMA); -1 = host memory
   std::string job_key;          // hex digest of the job token: names shared objects, MR keys
   std::string region_name;      // shared-memory object holding the region ("" = not shared)
+  std::string ipc_copy;         // ipc: "kernel" = descriptors in a copy ring executed by a GPU kernel of
+                                // the sender (dma_ring.h); "" = the CUDA copy engine / host memcpy
   uint32_t max_outstanding = 1024;
   uint64_t fault_seed = 0;      // fault decorator
   double fault_reorder = 0.0;   // probability an op or completion is held back and reordered
@@ -108,6 +110,9 @@ class Transport {
   virtual void shutdown() {}
   // Named event counts for diagnostics and tests (safe to call from any thread).
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
+  // The copy ring this endpoint's writes wait on (ipc with ipc_copy "kernel"): {host address, bytes,
+  // capacity} (dma_ring.h); empty for every other backend.
+  virtual std::vector<uint64_t> copy_ring() const { return {}; }
 };
 
 using Factory = std::function<std::unique_ptr<Transport>(const Options&)>;

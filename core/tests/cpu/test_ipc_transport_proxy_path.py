@@ -87,9 +87,13 @@ def _unpack(struct_name, params):
 
 
 @pytest.fixture
-def engine(monkeypatch):
+def engine(monkeypatch, request):
     R, rank = 2, 0
-    proxies = make_group(R, "loop", num_counters=NUM_COUNTERS, region_bytes=1 << 16)
+    copy = request.param if hasattr(request, "param") else "kernel"
+    monkeypatch.setenv("UCCL_EP_IPC_COPY", copy)
+    # real ipc proxies over host regions; with "kernel" their endpoints queue copies in rings
+    proxies = make_group(R, "ipc", num_counters=NUM_COUNTERS, region_bytes=1 << 16,
+                         ipc_copy="kernel" if copy == "kernel" else "")
     asked, launches = {}, []
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
@@ -148,8 +152,9 @@ def test_kernel_parameters_and_set_alternation(engine):
         handle, finish = out[2], out[3]
         lay = eng.layout
         s = 0  # dispatch on set 0, combine on set 1, every iteration
-        name, grid, _, params, smem = log[-1]
+        name, grid, _, params, smem = log[-2]
         d = _unpack("LLProxyDispatchParams", params)
+        _assert_copy_launch(eng, log[-1], d)
         assert name == "ll_dispatch_proxy_send" and grid == T and smem == 12 * E
         assert d["fifos"] == eng.fifo_table.ptr and d["num_fifos"] == engine.proxy.num_fifos
         assert d["send_area"] == engine.ex.ll_mem.ptr + lay.send(s) and d["send_off"] == lay.send(s)
@@ -174,7 +179,8 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
         y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
         _, cfinish = eng.combine(y, topk, w, handle, set(), None, None, False)
-        c = _unpack("LLProxyCombineParams", log[-1][3])
+        c = _unpack("LLProxyCombineParams", log[-2][3])
+        _assert_copy_launch(eng, log[-1], c)
         assert c["counter"] == counter_base(1 - s, 1) and c["send_off"] == lay.send(1 - s)
         assert c["y"] == y.data_ptr() != c["send_area"] and c["zero_copy"] == 0
         assert c["region_bytes"] == T * min(4, E // R) * 2 * H and R * c["region_bytes"] <= lay.set_bytes // 2
@@ -185,6 +191,44 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert cr["region_bytes"] == c["region_bytes"] and cr["signal_total"] == c["signal_total"]
         # the four (set, phase) pairs use disjoint rounds words
         assert len({r["rounds"], cr["rounds"], eng._rounds(1, 0), eng._rounds(0, 1)}) == 4
+
+
+def _assert_copy_launch(eng, launch, send):
+    """The copy kernel follows the send kernel and reads the byte counters the send kernel adds to."""
+    name, grid, block, params, _ = launch
+    assert name == "ll_proxy_dma" and block == proxy_path._DMA_BLOCK
+    k = _unpack("LLProxyDmaParams", params)
+    n = eng.num_proxy_threads
+    assert grid == n * k["blocks_per_ring"] and k["num_rings"] == n == send["num_proxy_threads"]
+    assert k["pushed"] == send["dma_pushed"] == eng.dma_pushed != 0
+    assert k["status"] == eng.status_dev and k["error"] == eng.ex.error_dev_ptr and k["timeout_ns"] == 123
+    # state and finish counters follow the ring table and the byte counters, without overlap
+    assert k["rings"] < k["pushed"] < k["state"] < k["finish"] < eng.dma_mem.ptr + eng.dma_mem.nbytes
+
+
+def test_copy_rings_are_registered_and_tabled(engine):
+    eng, drv = engine.eng, engine.ex.drv
+    rings = engine.proxy.copy_rings()
+    assert engine.asked["ipc_copy"] == "kernel" and engine.proxy.transport_name == "ipc:kernel"
+    assert len(rings) == eng.num_proxy_threads == 2
+    table = struct.unpack("<2Q", drv.h2d[eng.dma_mem.ptr])
+    for r, dev in zip(rings, table):
+        assert any(b <= r["memory"] and r["memory"] + r["memory_bytes"] <= b + n for b, n in drv.registered)
+        assert dev == r["memory"] + DEV and r["capacity"] == 8192
+        assert r["memory_bytes"] == 64 + 32 * r["capacity"]  # dma_ring.h: header + descriptors
+
+
+@pytest.mark.filterwarnings("ignore:.*CUDA_MODULE_LOADING:RuntimeWarning")
+@pytest.mark.parametrize("engine", ["cuda"], indirect=True)
+def test_cuda_copies_have_no_rings_and_no_copy_kernel(engine):
+    eng = engine.eng
+    assert engine.asked["ipc_copy"] == "" and not eng.copy_kernel and eng.dma_mem is None
+    assert all(r is None for r in engine.proxy.copy_rings())
+    x = torch.zeros(engine.T, engine.H).bfloat16()
+    topk = torch.arange(4).repeat(engine.T, 1)
+    eng.dispatch(None, x, topk, engine.T, engine.E, False, False, False, set(), None, None)
+    assert engine.launches[-1][0] == "ll_dispatch_proxy_send"
+    assert _unpack("LLProxyDispatchParams", engine.launches[-1][3])["dma_pushed"] == 0
 
 
 def test_close_unregisters_everything(engine):

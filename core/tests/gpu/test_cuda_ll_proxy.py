@@ -1,6 +1,8 @@
 """Low-latency kernels of the `cuda` backend through the CPU proxy, against `uccl_ep.refs`, on 2+ GPUs
 of one host acting as separate nodes: GPU -> FIFO -> proxy -> ipc transport (peer copy into the
-receiver's LL buffer, then the immediate) -> receiving proxy -> counter -> receive kernel.
+receiver's LL buffer, then the immediate) -> receiving proxy -> counter -> receive kernel. The peer
+copy is made by the sender's copy kernel from the proxy's descriptor ring (UCCL_EP_IPC_COPY=kernel,
+the default; ll_proxy_dma.cu) or by the proxy thread through the driver (=cuda).
 
 The same workers as test_cuda_ll.py (every option combination, masking and clean, CUDA-graph
 capture and replay, the bounded device wait) run with UCCL_EP_FORCE_PROXY=1; one more checks the
@@ -59,7 +61,8 @@ def worker_engaged(rank, world, H, E, T_max, seed):
     eng = buf._executor._ll
     assert isinstance(eng, ProxyLowLatencyEngine), type(eng)
     counters = eng.proxy.transport_counters()
-    out = (eng.proxy.transport_name, int(eng.proxy.commands_posted), int(counters.get("ipc_cuda_copies", 0)))
+    kind = eng.proxy.transport_name.split(":")[-1]
+    out = (eng.proxy.transport_name, int(eng.proxy.commands_posted), int(counters.get(f"ipc_{kind}_copies", 0)))
     dist.barrier()
     return out
 
@@ -70,10 +73,14 @@ def test_ll_proxy_options_match_reference(shape):
     assert all(n > 0 for n in out)
 
 
-def test_ll_proxy_carries_the_traffic():
+@pytest.mark.parametrize("copy", ["kernel", "cuda"])
+def test_ll_proxy_carries_the_traffic(copy):
+    """Both ipc copy engines: the copy kernel reading the proxies' descriptor rings (the default),
+    and the proxy thread's own cuMemcpyDtoDAsync (UCCL_EP_IPC_COPY=cuda)."""
+    env = dict(EAGER_ENV, UCCL_EP_IPC_COPY=copy)
     for name, commands, copies in run_ranks(worker_engaged, _world(), *SMALL.values(), backend="nccl", timeout_s=300,
-                                             env=EAGER_ENV):
-        assert name == "ipc:cuda"
+                                             env=env):
+        assert name == f"ipc:{copy}"
         # dispatch and combine: per destination one Write (its packed region) and the signal pair
         assert commands == 2 * _world() * 3, commands
         assert copies > 0

@@ -27,7 +27,7 @@ __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
 
 _PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
            5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier",
-           9: "ll_dispatch_send", 10: "ll_combine_send"}
+           9: "ll_dispatch_send", 10: "ll_combine_send", 11: "ll_proxy_copy"}
 _MAX_NVLINK_RANKS = 8
 
 

@@ -54,6 +54,10 @@ _MAX_RANKS, _MAX_TOPK = 64, 32
 NUM_COUNTERS = 4 * NUM_MAX_LOCAL_EXPERTS
 _MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
 _FIFOS_PER_THREAD = 2
+# The copy kernel (ll_proxy_dma.cu): blocks per proxy thread's ring, threads per block, and the size
+# of its per-ring DmaConsumer state. NOTES: 8 blocks move ~350 GB/s (one SM copies ~45-50 GB/s,
+# docs/benchmarks.md), about what NVLink takes one way; rings without work cost a launch only.
+_DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES = 8, 512, 32
 
 
 def counter_base(s: int, phase: int) -> int:
@@ -196,7 +200,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.dev = ex.device
         self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
         self.transport = gpu_transport.choose(ex.multi_host)
-        if self.transport == "ipc":
+        # ipc between GPUs of one host: Writes are copied by our copy kernel from the proxy's
+        # descriptor rings (dma_ring.h) unless UCCL_EP_IPC_COPY=cuda (the proxy's driver copies).
+        self.copy_kernel = self.transport == "ipc" and env.get("UCCL_EP_IPC_COPY") == "kernel"
+        if self.transport == "ipc" and not self.copy_kernel:
             warn_lazy_module_loading(self.rank)
         self.mem: DeviceMemory = ex.ll_mem
         self.idx = 0
@@ -208,14 +215,18 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send"), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv"),
             ("ll_combine_proxy.cu", "ll_combine_proxy_send"), ("ll_combine_proxy.cu", "ll_combine_proxy_recv"))}
+        if self.copy_kernel:
+            self._k["ll_proxy_dma"] = load_kernel(self.dev, "ll_proxy_dma.cu", "ll_proxy_dma")
         ctx = ex.ctx
         threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
         self.C = native()
         self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=NUM_COUNTERS,
                                  transport=self.transport,
                                  num_threads=threads, fifos_per_thread=_FIFOS_PER_THREAD, timeout_s=ctx.timeout_s,
-                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr)
+                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr,
+                                 ipc_copy="kernel" if self.copy_kernel else "")
         self._registered: list[int] = []
+        self.dma_mem: DeviceMemory | None = None
         try:
             self._map_proxy_memory()
         except BaseException:
@@ -254,6 +265,34 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         drv.memcpy_htod(self.dev, self.fifo_table.ptr, blob)
         addr, nbytes = C.proxy_counters_address(p)
         self.counters_dev = self._register(addr, addr + nbytes)
+        self.num_proxy_threads = nf // _FIFOS_PER_THREAD
+        if self.copy_kernel:
+            self._map_copy_rings()
+
+    def _map_copy_rings(self) -> None:
+        """Map every proxy thread's copy ring for the device and lay out the copy kernel's state:
+        ring table u64[n] | pushed bytes u64[n] | DmaConsumer [n] (32 B) | finish u32[n][capacity]."""
+        rings = self.proxy.copy_rings()
+        if len(rings) != self.num_proxy_threads or any(r is None for r in rings):
+            raise RuntimeError(f"rank {self.rank}: the ipc transport did not create its copy rings "
+                               f"({self.proxy.transport_name})")
+        n, cap = len(rings), rings[0]["capacity"]
+        table = struct.pack(f"<{n}Q", *[self._register(r["memory"], r["memory"] + r["memory_bytes"]) for r in rings])
+        self.dma_mem = DeviceMemory(self.dev, 8 * n + 8 * n + _DMA_CONSUMER_BYTES * n + 4 * n * cap)
+        self.drv.memset_d8(self.dev, self.dma_mem.ptr, 0, self.dma_mem.nbytes, 0)
+        self.drv.memcpy_htod(self.dev, self.dma_mem.ptr, table)
+        base = self.dma_mem.ptr
+        self.dma_pushed = base + 8 * n
+        self._dma_params = pack_params(
+            "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
+            finish=base + 16 * n + _DMA_CONSUMER_BYTES * n, status=self.status_dev, error=self.ex.error_dev_ptr,
+            num_rings=n, blocks_per_ring=_DMA_BLOCKS_PER_RING, rank=self.rank, timeout_ns=self.ex.timeout_ns)
+
+    def _launch_copies(self) -> None:
+        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel."""
+        if self.copy_kernel:
+            self._k["ll_proxy_dma"].launch(self.num_proxy_threads * _DMA_BLOCKS_PER_RING, _DMA_BLOCK,
+                                           self._dma_params, current_stream())
 
     def proxy_failure(self):
         """The proxy's own error (it stopped or failed under a kernel), as an exception."""
@@ -276,11 +315,17 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         for base in self._registered:
             self.drv.host_unregister(self.dev, base)
         self._registered.clear()
-        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.work):
+        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.work,
+                  getattr(self, "dma_mem", None)):
             if m is not None:
                 m.free()
         self.work = None
+        self.dma_mem = None
         self.proxy = None
+
+    def _dma_shape(self) -> dict:
+        """The send kernels' copy-ring fields (LLProxy*Params): where they count pushed bytes."""
+        return dict(dma_pushed=self.dma_pushed if self.copy_kernel else 0, num_proxy_threads=self.num_proxy_threads)
 
     # -- layout ----------------------------------------------------------------------------------
     def _rounds(self, s: int, phase: int) -> int:
@@ -348,9 +393,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
-                             chunk_bytes=lay.chunk_bytes, **shape)
+                             chunk_bytes=lay.chunk_bytes, **self._dma_shape(), **shape)
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
+        self._launch_copies()
         recv_params = pack_params(
             "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
             rounds=self._rounds(s, 0), done=self._done(s, 0), status=self.status_dev, recv_x=recv_x.data_ptr(),
@@ -398,9 +444,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
-                             **shape)
+                             **self._dma_shape(), **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
+        self._launch_copies()
         recv_params = pack_params(
             "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
             rounds=self._rounds(s, 1), done=self._done(s, 1), status=self.status_dev, topk_idx=topk_idx.data_ptr(),

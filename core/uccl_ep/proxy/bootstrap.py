@@ -173,7 +173,7 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                 fifo_capacity: int = 2048, max_inflight: int | None = None, timeout_s: float | None = None,
                 ranks_per_node: int | None = None, fault: str | dict | None = None, token: str | None = None,
                 check_remote_bounds: bool = True, heartbeat_s: float = 0.0, cpus: str = "",
-                numa_node: int | None = None, store=None, external_region: int = 0):
+                numa_node: int | None = None, store=None, external_region: int = 0, ipc_copy: str = ""):
     """Create, bootstrap, connect and start this rank's proxy (collective over ``group``).
 
     Unset arguments come from the env registry (UCCL_EP_TRANSPORT, UCCL_EP_FABRIC_PROVIDER,
@@ -181,7 +181,8 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
     UCCL_EP_FAULT). ``cpus`` (a CPU list) or ``numa_node`` pins the proxy threads (the GPU
     runtime passes its device's NUMA node). ``store`` replaces the group's Store (e.g. a TCPStore
     shared by the job); ``external_region`` registers caller-owned memory of ``region_bytes``
-    instead of allocating it. Returns the native ``uccl_ep._C.Proxy`` (call ``stop()`` when done).
+    instead of allocating it; ``ipc_copy="kernel"`` makes the ipc transport queue its copies in a
+    descriptor ring for the caller's GPU copy kernel (``copy_rings()``). Returns the native ``uccl_ep._C.Proxy`` (call ``stop()`` when done).
     """
     C = native()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -217,7 +218,7 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
         config = dict(rank=rank, num_ranks=world, ranks_per_node=ranks_per_node,
                       num_threads=int(num_threads or env.get("UCCL_EP_NUM_PROXY_THREADS")),
                       fifos_per_thread=fifos_per_thread, fifo_capacity=fifo_capacity, num_counters=num_counters,
-                      region_bytes=int(region_bytes), transport=name,
+                      region_bytes=int(region_bytes), transport=name, ipc_copy=ipc_copy,
                       provider=provider if provider is not None else env.get("UCCL_EP_FABRIC_PROVIDER"),
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,

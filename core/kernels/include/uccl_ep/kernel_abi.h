@@ -36,6 +36,7 @@ enum Phase : int {
   kPhaseBarrier = 8,
   kPhaseLLDispatchSend = 9,   // proxy path: pushing commands
   kPhaseLLCombineSend = 10,
+  kPhaseLLProxyCopy = 11,     // proxy path, ipc "kernel" copies: waiting for the proxy's descriptors
 };
 
 // ---- low-latency ---------------------------------------------------------------------------------
@@ -279,6 +280,9 @@ struct LLProxyDispatchParams {
   int64_t counter;          // receiver counter of this set's dispatch
   int64_t masked;
   int64_t timeout_ns;
+  uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
+                            // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
+  int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
 };
 
 struct LLProxyDispatchRecvParams {
@@ -337,6 +341,9 @@ struct LLProxyCombineParams {
   int64_t counter;
   int64_t masked;
   int64_t timeout_ns;
+  uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
+                            // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
+  int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
 };
 
 struct LLProxyCombineRecvParams {
@@ -362,6 +369,22 @@ struct LLProxyCombineRecvParams {
   int64_t region_bytes;
   int64_t signal_total;
   int64_t masked;
+  int64_t timeout_ns;
+};
+
+// The copy kernel of the ipc transport's "kernel" engine (ll_proxy_dma.cu, dma_ring.h): launched
+// after each proxy-path send kernel, it executes the descriptors the proxy threads queued for the
+// Writes pushed so far, blocks_per_ring blocks per proxy thread's ring.
+struct LLProxyDmaParams {
+  uint64_t rings;           // u64 [num_rings]: device address of each proxy thread's copy ring
+  uint64_t pushed;          // u64 [num_rings]: bytes of Writes pushed so far (the send kernels add)
+  uint64_t state;           // DmaConsumer [num_rings] (ll_proxy_dma.cu), device memory, zeroed once
+  uint64_t finish;          // u32 [num_rings][kDmaRingCapacity]: blocks done per descriptor, zeroed once
+  uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
+  uint64_t error;           // ErrorWord*
+  int64_t num_rings;
+  int64_t blocks_per_ring;
+  int64_t rank;
   int64_t timeout_ns;
 };
 

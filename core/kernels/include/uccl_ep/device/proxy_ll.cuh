@@ -13,18 +13,27 @@
 
 namespace uccl_ep::dev {
 
+// The copy-ring byte counter (ipc "kernel" copies, ll_proxy_dma.cu) of the proxy thread that serves
+// FIFO `fifo`, or nullptr when there are no copy rings (dma_pushed == 0).
+UCCL_DEVICE unsigned long long* dma_counter(uint64_t dma_pushed, int64_t num_proxy_threads, int fifo) {
+  return dma_pushed == 0 ? nullptr
+                         : reinterpret_cast<unsigned long long*>(dma_pushed) + fifo % int(num_proxy_threads);
+}
+
 // Pushes the bytes [src_off, +len) to dst's [dst_off, +len) as counted Writes of at most `chunk`
 // bytes on `counter` (a zero-length one when len is 0 and min_writes is 1). Returns how many it
 // pushed, or -1 (error word filled). The caller fenced after everything the writes carry was stored.
+// `dma` (may be null): counts the pushed bytes for the copy kernel that will move them.
 UCCL_DEVICE int push_chunked_writes(const FifoLayout& f, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
                                     uint64_t chunk, int min_writes, uint32_t counter, uint64_t timeout_ns,
-                                    ErrorWord* err, const PushSite& site) {
+                                    ErrorWord* err, const PushSite& site, unsigned long long* dma) {
   int n = 0;
   for (uint64_t at = 0; at < len || n < min_writes; at += chunk) {
     const uint64_t part = len - at < chunk ? len - at : chunk;
     if (!fifo_push(f, protocol::make_counted_write(uint32_t(dst), src_off + at, dst_off + at, uint32_t(part), counter),
                    timeout_ns, err, site))
       return -1;
+    if (dma != nullptr && part > 0) atomicAdd(dma, (unsigned long long)part);
     ++n;
     if (at + part >= len) break;
   }

@@ -1,0 +1,133 @@
+// The copy kernel of the ipc transport's "kernel" engine (dma_ring.h): the stand-in for a NIC's DMA
+// engine when the LL proxy path runs between GPUs of one host.
+//
+// Launched on the caller's stream right after each proxy-path send kernel, so every Write that
+// kernel (and any earlier one) pushed is already counted in `pushed` (bytes per proxy thread). The
+// proxy threads turn those Writes into descriptors in their copy rings, one ring per thread; this
+// kernel runs blocks_per_ring blocks on each ring and returns once the ring's descriptors cover the
+// counted bytes:
+//   1. thread 0 of every block of the group waits (bounded, proxy status checked) for descriptor
+//      idx (seq == idx + 1, acquire) and reads {dst, src, len};
+//   2. each block copies its share of the bytes (16-byte units interleaved over the group's
+//      blocks) into the peer's region over NVLink;
+//   3. the block's stores are fenced system-wide and counted in finish[idx]; the group's last
+//      block for idx publishes, in ring order, done = idx + 1 to the ring header (st.release.sys),
+//      which the proxy acquires before it delivers the Write's immediate to the receiving proxy.
+// Ring positions persist across launches in DmaConsumer (device memory): the group's last block
+// to leave records where the next launch starts.
+//
+// NOTES: this kernel only moves bytes the proxy asked for, in the proxy's order; the command queue,
+// the proxies, the inbox hand-off and the receive counters are the same as with a NIC. What a NIC
+// would not cost: the SMs this kernel holds for the length of the copies (idle groups leave at once).
+#include "uccl_ep/device/arch.cuh"
+#include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/wait.cuh"
+#include "uccl_ep/dma_ring.h"
+#include "uccl_ep/fifo_device.cuh"
+#include "uccl_ep/kernel_abi.h"
+
+using namespace uccl_ep;
+using namespace uccl_ep::dev;
+
+namespace {
+
+// Per ring, device memory (LLProxyDmaParams::state), zero at start.
+struct DmaConsumer {
+  unsigned long long base_idx;    // first descriptor of the next launch
+  unsigned long long base_bytes;  // bytes of the descriptors before it
+  unsigned long long done;        // descriptors published as complete (mirror of the ring header's)
+  unsigned long long exited;      // blocks of this launch that left
+};
+
+UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
+  return *reinterpret_cast<const volatile unsigned long long*>(p);
+}
+
+// Copies [src, +len) to dst: this block's share of 16-byte units (block b of nb takes every nb-th
+// span of blockDim.x units), four loads in flight per thread; bytes when anything is unaligned.
+UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int b, int nb) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | len) & 15u) != 0) {
+    for (uint64_t i = uint64_t(b) * blockDim.x + threadIdx.x; i < len; i += uint64_t(nb) * blockDim.x) dst[i] = src[i];
+    return;
+  }
+  const uint64_t units = len / 16, stride = uint64_t(nb) * blockDim.x;
+  uint64_t u = uint64_t(b) * blockDim.x + threadIdx.x;
+  for (; u + 3 * stride < units; u += 4 * stride) {
+    Vec16 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = ld16(src + (u + k * stride) * 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) st16(dst + (u + k * stride) * 16, v[k]);
+  }
+  for (; u < units; u += stride) st16(dst + u * 16, ld16(src + u * 16));
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_CONSTANT LLProxyDmaParams p) {
+  __shared__ unsigned long long s_desc[3];
+  __shared__ int s_ok;
+  const int nb = int(p.blocks_per_ring);
+  const int g = int(blockIdx.x) / nb, b = int(blockIdx.x) % nb;
+  auto* st = reinterpret_cast<DmaConsumer*>(p.state) + g;
+  auto* ring = reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(p.rings)[g]);
+  auto* header = reinterpret_cast<DmaRingHeader*>(ring);
+  const auto* slots = reinterpret_cast<const DmaDesc*>(ring + sizeof(DmaRingHeader));
+  unsigned* finish = reinterpret_cast<unsigned*>(p.finish) + int64_t(g) * int64_t(kDmaRingCapacity);
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const auto* status = reinterpret_cast<const uint64_t*>(p.status);
+  // Stable during this launch: only the group's last block to leave moves them (below).
+  unsigned long long idx = ld_volatile_u64(&st->base_idx), bytes = ld_volatile_u64(&st->base_bytes);
+  // Final: the send kernels that add to it ran before us on this stream.
+  const unsigned long long target = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(p.pushed) + g);
+
+  while (bytes < target) {
+    const uint64_t slot = idx & (kDmaRingCapacity - 1);
+    if (threadIdx.x == 0) {
+      const DmaDesc* d = slots + slot;
+      // acquire (sys): pairs with the proxy's release of seq; dst, src and len are valid after it.
+      const int64_t got = wait_counter(reinterpret_cast<const int64_t*>(&d->seq), int64_t(idx + 1), status,
+                                       uint64_t(p.timeout_ns), err, kPhaseLLProxyCopy, int(p.rank), -1, g, nullptr);
+      s_ok = got >= 0;
+      if (got >= 0) {
+        s_desc[0] = *reinterpret_cast<const volatile unsigned long long*>(&d->dst);
+        s_desc[1] = *reinterpret_cast<const volatile unsigned long long*>(&d->src);
+        s_desc[2] = *reinterpret_cast<const volatile unsigned long long*>(&d->len);
+      }
+    }
+    __syncthreads();
+    if (!s_ok) return;  // error word filled; this launch's state is void (the Buffer is failed)
+    const uint64_t len = s_desc[2];
+    copy_share(reinterpret_cast<uint8_t*>(s_desc[0]), reinterpret_cast<const uint8_t*>(s_desc[1]), len, b, nb);
+    __syncthreads();  // every thread's stores issued (and ordered before thread 0's fence below)
+    if (threadIdx.x == 0) {
+      fence_system();  // this block's share is visible system-wide before it is counted
+      if (atomicAdd(finish + slot, 1u) + 1 == unsigned(nb)) {
+        finish[slot] = 0u;
+        // Ring order: the previous descriptor's last block publishes first (all blocks are resident).
+        const uint64_t start = clock_ns();
+        while (ld_volatile_u64(&st->done) != idx) {
+          if (clock_ns() - start > uint64_t(p.timeout_ns)) {
+            raise_error(err, kErrTimeout, kPhaseLLProxyCopy, int(p.rank), -1, g, clock_ns() - start);
+            break;
+          }
+        }
+        fence_system();  // every block's share (counted above) before the proxy can see done
+        st_release_sys(reinterpret_cast<uint64_t*>(&header->done), uint64_t(idx + 1));
+        *reinterpret_cast<volatile unsigned long long*>(&st->done) = idx + 1;
+      }
+    }
+    bytes += len;
+    ++idx;
+    __syncthreads();  // s_desc is rewritten by the next round
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&st->exited, 1ull) + 1 == (unsigned long long)nb) {  // every block of the group left
+      st->base_idx = idx;
+      st->base_bytes = bytes;
+      st->exited = 0;
+      __threadfence();
+    }
+  }
+}

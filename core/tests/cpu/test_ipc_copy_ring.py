@@ -1,0 +1,125 @@
+"""The `ipc` transport's "kernel" copy engine (ipc_copy="kernel", dma_ring.h) on CPU.
+
+The proxy threads queue one descriptor {dst, src, len, seq} per Write in a ring in host memory and
+deliver the Write's immediate only once the ring's `done` word covers it. On a GPU the consumer is
+the LL proxy path's copy kernel (ll_proxy_dma.cu); here a Python thread plays it over host regions,
+so the real transport code is checked: descriptor contents and order, nothing delivered before its
+copy, every byte and counter after it, torn writes (fault decorator), and the option's errors.
+
+The kernel itself runs only on a GPU: core/tests/gpu/test_cuda_ll_proxy.py.
+"""
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from test_proxy import make_group, stop_all
+from uccl_ep.errors import Timeout, Unsupported
+from uccl_ep.proxy import native
+
+pytestmark = pytest.mark.cpu
+
+C = native()
+
+
+class RingConsumer:
+    """Executes one proxy thread's copy ring in order, as the copy kernel does (dma_ring.h)."""
+
+    def __init__(self, ring: dict):
+        self.cap = ring["capacity"]
+        words = (ctypes.c_uint64 * (8 + 4 * self.cap)).from_address(ring["memory"])
+        self.words = np.ctypeslib.as_array(words)  # header (8 words), then 4 words per descriptor
+        self.next = int(self.words[0])
+        self.copied = []  # (dst, src, len) in ring order
+
+    def poll(self) -> int:
+        n = 0
+        while True:
+            slot = 8 + 4 * (self.next % self.cap)
+            dst, src, length, seq = (int(v) for v in self.words[slot:slot + 4])
+            if seq != self.next + 1:
+                return n
+            ctypes.memmove(dst, src, length)
+            self.copied.append((dst, src, length))
+            self.next += 1
+            self.words[0] = self.next  # done: every descriptor below it is copied
+            n += 1
+
+
+def _run(consumers, stop):
+    while not stop.is_set():
+        if not sum(c.poll() for c in consumers):
+            time.sleep(1e-4)
+
+
+def _push_pattern(ps, world, writes_per_pair, length):
+    """Counted writes from every rank to every other, then a fenced Atomic per (src, dst) on counter 0."""
+    rng = np.random.default_rng(7)
+    for p in ps:
+        p.region()[:65536] = rng.integers(0, 256, 65536, dtype=np.uint8)
+    expect = []
+    for src in range(world):
+        for dst in range(world):
+            if src == dst:
+                continue
+            for i in range(writes_per_pair):
+                off = 65536 + (src * writes_per_pair + i) * 512
+                ps[src].push(dst % ps[src].num_fifos, *C.encode_counted_write(dst, 1024 * i, off, length, 0), 5.0)
+                expect.append((src, dst, 1024 * i, off))
+            ps[src].push(dst % ps[src].num_fifos, *C.encode_atomic(dst, 0, writes_per_pair + 1, True), 5.0)
+    return expect
+
+
+@pytest.mark.parametrize("transport", ["ipc", "fault:ipc"])
+def test_writes_wait_for_their_copy_then_land_in_order(transport):
+    world, n, length = 3, 6, 400
+    ps = make_group(world, transport, ipc_copy="kernel")
+    stop = threading.Event()
+    try:
+        assert ps[0].transport_name.endswith("ipc:kernel")
+        consumers = [[RingConsumer(r) for r in p.copy_rings()] for p in ps]
+        expect = _push_pattern(ps, world, n, length)
+        # no consumer yet: the descriptors are queued, nothing is delivered
+        time.sleep(0.05)
+        assert all(int(ps[1].counter(src, 0)) == 0 for src in (0, 2))
+        with pytest.raises(Timeout):
+            ps[1].wait_counter(0, 0, n + 1, 0.2, "test")
+        threads = [threading.Thread(target=_run, args=(cs, stop), daemon=True) for cs in consumers]
+        for t in threads:
+            t.start()
+        for src, dst, soff, doff in expect:
+            assert ps[dst].wait_counter(src, 0, n + 1, 10.0, "test") == n + 1
+            want = ps[src].region()[soff:soff + length]
+            assert np.array_equal(ps[dst].region()[doff:doff + length], want), (src, dst, soff)
+        # every Write became descriptors covering exactly its bytes (torn ones: several, in order)
+        for src in range(world):
+            copied = [c for cons in consumers[src] for c in cons.copied]
+            assert sum(length for _, _, length in copied) == (world - 1) * n * length
+            if transport == "ipc":
+                assert len(copied) == (world - 1) * n
+        counters = ps[0].transport_counters()
+        assert counters["ipc_kernel_copies"] >= (world - 1) * n
+    finally:
+        stop.set()
+        stop_all(ps)
+
+
+def test_only_ipc_endpoints_have_rings():
+    ps = make_group(2, "ipc")
+    try:
+        assert ps[0].transport_name.endswith("ipc:host") and ps[0].copy_rings() == [None, None]
+    finally:
+        stop_all(ps)
+    ps = make_group(2, "loop", ipc_copy="kernel")  # the option concerns ipc only
+    try:
+        assert ps[0].copy_rings() == [None, None]
+    finally:
+        stop_all(ps)
+
+
+def test_unknown_copy_engine_is_refused():
+    with pytest.raises(Unsupported, match="unknown copy engine 'dma'"):
+        make_group(2, "ipc", ipc_copy="dma")
