@@ -193,16 +193,16 @@ class KernelEngine final : public CopyEngine {
  public:
   explicit KernelEngine(int num_peers) : peers_(size_t(num_peers)) {
     void* mem = nullptr;
-    if (posix_memalign(&mem, 4096, dma_ring_bytes()) != 0 || mem == nullptr)
-      throw TransportError("ipc: cannot allocate the copy ring (" + std::to_string(dma_ring_bytes()) + " bytes)");
-    memset(mem, 0, dma_ring_bytes());
+    if (posix_memalign(&mem, kPage, bytes_) != 0 || mem == nullptr)
+      throw TransportError("ipc: cannot allocate the copy ring (" + std::to_string(bytes_) + " bytes)");
+    memset(mem, 0, bytes_);
     ring_ = static_cast<uint8_t*>(mem);
   }
   ~KernelEngine() override { free(ring_); }
 
   const char* kind() const override { return "kernel"; }
   std::vector<uint64_t> ring() const override {
-    return {reinterpret_cast<uint64_t>(ring_), dma_ring_bytes(), kDmaRingCapacity};
+    return {reinterpret_cast<uint64_t>(ring_), bytes_, kDmaRingCapacity};
   }
 
   bool submit(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string* error) override {
@@ -242,6 +242,11 @@ class KernelEngine final : public CopyEngine {
     // descriptor below it are in the receiver's memory before we deliver the immediates.
     return __atomic_load_n(&reinterpret_cast<DmaRingHeader*>(ring_)->done, __ATOMIC_ACQUIRE);
   }
+  // NOTES: whole pages: the GPU runtime registers the ring's pages with the driver, and a page
+  // shared with other heap objects would leave them partly registered (a later cudaMemcpy into such
+  // a pageable buffer fails with "invalid argument"; seen on 2 x H200).
+  static constexpr uint64_t kPage = 4096;
+  const uint64_t bytes_ = (dma_ring_bytes() + kPage - 1) / kPage * kPage;
   uint8_t* ring_ = nullptr;
   uint64_t head_ = 0;  // next descriptor index
   std::vector<PeerCopies> peers_;

@@ -215,7 +215,9 @@ def test_copy_rings_are_registered_and_tabled(engine):
     for r, dev in zip(rings, table):
         assert any(b <= r["memory"] and r["memory"] + r["memory_bytes"] <= b + n for b, n in drv.registered)
         assert dev == r["memory"] + DEV and r["capacity"] == 8192
-        assert r["memory_bytes"] == 64 + 32 * r["capacity"]  # dma_ring.h: header + descriptors
+        # dma_ring.h: header + descriptors, in whole pages of their own (the runtime registers them)
+        assert r["memory"] % 4096 == 0 and r["memory_bytes"] % 4096 == 0
+        assert r["memory_bytes"] >= 64 + 32 * r["capacity"]
 
 
 @pytest.mark.filterwarnings("ignore:.*CUDA_MODULE_LOADING:RuntimeWarning")
