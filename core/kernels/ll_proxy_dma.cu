@@ -37,7 +37,13 @@ struct DmaConsumer {
   unsigned long long base_bytes;  // bytes of the descriptors before it
   unsigned long long done;        // descriptors published as complete (mirror of the ring header's)
   unsigned long long exited;      // blocks of this launch that left
+  // diagnostics, summed over launches (read by the host between ops: ProxyLowLatencyEngine)
+  unsigned long long wait_ns;     // block 0 waiting for descriptors (the proxy posting them)
+  unsigned long long copy_ns;     // descriptor seen -> completion published (its last block's view)
+  unsigned long long descs;       // descriptors completed
+  unsigned long long pad;
 };
+static_assert(sizeof(DmaConsumer) == 64, "proxy_path.py _DMA_CONSUMER_BYTES");
 
 UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
@@ -67,6 +73,7 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_CONSTANT LLProxyDmaParams p) {
   __shared__ unsigned long long s_desc[3];
   __shared__ int s_ok;
+  __shared__ uint64_t s_t;  // thread 0: when this round started waiting / saw its descriptor
   const int nb = int(p.blocks_per_ring);
   const int g = int(blockIdx.x) / nb, b = int(blockIdx.x) % nb;
   auto* st = reinterpret_cast<DmaConsumer*>(p.state) + g;
@@ -85,10 +92,14 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
     const uint64_t slot = idx & (kDmaRingCapacity - 1);
     if (threadIdx.x == 0) {
       const DmaDesc* d = slots + slot;
+      s_t = clock_ns();
       // acquire (sys): pairs with the proxy's release of seq; dst, src and len are valid after it.
       const int64_t got = wait_counter(reinterpret_cast<const int64_t*>(&d->seq), int64_t(idx + 1), status,
                                        uint64_t(p.timeout_ns), err, kPhaseLLProxyCopy, int(p.rank), -1, g, nullptr);
       s_ok = got >= 0;
+      const uint64_t seen = clock_ns();
+      if (b == 0) atomicAdd(&st->wait_ns, (unsigned long long)(seen - s_t));
+      s_t = seen;
       if (got >= 0) {
         s_desc[0] = *reinterpret_cast<const volatile unsigned long long*>(&d->dst);
         s_desc[1] = *reinterpret_cast<const volatile unsigned long long*>(&d->src);
@@ -115,6 +126,8 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
         fence_system();  // every block's share (counted above) before the proxy can see done
         st_release_sys(reinterpret_cast<uint64_t*>(&header->done), uint64_t(idx + 1));
         *reinterpret_cast<volatile unsigned long long*>(&st->done) = idx + 1;
+        atomicAdd(&st->copy_ns, (unsigned long long)(clock_ns() - s_t));
+        atomicAdd(&st->descs, 1ull);
       }
     }
     bytes += len;

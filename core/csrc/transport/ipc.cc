@@ -49,7 +49,7 @@ struct Record {
   uint64_t remote_off;  // where the bytes landed in the receiver's region
   uint64_t len;
   uint64_t meta;        // [0,32) imm  [32,48) source rank  [48] has_imm  [63] commit (lap parity)
-  uint64_t reserved;
+  uint64_t appended_ns; // sender's steady clock at append (one clock per host): inbox latency diagnostics
 };
 static_assert(sizeof(Record) == 32, "ipc record must stay 32 bytes");
 
@@ -280,6 +280,10 @@ class IpcTransport final : public Transport {
     // and the record in the receiver's inbox), summed over writes; divide by the delivered count.
     out.push_back({"ipc_submit_ns", submit_ns_.load(std::memory_order_relaxed)});
     out.push_back({"ipc_post_to_deliver_ns", deliver_ns_.load(std::memory_order_relaxed)});
+    // Diagnostics: records taken from our inbox and their summed time there (sender's append to our
+    // read: the hand-off between the two proxies).
+    out.push_back({"ipc_received", received_.load(std::memory_order_relaxed)});
+    out.push_back({"ipc_inbox_ns", inbox_ns_.load(std::memory_order_relaxed)});
     // Diagnostics: per destination rank, writes posted and writes delivered (copy completed and
     // its record appended to the receiver's inbox); a gap that stays says which copies stall.
     for (size_t r = 0; r < peers_.size() && posted_to_ != nullptr; ++r) {
@@ -330,6 +334,7 @@ class IpcTransport final : public Transport {
     Record& rec = p.inbox.ring[idx & (kInboxCapacity - 1)];
     rec.remote_off = op.remote_off;
     rec.len = op.len;
+    rec.appended_ns = uint64_t(now_ns());
     const uint64_t meta = uint64_t(op.imm) | (uint64_t(uint16_t(opt_.rank)) << 32) |
                           (uint64_t(op.has_imm ? 1 : 0) << 48) | (commit_of(idx) << 63);
     // release: the record fields -- and, transitively, the completed copy we acquired from the
@@ -384,6 +389,9 @@ class IpcTransport final : public Transport {
       if ((meta >> 63) != commit_of(consumed_)) break;
       const int src = int((meta >> 32) & 0xFFFF);
       const uint64_t roff = rec.remote_off, len = rec.len;
+      const int64_t waited = now_ns() - int64_t(rec.appended_ns);
+      if (waited > 0) inbox_ns_.fetch_add(uint64_t(waited), std::memory_order_relaxed);
+      received_.fetch_add(1, std::memory_order_relaxed);
       ++consumed_;
       // release: we are done with the record; a sender may reuse it.
       __atomic_store_n(&mine_.hdr->tail, consumed_, __ATOMIC_RELEASE);
@@ -419,7 +427,7 @@ class IpcTransport final : public Transport {
   std::thread::id bound_;
   std::atomic<uint64_t> copies_{0}, copy_bytes_{0}, inbox_full_{0};
   std::unique_ptr<std::atomic<uint64_t>[]> posted_to_, delivered_to_;  // per destination rank
-  std::atomic<uint64_t> submit_ns_{0}, deliver_ns_{0};
+  std::atomic<uint64_t> submit_ns_{0}, deliver_ns_{0}, received_{0}, inbox_ns_{0};
   std::unique_ptr<ipc::CopyEngine> engine_;  // last: destroyed first (see the destructor)
 };
 

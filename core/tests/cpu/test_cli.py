@@ -65,16 +65,27 @@ def test_help_lists_subcommands():
 
 
 def test_bench_proxy_hop_fields():
-    """The proxy columns: writes per op and mean post->delivery time between two ipc snapshots."""
+    """The proxy columns: writes per op, mean post->delivery time, submit time, inbox time, and the
+    copy kernel's wait and copy time per descriptor, between two ipc snapshots."""
     from uccl_ep.bench.ep import _proxy_fields, _proxy_snapshot
     counters = {"ipc_post_to_deliver_ns": 5_000_000, "ipc_delivered_to_0": 300, "ipc_delivered_to_1": 700,
-                "ipc_copy_bytes": 1, "ipc_submit_ns": 900_000, "ipc_cuda_copies": 600}
-    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000, 900_000, 600)
+                "ipc_copy_bytes": 1, "ipc_submit_ns": 900_000, "ipc_cuda_copies": 600, "ipc_inbox_ns": 70_000,
+                "ipc_received": 50}
+    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0)
     assert _proxy_snapshot(lambda: {"loop_writes": 3}) is None     # not an ipc transport
     assert _proxy_snapshot(None) is None
-    f = _proxy_fields((1_000_000, 200, 100_000, 200), (5_000_000, 1000, 900_000, 600), 4)
-    assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0, "proxy_submit_us": 2.0}
-    assert _proxy_fields((1, 5, 0, 0), (1, 5, 0, 0), 4) == {}       # nothing delivered: no columns
+    f = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 0),
+                      (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0), 4)
+    assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0, "proxy_submit_us": 2.0, "proxy_inbox_us": 1.5}
+    # ipc "kernel" copies: the copy kernel's summed wait and copy ns over the descriptors it did
+    k = dict(counters, ipc_kernel_copies=600, copy_kernel_wait_ns=4_000_000, copy_kernel_copy_ns=1_000_000,
+             copy_kernel_descs=100)
+    del k["ipc_cuda_copies"]
+    after = _proxy_snapshot(lambda: k)
+    g = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 20), after, 4)
+    assert (g["copy_wait_us"], g["copy_us"]) == (50.0, 12.5)
+    empty = (1, 5, 0, 0, 0, 0, 0, 0, 0)
+    assert _proxy_fields(empty, empty, 4) == {}       # nothing delivered: no columns
     assert _proxy_fields(None, (1, 5), 4) == {}
 
 

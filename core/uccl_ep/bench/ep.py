@@ -180,20 +180,28 @@ def _proxy_snapshot(counters_fn):
         return None
     copies = sum(int(v) for k, v in c.items() if k.startswith("ipc_") and k.endswith("_copies"))
     return (int(c["ipc_post_to_deliver_ns"]), sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_")),
-            int(c.get("ipc_submit_ns", 0)), copies)
+            int(c.get("ipc_submit_ns", 0)), copies, int(c.get("ipc_inbox_ns", 0)), int(c.get("ipc_received", 0)),
+            int(c.get("copy_kernel_wait_ns", 0)), int(c.get("copy_kernel_copy_ns", 0)),
+            int(c.get("copy_kernel_descs", 0)))
 
 
 def _proxy_fields(before, after, calls: int) -> dict:
     """Proxy writes per op, their mean post->delivery time (copy done, record in the receiver's
-    inbox) and the mean time the proxy thread spent inside one copy submission (the CUDA driver
-    call on the ipc stand-in: large values mean it waited on another thread), between two
-    snapshots: where the proxy path's time goes, per hop."""
+    inbox), the mean time the proxy thread spent inside one copy submission (the CUDA driver
+    call on the ipc stand-in: large values mean it waited on another thread), the mean time a
+    record waited in the receiver's inbox, and with ipc "kernel" copies the copy kernel's mean wait
+    for a descriptor and its copy time, between two snapshots: where the proxy path's time goes."""
     if before is None or after is None or calls <= 0 or after[1] <= before[1]:
         return {}
     n = after[1] - before[1]
     out = {"proxy_writes": n / calls, "proxy_hop_us": (after[0] - before[0]) / n / 1e3}
     if after[3] > before[3]:
         out["proxy_submit_us"] = (after[2] - before[2]) / (after[3] - before[3]) / 1e3
+    if after[5] > before[5]:  # records the receiving proxies took from their inboxes
+        out["proxy_inbox_us"] = (after[4] - before[4]) / (after[5] - before[5]) / 1e3
+    if after[8] > before[8]:  # ipc "kernel" copies: per descriptor, waiting for it, then copying it
+        out["copy_wait_us"] = (after[6] - before[6]) / (after[8] - before[8]) / 1e3
+        out["copy_us"] = (after[7] - before[7]) / (after[8] - before[8]) / 1e3
     return out
 
 
@@ -295,7 +303,8 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
         per_dest[r] = int(((topk_idx >= 0) & (topk_idx.div(per_rank, rounding_mode="floor") == r)).sum())
     progress("ll: timing dispatch fp8")
     ll_proxy = getattr(getattr(buf._executor, "_ll", None), "proxy", None) if spec.ll_proxy else None
-    counters = getattr(ll_proxy, "transport_counters", None)
+    ll_eng = getattr(buf._executor, "_ll", None) if spec.ll_proxy else None
+    counters = getattr(ll_eng, "transport_counters", None) or getattr(ll_proxy, "transport_counters", None)
     t_disp, hop_disp = _timed_with_proxy(lambda: buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True), spec,
                                          device, group, counters)
     base_disp = _a2a_baseline(group, per_dest, H * 2, device, spec)

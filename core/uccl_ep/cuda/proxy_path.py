@@ -57,7 +57,7 @@ _FIFOS_PER_THREAD = 2
 # The copy kernel (ll_proxy_dma.cu): blocks per proxy thread's ring, threads per block, and the size
 # of its per-ring DmaConsumer state. NOTES: 8 blocks move ~350 GB/s (one SM copies ~45-50 GB/s,
 # docs/benchmarks.md), about what NVLink takes one way; rings without work cost a launch only.
-_DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES = 8, 512, 32
+_DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES = 8, 512, 64
 
 
 def counter_base(s: int, phase: int) -> int:
@@ -271,7 +271,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
 
     def _map_copy_rings(self) -> None:
         """Map every proxy thread's copy ring for the device and lay out the copy kernel's state:
-        ring table u64[n] | pushed bytes u64[n] | DmaConsumer [n] (32 B) | finish u32[n][capacity]."""
+        ring table u64[n] | pushed bytes u64[n] | DmaConsumer [n] (64 B) | finish u32[n][capacity]."""
         rings = self.proxy.copy_rings()
         if len(rings) != self.num_proxy_threads or any(r is None for r in rings):
             raise RuntimeError(f"rank {self.rank}: the ipc transport did not create its copy rings "
@@ -287,6 +287,21 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
             finish=base + 16 * n + _DMA_CONSUMER_BYTES * n, status=self.status_dev, error=self.ex.error_dev_ptr,
             num_rings=n, blocks_per_ring=_DMA_BLOCKS_PER_RING, rank=self.rank, timeout_ns=self.ex.timeout_ns)
+
+    def transport_counters(self) -> dict:
+        """The proxy's transport counters and, with the copy kernel, its summed diagnostics
+        (``copy_kernel_wait_ns``: waiting for the proxy's descriptors; ``copy_kernel_copy_ns``:
+        descriptor seen to completion published; ``copy_kernel_descs``). Reads device memory:
+        call between ops (the bench does)."""
+        out = dict(self.proxy.transport_counters())
+        if self.copy_kernel:
+            n = self.num_proxy_threads
+            raw = self.drv.memcpy_dtoh(self.dev, self.dma_mem.ptr + 16 * n, _DMA_CONSUMER_BYTES * n)
+            words = struct.unpack(f"<{_DMA_CONSUMER_BYTES // 8 * n}Q", raw)
+            per = _DMA_CONSUMER_BYTES // 8
+            for i, key in ((4, "wait_ns"), (5, "copy_ns"), (6, "descs")):
+                out[f"copy_kernel_{key}"] = sum(words[r * per + i] for r in range(n))
+        return out
 
     def _launch_copies(self) -> None:
         """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel."""
