@@ -21,12 +21,16 @@ Counters per source: one per (set, phase), (2 * set + phase) * 1024; each op add
 (ProxyLayout.signal_total) from every unmasked source: a few counted Writes per (op, peer), then a
 fenced Atomic and a padding Atomic.
 
+Between GPUs of one host the ipc transport's copies are made by ll_proxy_dma.cu from the proxy
+threads' descriptor rings (UCCL_EP_IPC_COPY=kernel, dma_ring.h): launched after each send kernel,
+it moves the bytes of every Write pushed so far (the send kernels count them per proxy thread, in
+``dma_pushed``); the proxy threads make no CUDA call. With UCCL_EP_IPC_COPY=cuda the proxy threads
+copy through the driver instead and CUDA_MODULE_LOADING=EAGER is needed (warn_lazy_module_loading).
+
 Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU; on 2 x H200
-the packed kernels pass the LL option, mask/clean, graph and timeout tests and run 313 µs dispatch,
-985 µs combine at 128 tokens (the first version, a Write per (peer, expert): 1.3 ms / 4.9 ms;
-docs/benchmarks.md). The remaining time is the ipc stand-in's CUDA copies (each submit can wait in
-the driver), not the command count. With ipc it needs CUDA_MODULE_LOADING=EAGER
-(warn_lazy_module_loading); between hosts the transport is ipc+fabric (gpu_transport.py).
+every LL option, mask/clean, graph, timeout and traffic test passes with either copy engine; D+C
+(CUDA graph, 128 tokens) 428-432 µs with the copy kernel, 2,056 µs with the driver's copies
+(docs/benchmarks.md). Between hosts the transport is ipc+fabric (gpu_transport.py), driver copies.
 """
 
 from __future__ import annotations
