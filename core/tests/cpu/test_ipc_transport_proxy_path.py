@@ -233,11 +233,31 @@ def test_cuda_copies_have_no_rings_and_no_copy_kernel(engine):
     assert _unpack("LLProxyDispatchParams", engine.launches[-1][3])["dma_pushed"] == 0
 
 
+class _StopSpy:
+    """The proxy, with its stop() noted in a log (to see what was released before it)."""
+
+    def __init__(self, proxy, log):
+        self._proxy, self._log = proxy, log
+
+    def stop(self):
+        self._log.append("stop")
+        self._proxy.stop()
+
+    def __getattr__(self, name):
+        return getattr(self._proxy, name)
+
+
 def test_close_unregisters_everything(engine):
     eng, drv = engine.eng, engine.ex.drv
     bases = [b for b, _ in drv.registered]
+    rings = [r["memory"] for r in engine.proxy.copy_rings()]
+    eng.proxy = _StopSpy(eng.proxy, drv.unregistered)
     eng.close()
+    stopped = drv.unregistered.index("stop")
+    drv.unregistered.remove("stop")
     assert sorted(drv.unregistered) == sorted(bases) and eng.proxy is None
+    # the copy rings (freed with their endpoints when the proxy stops) are unregistered before it
+    assert len(rings) == 2 and sorted(drv.unregistered[:stopped]) == sorted(rings)
     eng.close()  # idempotent
 
 

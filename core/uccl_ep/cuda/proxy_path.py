@@ -283,6 +283,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                                f"({self.proxy.transport_name})")
         n, cap = len(rings), rings[0]["capacity"]
         table = struct.pack(f"<{n}Q", *[self._register(r["memory"], r["memory"] + r["memory_bytes"]) for r in rings])
+        self._ring_bases = self._registered[-n:]
         self.dma_mem = DeviceMemory(self.dev, 8 * n + 8 * n + _DMA_CONSUMER_BYTES * n + 4 * n * cap)
         self.drv.memset_d8(self.dev, self.dma_mem.ptr, 0, self.dma_mem.nbytes, 0)
         self.drv.memcpy_htod(self.dev, self.dma_mem.ptr, table)
@@ -331,9 +332,16 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             torch.cuda.synchronize(self.dev)
         except RuntimeError:  # a failed context: still stop the proxy and release what we can
             pass
+        # NOTES: the copy rings go with their transport endpoints when the proxy stops (the ipc
+        # transport drops its copy engine at shutdown), so their pages are unregistered first; the
+        # FIFOs and counters live as long as the proxy object.
+        rings = getattr(self, "_ring_bases", [])
+        for base in rings:
+            self.drv.host_unregister(self.dev, base)
         proxy.stop()
         for base in self._registered:
-            self.drv.host_unregister(self.dev, base)
+            if base not in rings:
+                self.drv.host_unregister(self.dev, base)
         self._registered.clear()
         for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.work,
                   getattr(self, "dma_mem", None)):
