@@ -271,7 +271,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         addr, nbytes = C.proxy_counters_address(p)
         self.counters_dev = self._register(addr, addr + nbytes)
         self.num_proxy_threads = nf // _FIFOS_PER_THREAD
-        if self.copy_kernel:
+        # NOTES: ht_internode.ProxyNormalEngine reuses this method; its proxy copies through the driver.
+        if getattr(self, "copy_kernel", False):
             self._map_copy_rings()
 
     def _map_copy_rings(self) -> None:
