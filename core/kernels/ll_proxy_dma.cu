@@ -130,6 +130,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
           }
         }
         fence_system();  // every block's share (counted above) before the proxy can see done
+        header->done_ns = clock_ns();  // diagnostics (dma_ring.h); ordered before done by the release
         st_release_sys(reinterpret_cast<uint64_t*>(&header->done), uint64_t(idx + 1));
         *reinterpret_cast<volatile unsigned long long*>(&st->done) = idx + 1;
         atomicAdd(&st->copy_ns, (unsigned long long)(clock_ns() - s_t));

@@ -284,6 +284,8 @@ class IpcTransport final : public Transport {
     // read: the hand-off between the two proxies).
     out.push_back({"ipc_received", received_.load(std::memory_order_relaxed)});
     out.push_back({"ipc_inbox_ns", inbox_ns_.load(std::memory_order_relaxed)});
+    if (engine_ != nullptr)
+      for (auto& kv : engine_->counters()) out.push_back(std::move(kv));
     // Diagnostics: per destination rank, writes posted and writes delivered (copy completed and
     // its record appended to the receiver's inbox); a gap that stays says which copies stall.
     for (size_t r = 0; r < peers_.size() && posted_to_ != nullptr; ++r) {

@@ -25,6 +25,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace uccl_ep {
@@ -46,6 +47,8 @@ class CopyEngine {
   virtual void bind_thread() {}
   // The "kernel" engine: {host address, bytes, capacity} of its copy ring (dma_ring.h); else empty.
   virtual std::vector<uint64_t> ring() const { return {}; }
+  // Named diagnostics (safe from any thread).
+  virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
 
 // memcpy on one worker thread (host regions).

@@ -4,6 +4,7 @@
 // table of peers' device memory opened through CUDA IPC handles.
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -224,6 +225,10 @@ class KernelEngine final : public CopyEngine {
   int64_t completed(int peer, std::string*) override {
     PeerCopies& q = peers_[size_t(peer)];
     const uint64_t done_now = done();
+    if (done_now != seen_done_) {
+      seen_done_ = done_now;
+      note_publish_delay();
+    }
     while (!q.indices.empty() && q.indices.front() < done_now) {
       q.indices.pop_front();
       ++q.completed;
@@ -236,7 +241,28 @@ class KernelEngine final : public CopyEngine {
     std::deque<uint64_t> indices;  // ring indices of copies not yet seen complete, in order
     int64_t completed = 0;
   };
+  std::vector<std::pair<std::string, uint64_t>> counters() const override {
+    return {{"ipc_ring_done_seen", seen_.load(std::memory_order_relaxed)},
+            {"ipc_ring_done_seen_ns", seen_ns_.load(std::memory_order_relaxed)},
+            {"ipc_ring_clock_mismatch", mismatch_.load(std::memory_order_relaxed)}};
+  }
+
   DmaDesc* slots() { return reinterpret_cast<DmaDesc*>(ring_ + sizeof(DmaRingHeader)); }
+  // Diagnostics: how long after the consumer published `done` (its done_ns) this thread saw it, by
+  // CLOCK_REALTIME. NOTES: a GPU's %globaltimer follows the host's real-time clock closely but is not
+  // guaranteed to; a delay outside [0, 1 s) is counted as a clock mismatch instead of summed.
+  void note_publish_delay() {
+    const uint64_t stamp = __atomic_load_n(&reinterpret_cast<DmaRingHeader*>(ring_)->done_ns, __ATOMIC_RELAXED);
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const int64_t delay = int64_t(ts.tv_sec) * 1000000000ll + ts.tv_nsec - int64_t(stamp);
+    if (stamp != 0 && delay >= 0 && delay < 1000000000ll) {
+      seen_ns_.fetch_add(uint64_t(delay), std::memory_order_relaxed);
+      seen_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      mismatch_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   uint64_t done() const {
     // acquire: pairs with the consumer's release of done (after its copies): the bytes of every
     // descriptor below it are in the receiver's memory before we deliver the immediates.
@@ -248,8 +274,10 @@ class KernelEngine final : public CopyEngine {
   static constexpr uint64_t kPage = 4096;
   const uint64_t bytes_ = (dma_ring_bytes() + kPage - 1) / kPage * kPage;
   uint8_t* ring_ = nullptr;
-  uint64_t head_ = 0;  // next descriptor index
+  uint64_t head_ = 0;       // next descriptor index
+  uint64_t seen_done_ = 0;  // last done value this thread read
   std::vector<PeerCopies> peers_;
+  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0};
 };
 
 // ---- peers' device memory, opened once per process -------------------------------------------------

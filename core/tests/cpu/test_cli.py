@@ -71,20 +71,20 @@ def test_bench_proxy_hop_fields():
     counters = {"ipc_post_to_deliver_ns": 5_000_000, "ipc_delivered_to_0": 300, "ipc_delivered_to_1": 700,
                 "ipc_copy_bytes": 1, "ipc_submit_ns": 900_000, "ipc_cuda_copies": 600, "ipc_inbox_ns": 70_000,
                 "ipc_received": 50}
-    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0)
+    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0, 0, 0)
     assert _proxy_snapshot(lambda: {"loop_writes": 3}) is None     # not an ipc transport
     assert _proxy_snapshot(None) is None
-    f = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 0),
-                      (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0), 4)
+    f = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 0, 0, 0),
+                      (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0, 0, 0), 4)
     assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0, "proxy_submit_us": 2.0, "proxy_inbox_us": 1.5}
     # ipc "kernel" copies: the copy kernel's summed wait and copy ns over the descriptors it did
     k = dict(counters, ipc_kernel_copies=600, copy_kernel_wait_ns=4_000_000, copy_kernel_copy_ns=1_000_000,
-             copy_kernel_descs=100)
+             copy_kernel_descs=100, ipc_ring_done_seen_ns=600_000, ipc_ring_done_seen=100)
     del k["ipc_cuda_copies"]
     after = _proxy_snapshot(lambda: k)
-    g = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 20), after, 4)
-    assert (g["copy_wait_us"], g["copy_us"]) == (50.0, 12.5)
-    empty = (1, 5, 0, 0, 0, 0, 0, 0, 0)
+    g = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 20, 200_000, 20), after, 4)
+    assert (g["copy_wait_us"], g["copy_us"], g["done_seen_us"]) == (50.0, 12.5, 5.0)
+    empty = (1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     assert _proxy_fields(empty, empty, 4) == {}       # nothing delivered: no columns
     assert _proxy_fields(None, (1, 5), 4) == {}
 

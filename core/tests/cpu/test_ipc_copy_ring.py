@@ -45,6 +45,7 @@ class RingConsumer:
             ctypes.memmove(dst, src, length)
             self.copied.append((dst, src, length))
             self.next += 1
+            self.words[1] = time.time_ns()  # done_ns (diagnostics), as the kernel's %globaltimer
             self.words[0] = self.next  # done: every descriptor below it is copied
             n += 1
 
@@ -102,6 +103,9 @@ def test_writes_wait_for_their_copy_then_land_in_order(transport):
                 assert len(copied) == (world - 1) * n
         counters = ps[0].transport_counters()
         assert counters["ipc_kernel_copies"] >= (world - 1) * n
+        # the proxy saw `done` move and timed it against the consumer's stamp (same clock here)
+        assert counters["ipc_ring_done_seen"] >= 1 and counters["ipc_ring_clock_mismatch"] == 0
+        assert counters["ipc_ring_done_seen_ns"] < 10**9 * counters["ipc_ring_done_seen"]
     finally:
         stop.set()
         stop_all(ps)

@@ -182,7 +182,8 @@ def _proxy_snapshot(counters_fn):
     return (int(c["ipc_post_to_deliver_ns"]), sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_")),
             int(c.get("ipc_submit_ns", 0)), copies, int(c.get("ipc_inbox_ns", 0)), int(c.get("ipc_received", 0)),
             int(c.get("copy_kernel_wait_ns", 0)), int(c.get("copy_kernel_copy_ns", 0)),
-            int(c.get("copy_kernel_descs", 0)))
+            int(c.get("copy_kernel_descs", 0)), int(c.get("ipc_ring_done_seen_ns", 0)),
+            int(c.get("ipc_ring_done_seen", 0)))
 
 
 def _proxy_fields(before, after, calls: int) -> dict:
@@ -190,7 +191,8 @@ def _proxy_fields(before, after, calls: int) -> dict:
     inbox), the mean time the proxy thread spent inside one copy submission (the CUDA driver
     call on the ipc stand-in: large values mean it waited on another thread), the mean time a
     record waited in the receiver's inbox, and with ipc "kernel" copies the copy kernel's mean wait
-    for a descriptor and its copy time, between two snapshots: where the proxy path's time goes."""
+    for a descriptor, its copy time and how late the proxy saw its `done`, between two snapshots:
+    where the proxy path's time goes."""
     if before is None or after is None or calls <= 0 or after[1] <= before[1]:
         return {}
     n = after[1] - before[1]
@@ -202,6 +204,8 @@ def _proxy_fields(before, after, calls: int) -> dict:
     if after[8] > before[8]:  # ipc "kernel" copies: per descriptor, waiting for it, then copying it
         out["copy_wait_us"] = (after[6] - before[6]) / (after[8] - before[8]) / 1e3
         out["copy_us"] = (after[7] - before[7]) / (after[8] - before[8]) / 1e3
+    if len(after) > 10 and after[10] > before[10]:  # the proxy seeing a copy kernel's `done` (GPU -> host clock)
+        out["done_seen_us"] = (after[9] - before[9]) / (after[10] - before[10]) / 1e3
     return out
 
 

@@ -9,7 +9,7 @@
 //
 //   header.done     descriptors complete (every index < done): written by the consumer with
 //                   release (the GPU: st.release.sys after its copies), read by the proxy with
-//                   acquire before it delivers immediates.
+//                   acquire before it delivers immediates. header.done_ns (diagnostics): when.
 //   slots[capacity] descriptors; the proxy fills dst, src, len, then release-stores seq = index + 1
 //                   (so a stale slot of the previous lap never matches); the consumer acquire-loads
 //                   seq before reading the rest.
@@ -38,8 +38,10 @@ struct DmaDesc {
 static_assert(sizeof(DmaDesc) == 32, "DmaDesc is part of the host/device ABI");
 
 struct DmaRingHeader {
-  uint64_t done;  // descriptors complete
-  uint64_t pad[7];
+  uint64_t done;     // descriptors complete
+  uint64_t done_ns;  // diagnostics: the consumer's clock when it last published done (GPU: %globaltimer,
+                     // which the driver keeps near the host's CLOCK_REALTIME); written before done
+  uint64_t pad[6];
 };
 static_assert(sizeof(DmaRingHeader) == 64, "DmaRingHeader is part of the host/device ABI");
 
