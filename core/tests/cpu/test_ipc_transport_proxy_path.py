@@ -261,6 +261,21 @@ def test_close_unregisters_everything(engine):
     eng.close()  # idempotent
 
 
+def test_copy_kernel_timeout_names_the_proxy_thread():
+    """A copy kernel that waited for its own proxy's descriptors raises Timeout naming this rank's
+    proxy thread, not a peer (the device error word: code 1, phase 11, peer -1, expert = ring)."""
+    from uccl_ep.cuda.executor import CudaExecutor
+    from uccl_ep.errors import Timeout
+    words = [1, 11, 3, -1, 2, 1_500_000]
+    errors = SimpleNamespace(int32=lambda i: words[i], int32_array=lambda i, n: words[i:i + n])
+    ex = SimpleNamespace(_failure=None, errors=errors, _ht=None, _ll=None, device=0)
+    with pytest.raises(Timeout, match="copy ring of proxy thread 2") as info:
+        CudaExecutor.check_error(ex)
+    assert "ll_proxy_copy" in str(info.value) and "rank 3" in str(info.value) and "CPU proxy" in str(info.value)
+    with pytest.raises(Timeout):  # sticky
+        CudaExecutor.check_error(ex)
+
+
 @pytest.mark.parametrize("T", [3, 8, 64, 128, 256])
 @pytest.mark.parametrize("H", [128, 512, 2048, 7168])
 def test_layout_fits_deepep_size_hint(T, H):

@@ -140,7 +140,13 @@ class CudaExecutor(Executor):
             torch.cuda.synchronize(self.device)
             code, phase, rank, peer, expert, waited_us = self.errors.int32_array(0, 6)
         what = _PHASES.get(phase, f"phase {phase}")
-        if code == 1:
+        if code == 1 and what == "ll_proxy_copy":  # the copy kernel waited on its own proxy, not a peer
+            self._failure = Timeout(rank, rank, what, waited_us / 1e6,
+                                    outstanding=f"copy ring of proxy thread {expert}",
+                                    hint="this rank's CPU proxy did not queue the copies of the Writes it was "
+                                         "given (starved of CPU, or stopped); the buffer is unusable now "
+                                         "(destroy it and build a new one)")
+        elif code == 1:
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
                                          "unusable now (destroy it and build a new one)")
