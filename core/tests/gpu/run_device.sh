@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy internode variants scale sweep tune
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode variants scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -25,6 +25,10 @@
 #          bench at LL_TOKENS (default "128 256 512") with UCCL_EP_LL_PDL=1 and =0 in alternation (an
 #          A/B of programmatic dependent launch in the same run) -> $OUT/ll_pdl<0|1>_<T>.json and a
 #          one-line summary per row; then per-kernel times (profile_kernels.py ll, PDL off).
+#   proxydiag: where the LL proxy path's time goes (issue 4 goal (b)): its small + traffic tests, the
+#          forced-proxy bench at 128 tokens (per-hop columns incl. `done→seen us`), every rank's kernel
+#          spans (profile_kernels.py ll with UCCL_EP_FORCE_PROXY=1), and the copy kernel alone
+#          (probe_copy_kernel.py) -> $OUT/proxydiag_*.{log,json}.
 #   sweep: `uccl-ep bench` rows for the records: for R in SWEEP_RANKS (default "2 4", capped at the
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
@@ -85,6 +89,17 @@ for step in $STEPS; do
         done
       done
       timeout -k 10 120 $PY core/tests/gpu/profile_kernels.py ll 2>&1 | grep "rank 0" ;;
+    proxydiag)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60} CUDA_MODULE_LOADING=EAGER
+      T=core/tests/gpu/test_cuda_ll_proxy.py
+      timeout -k 10 150 $PY -m pytest -rA -q -p no:cacheprovider "$T::test_ll_proxy_options_match_reference[small]" \
+        "$T::test_ll_proxy_carries_the_traffic[kernel]" 2>&1 | tee "$OUT/proxydiag_tests.log" | \
+        grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -4
+      timeout -k 10 90 $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --force-proxy --num-tokens 128 --iters 50 \
+        --warmup 10 --json "$OUT/proxydiag_bench.json" 2>&1 | grep -E "│ ll|rror" | cut -c1-320
+      UCCL_EP_FORCE_PROXY=1 timeout -k 10 120 $PY core/tests/gpu/profile_kernels.py ll 2>&1 | grep -E "^rank|rror" | \
+        tee "$OUT/proxydiag_profile.log"
+      timeout -k 10 120 $PY core/tests/gpu/probe_copy_kernel.py 2>&1 | tee "$OUT/proxydiag_probe.log" | tail -12 ;;
     ht)
       for sms in 24 12 8; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
