@@ -109,13 +109,14 @@ extern "C" __global__ void __launch_bounds__(256)
       if (is_masked(p.masked, j)) continue;
       const int64_t packed = lr[int64_t(e) * R + j];
       const int64_t begin = packed >> 32, count = packed & 0xffffffff;
+      const int fifo = fifo_for(j, int(p.num_fifos));
       const bool pushed = fifo_push(
-          fifo_of(p, j),
+          reinterpret_cast<const FifoLayout*>(p.fifos)[fifo],
           protocol::make_counted_write(uint32_t(j), uint64_t(p.send_off + (int64_t(e) * rows_per_expert + begin) * row_bytes),
                                        uint64_t(p.recv_off + p.rank * p.region_bytes + int64_t(first[s]) * row_bytes),
                                        uint32_t(count * row_bytes), uint32_t(p.counter)),
           uint64_t(p.timeout_ns), err, PushSite{kPhaseLLCombineSend, int(p.rank), j, int(p.rank * E_loc + e)});
-      unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
+      unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo);
       if (pushed && dma != nullptr && count > 0) atomicAdd(dma, (unsigned long long)(count * row_bytes));
     }
     if (blockIdx.x == 0)

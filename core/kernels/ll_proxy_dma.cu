@@ -79,7 +79,6 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_CONSTANT LLProxyDmaParams p) {
   __shared__ unsigned long long s_desc[3];
   __shared__ int s_ok;
-  __shared__ uint64_t s_t;  // thread 0: when this round started waiting / saw its descriptor
   const int nb = int(p.blocks_per_ring);
   const int g = int(blockIdx.x) / nb, b = int(blockIdx.x) % nb;
   auto* st = reinterpret_cast<DmaConsumer*>(p.state) + g;
@@ -93,19 +92,19 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   unsigned long long idx = ld_volatile_u64(&st->base_idx), bytes = ld_volatile_u64(&st->base_bytes);
   // Final: the send kernels that add to it ran before us on this stream.
   const unsigned long long target = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(p.pushed) + g);
+  uint64_t seen = 0;  // thread 0 (diagnostics): when it saw the current descriptor
 
   while (bytes < target) {
     const uint64_t slot = idx & (kDmaRingCapacity - 1);
     if (threadIdx.x == 0) {
       const DmaDesc* d = slots + slot;
-      s_t = clock_ns();
+      const uint64_t asked = clock_ns();
       // acquire (sys): pairs with the proxy's release of seq; dst, src and len are valid after it.
       const int64_t got = wait_counter(reinterpret_cast<const int64_t*>(&d->seq), int64_t(idx + 1), status,
                                        uint64_t(p.timeout_ns), err, kPhaseLLProxyCopy, int(p.rank), -1, g, nullptr);
       s_ok = got >= 0;
-      const uint64_t seen = clock_ns();
-      if (b == 0) atomicAdd(&st->wait_ns, (unsigned long long)(seen - s_t));
-      s_t = seen;
+      seen = clock_ns();
+      if (b == 0) atomicAdd(&st->wait_ns, (unsigned long long)(seen - asked));
       if (got >= 0) {
         s_desc[0] = *reinterpret_cast<const volatile unsigned long long*>(&d->dst);
         s_desc[1] = *reinterpret_cast<const volatile unsigned long long*>(&d->src);
@@ -133,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
         header->done_ns = clock_ns();  // diagnostics (dma_ring.h); ordered before done by the release
         st_release_sys(reinterpret_cast<uint64_t*>(&header->done), uint64_t(idx + 1));
         *reinterpret_cast<volatile unsigned long long*>(&st->done) = idx + 1;
-        atomicAdd(&st->copy_ns, (unsigned long long)(clock_ns() - s_t));
+        atomicAdd(&st->copy_ns, (unsigned long long)(clock_ns() - seen));
         atomicAdd(&st->descs, 1ull);
       }
     }

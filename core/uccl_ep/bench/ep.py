@@ -204,7 +204,7 @@ def _proxy_fields(before, after, calls: int) -> dict:
     if after[8] > before[8]:  # ipc "kernel" copies: per descriptor, waiting for it, then copying it
         out["copy_wait_us"] = (after[6] - before[6]) / (after[8] - before[8]) / 1e3
         out["copy_us"] = (after[7] - before[7]) / (after[8] - before[8]) / 1e3
-    if len(after) > 10 and after[10] > before[10]:  # the proxy seeing a copy kernel's `done` (GPU -> host clock)
+    if after[10] > before[10]:  # the proxy seeing a copy kernel's `done` (GPU -> host clock)
         out["done_seen_us"] = (after[9] - before[9]) / (after[10] - before[10]) / 1e3
     return out
 
@@ -306,9 +306,10 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     for r in range(world):
         per_dest[r] = int(((topk_idx >= 0) & (topk_idx.div(per_rank, rounding_mode="floor") == r)).sum())
     progress("ll: timing dispatch fp8")
-    ll_proxy = getattr(getattr(buf._executor, "_ll", None), "proxy", None) if spec.ll_proxy else None
+    # the engine's counters (the cuda proxy path adds its copy kernel's), else its proxy's (host executor)
     ll_eng = getattr(buf._executor, "_ll", None) if spec.ll_proxy else None
-    counters = getattr(ll_eng, "transport_counters", None) or getattr(ll_proxy, "transport_counters", None)
+    counters = getattr(ll_eng, "transport_counters", None) or \
+        getattr(getattr(ll_eng, "proxy", None), "transport_counters", None)
     t_disp, hop_disp = _timed_with_proxy(lambda: buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True), spec,
                                          device, group, counters)
     base_disp = _a2a_baseline(group, per_dest, H * 2, device, spec)

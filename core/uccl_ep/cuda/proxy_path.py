@@ -274,6 +274,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # NOTES: ht_internode.ProxyNormalEngine reuses this method; its proxy copies through the driver.
         if getattr(self, "copy_kernel", False):
             self._map_copy_rings()
+        # The send kernels' copy-ring fields (LLProxy*Params): where they count pushed bytes (0: none).
+        self._dma_fields = dict(dma_pushed=self.dma_pushed if getattr(self, "copy_kernel", False) else 0,
+                                num_proxy_threads=self.num_proxy_threads)
 
     def _map_copy_rings(self) -> None:
         """Map every proxy thread's copy ring for the device and lay out the copy kernel's state:
@@ -352,10 +355,6 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.dma_mem = None
         self.proxy = None
 
-    def _dma_shape(self) -> dict:
-        """The send kernels' copy-ring fields (LLProxy*Params): where they count pushed bytes."""
-        return dict(dma_pushed=self.dma_pushed if self.copy_kernel else 0, num_proxy_threads=self.num_proxy_threads)
-
     # -- layout ----------------------------------------------------------------------------------
     def _rounds(self, s: int, phase: int) -> int:
         return self.work.ptr + 64 + (2 * s + phase) * 8 * self.R
@@ -422,7 +421,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
-                             chunk_bytes=lay.chunk_bytes, **self._dma_shape(), **shape)
+                             chunk_bytes=lay.chunk_bytes, **self._dma_fields, **shape)
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
         self._launch_copies()
@@ -473,7 +472,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
-                             **self._dma_shape(), **shape)
+                             **self._dma_fields, **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
