@@ -189,8 +189,10 @@ extern "C" __global__ void __launch_bounds__(256)
     int ok = 0;
     if (!is_masked(p.masked, tid)) {
       uint64_t waited = 0;
-      ok = wait_counter(counter_of(p.counters, p.num_counters, tid, p.counter), round_target(rounds, tid, p.signal_total),
-                        status, timeout, err, kPhaseLLCombineRecv, int(p.rank), tid, -1, &waited) >= 0;
+      ok = wait_counter_shared(counter_of(p.counters, p.num_counters, tid, p.counter),
+                               reinterpret_cast<uint64_t*>(p.counter_cache) + tid, reinterpret_cast<int*>(p.counter_lock) + tid,
+                               round_target(rounds, tid, p.signal_total), status, timeout, err, kPhaseLLCombineRecv,
+                               int(p.rank), tid, -1, &waited) >= 0;
       if (p.wait_stats != 0 && t < p.num_tokens)
         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
     }

@@ -183,10 +183,11 @@ extern "C" __global__ void __launch_bounds__(256)
     int ok = 0;
     if (!is_masked(p.masked, tid)) {
       uint64_t waited = 0;
-      const int64_t got = wait_counter(counter_of(p.counters, p.num_counters, tid, p.counter),
-                                       round_target(rounds, tid, p.signal_total),
-                                       reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err,
-                                       kPhaseLLDispatchRecv, int(p.rank), tid, expert, &waited);
+      const int64_t got = wait_counter_shared(
+          counter_of(p.counters, p.num_counters, tid, p.counter), reinterpret_cast<uint64_t*>(p.counter_cache) + tid,
+          reinterpret_cast<int*>(p.counter_lock) + tid, round_target(rounds, tid, p.signal_total),
+          reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank),
+          tid, expert, &waited);
       if (got >= 0) {
         if (load_region_slots(recv + int64_t(tid) * p.region_bytes, p.max_slots) < 0)
           raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), tid, expert, 0);

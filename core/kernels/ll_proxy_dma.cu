@@ -7,7 +7,8 @@
 // kernel runs blocks_per_ring blocks on each ring and returns once the ring's descriptors cover the
 // counted bytes:
 //   1. thread 0 of every block of the group waits (bounded, proxy status checked) for descriptor
-//      idx (seq == idx + 1, acquire) and reads {dst, src, len};
+//      idx (seq == idx + 1, acquire), which one thread at a time copies from the host ring into a
+//      device mirror (fetch_descriptor), and reads {dst, src, len} there;
 //   2. each block copies its share of the bytes (16-byte units interleaved over the group's
 //      blocks) into the peer's region over NVLink;
 //   3. the block's stores are fenced system-wide and counted in finish[idx]; the group's last
@@ -41,9 +42,11 @@ struct DmaConsumer {
   unsigned long long wait_ns;     // block 0 waiting for descriptors (the proxy posting them)
   unsigned long long copy_ns;     // descriptor seen -> completion published (its last block's view)
   unsigned long long descs;       // descriptors completed
-  unsigned long long pad;
+  unsigned long long fetched;     // descriptors copied into `mirror` (fetch_descriptors)
+  unsigned long long fetch_lock;  // 1 while a thread reads the host ring (fetch_descriptors)
+  unsigned long long pad[7];
 };
-static_assert(sizeof(DmaConsumer) == 64, "proxy_path.py _DMA_CONSUMER_BYTES");
+static_assert(sizeof(DmaConsumer) == 128, "proxy_path.py _DMA_CONSUMER_BYTES");
 
 UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
@@ -74,6 +77,43 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
   for (; u < units; u += stride) st16(dst + u * 16, ld16(src + u * 16));
 }
 
+// Makes descriptor idx available in `mirror` (device memory): one thread of the ring's blocks at a
+// time -- the holder of fetch_lock -- reads the host ring and copies every posted descriptor it
+// finds (up to kFetchBatch) into the mirror, then raises `fetched` with a release; the others only
+// poll `fetched` in L2. Bounded like every wait; false once the error word is filled.
+// NOTES: each block's thread 0 used to read the host ring itself (seq, then dst, src, len): at 8
+// blocks per ring those PCIe reads cost more than the copy (probe_copy_kernel.py on 2 x H200: the
+// copy loop alone moved 3.7 MB to the peer in 11.4 us, the ring kernel took 27 us per descriptor,
+// and 64 us with 32 blocks).
+constexpr uint64_t kFetchBatch = 16;
+UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, const DmaDesc* slots, DmaDesc* mirror, uint64_t idx,
+                                  const LLProxyDmaParams& p, int g, ErrorWord* err) {
+  const uint64_t start = clock_ns();
+  uint64_t* fetched = reinterpret_cast<uint64_t*>(&st->fetched);
+  for (uint32_t spins = 0;; ++spins) {
+    if (ld_acquire_gpu(fetched) > idx) return true;
+    if (atomicCAS(&st->fetch_lock, 0ull, 1ull) == 0ull) {
+      uint64_t k = ld_acquire_gpu(fetched);
+      const uint64_t from = k;
+      for (; k < from + kFetchBatch; ++k) {
+        const DmaDesc* d = slots + (k & (kDmaRingCapacity - 1));
+        // acquire (sys): pairs with the proxy's release of seq; dst, src and len are valid after it.
+        if (ld_acquire_sys(&d->seq) != k + 1) break;
+        DmaDesc* m = mirror + (k & (kDmaRingCapacity - 1));
+        m->dst = *reinterpret_cast<const volatile uint64_t*>(&d->dst);
+        m->src = *reinterpret_cast<const volatile uint64_t*>(&d->src);
+        m->len = *reinterpret_cast<const volatile uint64_t*>(&d->len);
+      }
+      if (k > from) max_release_gpu(fetched, k);  // the mirror entries before the count
+      atomicExch(&st->fetch_lock, 0ull);
+      if (k > idx) return true;
+    }
+    if ((spins & 4095u) == 4095u && !proxy_wait_ok(start, reinterpret_cast<const uint64_t*>(p.status),
+                                                   uint64_t(p.timeout_ns), err, kPhaseLLProxyCopy, int(p.rank), -1, g))
+      return false;
+  }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_CONSTANT LLProxyDmaParams p) {
@@ -85,9 +125,9 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   auto* ring = reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(p.rings)[g]);
   auto* header = reinterpret_cast<DmaRingHeader*>(ring);
   const auto* slots = reinterpret_cast<const DmaDesc*>(ring + sizeof(DmaRingHeader));
+  DmaDesc* mirror = reinterpret_cast<DmaDesc*>(p.mirror) + int64_t(g) * int64_t(kDmaRingCapacity);
   unsigned* finish = reinterpret_cast<unsigned*>(p.finish) + int64_t(g) * int64_t(kDmaRingCapacity);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
-  const auto* status = reinterpret_cast<const uint64_t*>(p.status);
   // Stable during this launch: only the group's last block to leave moves them (below).
   unsigned long long idx = ld_volatile_u64(&st->base_idx), bytes = ld_volatile_u64(&st->base_bytes);
   // Final: the send kernels that add to it ran before us on this stream.
@@ -97,18 +137,16 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   while (bytes < target) {
     const uint64_t slot = idx & (kDmaRingCapacity - 1);
     if (threadIdx.x == 0) {
-      const DmaDesc* d = slots + slot;
       const uint64_t asked = clock_ns();
-      // acquire (sys): pairs with the proxy's release of seq; dst, src and len are valid after it.
-      const int64_t got = wait_counter(reinterpret_cast<const int64_t*>(&d->seq), int64_t(idx + 1), status,
-                                       uint64_t(p.timeout_ns), err, kPhaseLLProxyCopy, int(p.rank), -1, g, nullptr);
-      s_ok = got >= 0;
+      const bool got = fetch_descriptor(st, slots, mirror, idx, p, g, err);
+      s_ok = got;
       seen = clock_ns();
       if (b == 0) atomicAdd(&st->wait_ns, (unsigned long long)(seen - asked));
-      if (got >= 0) {
-        s_desc[0] = *reinterpret_cast<const volatile unsigned long long*>(&d->dst);
-        s_desc[1] = *reinterpret_cast<const volatile unsigned long long*>(&d->src);
-        s_desc[2] = *reinterpret_cast<const volatile unsigned long long*>(&d->len);
+      if (got) {  // after fetched's acquire; read around L1 (the slot is rewritten every lap)
+        const DmaDesc* m = mirror + slot;
+        s_desc[0] = *reinterpret_cast<const volatile unsigned long long*>(&m->dst);
+        s_desc[1] = *reinterpret_cast<const volatile unsigned long long*>(&m->src);
+        s_desc[2] = *reinterpret_cast<const volatile unsigned long long*>(&m->len);
       }
     }
     __syncthreads();
@@ -147,6 +185,20 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
       st->base_bytes = bytes;
       st->exited = 0;
       __threadfence();
+    }
+  }
+}
+
+// Diagnostics (CopyProbeParams): copy_share alone over the whole grid, without rings, so a probe can
+// tell the copy loop's own rate from what the ring protocol around it costs.
+extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma_probe(const UCCL_GRID_CONSTANT CopyProbeParams p) {
+  for (int64_t r = 0; r < p.reps; ++r) {
+    copy_share(reinterpret_cast<uint8_t*>(p.dst), reinterpret_cast<const uint8_t*>(p.src), uint64_t(p.len),
+               int(blockIdx.x), int(gridDim.x));
+    if (p.fence) {
+      __syncthreads();
+      if (threadIdx.x == 0) fence_system();
+      __syncthreads();
     }
   }
 }

@@ -191,6 +191,15 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert cr["region_bytes"] == c["region_bytes"] and cr["signal_total"] == c["signal_total"]
         # the four (set, phase) pairs use disjoint rounds words
         assert len({r["rounds"], cr["rounds"], eng._rounds(1, 0), eng._rounds(0, 1)}) == 4
+        # ... and disjoint counter caches and reader locks, inside the work area (zeroed by clean())
+        words = [eng._counter_words(a, b) for a in (0, 1) for b in (0, 1)]
+        assert {r["counter_cache"], cr["counter_cache"]} <= {w["counter_cache"] for w in words}
+        assert r["counter_lock"] == eng._counter_words(s, 0)["counter_lock"] != cr["counter_lock"]
+        spans = sorted([(w["counter_cache"], 8 * R) for w in words] + [(w["counter_lock"], 4 * R) for w in words] +
+                       [(eng._rounds(a, b), 8 * R) for a in (0, 1) for b in (0, 1)] +
+                       [(eng._finish(False), 4 * E), (eng._finish(True), 4 * E)])
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+        assert spans[0][0] >= eng.work.ptr + 16 and spans[-1][0] + spans[-1][1] <= eng.work.ptr + eng.work.nbytes
 
 
 def _assert_copy_launch(eng, launch, send):
@@ -202,8 +211,12 @@ def _assert_copy_launch(eng, launch, send):
     assert grid == n * k["blocks_per_ring"] and k["num_rings"] == n == send["num_proxy_threads"]
     assert k["pushed"] == send["dma_pushed"] == eng.dma_pushed != 0
     assert k["status"] == eng.status_dev and k["error"] == eng.ex.error_dev_ptr and k["timeout_ns"] == 123
-    # state and finish counters follow the ring table and the byte counters, without overlap
-    assert k["rings"] < k["pushed"] < k["state"] < k["finish"] < eng.dma_mem.ptr + eng.dma_mem.nbytes
+    # state, finish counters and the descriptor mirror follow the ring table and the byte counters,
+    # without overlap (DmaConsumer 128 B, finish u32 and mirror 32 B per ring slot)
+    cap = eng.proxy.copy_rings()[0]["capacity"]
+    assert k["rings"] + 8 * n == k["pushed"] and k["pushed"] + 8 * n == k["state"]
+    assert k["state"] + 128 * n == k["finish"] and k["finish"] + 4 * n * cap == k["mirror"]
+    assert k["mirror"] + 32 * n * cap == eng.dma_mem.ptr + eng.dma_mem.nbytes
 
 
 def test_copy_rings_are_registered_and_tabled(engine):

@@ -25,7 +25,7 @@ from multirank import run_ranks  # noqa: E402
 
 CAPACITY = 8192          # dma_ring.h kDmaRingCapacity
 HEADER, DESC = 64, 32    # DmaRingHeader, DmaDesc
-CONSUMER = 64            # DmaConsumer (ll_proxy_dma.cu)
+CONSUMER = 128           # DmaConsumer (ll_proxy_dma.cu)
 
 
 def worker(rank, world, nbytes, blocks_list):
@@ -43,6 +43,7 @@ def worker(rank, world, nbytes, blocks_list):
     error = torch.zeros(8, dtype=torch.int32, pin_memory=True)
     state = torch.zeros(CONSUMER // 8, dtype=torch.int64, device="cuda")
     finish = torch.zeros(CAPACITY, dtype=torch.int32, device="cuda")
+    mirror = torch.zeros(CAPACITY * DESC, dtype=torch.uint8, device="cuda")
     pushed = torch.zeros(1, dtype=torch.int64, device="cuda")
     table = torch.tensor([ring.data_ptr()], dtype=torch.int64, device="cuda")
     nxt = [0]
@@ -57,7 +58,7 @@ def worker(rank, world, nbytes, blocks_list):
 
     def params(blocks):
         return rt.pack_params("LLProxyDmaParams", rings=table.data_ptr(), pushed=pushed.data_ptr(),
-                              state=state.data_ptr(), finish=finish.data_ptr(), status=status.data_ptr(),
+                              state=state.data_ptr(), finish=finish.data_ptr(), mirror=mirror.data_ptr(), status=status.data_ptr(),
                               error=error.data_ptr(), num_rings=1, blocks_per_ring=blocks, rank=rank,
                               timeout_ns=20 * 10**9)
 
@@ -88,6 +89,32 @@ def worker(rank, world, nbytes, blocks_list):
             us = run(blocks, per_launch, 20)
             out.append((f"{blocks} blocks, {'a launch per descriptor' if per_launch else 'one launch for 20'}",
                         us, nbytes / us / 1e3))
+    # The copy loop alone (ll_proxy_dma_probe): to the peer and to local memory, both ranks at once
+    # or rank 0 alone, with and without the per-descriptor system fence.
+    probe = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_dma_probe")
+    local = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+    def pure(dst, blocks, fence, both, reps=20):
+        p = rt.pack_params("CopyProbeParams", dst=dst, src=src.data_ptr(), len=nbytes, reps=reps, fence=fence)
+        torch.cuda.synchronize()
+        dist.barrier()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        if both or rank == 0:
+            probe.launch(blocks, 512, p, rt.current_stream())
+        e.record()
+        torch.cuda.synchronize()
+        dist.barrier()
+        return s.elapsed_time(e) / reps * 1e3
+
+    pure(peer, 8, 0, True, 2)  # warm-up
+    for target, addr in (("peer", peer), ("local", local.data_ptr())):
+        for both in ((True, False) if target == "peer" else (True,)):
+            for blocks in (8, 16, 32, 64, 132):
+                for fence in (0, 1):
+                    us = pure(addr, blocks, fence, both)
+                    label = f"loop only -> {target}, {blocks} blocks{', fenced' if fence else ''}{'' if both else ', rank 0 alone'}"
+                    out.append((label, us, nbytes / us / 1e3 if us > 1 else 0.0))
     if torch.cuda.device_count() >= 2:
         dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{(dev + 1) % torch.cuda.device_count()}")
         dist.barrier()

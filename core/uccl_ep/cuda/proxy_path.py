@@ -62,7 +62,7 @@ _FIFOS_PER_THREAD = 2
 # of its per-ring DmaConsumer state. NOTES: 8 blocks (4 loads in flight each) copied a 3.7 MB
 # descriptor in 37.6 us on 2 x H200, 16 blocks (8 in flight) in 54.7 us (ll_proxy_dma.cu); rings
 # without work cost a launch only (their blocks leave at once).
-_DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES = 8, 512, 64
+_DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 8, 512, 128, 32
 
 
 def counter_base(s: int, phase: int) -> int:
@@ -280,7 +280,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
 
     def _map_copy_rings(self) -> None:
         """Map every proxy thread's copy ring for the device and lay out the copy kernel's state:
-        ring table u64[n] | pushed bytes u64[n] | DmaConsumer [n] (64 B) | finish u32[n][capacity]."""
+        ring table u64[n] | pushed bytes u64[n] | DmaConsumer [n] (128 B) | finish u32[n][capacity] |
+        descriptor mirror DmaDesc[n][capacity]."""
         rings = self.proxy.copy_rings()
         if len(rings) != self.num_proxy_threads or any(r is None for r in rings):
             raise RuntimeError(f"rank {self.rank}: the ipc transport did not create its copy rings "
@@ -288,14 +289,15 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         n, cap = len(rings), rings[0]["capacity"]
         table = struct.pack(f"<{n}Q", *[self._register(r["memory"], r["memory"] + r["memory_bytes"]) for r in rings])
         self._ring_bases = self._registered[-n:]
-        self.dma_mem = DeviceMemory(self.dev, 8 * n + 8 * n + _DMA_CONSUMER_BYTES * n + 4 * n * cap)
+        finish = 16 * n + _DMA_CONSUMER_BYTES * n
+        self.dma_mem = DeviceMemory(self.dev, finish + 4 * n * cap + _DMA_DESC_BYTES * n * cap)
         self.drv.memset_d8(self.dev, self.dma_mem.ptr, 0, self.dma_mem.nbytes, 0)
         self.drv.memcpy_htod(self.dev, self.dma_mem.ptr, table)
         base = self.dma_mem.ptr
         self.dma_pushed = base + 8 * n
         self._dma_params = pack_params(
             "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
-            finish=base + 16 * n + _DMA_CONSUMER_BYTES * n, status=self.status_dev, error=self.ex.error_dev_ptr,
+            finish=base + finish, mirror=base + finish + 4 * n * cap, status=self.status_dev, error=self.ex.error_dev_ptr,
             num_rings=n, blocks_per_ring=_DMA_BLOCKS_PER_RING, rank=self.rank, timeout_ns=self.ex.timeout_ns)
 
     def transport_counters(self) -> dict:
@@ -366,6 +368,12 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         base = self.work.ptr + 64 + 4 * 8 * self.R
         return base + 4 * self.layout.num_experts if combine else base
 
+    def _counter_words(self, s: int, phase: int) -> dict:
+        """The receive kernels' device copy of the host counters of (set, phase) and its reader lock."""
+        base = self.work.ptr + 64 + 4 * 8 * self.R + 8 * self.layout.num_experts
+        return dict(counter_cache=base + (2 * s + phase) * 8 * self.R,
+                    counter_lock=base + 4 * 8 * self.R + (2 * s + phase) * 4 * self.R)
+
     def ensure_layout(self, num_max: int, hidden: int, num_experts: int) -> ProxyLayout:
         lay = self.layout
         if lay is not None and (lay.num_max, lay.hidden, lay.num_experts) == (num_max, hidden, num_experts):
@@ -387,8 +395,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         torch.cuda.synchronize(self.dev)
         if self.work is not None:
             self.work.free()
-        # done[2][2] u32 | rounds[2][2][R] i64 | finish: dispatch [E] u32, combine [E] u32 (R of each used)
-        self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 8 * num_experts)
+        # done[2][2] u32 | rounds[2][2][R] i64 | finish: dispatch [E] u32, combine [E] u32 (R of each used) |
+        # counter cache [2][2][R] u64 | counter lock [2][2][R] i32
+        self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 8 * num_experts + 4 * 12 * self.R)
         self.layout = lay
         self.clean()
         return lay
@@ -427,7 +436,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self._launch_copies()
         recv_params = pack_params(
             "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
-            rounds=self._rounds(s, 0), done=self._done(s, 0), status=self.status_dev, recv_x=recv_x.data_ptr(),
+            rounds=self._rounds(s, 0), done=self._done(s, 0), **self._counter_words(s, 0), status=self.status_dev,
+            recv_x=recv_x.data_ptr(),
             recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
@@ -478,7 +488,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self._launch_copies()
         recv_params = pack_params(
             "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
-            rounds=self._rounds(s, 1), done=self._done(s, 1), status=self.status_dev, topk_idx=topk_idx.data_ptr(),
+            rounds=self._rounds(s, 1), done=self._done(s, 1), **self._counter_words(s, 1), status=self.status_dev,
+            topk_idx=topk_idx.data_ptr(),
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
             num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, **shape)

@@ -128,6 +128,23 @@ UCCL_DEVICE bool fifo_push(const FifoLayout& f, const TransferCmd& cmd, uint64_t
 // through the same FIFO, hence the same proxy thread (the receiver's ordering and fences rely on it).
 UCCL_DEVICE int fifo_for(int key, int num_fifos) { return key % num_fifos; }
 
+// The bounded-wait checks of wait_counter*: the proxy still running, the deadline, another wait's
+// error. False (error word filled, or already filled) when the wait must end.
+UCCL_DEVICE bool proxy_wait_ok(uint64_t start, const uint64_t* status, uint64_t timeout_ns, ErrorWord* err, int phase,
+                               int rank, int peer, int expert) {
+  const uint64_t now = clock_ns();
+  // acquire (sys): pairs with the proxy's release of status.
+  if (ld_acquire_sys(status) != fifo::kStatusRunning) {
+    raise_error(err, kErrProxy, phase, rank, peer, expert, now - start);
+    return false;
+  }
+  if (now - start > timeout_ns) {
+    raise_error(err, kErrTimeout, phase, rank, peer, expert, now - start);
+    return false;
+  }
+  return !error_raised(err);
+}
+
 // Waits (bounded) until *counter >= target, a counter the receiving proxy bumps in mapped host
 // memory; gives up early when the proxy stopped or failed (its FIFO status word) or another wait
 // recorded an error. Returns the value, or -1 (error word filled). `waited` gets the ns.
@@ -142,19 +159,35 @@ UCCL_DEVICE int64_t wait_counter(const int64_t* counter, int64_t target, const u
       if (waited != nullptr) *waited = clock_ns() - start;
       return v;
     }
-    if ((spins & 255u) == 255u) {
-      const uint64_t now = clock_ns();
-      // acquire (sys): pairs with the proxy's release of status.
-      if (ld_acquire_sys(status) != fifo::kStatusRunning) {
-        raise_error(err, kErrProxy, phase, rank, peer, expert, now - start);
-        return -1;
-      }
-      if (now - start > timeout_ns) {
-        raise_error(err, kErrTimeout, phase, rank, peer, expert, now - start);
-        return -1;
-      }
-      if (error_raised(err)) return -1;
+    if ((spins & 255u) == 255u && !proxy_wait_ok(start, status, timeout_ns, err, phase, rank, peer, expert)) return -1;
+  }
+}
+
+// wait_counter for a host word that many threads of this GPU wait on: one thread at a time -- the
+// holder of *lock (device memory, 0 = free) -- reads host memory and raises *cache (device memory,
+// the largest value read so far; the counter only grows); the others poll *cache in L2.
+// NOTES: the LL proxy receive kernels wait with a thread per (block, source): 288 threads at 288
+// experts, each reading mapped host memory in a loop. Those reads cross PCIe one after another, so
+// a counter that was long there took ~140 us to be seen (2 x H200, every receive kernel of the
+// forced proxy path); a copy-kernel probe showed the same for descriptor reads.
+UCCL_DEVICE int64_t wait_counter_shared(const int64_t* counter, uint64_t* cache, int* lock, int64_t target,
+                                        const uint64_t* status, uint64_t timeout_ns, ErrorWord* err, int phase,
+                                        int rank, int peer, int expert, uint64_t* waited) {
+  const uint64_t start = clock_ns();
+  for (uint32_t spins = 0;; ++spins) {
+    // acquire (gpu): pairs with the reader's release max below, which it made after acquiring the
+    // host counter (and so everything the count accounts for).
+    int64_t v = int64_t(ld_acquire_gpu(cache));
+    if (v < target && atomicCAS(lock, 0, 1) == 0) {
+      v = int64_t(ld_acquire_sys(reinterpret_cast<const uint64_t*>(counter)));  // as in wait_counter
+      max_release_gpu(cache, uint64_t(v));
+      atomicExch(lock, 0);
     }
+    if (v >= target) {
+      if (waited != nullptr) *waited = clock_ns() - start;
+      return v;
+    }
+    if ((spins & 4095u) == 4095u && !proxy_wait_ok(start, status, timeout_ns, err, phase, rank, peer, expert)) return -1;
   }
 }
 

@@ -290,6 +290,9 @@ struct LLProxyDispatchRecvParams {
   uint64_t counters;        // int64 [R][num_counters], mapped host memory (device address)
   uint64_t rounds;          // int64 [R] device words: dispatch ops seen per source on this set
   uint64_t done;            // u32 device word: blocks finished
+  uint64_t counter_cache;   // u64 [R] device words: the largest value of each source's counter read
+                            // so far (wait_counter_shared), zeroed with the counters
+  uint64_t counter_lock;    // i32 [R] device words: which thread reads the host counter (0 = none)
   uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
   uint64_t recv_x;
   uint64_t recv_scales;
@@ -351,6 +354,8 @@ struct LLProxyCombineRecvParams {
   uint64_t counters;
   uint64_t rounds;          // int64 [R]: combine ops seen per source on this set
   uint64_t done;
+  uint64_t counter_cache;   // u64 [R], i32 [R]: as in LLProxyDispatchRecvParams
+  uint64_t counter_lock;
   uint64_t status;
   uint64_t topk_idx;
   uint64_t topk_weights;
@@ -380,12 +385,23 @@ struct LLProxyDmaParams {
   uint64_t pushed;          // u64 [num_rings]: bytes of Writes pushed so far (the send kernels add)
   uint64_t state;           // DmaConsumer [num_rings] (ll_proxy_dma.cu), device memory, zeroed once
   uint64_t finish;          // u32 [num_rings][kDmaRingCapacity]: blocks done per descriptor, zeroed once
+  uint64_t mirror;          // DmaDesc [num_rings][kDmaRingCapacity]: device copies of the descriptors
   uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
   uint64_t error;           // ErrorWord*
   int64_t num_rings;
   int64_t blocks_per_ring;
   int64_t rank;
   int64_t timeout_ns;
+};
+
+// ll_proxy_dma_probe (diagnostics only, core/tests/gpu/probe_copy_kernel.py): the copy kernel's copy
+// loop alone, `reps` times over [src, +len) -> dst, optionally with its per-descriptor system fence.
+struct CopyProbeParams {
+  uint64_t dst;
+  uint64_t src;
+  int64_t len;
+  int64_t reps;
+  int64_t fence;            // 1: every block fences system-wide after each rep, as per descriptor
 };
 
 }  // namespace uccl_ep

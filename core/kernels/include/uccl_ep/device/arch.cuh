@@ -128,6 +128,27 @@ UCCL_DEVICE void st_release_sys(int* p, int v) {
 #endif
 }
 
+// ---- memory order at GPU scope (words only this GPU's threads share) ---------------------------
+UCCL_DEVICE uint64_t ld_acquire_gpu(const uint64_t* p) {
+#if UCCL_EP_HIP
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+// *p = max(*p, v) with release semantics: what this thread saw before (an acquired host word and
+// the data it guards) is visible to a thread that acquires the new value.
+UCCL_DEVICE void max_release_gpu(uint64_t* p, uint64_t v) {
+#if UCCL_EP_HIP
+  __hip_atomic_fetch_max(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  asm volatile("red.release.gpu.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
 UCCL_DEVICE int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
 
 // NOTES: fence.sc.sys (MEMBAR.SC.SYS) also joins a single global order of every SC fence and costs
