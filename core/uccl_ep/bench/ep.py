@@ -191,8 +191,9 @@ def _proxy_fields(before, after, calls: int) -> dict:
     inbox), the mean time the proxy thread spent inside one copy submission (the CUDA driver
     call on the ipc stand-in: large values mean it waited on another thread), the mean time a
     record waited in the receiver's inbox, and with ipc "kernel" copies the copy kernel's mean wait
-    for a descriptor, its copy time and how late the proxy saw its `done`, between two snapshots:
-    where the proxy path's time goes."""
+    for a descriptor, its copy time and how much later than at best the proxy saw its `done` (GPU
+    and host clocks differ by an offset: see ipc_copy.cc), between two snapshots: where the proxy
+    path's time goes."""
     if before is None or after is None or calls <= 0 or after[1] <= before[1]:
         return {}
     n = after[1] - before[1]
