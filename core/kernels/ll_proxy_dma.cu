@@ -42,8 +42,8 @@ struct DmaConsumer {
   unsigned long long wait_ns;     // block 0 waiting for descriptors (the proxy posting them)
   unsigned long long copy_ns;     // descriptor seen -> completion published (its last block's view)
   unsigned long long descs;       // descriptors completed
-  unsigned long long fetched;     // descriptors copied into `mirror` (fetch_descriptors)
-  unsigned long long fetch_lock;  // 1 while a thread reads the host ring (fetch_descriptors)
+  unsigned long long fetched;     // descriptors copied into `mirror` (fetch_descriptor)
+  unsigned long long fetch_lock;  // 1 while a thread reads the host ring (fetch_descriptor)
   unsigned long long pad[7];
 };
 static_assert(sizeof(DmaConsumer) == 128, "proxy_path.py _DMA_CONSUMER_BYTES");
