@@ -54,10 +54,9 @@ UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
 
 // Copies [src, +len) to dst: this block's share of 16-byte units (block b of nb takes every nb-th
 // span of blockDim.x units), kInFlight loads in flight per thread; bytes when anything is unaligned.
-// NOTES: measured on 2 x H200 (bench `copy us`, 128 tokens): 4 loads in flight and 8 blocks per
-// ring copy the 3.7 MB dispatch region in 37.6 us (~100 GB/s); 8 in flight and 16 blocks took
-// 54.7 us. Neither is near the ~45 GB/s per SM a plain copy reaches, so something other than the
-// loads bounds it (not yet found); the smaller setting stays.
+// NOTES: with 4 loads in flight this loop alone moves 3.7 MB to the peer in 11.4 us with 8 blocks
+// (332 GB/s) and 10.9 us with 132 (ll_proxy_dma_probe, 2 x H200): 8 blocks per ring are enough.
+// The ~100 GB/s once measured around it was the ring's host reads (fetch_descriptor).
 constexpr int kInFlight = 4;
 
 UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int b, int nb) {

@@ -29,8 +29,8 @@ copy through the driver instead and CUDA_MODULE_LOADING=EAGER is needed (warn_la
 
 Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU; on 2 x H200
 every LL option, mask/clean, graph, timeout and traffic test passes with either copy engine; D+C
-(CUDA graph, 128 tokens) 428-432 µs with the copy kernel, 2,056 µs with the driver's copies
-(docs/benchmarks.md). Between hosts the transport is ipc+fabric (gpu_transport.py), driver copies.
+(CUDA graph, 128 tokens) 137 µs with the copy kernel (174 µs at EP4), 2,056 µs with the driver's
+copies (docs/benchmarks.md). Between hosts the transport is ipc+fabric (gpu_transport.py), driver copies.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ NUM_COUNTERS = 4 * NUM_MAX_LOCAL_EXPERTS
 _MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
 _FIFOS_PER_THREAD = 2
 # The copy kernel (ll_proxy_dma.cu): blocks per proxy thread's ring, threads per block, and the size
-# of its per-ring DmaConsumer state. NOTES: 8 blocks (4 loads in flight each) copied a 3.7 MB
-# descriptor in 37.6 us on 2 x H200, 16 blocks (8 in flight) in 54.7 us (ll_proxy_dma.cu); rings
-# without work cost a launch only (their blocks leave at once).
+# of its per-ring DmaConsumer state and of a descriptor. NOTES: 16 blocks per ring measured no faster
+# than 8 on 2 x H200 (forced-proxy D+C 139.4 vs 137.0 us at 128 tokens); rings without work cost a
+# launch only (their blocks leave at once).
 _DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 8, 512, 128, 32
 
 
@@ -369,10 +369,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return base + 4 * self.layout.num_experts if combine else base
 
     def _counter_words(self, s: int, phase: int) -> dict:
-        """The receive kernels' device copy of the host counters of (set, phase) and its reader lock."""
-        base = self.work.ptr + 64 + 4 * 8 * self.R + 8 * self.layout.num_experts
-        return dict(counter_cache=base + (2 * s + phase) * 8 * self.R,
-                    counter_lock=base + 4 * 8 * self.R + (2 * s + phase) * 4 * self.R)
+        """The receive kernels' device copy of the host counters of (set, phase) and its reader lock
+        (laid out once per layout: ensure_layout)."""
+        return self._counter_word_fields[2 * s + phase]
 
     def ensure_layout(self, num_max: int, hidden: int, num_experts: int) -> ProxyLayout:
         lay = self.layout
@@ -398,6 +397,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # done[2][2] u32 | rounds[2][2][R] i64 | finish: dispatch [E] u32, combine [E] u32 (R of each used) |
         # counter cache [2][2][R] u64 | counter lock [2][2][R] i32
         self.work = DeviceMemory(self.dev, 64 + 4 * 8 * self.R + 8 * num_experts + 4 * 12 * self.R)
+        cache = self.work.ptr + 64 + 4 * 8 * self.R + 8 * num_experts
+        self._counter_word_fields = [dict(counter_cache=cache + i * 8 * self.R,
+                                          counter_lock=cache + 4 * 8 * self.R + i * 4 * self.R) for i in range(4)]
         self.layout = lay
         self.clean()
         return lay

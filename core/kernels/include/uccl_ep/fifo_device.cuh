@@ -51,17 +51,6 @@ UCCL_DEVICE void poll_pause() {
 #endif
 }
 
-// relaxed, device scope: a value only other GPU threads write (the cached tail).
-UCCL_DEVICE uint64_t ld_relaxed_gpu(const uint64_t* p) {
-#if UCCL_EP_HIP
-  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-#else
-  uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-#endif
-}
-
 // The commit store: word0 and word1 (commit bit included) as one 16-byte store with release
 // semantics at system scope.
 UCCL_DEVICE void store_command(TransferCmd* slot, uint64_t word0, uint64_t word1) {

@@ -129,6 +129,16 @@ UCCL_DEVICE void st_release_sys(int* p, int v) {
 }
 
 // ---- memory order at GPU scope (words only this GPU's threads share) ---------------------------
+UCCL_DEVICE uint64_t ld_relaxed_gpu(const uint64_t* p) {  // e.g. a FIFO's cached tail
+#if UCCL_EP_HIP
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
 UCCL_DEVICE uint64_t ld_acquire_gpu(const uint64_t* p) {
 #if UCCL_EP_HIP
   return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
