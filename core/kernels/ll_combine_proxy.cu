@@ -47,8 +47,9 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
                                          uint64_t(p.recv_off + p.rank * p.region_bytes),
                                          uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0,
                                          uint32_t(p.counter), uint64_t(p.timeout_ns), err, site, dma);
-  if (writes >= 0)
-    push_op_signal(f, j, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site);
+  if (writes >= 0 &&
+      push_op_signal(f, j, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site))
+    stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
 }
 
 }  // namespace
@@ -118,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(256)
           uint64_t(p.timeout_ns), err, PushSite{kPhaseLLCombineSend, int(p.rank), j, int(p.rank * E_loc + e)});
       unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo);
       if (pushed && dma != nullptr && count > 0) atomicAdd(dma, (unsigned long long)(count * row_bytes));
+      if (pushed) stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
     }
     if (blockIdx.x == 0)
       for (int j = tid; j < R; j += blockDim.x)

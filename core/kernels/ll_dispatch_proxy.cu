@@ -39,9 +39,9 @@ constexpr int64_t kCountsAt = 16;
 UCCL_DEVICE int64_t index_at(int64_t counts_bytes) { return kCountsAt + counts_bytes; }
 UCCL_DEVICE int64_t payload_at(int64_t counts_bytes, int64_t idx_bytes) { return kCountsAt + counts_bytes + idx_bytes; }
 
-// Header, per-expert counts, then the Writes and signal of destination d's region (n slots).
-// `total` holds every expert's selections by this rank (shared memory).
-__device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, const int* total) {
+// Header, per-expert counts, then the Writes and signal of destination d's region (n slots, `rows`
+// rows). `total` holds every expert's selections by this rank (shared memory).
+__device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, int rows, const int* total) {
   const int E_loc = int(p.num_experts / p.num_ranks);
   uint8_t* region = reinterpret_cast<uint8_t*>(p.send_area) + int64_t(d) * p.region_bytes;
   store_region_header(region, n);
@@ -52,13 +52,14 @@ __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, con
   const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo];
   const PushSite site{kPhaseLLDispatchSend, int(p.rank), d, -1};
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
-  const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(n) * p.payload_bytes);
+  const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(rows) * p.payload_bytes);
   const int writes = push_chunked_writes(f, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes),
                                          uint64_t(p.recv_off + p.rank * p.region_bytes), len, uint64_t(p.chunk_bytes),
                                          1, uint32_t(p.counter), uint64_t(p.timeout_ns), err, site,
                                          dma_counter(p.dma_pushed, p.num_proxy_threads, fifo));
-  if (writes >= 0)
-    push_op_signal(f, d, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site);
+  if (writes >= 0 &&
+      push_op_signal(f, d, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site))
+    stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
 }
 
 }  // namespace
@@ -68,8 +69,10 @@ extern "C" __global__ void __launch_bounds__(512)
   // [E] selections before this token, [E] selections in total, [E] first slot of e in its owner's region
   extern __shared__ int smem[];
   __shared__ int s_expert[kMaxTopk];
-  __shared__ uint8_t* s_slot[kMaxTopk];
+  __shared__ uint8_t* s_row[kMaxTopk];  // [0, s_num_rows): token t's row in each distinct owner's region
+  __shared__ int s_num_rows;
   __shared__ int s_dest_slots[kMaxRanks];
+  __shared__ int s_rows_before[kMaxRanks], s_rows_total[kMaxRanks];  // tokens selecting d: before t, all
   const int t = blockIdx.x, tid = threadIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
   const int E_loc = E / R;
@@ -77,6 +80,7 @@ extern "C" __global__ void __launch_bounds__(512)
   int* total = smem + E;
   int* first = smem + 2 * E;
   for (int i = tid; i < 2 * E; i += blockDim.x) smem[i] = 0;
+  for (int d = tid; d < R; d += blockDim.x) s_rows_before[d] = s_rows_total[d] = 0;
   __syncthreads();
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   for (int i = tid; i < T * K; i += blockDim.x) {
@@ -84,6 +88,18 @@ extern "C" __global__ void __launch_bounds__(512)
     if (e < 0 || e >= E || is_masked(p.masked, int(e) / E_loc)) continue;
     atomicAdd(total + e, 1);
     if (i / K < t) atomicAdd(before + e, 1);
+  }
+  for (int u = tid; u < T; u += blockDim.x) {  // the row of token u in each rank it selects
+    uint64_t dests = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = topk[int64_t(u) * K + k];
+      if (e >= 0 && e < E && !is_masked(p.masked, int(e) / E_loc)) dests |= uint64_t(1) << (int(e) / E_loc);
+    }
+    for (; dests != 0; dests &= dests - 1) {
+      const int d = ffs64(dests) - 1;
+      atomicAdd(s_rows_total + d, 1);
+      if (u < t) atomicAdd(s_rows_before + d, 1);
+    }
   }
   __syncthreads();
   for (int d = tid; d < R; d += blockDim.x) {  // slots of the experts of d, in expert order
@@ -102,16 +118,29 @@ extern "C" __global__ void __launch_bounds__(512)
       int e = int(topk[int64_t(t) * K + tid]);
       if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
       s_expert[tid] = e;
-      s_slot[tid] = nullptr;
-      if (e >= 0) {
+      if (e >= 0) {  // the slot names the token and its row in the owner's region
         const int owner = e / E_loc;
         const int q = first[e] + before[e];
-        uint8_t* region = stage + int64_t(owner) * p.region_bytes;
-        reinterpret_cast<int*>(region + index_at(p.counts_bytes))[q] = t;
-        s_slot[tid] = region + payload_at(p.counts_bytes, p.idx_bytes) + int64_t(q) * p.payload_bytes;
+        auto* index = reinterpret_cast<uint32_t*>(stage + int64_t(owner) * p.region_bytes + index_at(p.counts_bytes));
+        index[q] = uint32_t(t) | uint32_t(s_rows_before[owner]) << 16;  // num_max <= 65536 (proxy_path.py)
       }
     }
     __syncthreads();
+    if (tid == 0) {  // the distinct owners' rows, in top-k order
+      int n = 0;
+      for (int k = 0; k < K; ++k) {
+        if (s_expert[k] < 0) continue;
+        const int owner = s_expert[k] / E_loc;
+        bool seen = false;
+        for (int k2 = 0; k2 < k; ++k2) seen |= s_expert[k2] >= 0 && s_expert[k2] / E_loc == owner;
+        if (!seen)
+          s_row[n++] = stage + int64_t(owner) * p.region_bytes + payload_at(p.counts_bytes, p.idx_bytes) +
+                       int64_t(s_rows_before[owner]) * p.payload_bytes;
+      }
+      s_num_rows = n;
+    }
+    __syncthreads();
+    const int num_rows = s_num_rows;
     const uint16_t* row = reinterpret_cast<const uint16_t*>(p.x) + int64_t(t) * p.hidden;
     if (p.use_fp8) {
       const int nchunk = int(p.hidden / 16);  // 16 channels per thread; 8 threads per 128-block
@@ -132,18 +161,15 @@ extern "C" __global__ void __launch_bounds__(512)
         float scale, scale_inv;
         fp8_block_scales(amax, p.round_scale != 0, &scale, &scale_inv);
         const Vec16 q = quantize16(v, scale);
-        for (int k = 0; k < K; ++k) {
-          uint8_t* slot = s_slot[k];
-          if (slot == nullptr) continue;
-          st16(slot + c * 16, q);
-          if ((c & 7) == 0) reinterpret_cast<float*>(slot + p.hidden)[c >> 3] = scale_inv;
+        for (int r = 0; r < num_rows; ++r) {
+          st16(s_row[r] + c * 16, q);
+          if ((c & 7) == 0) reinterpret_cast<float*>(s_row[r] + p.hidden)[c >> 3] = scale_inv;
         }
       }
     } else {
       for (int c = tid; c < p.hidden / 8; c += blockDim.x) {
         const Vec16 v = ld16(row + c * 8);
-        for (int k = 0; k < K; ++k)
-          if (s_slot[k] != nullptr) st16(s_slot[k] + c * 16, v);
+        for (int r = 0; r < num_rows; ++r) st16(s_row[r] + c * 16, v);
       }
     }
     __syncthreads();
@@ -154,14 +180,14 @@ extern "C" __global__ void __launch_bounds__(512)
       if (int(prev) + 1 == s_dest_slots[d]) {  // last stager for d: everyone's stores are ordered before
         reinterpret_cast<unsigned*>(p.finish)[d] = 0u;
         fence_system();
-        publish_region(p, d, s_dest_slots[d], total);
+        publish_region(p, d, s_dest_slots[d], s_rows_total[d], total);
       }
     }
   }
   // Destinations that no token of this rank selects still get their (empty) region and signal.
   if (blockIdx.x == 0)
     for (int d = tid; d < R; d += blockDim.x)
-      if (s_dest_slots[d] == 0 && !is_masked(p.masked, d)) publish_region(p, d, 0, total);
+      if (s_dest_slots[d] == 0 && !is_masked(p.masked, d)) publish_region(p, d, 0, 0, total);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -243,10 +269,15 @@ extern "C" __global__ void __launch_bounds__(256)
     while (row >= s_begin[j + 1]) ++j;
     const int q = s_first[j] + row - s_begin[j];  // slot in j's region
     const uint8_t* region = recv + int64_t(j) * p.region_bytes;
-    const uint8_t* payload = region + payload0 + int64_t(q) * p.payload_bytes;
+    const uint32_t named = uint32_t(ld_volatile(reinterpret_cast<const int*>(region + index_at(p.counts_bytes)) + q));
+    int token = int(named & 0xffffu), token_row = int(named >> 16);  // slot = token | row << 16
+    if (token >= p.num_max || token_row >= p.num_max) {  // a peer's corrupt region must not steer our reads
+      if (lane_id() == 0) raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), j, expert, 0);
+      token = token_row = 0;
+    }
+    const uint8_t* payload = region + payload0 + int64_t(token_row) * p.payload_bytes;
     const int64_t out_row = int64_t(e) * rows_per_expert + row;
-    if (lane_id() == 0)
-      reinterpret_cast<int*>(p.src_info)[out_row] = ld_volatile(reinterpret_cast<const int*>(region + index_at(p.counts_bytes)) + q);
+    if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = token;
     if (p.use_fp8) {
       warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, payload, H);
       const auto* scales = reinterpret_cast<const float*>(payload + H);

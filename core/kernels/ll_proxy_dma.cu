@@ -32,22 +32,6 @@ using namespace uccl_ep::dev;
 
 namespace {
 
-// Per ring, device memory (LLProxyDmaParams::state), zero at start.
-struct DmaConsumer {
-  unsigned long long base_idx;    // first descriptor of the next launch
-  unsigned long long base_bytes;  // bytes of the descriptors before it
-  unsigned long long done;        // descriptors published as complete (mirror of the ring header's)
-  unsigned long long exited;      // blocks of this launch that left
-  // diagnostics, summed over launches (read by the host between ops: ProxyLowLatencyEngine)
-  unsigned long long wait_ns;     // block 0 waiting for descriptors (the proxy posting them)
-  unsigned long long copy_ns;     // descriptor seen -> completion published (its last block's view)
-  unsigned long long descs;       // descriptors completed
-  unsigned long long fetched;     // descriptors copied into `mirror` (fetch_descriptor)
-  unsigned long long fetch_lock;  // 1 while a thread reads the host ring (fetch_descriptor)
-  unsigned long long pad[7];
-};
-static_assert(sizeof(DmaConsumer) == 128, "proxy_path.py _DMA_CONSUMER_BYTES");
-
 UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
 }
@@ -76,40 +60,72 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
   for (; u < units; u += stride) st16(dst + u * 16, ld16(src + u * 16));
 }
 
-// Makes descriptor idx available in `mirror` (device memory): one thread of the ring's blocks at a
-// time -- the holder of fetch_lock -- reads the host ring and copies every posted descriptor it
-// finds (up to kFetchBatch) into the mirror, then raises `fetched` with a release; the others only
-// poll `fetched` in L2. Bounded like every wait; false once the error word is filled.
-// NOTES: each block's thread 0 used to read the host ring itself (seq, then dst, src, len): at 8
-// blocks per ring those PCIe reads cost more than the copy (probe_copy_kernel.py on 2 x H200: the
-// copy loop alone moved 3.7 MB to the peer in 11.4 us, the ring kernel took 27 us per descriptor,
-// and 64 us with 32 blocks).
-constexpr uint64_t kFetchBatch = 16;
-UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, const DmaDesc* slots, DmaDesc* mirror, uint64_t idx,
+// Makes descriptor idx available in `mirror` (device memory); called by a whole warp. One warp of
+// the ring's blocks at a time -- the holder of fetch_lock -- reads the host ring and copies every
+// posted descriptor it finds (up to a warp's worth, a lane per slot) into the mirror, then raises
+// `fetched` with a release; the others only poll `fetched` in L2. Bounded like every wait.
+// Returns false once the error word is filled.
+// NOTES: host memory costs a PCIe round trip per dependent read (~3-4 us on 2 x H200, where the
+// proxy posted a descriptor ~1 us after the push and the kernel saw it ~10 us after). Each block's
+// thread 0 used to read the ring itself (seq, then dst, src, len): at 8 blocks per ring those
+// reads cost more than the copy (27 us per 3.7 MB descriptor where the copy loop alone takes 11.4).
+// Now the lanes read their slots' four words at once and check them by the lap tags (dma_ring.h):
+// one round trip per fetch.
+constexpr uint64_t kFetchBatch = 32;
+UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc* mirror, uint64_t idx,
                                   const LLProxyDmaParams& p, int g, ErrorWord* err) {
+  const auto* slots = reinterpret_cast<const DmaDesc*>(header + 1);
+  const int lane = lane_id();
   const uint64_t start = clock_ns();
   uint64_t* fetched = reinterpret_cast<uint64_t*>(&st->fetched);
   for (uint32_t spins = 0;; ++spins) {
-    if (ld_acquire_gpu(fetched) > idx) return true;
-    if (atomicCAS(&st->fetch_lock, 0ull, 1ull) == 0ull) {
-      uint64_t k = ld_acquire_gpu(fetched);
-      const uint64_t from = k;
-      for (; k < from + kFetchBatch; ++k) {
-        const DmaDesc* d = slots + (k & (kDmaRingCapacity - 1));
-        // acquire (sys): pairs with the proxy's release of seq; dst, src and len are valid after it.
-        if (ld_acquire_sys(&d->seq) != k + 1) break;
-        DmaDesc* m = mirror + (k & (kDmaRingCapacity - 1));
-        m->dst = *reinterpret_cast<const volatile uint64_t*>(&d->dst);
-        m->src = *reinterpret_cast<const volatile uint64_t*>(&d->src);
-        m->len = *reinterpret_cast<const volatile uint64_t*>(&d->len);
-      }
-      if (k > from) max_release_gpu(fetched, k);  // the mirror entries before the count
-      atomicExch(&st->fetch_lock, 0ull);
-      if (k > idx) return true;
+    // lane 0 decides for the warp: 1 = already fetched, 2 = the warp holds the lock, 0 = poll again
+    int state = 0;
+    if (lane == 0) {
+      if (ld_acquire_gpu(fetched) > idx) state = 1;
+      else if (atomicCAS(&st->fetch_lock, 0ull, 1ull) == 0ull) state = 2;
     }
-    if ((spins & 4095u) == 4095u && !proxy_wait_ok(start, reinterpret_cast<const uint64_t*>(p.status),
-                                                   uint64_t(p.timeout_ns), err, kPhaseLLProxyCopy, int(p.rank), -1, g))
-      return false;
+    state = shfl_idx(state, 0);
+    if (state == 1) return true;
+    if (state == 2) {
+      const uint64_t from = ld_acquire_gpu(fetched);  // stable: only the lock holder raises it
+      const uint64_t k = from + uint64_t(lane);
+      const DmaDesc* d = slots + (k & (kDmaRingCapacity - 1));
+      // Four independent loads (one round trip); each word is checked by itself (seq, lap tags).
+      const uint64_t dst = *reinterpret_cast<const volatile uint64_t*>(&d->dst);
+      const uint64_t src = *reinterpret_cast<const volatile uint64_t*>(&d->src);
+      const uint64_t len = *reinterpret_cast<const volatile uint64_t*>(&d->len);
+      const uint64_t seq = *reinterpret_cast<const volatile uint64_t*>(&d->seq);
+      const uint64_t tag = dma_tag(k);
+      const bool posted = uint64_t(lane) < kFetchBatch && seq == k + 1 && (dst & ~kDmaFieldMask) == tag &&
+                          (src & ~kDmaFieldMask) == tag && (len & ~kDmaFieldMask) == tag;
+      const uint64_t run = warp_ballot(posted);
+      const int n = ffs64(~run) == 0 ? kWarpSize : ffs64(~run) - 1;  // posted slots in a row from `from`
+      if (lane < n) {
+        DmaDesc* m = mirror + (k & (kDmaRingCapacity - 1));
+        m->dst = dst & kDmaFieldMask;
+        m->src = src & kDmaFieldMask;
+        m->len = len & kDmaFieldMask;
+        __threadfence();  // the mirror entry before lane 0's release of the count
+      }
+      sync_warp();
+      if (lane == 0) {
+        if (n > 0) {
+          max_release_gpu(fetched, from + uint64_t(n));
+          // diagnostics for the proxy (posted stores; it reads them after `done`): ipc_copy.cc
+          *reinterpret_cast<volatile uint64_t*>(&header->seen_idx) = from + uint64_t(n) - 1;
+          *reinterpret_cast<volatile uint64_t*>(&header->seen_ns) = clock_ns();
+          *reinterpret_cast<volatile uint64_t*>(&header->push_ns) = ld_volatile_u64(&st->push_ns);
+        }
+        atomicExch(&st->fetch_lock, 0ull);
+      }
+      if (from + uint64_t(n) > idx) return true;
+    }
+    int ok = 1;
+    if (lane == 0 && (spins & 4095u) == 4095u)
+      ok = proxy_wait_ok(start, reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err,
+                         kPhaseLLProxyCopy, int(p.rank), -1, g);
+    if (!shfl_idx(ok, 0)) return false;
   }
 }
 
@@ -123,7 +139,6 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   auto* st = reinterpret_cast<DmaConsumer*>(p.state) + g;
   auto* ring = reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(p.rings)[g]);
   auto* header = reinterpret_cast<DmaRingHeader*>(ring);
-  const auto* slots = reinterpret_cast<const DmaDesc*>(ring + sizeof(DmaRingHeader));
   DmaDesc* mirror = reinterpret_cast<DmaDesc*>(p.mirror) + int64_t(g) * int64_t(kDmaRingCapacity);
   unsigned* finish = reinterpret_cast<unsigned*>(p.finish) + int64_t(g) * int64_t(kDmaRingCapacity);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
@@ -132,16 +147,27 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   // Final: the send kernels that add to it ran before us on this stream.
   const unsigned long long target = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(p.pushed) + g);
   uint64_t seen = 0;  // thread 0 (diagnostics): when it saw the current descriptor
+  // Diagnostics (GPU clock): the send kernels' last push to this ring, and when this launch began.
+  const uint64_t began = clock_ns(), pushed_at = ld_volatile_u64(&st->push_ns);
+  bool first = true;
 
   while (bytes < target) {
     const uint64_t slot = idx & (kDmaRingCapacity - 1);
-    if (threadIdx.x == 0) {
+    if (warp_id() == 0) {
       const uint64_t asked = clock_ns();
-      const bool got = fetch_descriptor(st, slots, mirror, idx, p, g, err);
-      s_ok = got;
+      const bool got = fetch_descriptor(st, header, mirror, idx, p, g, err);
+      if (threadIdx.x == 0) s_ok = got;
       seen = clock_ns();
-      if (b == 0) atomicAdd(&st->wait_ns, (unsigned long long)(seen - asked));
-      if (got) {  // after fetched's acquire; read around L1 (the slot is rewritten every lap)
+      if (threadIdx.x == 0 && b == 0) {
+        atomicAdd(&st->wait_ns, (unsigned long long)(seen - asked));
+        if (first && got && pushed_at != 0 && pushed_at <= began) {
+          atomicAdd(&st->push_seen_ns, (unsigned long long)(seen - pushed_at));
+          atomicAdd(&st->push_start_ns, (unsigned long long)(began - pushed_at));
+          atomicAdd(&st->launches, 1ull);
+        }
+      }
+      first = false;
+      if (threadIdx.x == 0 && got) {  // after fetched's acquire; read around L1 (the slot is rewritten every lap)
         const DmaDesc* m = mirror + slot;
         s_desc[0] = *reinterpret_cast<const volatile unsigned long long*>(&m->dst);
         s_desc[1] = *reinterpret_cast<const volatile unsigned long long*>(&m->src);

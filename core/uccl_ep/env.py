@@ -91,6 +91,7 @@ _VARS: list[Var] = [
         minimum=1, used_by="proxy"),
     Var("UCCL_EP_PROXY_IDLE_SLEEP_US", "str", "auto",
         "Longest sleep of an idle proxy thread, in microseconds (0 = spin and yield, never sleep). "
+        "`spin`: spin only, never yield the core (dedicated cores). "
         "`auto`: 0 on hosts with >= 16 CPUs, 50 on smaller ones (CI).",
         used_by="proxy"),
     Var("UCCL_EP_PROXY_WRITE_KB", "int", 16383,

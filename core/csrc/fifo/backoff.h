@@ -36,10 +36,10 @@ class Backoff {
   // One pause; escalates with the number of calls since construction or reset().
   void pause() {
     ++rounds_;
-    if (rounds_ < 64) {
+    if (rounds_ < 64 || max_sleep_ns_ < 0) {  // max_sleep_ns < 0: spin only (never yield the core)
       cpu_relax();
-    } else if (rounds_ < 128 || max_sleep_ns_ <= 0) {
-      // max_sleep_ns <= 0: never sleep. NOTES: any nanosleep costs the timer slack (50 us by
+    } else if (rounds_ < 128 || max_sleep_ns_ == 0) {
+      // max_sleep_ns == 0: never sleep. NOTES: any nanosleep costs the timer slack (50 us by
       // default), which a latency path pays on every hop; hosts with cores to spare spin.
       sched_yield();
     } else {

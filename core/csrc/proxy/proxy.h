@@ -48,7 +48,7 @@ struct ProxyConfig {
   uint32_t max_inflight = 256;   // posted-not-completed writes per peer per thread
   double timeout_s = 100.0;      // default bound of waits
   double heartbeat_s = 0.0;      // 0 = derive from timeout_s
-  int64_t idle_sleep_ns = 50000; // longest sleep of an idle thread; 0 = spin and yield, never sleep
+  int64_t idle_sleep_ns = 50000; // longest sleep of an idle thread; 0 = spin and yield, never sleep; < 0 = spin only
   bool check_remote_bounds = true;  // sender-side bounds check (tests turn it off to exercise the receiver's)
   std::string cpus;              // CPU list for the threads ("" = no pinning), e.g. "0-7,16"
   uint64_t fault_seed = 0;

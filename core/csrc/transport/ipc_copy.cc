@@ -211,12 +211,19 @@ class KernelEngine final : public CopyEngine {
       if (error) *error = "ipc: the copy ring is full (" + std::to_string(kDmaRingCapacity) + " descriptors not done)";
       return false;
     }
+    if (((dst | src | len) & ~kDmaFieldMask) != 0) {
+      if (error) *error = "ipc: copy of " + std::to_string(len) + " bytes to " + std::to_string(dst) +
+                          " does not fit a descriptor (addresses and lengths below 2^57)";
+      return false;
+    }
     DmaDesc& d = slots()[head_ & (kDmaRingCapacity - 1)];
-    d.dst = dst;
-    d.src = src;
-    d.len = len;
+    const uint64_t tag = dma_tag(head_);  // every word names its lap (dma_ring.h)
+    d.dst = dst | tag;
+    d.src = src | tag;
+    d.len = len | tag;
     // release: dst, src and len are visible to the consumer before seq says the slot is valid.
     __atomic_store_n(&d.seq, head_ + 1, __ATOMIC_RELEASE);
+    posted_rt_[head_ & (kDmaRingCapacity - 1)] = realtime_ns();  // diagnostics: note_publish_delay
     peers_[size_t(peer)].indices.push_back(head_);
     ++head_;
     return true;
@@ -244,20 +251,31 @@ class KernelEngine final : public CopyEngine {
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
     return {{"ipc_ring_done_seen", seen_.load(std::memory_order_relaxed)},
             {"ipc_ring_done_seen_ns", seen_ns_.load(std::memory_order_relaxed)},
-            {"ipc_ring_clock_mismatch", mismatch_.load(std::memory_order_relaxed)}};
+            {"ipc_ring_clock_mismatch", mismatch_.load(std::memory_order_relaxed)},
+            {"ipc_ring_taken", taken_.load(std::memory_order_relaxed)},
+            {"ipc_ring_push_post_ns", push_post_ns_.load(std::memory_order_relaxed)},
+            {"ipc_ring_post_seen_ns", post_seen_ns_.load(std::memory_order_relaxed)}};
   }
 
   DmaDesc* slots() { return reinterpret_cast<DmaDesc*>(ring_ + sizeof(DmaRingHeader)); }
+  static int64_t realtime_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return int64_t(ts.tv_sec) * 1000000000ll + ts.tv_nsec;
+  }
   // Diagnostics: how much later than at best this thread saw the consumer's `done` (its done_ns),
   // by CLOCK_REALTIME. NOTES: a GPU's %globaltimer and the host's real-time clock differ by an offset
   // (0.6-4 ms between runs on 2 x H200), so one raw difference says nothing; measured from the
   // smallest difference seen so far the offset cancels (the first samples may count a little high).
   // A difference beyond +-1 s, or no stamp, is counted as a clock mismatch instead.
+  // That smallest difference is also the offset plus the fastest GPU -> host notice, so GPU stamps
+  // shifted by it read on the host clock, late by that fastest notice (< 1 us): with it the
+  // consumer's last taken descriptor splits the send kernel's push -> descriptor seen into push ->
+  // this thread posted it (the proxy picking the command up) and posted -> seen (the fetch).
   void note_publish_delay() {
-    const uint64_t stamp = __atomic_load_n(&reinterpret_cast<DmaRingHeader*>(ring_)->done_ns, __ATOMIC_RELAXED);
-    timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    const int64_t delay = int64_t(ts.tv_sec) * 1000000000ll + ts.tv_nsec - int64_t(stamp);
+    const auto* h = reinterpret_cast<const DmaRingHeader*>(ring_);
+    const uint64_t stamp = __atomic_load_n(&h->done_ns, __ATOMIC_RELAXED);
+    const int64_t delay = realtime_ns() - int64_t(stamp);
     if (stamp == 0 || delay >= 1000000000ll || delay <= -1000000000ll) {
       mismatch_.fetch_add(1, std::memory_order_relaxed);
       return;
@@ -265,6 +283,19 @@ class KernelEngine final : public CopyEngine {
     if (seen_.load(std::memory_order_relaxed) == 0 || delay < min_delay_) min_delay_ = delay;
     seen_ns_.fetch_add(uint64_t(delay - min_delay_), std::memory_order_relaxed);
     seen_.fetch_add(1, std::memory_order_relaxed);
+    // relaxed: plain diagnostics the consumer stored before its release of done
+    const uint64_t idx = __atomic_load_n(&h->seen_idx, __ATOMIC_RELAXED);
+    const int64_t seen_at = int64_t(__atomic_load_n(&h->seen_ns, __ATOMIC_RELAXED)) + min_delay_;
+    const int64_t push_at = int64_t(__atomic_load_n(&h->push_ns, __ATOMIC_RELAXED)) + min_delay_;
+    if (idx >= head_ || idx + kDmaRingCapacity < head_ || idx == last_taken_ || push_at == min_delay_) return;
+    last_taken_ = idx;
+    const int64_t posted = posted_rt_[idx & (kDmaRingCapacity - 1)];
+    const int64_t push_post = posted - push_at, post_seen = seen_at - posted;
+    if (push_post < -1000000000ll || push_post > 1000000000ll || post_seen < -1000000000ll || post_seen > 1000000000ll) return;
+    // signed sums kept in unsigned words (two's complement): early samples may be slightly negative
+    push_post_ns_.fetch_add(uint64_t(push_post), std::memory_order_relaxed);
+    post_seen_ns_.fetch_add(uint64_t(post_seen), std::memory_order_relaxed);
+    taken_.fetch_add(1, std::memory_order_relaxed);
   }
   uint64_t done() const {
     // acquire: pairs with the consumer's release of done (after its copies): the bytes of every
@@ -280,8 +311,10 @@ class KernelEngine final : public CopyEngine {
   uint64_t head_ = 0;       // next descriptor index
   uint64_t seen_done_ = 0;  // last done value this thread read
   std::vector<PeerCopies> peers_;
-  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0};
+  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0}, taken_{0}, push_post_ns_{0}, post_seen_ns_{0};
   int64_t min_delay_ = 0;  // smallest realtime - done_ns seen (this thread only)
+  uint64_t last_taken_ = ~0ull;  // seen_idx of the last sample
+  std::vector<int64_t> posted_rt_ = std::vector<int64_t>(kDmaRingCapacity, 0);  // CLOCK_REALTIME per slot at submit
 };
 
 // ---- peers' device memory, opened once per process -------------------------------------------------

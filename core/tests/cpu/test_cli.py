@@ -66,27 +66,39 @@ def test_help_lists_subcommands():
 
 def test_bench_proxy_hop_fields():
     """The proxy columns: writes per op, mean post->delivery time, submit time, inbox time, and the
-    copy kernel's wait and copy time per descriptor, between two ipc snapshots."""
+    copy kernel's wait and copy time per descriptor and push -> start / seen per launch, between two
+    ipc snapshots."""
     from uccl_ep.bench.ep import _proxy_fields, _proxy_snapshot
     counters = {"ipc_post_to_deliver_ns": 5_000_000, "ipc_delivered_to_0": 300, "ipc_delivered_to_1": 700,
                 "ipc_copy_bytes": 1, "ipc_submit_ns": 900_000, "ipc_cuda_copies": 600, "ipc_inbox_ns": 70_000,
                 "ipc_received": 50}
-    assert _proxy_snapshot(lambda: counters) == (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0, 0, 0)
+    after = _proxy_snapshot(lambda: counters)
+    assert (after["ipc_post_to_deliver_ns"], after["delivered"], after["ipc_submit_ns"], after["copies"],
+            after["ipc_inbox_ns"], after["ipc_received"], after["copy_kernel_descs"]) == (5_000_000, 1000, 900_000,
+                                                                                          600, 70_000, 50, 0)
     assert _proxy_snapshot(lambda: {"loop_writes": 3}) is None     # not an ipc transport
     assert _proxy_snapshot(None) is None
-    f = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 0, 0, 0),
-                      (5_000_000, 1000, 900_000, 600, 70_000, 50, 0, 0, 0, 0, 0), 4)
+    before = _proxy_snapshot(lambda: {"ipc_post_to_deliver_ns": 1_000_000, "ipc_delivered_to_0": 200,
+                                      "ipc_submit_ns": 100_000, "ipc_cuda_copies": 200, "ipc_inbox_ns": 10_000,
+                                      "ipc_received": 10})
+    f = _proxy_fields(before, after, 4)
     assert f == {"proxy_writes": 200.0, "proxy_hop_us": 5.0, "proxy_submit_us": 2.0, "proxy_inbox_us": 1.5}
-    # ipc "kernel" copies: the copy kernel's summed wait and copy ns over the descriptors it did
+    # ipc "kernel" copies: the copy kernel's summed wait and copy ns over the descriptors it did, and
+    # its per-launch push -> start / push -> seen
     k = dict(counters, ipc_kernel_copies=600, copy_kernel_wait_ns=4_000_000, copy_kernel_copy_ns=1_000_000,
-             copy_kernel_descs=100, ipc_ring_done_seen_ns=600_000, ipc_ring_done_seen=100)
+             copy_kernel_descs=100, ipc_ring_done_seen_ns=600_000, ipc_ring_done_seen=100,
+             copy_kernel_push_start_ns=300_000, copy_kernel_push_seen_ns=900_000, copy_kernel_launches=60,
+             ipc_ring_push_post_ns=(1 << 64) - 80_000, ipc_ring_post_seen_ns=500_000, ipc_ring_taken=50)
     del k["ipc_cuda_copies"]
-    after = _proxy_snapshot(lambda: k)
-    g = _proxy_fields((1_000_000, 200, 100_000, 200, 10_000, 10, 0, 0, 20, 200_000, 20), after, 4)
+    before_k = dict(before, copy_kernel_descs=20, ipc_ring_done_seen_ns=200_000, ipc_ring_done_seen=20,
+                    copy_kernel_launches=10, ipc_ring_push_post_ns=20_000, ipc_ring_taken=10)
+    g = _proxy_fields(before_k, _proxy_snapshot(lambda: k), 4)
     assert (g["copy_wait_us"], g["copy_us"], g["done_seen_us"]) == (50.0, 12.5, 5.0)
-    empty = (1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-    assert _proxy_fields(empty, empty, 4) == {}       # nothing delivered: no columns
-    assert _proxy_fields(None, (1, 5), 4) == {}
+    assert (g["push_start_us"], g["push_seen_us"]) == (6.0, 18.0)
+    # signed sums in unsigned words: -80 us summed after +20 us is -100 us over 40 samples
+    assert (g["push_post_us"], g["post_seen_us"]) == (-2.5, 12.5)
+    assert _proxy_fields(before, before, 4) == {}       # nothing delivered: no columns
+    assert _proxy_fields(None, after, 4) == {}
 
 
 def test_time_op_counts_every_call_and_reports_synced():

@@ -58,3 +58,16 @@ def test_docs_env_md_is_generated_from_registry():
     doc = pathlib.Path(__file__).resolve().parents[3] / "docs" / "env.md"
     assert doc.read_text() == env.render_markdown(), \
         "docs/env.md is stale: run `python -m uccl_ep.env > docs/env.md`"
+
+
+@pytest.mark.parametrize("raw,ns", [("spin", -1), ("0", 0), ("2.5", 2500), ("auto", None)])
+def test_proxy_idle_sleep(monkeypatch, raw, ns):
+    """UCCL_EP_PROXY_IDLE_SLEEP_US: `spin` never yields (-1), a number is the sleep cap in ns, `auto`
+    follows the CPU count; anything else is refused naming the variable."""
+    from uccl_ep.proxy import bootstrap
+    monkeypatch.setenv("UCCL_EP_PROXY_IDLE_SLEEP_US", raw)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert bootstrap.idle_sleep_ns() == (50_000 if ns is None else ns)
+    monkeypatch.setenv("UCCL_EP_PROXY_IDLE_SLEEP_US", "-3")
+    with pytest.raises(InvalidArgument, match="UCCL_EP_PROXY_IDLE_SLEEP_US"):
+        bootstrap.idle_sleep_ns()

@@ -42,6 +42,10 @@ class RingConsumer:
             dst, src, length, seq = (int(v) for v in self.words[slot:slot + 4])
             if seq != self.next + 1:
                 return n
+            # every word carries the lap tag (dma_ring.h dma_tag): (lap + 1) mod 128 in bits 57..63
+            tag = ((self.next // self.cap + 1) & 0x7F) << 57
+            assert (dst >> 57, src >> 57, length >> 57) == (tag >> 57,) * 3, "descriptor without its lap tag"
+            dst, src, length = (v & ((1 << 57) - 1) for v in (dst, src, length))
             ctypes.memmove(dst, src, length)
             self.copied.append((dst, src, length))
             self.next += 1

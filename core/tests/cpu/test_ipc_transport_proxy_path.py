@@ -76,8 +76,8 @@ class FakeKernel:
     def __init__(self, log, name):
         self.log, self.name = log, name
 
-    def launch(self, grid, block, params, stream, smem=0, cooperative=False):
-        self.log.append((self.name, grid, block, params, smem))
+    def launch(self, grid, block, params, stream, smem=0, cooperative=False, programmatic=False):
+        self.log.append((self.name, grid, block, params, smem, programmatic))
 
 
 def _unpack(struct_name, params):
@@ -152,7 +152,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         handle, finish = out[2], out[3]
         lay = eng.layout
         s = 0  # dispatch on set 0, combine on set 1, every iteration
-        name, grid, _, params, smem = log[-2]
+        name, grid, _, params, smem, _ = log[-2]
         d = _unpack("LLProxyDispatchParams", params)
         _assert_copy_launch(eng, log[-1], d)
         assert name == "ll_dispatch_proxy_send" and grid == T and smem == 12 * E
@@ -162,14 +162,15 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["masked"] == (2 if it else 0)
         # packed regions: one per peer, room for every token's selections of the peer's experts
         slots = T * min(4, E // R)
+        # token | row << 16 per slot; a row per token (kernel_abi.h)
         assert d["max_slots"] == slots and d["counts_bytes"] >= 4 * (E // R) and d["idx_bytes"] >= 4 * slots
-        assert d["region_bytes"] >= 16 + d["counts_bytes"] + d["idx_bytes"] + slots * d["payload_bytes"]
+        assert d["region_bytes"] >= 16 + d["counts_bytes"] + d["idx_bytes"] + T * d["payload_bytes"]
         assert R * d["region_bytes"] <= lay.set_bytes // 2 and d["region_bytes"] % 16 == 0
         assert d["chunk_bytes"] == lay.chunk_bytes == write_chunk_bytes() <= CHUNK_BYTES < 1 << 24
         assert d["chunk_bytes"] % 16 == 0
         assert d["signal_total"] == lay.signal_total >= -(-d["region_bytes"] // CHUNK_BYTES) + 2
         finish()
-        name, grid, _, params, _ = log[-1]
+        name, grid, _, params, _, _ = log[-1]
         r = _unpack("LLProxyDispatchRecvParams", params)
         assert name == "ll_dispatch_proxy_recv" and grid == E // R
         assert r["counters"] == eng.counters_dev and r["num_counters"] == NUM_COUNTERS
@@ -204,8 +205,9 @@ def test_kernel_parameters_and_set_alternation(engine):
 
 def _assert_copy_launch(eng, launch, send):
     """The copy kernel follows the send kernel and reads the byte counters the send kernel adds to."""
-    name, grid, block, params, _ = launch
+    name, grid, block, params, _, programmatic = launch
     assert name == "ll_proxy_dma" and block == proxy_path._DMA_BLOCK
+    assert not programmatic  # plain stream order after its send kernel (proxy_path._launch_copies)
     k = _unpack("LLProxyDmaParams", params)
     n = eng.num_proxy_threads
     assert grid == n * k["blocks_per_ring"] and k["num_rings"] == n == send["num_proxy_threads"]

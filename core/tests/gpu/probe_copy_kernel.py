@@ -25,7 +25,7 @@ from multirank import run_ranks  # noqa: E402
 
 CAPACITY = 8192          # dma_ring.h kDmaRingCapacity
 HEADER, DESC = 64, 32    # DmaRingHeader, DmaDesc
-CONSUMER = 128           # DmaConsumer (ll_proxy_dma.cu)
+CONSUMER = 128           # DmaConsumer (dma_ring.h)
 
 
 def worker(rank, world, nbytes, blocks_list):

@@ -170,43 +170,63 @@ def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
     return world // spec.nodes
 
 
-def _proxy_snapshot(counters_fn):
-    """(post->delivery ns summed, writes delivered, copy-submit ns summed, copies) of an `ipc` proxy
-    transport, or None."""
+# Summed counters of an `ipc` proxy transport the bench reads (besides the per-destination and
+# per-engine ones folded into "delivered" and "copies" by _proxy_snapshot).
+_SNAPSHOT_KEYS = ("ipc_post_to_deliver_ns", "ipc_submit_ns", "ipc_inbox_ns", "ipc_received", "copy_kernel_wait_ns",
+                  "copy_kernel_copy_ns", "copy_kernel_descs", "ipc_ring_done_seen_ns", "ipc_ring_done_seen",
+                  "copy_kernel_push_seen_ns", "copy_kernel_push_start_ns", "copy_kernel_launches",
+                  "ipc_ring_push_post_ns", "ipc_ring_post_seen_ns", "ipc_ring_taken")
+# Sums of signed nanoseconds the native side keeps in unsigned 64-bit words.
+_SIGNED_KEYS = ("ipc_ring_push_post_ns", "ipc_ring_post_seen_ns")
+
+
+def _proxy_snapshot(counters_fn) -> dict | None:
+    """The summed counters of an `ipc` proxy transport (_SNAPSHOT_KEYS, 0 when absent, plus
+    `delivered`: writes delivered to every destination, and `copies`: copy submissions of every
+    engine), or None for another transport."""
     if counters_fn is None:
         return None
     c = dict(counters_fn())
     if "ipc_post_to_deliver_ns" not in c:
         return None
-    copies = sum(int(v) for k, v in c.items() if k.startswith("ipc_") and k.endswith("_copies"))
-    return (int(c["ipc_post_to_deliver_ns"]), sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_")),
-            int(c.get("ipc_submit_ns", 0)), copies, int(c.get("ipc_inbox_ns", 0)), int(c.get("ipc_received", 0)),
-            int(c.get("copy_kernel_wait_ns", 0)), int(c.get("copy_kernel_copy_ns", 0)),
-            int(c.get("copy_kernel_descs", 0)), int(c.get("ipc_ring_done_seen_ns", 0)),
-            int(c.get("ipc_ring_done_seen", 0)))
+    out = {k: int(c.get(k, 0)) for k in _SNAPSHOT_KEYS}
+    out["delivered"] = sum(int(v) for k, v in c.items() if k.startswith("ipc_delivered_to_"))
+    out["copies"] = sum(int(v) for k, v in c.items() if k.startswith("ipc_") and k.endswith("_copies"))
+    return out
 
 
-def _proxy_fields(before, after, calls: int) -> dict:
-    """Proxy writes per op, their mean post->delivery time (copy done, record in the receiver's
-    inbox), the mean time the proxy thread spent inside one copy submission (the CUDA driver
-    call on the ipc stand-in: large values mean it waited on another thread), the mean time a
-    record waited in the receiver's inbox, and with ipc "kernel" copies the copy kernel's mean wait
-    for a descriptor, its copy time and how much later than at best the proxy saw its `done` (GPU
-    and host clocks differ by an offset: see ipc_copy.cc), between two snapshots: where the proxy
-    path's time goes."""
-    if before is None or after is None or calls <= 0 or after[1] <= before[1]:
+def _proxy_fields(before: dict | None, after: dict | None, calls: int) -> dict:
+    """Where the proxy path's time goes, between two snapshots: proxy writes per op, their mean
+    post->delivery time (copy done, record in the receiver's inbox), the mean time the proxy thread
+    spent inside one copy submission (the CUDA driver call on the ipc stand-in: large values mean it
+    waited on another thread), the mean time a record waited in the receiver's inbox, and with ipc
+    "kernel" copies: the copy kernel's mean wait for a descriptor and its copy time per descriptor,
+    how much later than at best the proxy saw its `done` (GPU and host clocks differ by an offset:
+    see ipc_copy.cc), per launch (GPU clock only) the send kernel's push -> the copy kernel's
+    start and -> its first descriptor seen, and that push -> seen split at the proxy's posting
+    (push -> posted: the proxy picking the command up; posted -> seen: the descriptor fetch; GPU
+    stamps read on the host clock, ipc_copy.cc)."""
+    if before is None or after is None or calls <= 0 or after["delivered"] <= before["delivered"]:
         return {}
-    n = after[1] - before[1]
-    out = {"proxy_writes": n / calls, "proxy_hop_us": (after[0] - before[0]) / n / 1e3}
-    if after[3] > before[3]:
-        out["proxy_submit_us"] = (after[2] - before[2]) / (after[3] - before[3]) / 1e3
-    if after[5] > before[5]:  # records the receiving proxies took from their inboxes
-        out["proxy_inbox_us"] = (after[4] - before[4]) / (after[5] - before[5]) / 1e3
-    if after[8] > before[8]:  # ipc "kernel" copies: per descriptor, waiting for it, then copying it
-        out["copy_wait_us"] = (after[6] - before[6]) / (after[8] - before[8]) / 1e3
-        out["copy_us"] = (after[7] - before[7]) / (after[8] - before[8]) / 1e3
-    if after[10] > before[10]:  # the proxy seeing a copy kernel's `done` (GPU -> host clock)
-        out["done_seen_us"] = (after[9] - before[9]) / (after[10] - before[10]) / 1e3
+    d = {k: after[k] - before[k] for k in after}
+    for k in _SIGNED_KEYS:  # two's complement difference
+        d[k] = (d[k] + (1 << 63)) % (1 << 64) - (1 << 63)
+    n = d["delivered"]
+    out = {"proxy_writes": n / calls, "proxy_hop_us": d["ipc_post_to_deliver_ns"] / n / 1e3}
+
+    def mean_us(total: str, count: str, field: str) -> None:
+        if d[count] > 0:
+            out[field] = d[total] / d[count] / 1e3
+
+    mean_us("ipc_submit_ns", "copies", "proxy_submit_us")
+    mean_us("ipc_inbox_ns", "ipc_received", "proxy_inbox_us")  # records the receiving proxies took
+    mean_us("copy_kernel_wait_ns", "copy_kernel_descs", "copy_wait_us")  # per descriptor: waiting for it,
+    mean_us("copy_kernel_copy_ns", "copy_kernel_descs", "copy_us")       # then copying it
+    mean_us("ipc_ring_done_seen_ns", "ipc_ring_done_seen", "done_seen_us")  # the proxy seeing `done`
+    mean_us("copy_kernel_push_start_ns", "copy_kernel_launches", "push_start_us")
+    mean_us("copy_kernel_push_seen_ns", "copy_kernel_launches", "push_seen_us")
+    mean_us("ipc_ring_push_post_ns", "ipc_ring_taken", "push_post_us")  # host clock: the proxy's pick-up,
+    mean_us("ipc_ring_post_seen_ns", "ipc_ring_taken", "post_seen_us")  # then the copy kernel's fetch
     return out
 
 

@@ -103,7 +103,8 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
             table.add_column(col, justify="right")
     proxied = any("proxy_hop_us" in r for r in rows)
     if proxied:  # where the proxy path's time goes: writes per op, post->delivery, time in a copy submit
-        for col in ("proxy writes/op", "post→deliver µs", "submit µs", "inbox µs", "copy wait µs", "copy µs", "done→seen µs"):
+        for col in ("proxy writes/op", "post→deliver µs", "submit µs", "inbox µs", "copy wait µs", "copy µs", "done→seen µs",
+                    "push→start µs", "push→seen µs", "push→post µs", "post→seen µs"):
             table.add_column(col, justify="right")
     for r in rows:
         cells = [r["mode"], r["op"], r["dtype"], r["backend"], str(r["ranks"]), str(r["tokens"]), str(r["hidden"]),
@@ -119,7 +120,8 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
                       f"{r['proxy_hop_us']:.1f}" if "proxy_hop_us" in r else "",
                       f"{r['proxy_submit_us']:.1f}" if "proxy_submit_us" in r else ""]
             cells += [f"{r[k]:.1f}" if k in r else "" for k in ("proxy_inbox_us", "copy_wait_us", "copy_us",
-                                                                  "done_seen_us")]
+                                                                  "done_seen_us", "push_start_us", "push_seen_us",
+                                                                  "push_post_us", "post_seen_us")]
         table.add_row(*cells)
     console = Console()
     if not console.is_terminal:
@@ -135,7 +137,7 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
         out = dict(row)
         for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes",
                     "proxy_hop_us", "proxy_submit_us", "proxy_inbox_us", "copy_wait_us", "copy_us",
-                    "done_seen_us"):
+                    "done_seen_us", "push_start_us", "push_seen_us", "push_post_us", "post_seen_us"):
             if key in row and all(key in r for r in same):
                 out[key] = sum(r[key] for r in same) / len(same)
         out["gbps"] = out["bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0

@@ -162,10 +162,12 @@ class ProxyLayout:
 
     @staticmethod
     def _region(num_max: int, hidden: int, num_topk: int, e_loc: int, use_fp8: bool) -> PackedRegion:
+        # slots: (expert, token) selections, each naming its token and row in 16 bits each; rows: one
+        # per token (kernel_abi.h), so a token selecting several experts of a rank crosses the link once
         slots = num_max * max(1, min(num_topk, e_loc))
         counts, idx = _align16(4 * e_loc), _align16(4 * slots)
         payload = ProxyLayout.payload_bytes(hidden, use_fp8)
-        region = _align16(16 + counts + idx + slots * payload)
+        region = _align16(16 + counts + idx + num_max * payload)
         return PackedRegion(region, counts, idx, payload, slots)
 
     @property
@@ -303,7 +305,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
     def transport_counters(self) -> dict:
         """The proxy's transport counters and, with the copy kernel, its summed diagnostics
         (``copy_kernel_wait_ns``: waiting for the proxy's descriptors; ``copy_kernel_copy_ns``:
-        descriptor seen to completion published; ``copy_kernel_descs``). Reads device memory:
+        descriptor seen to completion published; ``copy_kernel_descs``; per launch, GPU clock:
+        ``copy_kernel_push_start_ns`` / ``_push_seen_ns``, the send kernel's push to the launch's
+        start / first descriptor seen, over ``copy_kernel_launches``). Reads device memory:
         call between ops (the bench does)."""
         out = dict(self.proxy.transport_counters())
         if self.copy_kernel:
@@ -311,12 +315,16 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             raw = self.drv.memcpy_dtoh(self.dev, self.dma_mem.ptr + 16 * n, _DMA_CONSUMER_BYTES * n)
             words = struct.unpack(f"<{_DMA_CONSUMER_BYTES // 8 * n}Q", raw)
             per = _DMA_CONSUMER_BYTES // 8
-            for i, key in ((4, "wait_ns"), (5, "copy_ns"), (6, "descs")):
+            for i, key in ((4, "wait_ns"), (5, "copy_ns"), (6, "descs"), (10, "push_seen_ns"), (11, "push_start_ns"),
+                           (12, "launches")):  # DmaConsumer's words (dma_ring.h)
                 out[f"copy_kernel_{key}"] = sum(words[r * per + i] for r in range(n))
         return out
 
     def _launch_copies(self) -> None:
-        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel."""
+        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel.
+        NOTES: launched to overlap the send kernel (programmatic dependent launch, taking the proxy's
+        first descriptor while the send kernel ran) it saw descriptors ~1 us after the push instead
+        of ~11, yet graph D+C went from 140 to 175-178 us on 2 x H200 (docs/benchmarks.md): not kept."""
         if self.copy_kernel:
             self._k["ll_proxy_dma"].launch(self.num_proxy_threads * _DMA_BLOCKS_PER_RING, _DMA_BLOCK,
                                            self._dma_params, current_stream())
@@ -388,7 +396,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             raise LimitExceeded("UCCL_EP_PROXY_WRITE_KB", f"Writes per (op, peer) of the proxy path (regions of up to "
                                 f"{lay.set_bytes // 2} bytes in {lay.chunk_bytes}-byte Writes)", lay.signal_total - 2,
                                 _MAX_SIGNAL - 2)
-        if num_max * 2 * hidden > CHUNK_BYTES:  # a zero-copy combine segment is one Write
+        # a zero-copy combine segment is one Write; this also keeps num_max < 2^16 (hidden >= 128), which
+        # a dispatch slot's token | row << 16 needs (kernel_abi.h)
+        if num_max * 2 * hidden > CHUNK_BYTES:
             raise LimitExceeded("num_max_dispatch_tokens_per_rank", "bytes of one proxy write (24-bit length)",
                                 num_max * 2 * hidden, CHUNK_BYTES)
         torch.cuda.synchronize(self.dev)

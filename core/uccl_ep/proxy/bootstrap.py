@@ -153,18 +153,20 @@ def _wait_all(store, prefix: str, what: str, rank: int, world: int, deadline: fl
 
 
 def idle_sleep_ns() -> int:
-    """Longest sleep of an idle proxy thread (UCCL_EP_PROXY_IDLE_SLEEP_US; `auto`: never sleep on
+    """Longest sleep of an idle proxy thread (UCCL_EP_PROXY_IDLE_SLEEP_US; -1 for `spin`; `auto`: never sleep on
     hosts with >= 16 CPUs -- GPU servers, where every hop would otherwise pay the timer slack --
     and 50 us on small machines, where spinning threads starve the ranks they wait for)."""
     value = str(env.get("UCCL_EP_PROXY_IDLE_SLEEP_US")).strip().lower()
     if value == "auto":
         return 0 if (os.cpu_count() or 1) >= 16 else 50_000
+    if value == "spin":
+        return -1
     try:
         us = float(value)
     except ValueError:
-        raise InvalidArgument("UCCL_EP_PROXY_IDLE_SLEEP_US", "`auto` or a number of microseconds >= 0", value) from None
+        raise InvalidArgument("UCCL_EP_PROXY_IDLE_SLEEP_US", "`auto`, `spin` or a number of microseconds >= 0", value) from None
     if us < 0:
-        raise InvalidArgument("UCCL_EP_PROXY_IDLE_SLEEP_US", "`auto` or a number of microseconds >= 0", value)
+        raise InvalidArgument("UCCL_EP_PROXY_IDLE_SLEEP_US", "`auto`, `spin` or a number of microseconds >= 0", value)
     return int(us * 1000)
 
 

@@ -11,8 +11,11 @@
 //                   release (the GPU: st.release.sys after its copies), read by the proxy with
 //                   acquire before it delivers immediates. header.done_ns (diagnostics): when.
 //   slots[capacity] descriptors; the proxy fills dst, src, len, then release-stores seq = index + 1
-//                   (so a stale slot of the previous lap never matches); the consumer acquire-loads
-//                   seq before reading the rest.
+//                   (so a stale slot of the previous lap never matches). dst, src and len each carry
+//                   the descriptor's lap tag in their top bits (dma_tag), so every word says by
+//                   itself which lap wrote it: the consumer reads all four words at once, without
+//                   ordering between them, and takes the slot only when seq and the three tags
+//                   match (a word read before the proxy rewrote it carries the previous lap's tag).
 //
 // Single producer (the proxy thread owning the endpoint), single logical consumer. The producer
 // never has more than `capacity` descriptors not done: the transport's outstanding-write bound is
@@ -26,6 +29,8 @@
 #pragma once
 
 #include <stdint.h>
+
+#include "uccl_ep/protocol.h"  // UCCL_EP_HOST_DEVICE
 
 namespace uccl_ep {
 
@@ -41,12 +46,51 @@ struct DmaRingHeader {
   uint64_t done;     // descriptors complete
   uint64_t done_ns;  // diagnostics: the consumer's clock when it last published done (GPU: %globaltimer,
                      // which the driver keeps near the host's CLOCK_REALTIME); written before done
-  uint64_t pad[6];
+  // diagnostics, written by the consumer when it takes descriptors (plain stores, read by the
+  // producer once it sees them done): the last one taken, the consumer's clock then, and the
+  // consumer's clock of the push that asked for it (the send kernels' stamp, DmaConsumer::push_ns)
+  uint64_t seen_idx;
+  uint64_t seen_ns;
+  uint64_t push_ns;
+  uint64_t pad[3];
 };
 static_assert(sizeof(DmaRingHeader) == 64, "DmaRingHeader is part of the host/device ABI");
 
+// The consumer's state per ring, in device memory next to the rings' table (proxy_path.py lays it
+// out: ring table u64[n] | pushed bytes u64[n] | DmaConsumer[n] | ...), zero at start. Written by
+// the copy kernel, except push_ns, which the send kernels stamp after their pushes (diagnostics).
+struct DmaConsumer {
+  unsigned long long base_idx;    // first descriptor of the next launch
+  unsigned long long base_bytes;  // bytes of the descriptors before it
+  unsigned long long done;        // descriptors published as complete (mirror of the ring header's)
+  unsigned long long exited;      // blocks of this launch that left
+  // diagnostics, summed over launches (read by the host between ops: ProxyLowLatencyEngine)
+  unsigned long long wait_ns;     // block 0 waiting for descriptors (the proxy posting them)
+  unsigned long long copy_ns;     // descriptor seen -> completion published (its last block's view)
+  unsigned long long descs;       // descriptors completed
+  unsigned long long fetched;     // descriptors copied into the device mirror (fetch_descriptor)
+  unsigned long long fetch_lock;  // 1 while a warp reads the host ring (fetch_descriptor)
+  unsigned long long push_ns;     // GPU clock of the last send kernel's pushes to this ring's proxy thread
+  unsigned long long push_seen_ns;   // summed per launch: that push -> the launch's first descriptor seen
+  unsigned long long push_start_ns;  // summed per launch: that push -> this kernel started (launch gap)
+  unsigned long long launches;       // launches that found a push stamp and a descriptor
+  unsigned long long pad[3];
+};
+static_assert(sizeof(DmaConsumer) == 128, "DmaConsumer is part of the host/device ABI (proxy_path.py)");
+
 // Descriptors per ring (power of two); above any transport's outstanding-write bound (8192).
 constexpr uint64_t kDmaRingCapacity = 8192;
+
+// Lap tags (see the header comment): bits [57, 64) of dst, src and len hold (lap + 1) mod 128 of
+// the descriptor's index, lap = index / capacity; + 1 so that the zeroed ring of lap 0 never
+// matches. Device addresses and lengths stay below 2^57 (the producer refuses others).
+// NOTES: one PCIe round trip per fetch instead of two (seq with acquire, then the fields), which
+// the copy kernel's pick-up latency is made of (~3-4 us a round trip on 2 x H200).
+constexpr int kDmaTagShift = 57;
+constexpr uint64_t kDmaFieldMask = (uint64_t(1) << kDmaTagShift) - 1;
+UCCL_EP_HOST_DEVICE constexpr uint64_t dma_tag(uint64_t index) {
+  return ((index / kDmaRingCapacity + 1) & 0x7f) << kDmaTagShift;
+}
 
 // Bytes of one ring: header, then the slots.
 constexpr uint64_t dma_ring_bytes() { return sizeof(DmaRingHeader) + kDmaRingCapacity * sizeof(DmaDesc); }

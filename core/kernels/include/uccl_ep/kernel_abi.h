@@ -242,8 +242,10 @@ struct HTCombineParams {
 //   send area  region [d]: what this rank sends to rank d (dispatch), or to source rank d (combine)
 //   recv area  region [s]: what rank s sent to this rank
 // A dispatch region = 16-byte header {slots, magic, 0, 0}, int32 slots per local expert of the
-// destination (counts_bytes), int32 source token index per slot (idx_bytes), then one payload per
-// slot (payload_bytes apart); slots in (expert, source token) order. A combine region = the rows
+// destination (counts_bytes), then per slot its source token t and its row r as uint32 t | r << 16
+// (idx_bytes; num_max <= 65536), then the rows (payload_bytes apart): one per
+// source token that selects any expert of the destination, in token order, however many of them
+// it selects; slots in (expert, source token) order. A combine region = the rows
 // for one token rank, bf16, in (expert, slot) order. Per (op, peer) the sender pushes n counted
 // Writes (the region's used bytes, in chunks of at most chunk_bytes) and a signal pair (fenced
 // Atomic n + 1, plain Atomic signal_total - n - 1; device/proxy_ll.cuh) on one counter, so that
@@ -271,8 +273,8 @@ struct LLProxyDispatchParams {
   int64_t round_scale;
   int64_t region_bytes;     // stride of the per-peer packed regions
   int64_t counts_bytes;     // int32 per local expert, 16-byte aligned
-  int64_t idx_bytes;        // int32 per slot (max_slots of them), 16-byte aligned
-  int64_t payload_bytes;
+  int64_t idx_bytes;        // uint32 token | row << 16 per slot (max_slots of them), 16-byte aligned
+  int64_t payload_bytes;    // one row (FP8 + scales, or BF16); a region holds up to num_max rows
   int64_t max_slots;        // slots a region holds: num_max * min(K, local experts)
   int64_t chunk_bytes;      // largest Write
   int64_t signal_total;     // counter growth per op

@@ -7,6 +7,7 @@
 #include "uccl_ep/device/arch.cuh"
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/wait.cuh"
+#include "uccl_ep/dma_ring.h"
 #include "uccl_ep/fifo_device.cuh"
 #include "uccl_ep/kernel_abi.h"
 #include "uccl_ep/protocol.h"
@@ -18,6 +19,15 @@ namespace uccl_ep::dev {
 UCCL_DEVICE unsigned long long* dma_counter(uint64_t dma_pushed, int64_t num_proxy_threads, int fifo) {
   return dma_pushed == 0 ? nullptr
                          : reinterpret_cast<unsigned long long*>(dma_pushed) + fifo % int(num_proxy_threads);
+}
+
+// Diagnostics: the GPU clock of a send kernel's pushes to FIFO `fifo`, in the consumer state of the
+// copy ring that serves it (DmaConsumer::push_ns; the copy kernel measures push -> descriptor seen
+// from it). No-op without copy rings.
+UCCL_DEVICE void stamp_dma_push(uint64_t dma_pushed, int64_t num_proxy_threads, int fifo) {
+  if (dma_pushed == 0) return;
+  auto* state = reinterpret_cast<DmaConsumer*>(dma_pushed + 8 * uint64_t(num_proxy_threads));  // proxy_path.py layout
+  *reinterpret_cast<volatile unsigned long long*>(&state[fifo % int(num_proxy_threads)].push_ns) = clock_ns();
 }
 
 // Pushes the bytes [src_off, +len) to dst's [dst_off, +len) as counted Writes of at most `chunk`
