@@ -91,7 +91,8 @@ extern "C" __global__ void __launch_bounds__(512)
   }
   for (int u = tid; u < T; u += blockDim.x) {  // the row of token u in each rank it selects
     uint64_t dests = 0;
-    for (int k = 0; k < K; ++k) {
+#pragma unroll 8
+    for (int k = 0; k < K; ++k) {  // unrolled: the top-k loads in flight together
       const int64_t e = topk[int64_t(u) * K + k];
       if (e >= 0 && e < E && !is_masked(p.masked, int(e) / E_loc)) dests |= uint64_t(1) << (int(e) / E_loc);
     }
@@ -126,18 +127,17 @@ extern "C" __global__ void __launch_bounds__(512)
       }
     }
     __syncthreads();
-    if (tid == 0) {  // the distinct owners' rows, in top-k order
-      int n = 0;
-      for (int k = 0; k < K; ++k) {
-        if (s_expert[k] < 0) continue;
-        const int owner = s_expert[k] / E_loc;
-        bool seen = false;
-        for (int k2 = 0; k2 < k; ++k2) seen |= s_expert[k2] >= 0 && s_expert[k2] / E_loc == owner;
-        if (!seen)
-          s_row[n++] = stage + int64_t(owner) * p.region_bytes + payload_at(p.counts_bytes, p.idx_bytes) +
-                       int64_t(s_rows_before[owner]) * p.payload_bytes;
-      }
-      s_num_rows = n;
+    if (warp_id() == 0) {  // the distinct owners' rows, in top-k order: lane k keeps the first of its owner
+      const int k = lane_id();
+      const int owner = k < K && s_expert[k] >= 0 ? s_expert[k] / E_loc : -1;
+      bool first_of_owner = owner >= 0;
+      for (int k2 = 0; k2 < k && k2 < K; ++k2) first_of_owner &= !(s_expert[k2] >= 0 && s_expert[k2] / E_loc == owner);
+      const uint64_t firsts = warp_ballot(first_of_owner);
+      if (first_of_owner)
+        s_row[popc64(firsts & lanemask_lt())] = stage + int64_t(owner) * p.region_bytes +
+                                                payload_at(p.counts_bytes, p.idx_bytes) +
+                                                int64_t(s_rows_before[owner]) * p.payload_bytes;
+      if (k == 0) s_num_rows = popc64(firsts);
     }
     __syncthreads();
     const int num_rows = s_num_rows;
