@@ -38,7 +38,12 @@ UCCL_DEVICE const FifoLayout& fifo_of(const LLProxyCombineParams& p, int j) {
 }
 
 // The staged rows for source j (`rows` of them) as counted Writes, then the signal pair.
+// The rank's own rows (j == rank) stay staged: its receive kernel reads them in place.
 __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
+  if (j == int(p.rank)) {
+    signal_own_region(p.self_counter, p.signal_total);
+    return;
+  }
   const FifoLayout& f = fifo_of(p, j);
   const PushSite site{kPhaseLLCombineSend, int(p.rank), j, -1};
   unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
@@ -107,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(256)
     // One Write per segment (empty ones too), straight from y; then the signal pairs.
     for (int s = blockIdx.x * int(blockDim.x) + tid; s < E; s += int(gridDim.x) * int(blockDim.x)) {
       const int e = s / R, j = s % R;
-      if (is_masked(p.masked, j)) continue;
+      if (is_masked(p.masked, j) || j == int(p.rank)) continue;  // own rows: read in y by the receiver
       const int64_t packed = lr[int64_t(e) * R + j];
       const int64_t begin = packed >> 32, count = packed & 0xffffffff;
       const int fifo = fifo_for(j, int(p.num_fifos));
@@ -123,7 +128,9 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     if (blockIdx.x == 0)
       for (int j = tid; j < R; j += blockDim.x)
-        if (!is_masked(p.masked, j))
+        if (j == int(p.rank) && !is_masked(p.masked, j))
+          signal_own_region(p.self_counter, p.signal_total);  // y was complete before this kernel
+        else if (!is_masked(p.masked, j))
           push_op_signal(fifo_of(p, j), j, uint32_t(p.counter), E_loc, int(p.signal_total), uint64_t(p.timeout_ns), err,
                          PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
     return;
@@ -175,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     ll_combine_proxy_recv(const UCCL_GRID_CONSTANT LLProxyCombineRecvParams p) {
   __shared__ int s_expert[kMaxTopk];
-  __shared__ int64_t s_row[kMaxTopk];
+  __shared__ const uint8_t* s_row[kMaxTopk];  // the row of each selected expert
   __shared__ float s_weight[kMaxTopk];
   __shared__ int s_owner_ok[kMaxRanks];
   __shared__ int s_slot[kMaxTopk], s_below[kMaxTopk];
@@ -187,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(256)
   const auto* status = reinterpret_cast<const uint64_t*>(p.status);
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   const uint64_t timeout = uint64_t(p.timeout_ns);
-  if (tid < R) {  // every owner's signal, read or not (see NOTES)
+  if (tid < R) {  // every owner's signal, read or not (see NOTES); this rank's own moves in device memory
     int ok = 0;
     if (!is_masked(p.masked, tid)) {
       uint64_t waited = 0;
@@ -232,10 +239,22 @@ extern "C" __global__ void __launch_bounds__(256)
   __syncthreads();
   if (t < p.num_tokens && tid < K) {
     int g = s_expert[tid];
-    int64_t row = 0;
+    const uint8_t* row = nullptr;
     if (g >= 0) {
       const int owner = g / E_loc;
-      row = int64_t(owner) * (p.region_bytes / (p.hidden * 2)) + s_below[tid] + s_slot[tid];
+      const int64_t row_bytes = p.hidden * 2;
+      if (owner != int(p.rank)) {  // a peer's rows, in its recv region
+        row = reinterpret_cast<const uint8_t*>(p.recv_area) + int64_t(owner) * p.region_bytes +
+              int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
+      } else if (!p.zero_copy) {  // this rank's own, staged in its send region
+        row = reinterpret_cast<const uint8_t*>(p.send_area) + int64_t(owner) * p.region_bytes +
+              int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
+      } else {  // zero copy: in y (the send area) at the dispatch segment of (local expert, this rank)
+        const int e = g - owner * E_loc;
+        const int64_t begin = reinterpret_cast<const int64_t*>(p.layout_range)[int64_t(e) * R + owner] >> 32;
+        row = reinterpret_cast<const uint8_t*>(p.send_area) +
+              (int64_t(e) * R * p.num_max + begin + s_slot[tid]) * row_bytes;
+      }
       if (!s_owner_ok[owner]) g = -1;
     }
     s_expert[tid] = g;
@@ -245,7 +264,6 @@ extern "C" __global__ void __launch_bounds__(256)
   __syncthreads();
   if (t < p.num_tokens) {
     const int64_t H = p.hidden;
-    const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
     auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
     for (int64_t c = tid; c < H / 8; c += blockDim.x) {
       float acc[8];
@@ -256,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           const int g = k0 + u < K ? s_expert[k0 + u] : -1;
-          if (g >= 0) r[u] = ld16_cg(recv + (s_row[k0 + u] * H + c * 8) * 2);
+          if (g >= 0) r[u] = ld16_cg(s_row[k0 + u] + c * 16);
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u) {

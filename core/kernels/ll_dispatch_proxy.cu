@@ -47,6 +47,10 @@ __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, int
   store_region_header(region, n);
   int* counts = reinterpret_cast<int*>(region + kCountsAt);
   for (int e = 0; e < E_loc; ++e) counts[e] = total[d * E_loc + e];
+  if (d == int(p.rank)) {  // read in place by this rank's receive kernel
+    signal_own_region(p.self_counter, p.signal_total);
+    return;
+  }
   fence_system();  // header and counts (and, ordered before by the caller, the slots) before the push
   const int fifo = fifo_for(d, int(p.num_fifos));
   const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo];
@@ -204,8 +208,13 @@ extern "C" __global__ void __launch_bounds__(256)
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
   const auto* rounds = reinterpret_cast<const int64_t*>(p.rounds);
   const int64_t payload0 = payload_at(p.counts_bytes, p.idx_bytes);
+  // Source j's region: in the recv area, or this rank's own in its send area (never pushed).
+  auto region_of = [&](int j) {
+    return j == int(p.rank) ? reinterpret_cast<const uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes
+                            : recv + int64_t(j) * p.region_bytes;
+  };
 
-  if (tid < R) {
+  if (tid < R) {  // this rank's own counter moves in device memory (counter_cache), the others' by the proxy
     int ok = 0;
     if (!is_masked(p.masked, tid)) {
       uint64_t waited = 0;
@@ -215,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(256)
           reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank),
           tid, expert, &waited);
       if (got >= 0) {
-        if (load_region_slots(recv + int64_t(tid) * p.region_bytes, p.max_slots) < 0)
+        if (load_region_slots(region_of(tid), p.max_slots) < 0)
           raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), tid, expert, 0);
         else
           ok = 1;
@@ -231,11 +240,11 @@ extern "C" __global__ void __launch_bounds__(256)
   for (int j = warp_id(); j < R; j += num_warps()) {
     int n = 0, before = 0;
     if (s_ok[j]) {
-      const int* counts = reinterpret_cast<const int*>(recv + int64_t(j) * p.region_bytes + kCountsAt);
+      const int* counts = reinterpret_cast<const int*>(region_of(j) + kCountsAt);
       for (int i = lane_id(); i < e; i += kWarpSize) before += ld_volatile(counts + i);
       for (int off = kWarpSize / 2; off > 0; off >>= 1) before += shfl_xor(before, off);
       n = ld_volatile(counts + e);
-      const int slots = load_region_slots(recv + int64_t(j) * p.region_bytes, p.max_slots);
+      const int slots = load_region_slots(region_of(j), p.max_slots);
       if (n < 0 || n > p.num_max || before < 0 || before + n > slots) {
         if (lane_id() == 0) raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), j, expert, 0);
         n = 0;
@@ -268,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(256)
     int j = 0;
     while (row >= s_begin[j + 1]) ++j;
     const int q = s_first[j] + row - s_begin[j];  // slot in j's region
-    const uint8_t* region = recv + int64_t(j) * p.region_bytes;
+    const uint8_t* region = region_of(j);
     const uint32_t named = uint32_t(ld_volatile(reinterpret_cast<const int*>(region + index_at(p.counts_bytes)) + q));
     int token = int(named & 0xffffu), token_row = int(named >> 16);  // slot = token | row << 16
     if (token >= p.num_max || token_row >= p.num_max) {  // a peer's corrupt region must not steer our reads

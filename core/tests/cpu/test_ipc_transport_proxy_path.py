@@ -178,6 +178,8 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert all(r[k] == d[k] for k in ("region_bytes", "counts_bytes", "idx_bytes", "payload_bytes", "max_slots",
                                           "signal_total"))
         assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
+        # the rank's own region: read in the send area; its counter is the receiver's device word
+        assert r["send_area"] == d["send_area"] and d["self_counter"] == r["counter_cache"] + 8 * engine.ex.ctx.rank
         y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
         _, cfinish = eng.combine(y, topk, w, handle, set(), None, None, False)
         c = _unpack("LLProxyCombineParams", log[-2][3])
@@ -190,6 +192,8 @@ def test_kernel_parameters_and_set_alternation(engine):
         cr = _unpack("LLProxyCombineRecvParams", log[-1][3])
         assert log[-1][1] == T and cr["counter"] == counter_base(1 - s, 1) and cr["num_experts"] == E
         assert cr["region_bytes"] == c["region_bytes"] and cr["signal_total"] == c["signal_total"]
+        assert cr["send_area"] == c["send_area"] and cr["zero_copy"] == 0 and cr["layout_range"] == handle[1].data_ptr()
+        assert c["self_counter"] == cr["counter_cache"] + 8 * engine.ex.ctx.rank
         # the four (set, phase) pairs use disjoint rounds words
         assert len({r["rounds"], cr["rounds"], eng._rounds(1, 0), eng._rounds(0, 1)}) == 4
         # ... and disjoint counter caches and reader locks, inside the work area (zeroed by clean())

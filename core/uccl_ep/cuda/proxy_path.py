@@ -13,12 +13,14 @@ are registered with the driver and mapped for the device; each FIFO's producer w
 cached tail) live in device memory. Kernels: ll_dispatch_proxy.cu, ll_combine_proxy.cu.
 
 Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy"):
-  send  [R] packed regions (dispatch: header, per-expert counts, token indices, payloads; combine:
-        rows), or in zero-copy combine the [E_loc][R*T][H] bf16 buffer of
+  send  [R] packed regions (dispatch: header, per-expert counts, slots naming token and row, one
+        row per token; combine: rows), or in zero-copy combine the [E_loc][R*T][H] bf16 buffer of
         get_next_low_latency_combine_buffer
   recv  [R] packed regions, one per peer
+The rank's own region is staged in the send area and read there by its receive kernel: it never
+goes through the proxy (no NIC would carry it), except in zero-copy combine, which stages nothing.
 Counters per source: one per (set, phase), (2 * set + phase) * 1024; each op adds signal_total
-(ProxyLayout.signal_total) from every unmasked source: a few counted Writes per (op, peer), then a
+(ProxyLayout.signal_total) from every unmasked peer: a few counted Writes per (op, peer), then a
 fenced Atomic and a padding Atomic.
 
 Between GPUs of one host the ipc transport's copies are made by ll_proxy_dma.cu from the proxy
@@ -442,12 +444,15 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
-                             chunk_bytes=lay.chunk_bytes, **self._dma_fields, **shape)
+                             chunk_bytes=lay.chunk_bytes,
+                             self_counter=self._counter_words(s, 0)["counter_cache"] + 8 * self.rank,
+                             **self._dma_fields, **shape)
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
         self._launch_copies()
         recv_params = pack_params(
-            "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
+            "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), send_area=self.mem.ptr + lay.send(s),
+            counters=self.counters_dev,
             rounds=self._rounds(s, 0), done=self._done(s, 0), **self._counter_words(s, 0), status=self.status_dev,
             recv_x=recv_x.data_ptr(),
             recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
@@ -494,12 +499,15 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
+                             self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
                              **self._dma_fields, **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
         recv_params = pack_params(
-            "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s), counters=self.counters_dev,
+            "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s),
+            send_area=send_area, layout_range=layout_range.data_ptr(), zero_copy=int(bool(zero_copy)),
+            counters=self.counters_dev,
             rounds=self._rounds(s, 1), done=self._done(s, 1), **self._counter_words(s, 1), status=self.status_dev,
             topk_idx=topk_idx.data_ptr(),
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),

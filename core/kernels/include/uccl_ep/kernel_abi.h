@@ -241,6 +241,10 @@ struct HTCombineParams {
 // region_bytes per peer in each area:
 //   send area  region [d]: what this rank sends to rank d (dispatch), or to source rank d (combine)
 //   recv area  region [s]: what rank s sent to this rank
+// The rank's own region never goes through the proxy (a NIC would not carry it either): it stays
+// in the send area (staged, or y itself in zero-copy combine), where its receive kernel reads it;
+// the send kernel adds signal_total to the receiver's device copy of the rank's own counter
+// (counter_cache[rank], which the receive kernel waits on like any other: wait_counter_shared).
 // A dispatch region = 16-byte header {slots, magic, 0, 0}, int32 slots per local expert of the
 // destination (counts_bytes), then per slot its source token t and its row r as uint32 t | r << 16
 // (idx_bytes; num_max <= 65536), then the rows (payload_bytes apart): one per
@@ -285,10 +289,14 @@ struct LLProxyDispatchParams {
   uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
                             // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
   int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
+  uint64_t self_counter;    // u64 device word: this op's receive counter for the rank's own region
+                            // (counter_cache[rank] of the receive kernel), + signal_total when staged
 };
 
 struct LLProxyDispatchRecvParams {
   uint64_t recv_area;       // device address of this set's recv area
+  uint64_t send_area;       // device address of this set's send area: the rank's own region is read
+                            // there (it never goes through the proxy)
   uint64_t counters;        // int64 [R][num_counters], mapped host memory (device address)
   uint64_t rounds;          // int64 [R] device words: dispatch ops seen per source on this set
   uint64_t done;            // u32 device word: blocks finished
@@ -349,10 +357,15 @@ struct LLProxyCombineParams {
   uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
                             // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
   int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
+  uint64_t self_counter;    // u64 device word: this op's receive counter for the rank's own region
+                            // (counter_cache[rank] of the receive kernel), + signal_total when staged
 };
 
 struct LLProxyCombineRecvParams {
   uint64_t recv_area;       // region [owner]: rows in (local expert, slot) order
+  uint64_t send_area;       // this set's send area: region [rank] holds the rank's own rows (staged),
+                            // or in zero copy the [E_loc][R*num_max] rows of y (with layout_range)
+  uint64_t layout_range;    // int64 [E_loc][R] (begin << 32 | count) of the dispatch (zero copy only)
   uint64_t counters;
   uint64_t rounds;          // int64 [R]: combine ops seen per source on this set
   uint64_t done;
@@ -376,6 +389,7 @@ struct LLProxyCombineRecvParams {
   int64_t region_bytes;
   int64_t signal_total;
   int64_t masked;
+  int64_t zero_copy;        // the rank's own rows: y (send_area, by layout_range) instead of region [rank]
   int64_t timeout_ns;
 };
 

@@ -63,6 +63,13 @@ UCCL_DEVICE bool push_op_signal(const FifoLayout& f, int dst, uint32_t counter, 
   return pad <= 0 || fifo_push(f, protocol::make_atomic(uint32_t(dst), counter, pad, false), timeout_ns, err, site);
 }
 
+// The rank's own region is complete (kernel_abi.h): the caller's stores, and those ordered before
+// them, before the receive kernel's device counter for this rank moves (release, gpu scope).
+UCCL_DEVICE void signal_own_region(uint64_t self_counter, int64_t signal_total) {
+  __threadfence();
+  atomicAdd(reinterpret_cast<unsigned long long*>(self_counter), (unsigned long long)signal_total);
+}
+
 // Target of source j's receiver counter on this set and phase: every op adds signal_total.
 UCCL_DEVICE int64_t round_target(const int64_t* rounds, int j, int64_t signal_total) {
   return signal_total * (rounds[j] + 1);
