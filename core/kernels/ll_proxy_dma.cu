@@ -65,12 +65,13 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 // posted descriptor it finds (up to a warp's worth, a lane per slot) into the mirror, then raises
 // `fetched` with a release; the others only poll `fetched` in L2. Bounded like every wait.
 // Returns false once the error word is filled.
-// NOTES: host memory costs a PCIe round trip per dependent read (~3-4 us on 2 x H200, where the
-// proxy posted a descriptor ~1 us after the push and the kernel saw it ~10 us after). Each block's
-// thread 0 used to read the ring itself (seq, then dst, src, len): at 8 blocks per ring those
-// reads cost more than the copy (27 us per 3.7 MB descriptor where the copy loop alone takes 11.4).
-// Now the lanes read their slots' four words at once and check them by the lap tags (dma_ring.h):
-// one round trip per fetch.
+// NOTES: host memory costs a PCIe round trip per dependent read. Each block's thread 0 used to
+// read the ring itself (seq, then dst, src, len): at 8 blocks per ring those reads cost more than
+// the copy (27 us per 3.7 MB descriptor where the copy loop alone takes 11.4). Now the lanes read
+// their slots' four words at once and check them by the lap tags (dma_ring.h): one round trip per
+// fetch. What remains (2 x H200): the proxy posts a descriptor <= 1 us after the push, this kernel
+// starts ~3 us after it and sees the descriptor ~7 us later; a kernel already polling (launched to
+// overlap the send kernel) saw it ~1 us after the push (docs/benchmarks.md).
 constexpr uint64_t kFetchBatch = 32;
 UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc* mirror, uint64_t idx,
                                   const LLProxyDmaParams& p, int g, ErrorWord* err) {

@@ -84,8 +84,10 @@ constexpr uint64_t kDmaRingCapacity = 8192;
 // Lap tags (see the header comment): bits [57, 64) of dst, src and len hold (lap + 1) mod 128 of
 // the descriptor's index, lap = index / capacity; + 1 so that the zeroed ring of lap 0 never
 // matches. Device addresses and lengths stay below 2^57 (the producer refuses others).
-// NOTES: one PCIe round trip per fetch instead of two (seq with acquire, then the fields), which
-// the copy kernel's pick-up latency is made of (~3-4 us a round trip on 2 x H200).
+// NOTES: one PCIe round trip per fetch instead of two (seq with acquire, then the fields). On
+// 2 x H200 that did not shorten the copy kernel's pick-up (the descriptor seen ~10 us after the
+// push either way, ~7 of them after the kernel's launch; docs/benchmarks.md), so the cost there is
+// not the count of dependent reads; the tags stay as the simpler protocol.
 constexpr int kDmaTagShift = 57;
 constexpr uint64_t kDmaFieldMask = (uint64_t(1) << kDmaTagShift) - 1;
 UCCL_EP_HOST_DEVICE constexpr uint64_t dma_tag(uint64_t index) {
