@@ -69,7 +69,7 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 // read the ring itself (seq, then dst, src, len): at 8 blocks per ring those reads cost more than
 // the copy (27 us per 3.7 MB descriptor where the copy loop alone takes 11.4). Now the lanes read
 // their slots' four words at once and check them by the lap tags (dma_ring.h): one round trip per
-// fetch. What remains (2 x H200): the proxy posts a descriptor <= 1 us after the push, this kernel
+// fetch. What remains (2 x H200): the proxy posts a descriptor 0-2 us after the push, this kernel
 // starts ~3 us after it and sees the descriptor ~7 us later; a kernel already polling (launched to
 // overlap the send kernel) saw it ~1 us after the push (docs/benchmarks.md).
 constexpr uint64_t kFetchBatch = 32;
