@@ -79,6 +79,22 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_copy_ring_state_words_match_the_host(tmp_path):
+    """The words of DmaConsumer (dma_ring.h) the host reads, and its size, as proxy_path.py has them."""
+    from uccl_ep.cuda import proxy_path
+    cxx = _tool_or_skip("a C++ compiler", shutil.which("g++") or shutil.which("c++"))
+    lines = ['#include <cstddef>', '#include "uccl_ep/dma_ring.h"',
+             f"static_assert(sizeof(uccl_ep::DmaConsumer) == {proxy_path._DMA_CONSUMER_BYTES}, \"size\");",
+             f"static_assert(sizeof(uccl_ep::DmaDesc) == {proxy_path._DMA_DESC_BYTES}, \"descriptor\");"]
+    for name, word in proxy_path._DMA_CONSUMER_DIAG_WORDS.items():
+        lines.append(f"static_assert(offsetof(uccl_ep::DmaConsumer, {name}) == {8 * word}, \"{name}\");")
+    src = tmp_path / "dma.cc"
+    src.write_text("\n".join(lines) + "\n")
+    res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{jit.include_dir()}", str(src)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
 # ---- the device half of the proxy FIFO (fifo_device.cuh) ------------------------------------------
 _PUSH_PROBE = r"""
 #include "uccl_ep/fifo_device.cuh"

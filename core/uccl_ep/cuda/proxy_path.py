@@ -65,6 +65,10 @@ _FIFOS_PER_THREAD = 2
 # than 8 on 2 x H200 (forced-proxy D+C 139.4 vs 137.0 us at 128 tokens); rings without work cost a
 # launch only (their blocks leave at once).
 _DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 8, 512, 128, 32
+# DmaConsumer's diagnostic words the host sums (dma_ring.h; word index = offsetof / 8, checked by
+# tests/cpu/test_kernels_compile.py against the header)
+_DMA_CONSUMER_DIAG_WORDS = {"wait_ns": 4, "copy_ns": 5, "descs": 6, "push_seen_ns": 10, "push_start_ns": 11,
+                            "launches": 12}
 
 
 def counter_base(s: int, phase: int) -> int:
@@ -317,8 +321,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             raw = self.drv.memcpy_dtoh(self.dev, self.dma_mem.ptr + 16 * n, _DMA_CONSUMER_BYTES * n)
             words = struct.unpack(f"<{_DMA_CONSUMER_BYTES // 8 * n}Q", raw)
             per = _DMA_CONSUMER_BYTES // 8
-            for i, key in ((4, "wait_ns"), (5, "copy_ns"), (6, "descs"), (10, "push_seen_ns"), (11, "push_start_ns"),
-                           (12, "launches")):  # DmaConsumer's words (dma_ring.h)
+            for key, i in _DMA_CONSUMER_DIAG_WORDS.items():
                 out[f"copy_kernel_{key}"] = sum(words[r * per + i] for r in range(n))
         return out
 
