@@ -452,3 +452,21 @@ def test_multi_host_guess_prefers_the_launcher(monkeypatch):
     assert multi_host_guess(ctx)                                   # no launcher: GPUs this process sees
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert not multi_host_guess(ctx)
+
+
+def test_copy_kernel_diagnostics_are_summed_over_rings(engine):
+    """transport_counters() adds each ring's DmaConsumer diagnostic words (dma_ring.h) to the proxy's
+    counters under copy_kernel_* names; the other words (ring positions, locks) stay out."""
+    eng = engine.eng
+    n, per = eng.num_proxy_threads, proxy_path._DMA_CONSUMER_BYTES // 8
+    words = [0] * (per * n)
+    for r in range(n):
+        for w in range(per):
+            words[r * per + w] = 1000 * (r + 1) + w  # every word distinct
+    eng.ex.drv.memcpy_htod(eng.dev, eng.dma_mem.ptr + 16 * n, struct.pack(f"<{per * n}Q", *words))
+    got = eng.transport_counters()
+    for key, w in proxy_path._DMA_CONSUMER_DIAG_WORDS.items():
+        assert got[f"copy_kernel_{key}"] == sum(1000 * (r + 1) + w for r in range(n)), key
+    assert not any(k.startswith("copy_kernel_") and k[len("copy_kernel_"):] not in proxy_path._DMA_CONSUMER_DIAG_WORDS
+                   for k in got)
+    assert "ipc_post_to_deliver_ns" in got  # the proxy's own counters come along
