@@ -72,7 +72,11 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
     for s in structs:
         n = len(runtime.param_fields(s))
         lines.append(f"static_assert(sizeof(uccl_ep::{s}) == {8 * n}, \"{s}: {n} fields\");")
-    src = tmp_path / "abi.cc"
+    _host_compiles(cxx, tmp_path / "abi.cc", lines)
+
+
+def _host_compiles(cxx, src, lines):
+    """`lines` (includes and static_asserts on the shared headers) pass a host C++ compiler."""
     src.write_text("\n".join(lines) + "\n")
     res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{jit.include_dir()}", str(src)],
                          capture_output=True, text=True, timeout=120)
@@ -88,11 +92,7 @@ def test_copy_ring_state_words_match_the_host(tmp_path):
              f"static_assert(sizeof(uccl_ep::DmaDesc) == {proxy_path._DMA_DESC_BYTES}, \"descriptor\");"]
     for name, word in proxy_path._DMA_CONSUMER_DIAG_WORDS.items():
         lines.append(f"static_assert(offsetof(uccl_ep::DmaConsumer, {name}) == {8 * word}, \"{name}\");")
-    src = tmp_path / "dma.cc"
-    src.write_text("\n".join(lines) + "\n")
-    res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{jit.include_dir()}", str(src)],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+    _host_compiles(cxx, tmp_path / "dma.cc", lines)
 
 
 # ---- the device half of the proxy FIFO (fifo_device.cuh) ------------------------------------------
