@@ -44,17 +44,14 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
     signal_own_region(p.self_counter, p.signal_total);
     return;
   }
-  const FifoLayout& f = fifo_of(p, j);
-  const PushSite site{kPhaseLLCombineSend, int(p.rank), j, -1};
-  unsigned long long* dma = dma_counter(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
-  auto* err = reinterpret_cast<ErrorWord*>(p.error);
-  const int writes = push_chunked_writes(f, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes),
-                                         uint64_t(p.recv_off + p.rank * p.region_bytes),
-                                         uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0,
-                                         uint32_t(p.counter), uint64_t(p.timeout_ns), err, site, dma);
-  if (writes >= 0 &&
-      push_op_signal(f, j, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site))
-    stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo_for(j, int(p.num_fifos)));
+  const int fifo = fifo_for(j, int(p.num_fifos));
+  // push_op fences at system scope first: every staged row (ordered before by the caller)
+  if (push_op(fifo_of(p, j), j, uint64_t(p.send_off + int64_t(j) * p.region_bytes),
+              uint64_t(p.recv_off + p.rank * p.region_bytes), uint64_t(rows) * uint64_t(p.hidden * 2),
+              uint64_t(p.chunk_bytes), 0, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
+              reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLCombineSend, int(p.rank), j, -1},
+              dma_counter(p.dma_pushed, p.num_proxy_threads, fifo)))
+    stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
 }
 
 }  // namespace
@@ -66,6 +63,7 @@ extern "C" __global__ void __launch_bounds__(256)
   extern __shared__ int smem[];
   __shared__ int s_dest_rows[kMaxRanks];
   __shared__ int s_base[kMaxRanks];
+  allow_dependent_launch();  // the copy kernel may start now (as in ll_dispatch_proxy_send)
   const int tid = threadIdx.x;
   const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
@@ -163,11 +161,11 @@ extern "C" __global__ void __launch_bounds__(256)
                 row_bytes);
     sync_warp();
     if (lane_id() == 0) {
-      fence_system();  // this warp's staged row before its count
+      __threadfence();  // this warp's staged row before its count (gpu scope: see ll_dispatch_proxy.cu)
       const unsigned prev = atomicAdd(finish + j, 1u);
       if (int(prev) + 1 == s_dest_rows[j]) {  // last row for j: every warp's rows are ordered before
         finish[j] = 0u;
-        fence_system();
+        __threadfence();  // acquire: every warp's counted rows (publish_rows fences at system scope)
         publish_rows(p, j, s_dest_rows[j]);
       }
     }

@@ -22,6 +22,10 @@
 // job of a few microseconds on the ipc transport; 1.3 ms per dispatch). A proxy hop costs about as
 // much per command as per hundred kilobytes, so few large writes win; the price is that the send
 // starts only once every token is staged, which at LL sizes is a few microseconds.
+// Each stager orders its stores before its count with a GPU-scope fence; only the last stager for
+// a destination fences at system scope before the push (the NIC or copy kernel reads the region):
+// causality is transitive across the GPU-scope count, so the one system fence covers every block's
+// stores (the same pattern in ll_combine_proxy.cu), and 1,000+ system fences per op are avoided.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
@@ -51,18 +55,14 @@ __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, int
     signal_own_region(p.self_counter, p.signal_total);
     return;
   }
-  fence_system();  // header and counts (and, ordered before by the caller, the slots) before the push
   const int fifo = fifo_for(d, int(p.num_fifos));
   const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo];
   const PushSite site{kPhaseLLDispatchSend, int(p.rank), d, -1};
-  auto* err = reinterpret_cast<ErrorWord*>(p.error);
   const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(rows) * p.payload_bytes);
-  const int writes = push_chunked_writes(f, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes),
-                                         uint64_t(p.recv_off + p.rank * p.region_bytes), len, uint64_t(p.chunk_bytes),
-                                         1, uint32_t(p.counter), uint64_t(p.timeout_ns), err, site,
-                                         dma_counter(p.dma_pushed, p.num_proxy_threads, fifo));
-  if (writes >= 0 &&
-      push_op_signal(f, d, uint32_t(p.counter), writes, int(p.signal_total), uint64_t(p.timeout_ns), err, site))
+  // push_op fences at system scope first: header and counts (and, ordered before by the caller, the slots)
+  if (push_op(f, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
+              len, uint64_t(p.chunk_bytes), 1, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
+              reinterpret_cast<ErrorWord*>(p.error), site, dma_counter(p.dma_pushed, p.num_proxy_threads, fifo)))
     stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
 }
 
@@ -77,6 +77,9 @@ extern "C" __global__ void __launch_bounds__(512)
   __shared__ int s_num_rows;
   __shared__ int s_dest_slots[kMaxRanks];
   __shared__ int s_rows_before[kMaxRanks], s_rows_total[kMaxRanks];  // tokens selecting d: before t, all
+  // The copy kernel may start now (ll_proxy_dma.cu): it reads nothing of ours before its
+  // griddepcontrol.wait, and changes nothing we read.
+  allow_dependent_launch();
   const int t = blockIdx.x, tid = threadIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
   const int E_loc = E / R;
@@ -107,13 +110,17 @@ extern "C" __global__ void __launch_bounds__(512)
     }
   }
   __syncthreads();
-  for (int d = tid; d < R; d += blockDim.x) {  // slots of the experts of d, in expert order
+  for (int d = warp_id(); d < R; d += num_warps()) {  // slots of the experts of d, in expert order: a warp scan
     int acc = 0;
-    for (int e = d * E_loc; e < (d + 1) * E_loc; ++e) {
-      first[e] = acc;
-      acc += total[e];
+    for (int e0 = d * E_loc; e0 < (d + 1) * E_loc; e0 += kWarpSize) {
+      const int e = e0 + lane_id();
+      const bool mine = e < (d + 1) * E_loc;
+      int sum = 0;
+      const int excl = warp_exclusive_scan(mine ? total[e] : 0, &sum);
+      if (mine) first[e] = acc + excl;
+      acc += sum;
     }
-    s_dest_slots[d] = acc;
+    if (lane_id() == 0) s_dest_slots[d] = acc;
   }
   __syncthreads();
   auto* stage = reinterpret_cast<uint8_t*>(p.send_area);
@@ -179,11 +186,11 @@ extern "C" __global__ void __launch_bounds__(512)
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
       const int d = s_expert[tid] / E_loc;
-      fence_system();  // the block's staging stores (ordered by the barrier) before this count
+      __threadfence();  // the block's staging stores (ordered by the barrier) before this count (see NOTES)
       const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + d, 1u);
       if (int(prev) + 1 == s_dest_slots[d]) {  // last stager for d: everyone's stores are ordered before
         reinterpret_cast<unsigned*>(p.finish)[d] = 0u;
-        fence_system();
+        __threadfence();  // acquire: the other stagers' counted stores (publish_region fences at system scope)
         publish_region(p, d, s_dest_slots[d], s_rows_total[d], total);
       }
     }

@@ -1,12 +1,16 @@
 // The copy kernel of the ipc transport's "kernel" engine (dma_ring.h): the stand-in for a NIC's DMA
 // engine when the LL proxy path runs between GPUs of one host.
 //
-// Launched on the caller's stream right after each proxy-path send kernel, so every Write that
-// kernel (and any earlier one) pushed is already counted in `pushed` (bytes per proxy thread). The
-// proxy threads turn those Writes into descriptors in their copy rings, one ring per thread; this
-// kernel runs blocks_per_ring blocks on each ring and returns once the ring's descriptors cover the
-// counted bytes:
-//   1. thread 0 of every block of the group waits (bounded, proxy status checked) for descriptor
+// Launched on the caller's stream right after each proxy-path send kernel; with
+// UCCL_EP_LL_COPY_OVERLAP (an experiment, off by default: uccl_ep/cuda/proxy_path.py) by
+// programmatic dependent launch, so it starts while the send kernel runs. Warp 1 of each block waits
+// for the send kernels (griddepcontrol.wait; at once when launched plainly) and reads `pushed`, the
+// bytes of every Write they pushed per proxy thread, now final; meanwhile warp 0 polls the ring
+// lightly for the first descriptor (step 1). The proxy
+// threads turn those Writes into descriptors in their copy rings, one ring per thread; this kernel
+// runs blocks_per_ring blocks on each ring and returns once the ring's descriptors cover the counted
+// bytes:
+//   1. warp 0 of every block of the group waits (bounded, proxy status checked) for descriptor
 //      idx (seq == idx + 1, acquire), which one thread at a time copies from the host ring into a
 //      device mirror (fetch_descriptor), and reads {dst, src, len} there;
 //   2. each block copies its share of the bytes (16-byte units interleaved over the group's
@@ -71,25 +75,47 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 // their slots' four words at once and check them by the lap tags (dma_ring.h): one round trip per
 // fetch. What remains (2 x H200): the proxy posts a descriptor 0-2 us after the push, this kernel
 // starts ~3 us after it and sees the descriptor ~7 us later; a kernel already polling (launched to
-// overlap the send kernel) saw it ~1 us after the push (docs/benchmarks.md).
+// overlap the send kernel) sees it ~1 us after the push (docs/benchmarks.md).
+// Polling: the first read is a batch (a descriptor posted before the kernel came finds it in one
+// round trip); once a batch found nothing, and throughout the overlapped start, the lock holder
+// reads only the next slot's seq until it is posted (one PCIe read in flight instead of 128), then
+// the batch. With `light` (non-zero while the send kernel may still run) it returns kFetchStopped
+// once *light reads 0. NOTES: batch reads polled back to back while the proxy writes those lines
+// cost 35 us per D+C on 2 x H200 through a running send kernel, and ~14 us right after it.
 constexpr uint64_t kFetchBatch = 32;
-UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc* mirror, uint64_t idx,
-                                  const LLProxyDmaParams& p, int g, ErrorWord* err) {
+enum FetchResult { kFetchError = 0, kFetchGot = 1, kFetchStopped = 2 };
+UCCL_DEVICE int fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc* mirror, uint64_t idx,
+                                 const LLProxyDmaParams& p, int g, ErrorWord* err,
+                                 const volatile int* light = nullptr) {
   const auto* slots = reinterpret_cast<const DmaDesc*>(header + 1);
   const int lane = lane_id();
   const uint64_t start = clock_ns();
   uint64_t* fetched = reinterpret_cast<uint64_t*>(&st->fetched);
+  bool found_none = false;  // this warp's last batch read found nothing posted
   for (uint32_t spins = 0;; ++spins) {
     // lane 0 decides for the warp: 1 = already fetched, 2 = the warp holds the lock, 0 = poll again
     int state = 0;
+    const bool polling_lightly = light != nullptr && *light != 0;
     if (lane == 0) {
       if (ld_acquire_gpu(fetched) > idx) state = 1;
+      else if (light != nullptr && !polling_lightly) state = 3;
       else if (atomicCAS(&st->fetch_lock, 0ull, 1ull) == 0ull) state = 2;
     }
     state = shfl_idx(state, 0);
-    if (state == 1) return true;
+    if (state == 1) return kFetchGot;
+    if (state == 3) return kFetchStopped;
     if (state == 2) {
       const uint64_t from = ld_acquire_gpu(fetched);  // stable: only the lock holder raises it
+      int posted_next = 1;
+      if ((polling_lightly || found_none) && lane == 0)
+        posted_next = *reinterpret_cast<const volatile uint64_t*>(&slots[from & (kDmaRingCapacity - 1)].seq) == from + 1;
+      if (!shfl_idx(posted_next, 0)) {
+        if (lane == 0) atomicExch(&st->fetch_lock, 0ull);
+        state = 0;  // poll again below (paused)
+      }
+    }
+    if (state == 2) {
+      const uint64_t from = ld_acquire_gpu(fetched);
       const uint64_t k = from + uint64_t(lane);
       const DmaDesc* d = slots + (k & (kDmaRingCapacity - 1));
       // Four independent loads (one round trip); each word is checked by itself (seq, lap tags).
@@ -102,6 +128,7 @@ UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDes
                           (src & ~kDmaFieldMask) == tag && (len & ~kDmaFieldMask) == tag;
       const uint64_t run = warp_ballot(posted);
       const int n = ffs64(~run) == 0 ? kWarpSize : ffs64(~run) - 1;  // posted slots in a row from `from`
+      found_none = n == 0;
       if (lane < n) {
         DmaDesc* m = mirror + (k & (kDmaRingCapacity - 1));
         m->dst = dst & kDmaFieldMask;
@@ -120,13 +147,14 @@ UCCL_DEVICE bool fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDes
         }
         atomicExch(&st->fetch_lock, 0ull);
       }
-      if (from + uint64_t(n) > idx) return true;
+      if (from + uint64_t(n) > idx) return kFetchGot;
     }
+    if (state == 0) pause_ns(polling_lightly || found_none ? 200 : 50);  // the lock holder reads; the others wait in L2
     int ok = 1;
-    if (lane == 0 && (spins & 4095u) == 4095u)
+    if (lane == 0 && (spins & 1023u) == 1023u)
       ok = proxy_wait_ok(start, reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err,
                          kPhaseLLProxyCopy, int(p.rank), -1, g);
-    if (!shfl_idx(ok, 0)) return false;
+    if (!shfl_idx(ok, 0)) return kFetchError;
   }
 }
 
@@ -145,24 +173,49 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
   // Stable during this launch: only the group's last block to leave moves them (below).
   unsigned long long idx = ld_volatile_u64(&st->base_idx), bytes = ld_volatile_u64(&st->base_bytes);
-  // Final: the send kernels that add to it ran before us on this stream.
-  const unsigned long long target = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(p.pushed) + g);
+  const uint64_t began = clock_ns();  // diagnostics (GPU clock)
+  __shared__ unsigned long long s_target, s_pushed_at, s_early_seen;
+  __shared__ volatile int s_sending;  // 1 until warp 1 saw the send kernels complete
+  if (threadIdx.x == 0) {
+    s_sending = 1;
+    s_early_seen = 0;
+    s_ok = 1;
+  }
+  __syncthreads();
+  if (warp_id() == 1) {
+    wait_overlapped_grids();  // the send kernels completed, their memory visible (at once if not overlapped)
+    if (lane_id() == 0) {
+      s_target = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(p.pushed) + g);  // final now
+      s_pushed_at = ld_volatile_u64(&st->push_ns);  // diagnostics: their last push to this ring
+      __threadfence_block();
+      s_sending = 0;
+    }
+  } else if (warp_id() == 0) {  // the first descriptor, while the send kernels run
+    const int got = fetch_descriptor(st, header, mirror, idx, p, g, err, &s_sending);
+    if (threadIdx.x == 0) {
+      if (got == kFetchError) s_ok = 0;
+      if (got == kFetchGot) s_early_seen = clock_ns();
+    }
+  }
+  __syncthreads();
+  if (!s_ok) return;  // error word filled
+  const unsigned long long target = s_target;
+  const uint64_t pushed_at = s_pushed_at;
   uint64_t seen = 0;  // thread 0 (diagnostics): when it saw the current descriptor
-  // Diagnostics (GPU clock): the send kernels' last push to this ring, and when this launch began.
-  const uint64_t began = clock_ns(), pushed_at = ld_volatile_u64(&st->push_ns);
   bool first = true;
 
   while (bytes < target) {
     const uint64_t slot = idx & (kDmaRingCapacity - 1);
     if (warp_id() == 0) {
       const uint64_t asked = clock_ns();
-      const bool got = fetch_descriptor(st, header, mirror, idx, p, g, err);
+      const bool got = fetch_descriptor(st, header, mirror, idx, p, g, err) == kFetchGot;
       if (threadIdx.x == 0) s_ok = got;
       seen = clock_ns();
       if (threadIdx.x == 0 && b == 0) {
         atomicAdd(&st->wait_ns, (unsigned long long)(seen - asked));
-        if (first && got && pushed_at != 0 && pushed_at <= began) {
-          atomicAdd(&st->push_seen_ns, (unsigned long long)(seen - pushed_at));
+        if (first && got && pushed_at != 0) {  // signed (two's complement): an overlapped launch starts first
+          const uint64_t first_seen = s_early_seen != 0 ? s_early_seen : seen;
+          atomicAdd(&st->push_seen_ns, (unsigned long long)(first_seen - pushed_at));
           atomicAdd(&st->push_start_ns, (unsigned long long)(began - pushed_at));
           atomicAdd(&st->launches, 1ull);
         }

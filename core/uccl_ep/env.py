@@ -137,6 +137,12 @@ _VARS: list[Var] = [
         "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
         "flat at 512 tokens). A tuning switch, read when a Buffer first runs a low-latency op; ranks may differ.",
         minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
+    Var("UCCL_EP_LL_COPY_OVERLAP", "bool", False,
+        "Launch the LL proxy path's copy kernel (UCCL_EP_IPC_COPY=kernel) with programmatic dependent launch "
+        "(sm_90+), so it polls its descriptor ring while the send kernel still runs. An experiment switch, off "
+        "by default: on 2 x H200 it made graph D+C at 128 tokens 14-19 us slower with the batched pushes "
+        "(docs/benchmarks.md).",
+        used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_LL_PDL", "bool", True,
         "Launch the low-latency receive kernels over NVLink with programmatic dependent launch (sm_90+), so they "
         "start while the send kernel's last blocks run instead of after it; they synchronize with it through "

@@ -89,8 +89,14 @@ def _unpack(struct_name, params):
 @pytest.fixture
 def engine(monkeypatch, request):
     R, rank = 2, 0
-    copy = request.param if hasattr(request, "param") else "kernel"
+    # param: the copy engine, or (copy engine, UCCL_EP_LL_COPY_OVERLAP, device arch)
+    param = request.param if hasattr(request, "param") else "kernel"
+    copy, overlap, arch = param if isinstance(param, tuple) else (param, None, "sm_90a")
     monkeypatch.setenv("UCCL_EP_IPC_COPY", copy)
+    if overlap is None:
+        monkeypatch.delenv("UCCL_EP_LL_COPY_OVERLAP", raising=False)
+    else:
+        monkeypatch.setenv("UCCL_EP_LL_COPY_OVERLAP", overlap)
     # real ipc proxies over host regions; with "kernel" their endpoints queue copies in rings
     proxies = make_group(R, "ipc", num_counters=NUM_COUNTERS, region_bytes=1 << 16,
                          ipc_copy="kernel" if copy == "kernel" else "")
@@ -98,6 +104,7 @@ def engine(monkeypatch, request):
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name: FakeKernel(launches, name))
+    monkeypatch.setattr(proxy_path, "device_arch", lambda dev: arch)
     monkeypatch.setattr(proxy_path, "current_stream", lambda: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 512, 8
@@ -211,7 +218,8 @@ def _assert_copy_launch(eng, launch, send):
     """The copy kernel follows the send kernel and reads the byte counters the send kernel adds to."""
     name, grid, block, params, _, programmatic = launch
     assert name == "ll_proxy_dma" and block == proxy_path._DMA_BLOCK
-    assert not programmatic  # plain stream order after its send kernel (proxy_path._launch_copies)
+    # plain stream order after its send kernel unless UCCL_EP_LL_COPY_OVERLAP (proxy_path._launch_copies)
+    assert programmatic == eng.copy_overlap
     k = _unpack("LLProxyDmaParams", params)
     n = eng.num_proxy_threads
     assert grid == n * k["blocks_per_ring"] and k["num_rings"] == n == send["num_proxy_threads"]
@@ -223,6 +231,26 @@ def _assert_copy_launch(eng, launch, send):
     assert k["rings"] + 8 * n == k["pushed"] and k["pushed"] + 8 * n == k["state"]
     assert k["state"] + 128 * n == k["finish"] and k["finish"] + 4 * n * cap == k["mirror"]
     assert k["mirror"] + 32 * n * cap == eng.dma_mem.ptr + eng.dma_mem.nbytes
+
+
+@pytest.mark.parametrize("engine,overlapped", [(("kernel", None, "sm_90a"), False), (("kernel", "1", "sm_90a"), True),
+                                               (("kernel", "1", "sm_80"), False)], indirect=["engine"],
+                         ids=["default", "overlap-sm90", "overlap-sm80"])
+def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped):
+    """The copy kernel follows its send kernel in plain stream order unless UCCL_EP_LL_COPY_OVERLAP
+    asks for programmatic dependent launch (sm_90+ only). The receive kernel after it always starts
+    in plain stream order."""
+    eng, T, E = engine.eng, engine.T, engine.E
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(T, engine.H, generator=g).bfloat16()
+    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
+    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
+    assert eng.copy_overlap is overlapped
+    name, *_, programmatic = engine.launches[-1]
+    assert name == "ll_proxy_dma" and programmatic is overlapped
+    out[3]()
+    name, *_, programmatic = engine.launches[-1]
+    assert name == "ll_dispatch_proxy_recv" and programmatic is False
 
 
 def test_copy_rings_are_registered_and_tabled(engine):

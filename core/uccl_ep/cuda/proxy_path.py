@@ -49,7 +49,7 @@ from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
 from . import gpu_transport
 from .ll import LowLatencyEngine
-from .runtime import DeviceMemory, current_stream, load_kernel, pack_params
+from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
 __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "PackedRegion",
            "ProxyLowLatencyEngine", "NUM_COUNTERS", "CHUNK_BYTES", "counter_base"]
@@ -230,6 +230,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             ("ll_combine_proxy.cu", "ll_combine_proxy_send"), ("ll_combine_proxy.cu", "ll_combine_proxy_recv"))}
         if self.copy_kernel:
             self._k["ll_proxy_dma"] = load_kernel(self.dev, "ll_proxy_dma.cu", "ll_proxy_dma")
+        # The copy kernel may start while its send kernel runs (programmatic dependent launch, sm_90+;
+        # an experiment switch, off by default: _launch_copies).
+        self.copy_overlap = (self.copy_kernel and bool(env.get("UCCL_EP_LL_COPY_OVERLAP"))
+                             and sm_number(device_arch(self.dev)) >= 90)
         ctx = ex.ctx
         threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
         self.C = native()
@@ -326,13 +330,15 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return out
 
     def _launch_copies(self) -> None:
-        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel.
-        NOTES: launched to overlap the send kernel (programmatic dependent launch, taking the proxy's
-        first descriptor while the send kernel ran) it saw descriptors ~1 us after the push instead
-        of ~11, yet graph D+C went from 140 to 175-178 us on 2 x H200 (docs/benchmarks.md): not kept."""
+        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel: in
+        plain stream order, or overlapping it with UCCL_EP_LL_COPY_OVERLAP (sm_90+).
+        NOTES (2 x H200, 128 tokens, graph D+C): overlapped, the copy kernel has its first descriptor
+        ~1 us after the push instead of ~10, yet D+C was 14-19 us slower with the batched pushes
+        (136.8-137.2 vs 117.6-123.0 us in one call); with the pushes before them it was 3 us faster
+        (121.8-123.1 vs 124.4-125.8). Why is not known; off by default (docs/benchmarks.md)."""
         if self.copy_kernel:
             self._k["ll_proxy_dma"].launch(self.num_proxy_threads * _DMA_BLOCKS_PER_RING, _DMA_BLOCK,
-                                           self._dma_params, current_stream())
+                                           self._dma_params, current_stream(), programmatic=self.copy_overlap)
 
     def proxy_failure(self):
         """The proxy's own error (it stopped or failed under a kernel), as an exception."""

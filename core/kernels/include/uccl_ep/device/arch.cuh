@@ -75,6 +75,39 @@ UCCL_DEVICE int shfl_idx(int v, int src) {
 #endif
 }
 
+// Sleeps the calling thread for about `ns` nanoseconds (a polling loop's pause; sm_70+, on HIP
+// the shortest s_sleep steps).
+UCCL_DEVICE void pause_ns(unsigned ns) {
+#if UCCL_EP_HIP
+#if defined(__HIP_DEVICE_COMPILE__)
+  if (ns < 100) __builtin_amdgcn_s_sleep(1);
+  else __builtin_amdgcn_s_sleep(2);
+#endif
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  __nanosleep(ns);
+#endif
+}
+
+UCCL_DEVICE int shfl_up(int v, int delta) {
+#if UCCL_EP_HIP
+  return __shfl_up(v, delta);
+#else
+  return __shfl_up_sync(0xffffffffu, v, delta);
+#endif
+}
+
+// Exclusive prefix sum of v over the warp's lanes (every lane must call); *total gets the warp sum.
+UCCL_DEVICE int warp_exclusive_scan(int v, int* total) {
+  int inclusive = v;
+#pragma unroll
+  for (int off = 1; off < kWarpSize; off <<= 1) {
+    const int up = shfl_up(inclusive, off);
+    if (lane_id() >= off) inclusive += up;
+  }
+  *total = shfl_idx(inclusive, kWarpSize - 1);
+  return inclusive - v;
+}
+
 UCCL_DEVICE void sync_warp() {
 #if UCCL_EP_CUDA
   __syncwarp();
@@ -166,6 +199,17 @@ UCCL_DEVICE int ld_volatile(const int* p) { return *reinterpret_cast<const volat
 // release semantics, which st_release_sys gives by itself (MEMBAR.ALL.SYS + a strong store): the
 // LL NVLink kernels publish with it alone.
 UCCL_DEVICE void fence_system() { __threadfence_system(); }
+
+// Release fence at system scope (fence.acq_rel.sys: MEMBAR.ALL.SYS, without the SC order of
+// fence_system): followed by strong (relaxed) stores it publishes like st_release_sys, once for
+// several stores (fifo_push_batch).
+UCCL_DEVICE void fence_release_sys() {
+#if UCCL_EP_HIP
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+#else
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+}
 
 // Lets the kernel launched after this one with programmatic stream serialization (the LL receive
 // phases, uccl_ep/cuda/ll.py) start once every block of this grid has called this or exited.

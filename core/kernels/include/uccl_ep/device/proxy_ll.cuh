@@ -30,37 +30,58 @@ UCCL_DEVICE void stamp_dma_push(uint64_t dma_pushed, int64_t num_proxy_threads, 
   *reinterpret_cast<volatile unsigned long long*>(&state[fifo % int(num_proxy_threads)].push_ns) = clock_ns();
 }
 
-// Pushes the bytes [src_off, +len) to dst's [dst_off, +len) as counted Writes of at most `chunk`
-// bytes on `counter` (a zero-length one when len is 0 and min_writes is 1). Returns how many it
-// pushed, or -1 (error word filled). The caller fenced after everything the writes carry was stored.
-// `dma` (may be null): counts the pushed bytes for the copy kernel that will move them.
-UCCL_DEVICE int push_chunked_writes(const FifoLayout& f, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
-                                    uint64_t chunk, int min_writes, uint32_t counter, uint64_t timeout_ns,
-                                    ErrorWord* err, const PushSite& site, unsigned long long* dma) {
-  int n = 0;
-  for (uint64_t at = 0; at < len || n < min_writes; at += chunk) {
-    const uint64_t part = len - at < chunk ? len - at : chunk;
-    if (!fifo_push(f, protocol::make_counted_write(uint32_t(dst), src_off + at, dst_off + at, uint32_t(part), counter),
-                   timeout_ns, err, site))
-      return -1;
-    if (dma != nullptr && part > 0) atomicAdd(dma, (unsigned long long)part);
-    ++n;
-    if (at + part >= len) break;
-  }
-  return n;
-}
-
 // The end of an op towards dst after n counted Writes on `counter`: a fenced Atomic n + 1 (the
 // receiving proxy applies it once the n writes landed) and a plain Atomic signal_total - n - 1, so
 // the counter grows by exactly signal_total per op whatever n was. The counter reaches the op's
 // target only once both arrived, in either order (the padding alone stays below it because
 // n + 1 >= 1), which keeps the scheme correct over transports that reorder immediates.
+// Writes the commands to out[0, 2) and returns how many (1 or 2).
+UCCL_DEVICE int op_signal_commands(int dst, uint32_t counter, int n, int signal_total, TransferCmd* out) {
+  const int32_t fenced = protocol::fenced_signal_for_count(uint32_t(n));
+  out[0] = protocol::make_atomic(uint32_t(dst), counter, fenced, true);
+  const int32_t pad = int32_t(signal_total) - fenced;
+  if (pad <= 0) return 1;
+  out[1] = protocol::make_atomic(uint32_t(dst), counter, pad, false);
+  return 2;
+}
+
+// The signal pair of an op after n Writes pushed by the caller (op_signal_commands).
 UCCL_DEVICE bool push_op_signal(const FifoLayout& f, int dst, uint32_t counter, int n, int signal_total,
                                 uint64_t timeout_ns, ErrorWord* err, const PushSite& site) {
-  const int32_t fenced = protocol::fenced_signal_for_count(uint32_t(n));
-  if (!fifo_push(f, protocol::make_atomic(uint32_t(dst), counter, fenced, true), timeout_ns, err, site)) return false;
-  const int32_t pad = int32_t(signal_total) - fenced;
-  return pad <= 0 || fifo_push(f, protocol::make_atomic(uint32_t(dst), counter, pad, false), timeout_ns, err, site);
+  TransferCmd cmds[2];
+  return fifo_push_batch(f, cmds, op_signal_commands(dst, counter, n, signal_total, cmds), timeout_ns, err, site);
+}
+
+// One op's commands towards dst: the bytes [src_off, +len) to dst's [dst_off, +len) as counted
+// Writes of at most `chunk` bytes on `counter` (a zero-length one when len is 0 and min_writes is
+// 1), then the signal pair, pushed in batches of up to kOpBatch commands (fifo_push_batch: one
+// reservation and one system fence per batch, so the caller needs no fence of its own). `dma` (may
+// be null) counts the pushed bytes for the copy kernel. False: the error word is filled.
+constexpr int kOpBatch = 8;
+UCCL_DEVICE bool push_op(const FifoLayout& f, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
+                         uint64_t chunk, int min_writes, uint32_t counter, int signal_total, uint64_t timeout_ns,
+                         ErrorWord* err, const PushSite& site, unsigned long long* dma) {
+  TransferCmd batch[kOpBatch];
+  int queued = 0, writes = 0;
+  uint64_t bytes = 0;
+  auto flush = [&]() {
+    const bool ok = fifo_push_batch(f, batch, queued, timeout_ns, err, site);
+    if (ok && dma != nullptr && bytes > 0) atomicAdd(dma, (unsigned long long)bytes);
+    queued = 0;
+    bytes = 0;
+    return ok;
+  };
+  for (uint64_t at = 0; at < len || writes < min_writes; at += chunk) {
+    const uint64_t part = len - at < chunk ? len - at : chunk;
+    if (queued == kOpBatch && !flush()) return false;
+    batch[queued++] = protocol::make_counted_write(uint32_t(dst), src_off + at, dst_off + at, uint32_t(part), counter);
+    bytes += part;
+    ++writes;
+    if (at + part >= len) break;
+  }
+  if (queued > kOpBatch - 2 && !flush()) return false;  // room for the signal pair
+  queued += op_signal_commands(dst, counter, writes, signal_total, batch + queued);
+  return flush();
 }
 
 // The rank's own region is complete (kernel_abi.h): the caller's stores, and those ordered before
