@@ -44,14 +44,13 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
     signal_own_region(p.self_counter, p.signal_total);
     return;
   }
-  const int fifo = fifo_for(j, int(p.num_fifos));
-  // push_op fences at system scope first: every staged row (ordered before by the caller)
-  if (push_op(fifo_of(p, j), j, uint64_t(p.send_off + int64_t(j) * p.region_bytes),
-              uint64_t(p.recv_off + p.rank * p.region_bytes), uint64_t(rows) * uint64_t(p.hidden * 2),
-              uint64_t(p.chunk_bytes), 0, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
-              reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLCombineSend, int(p.rank), j, -1},
-              dma_counter(p.dma_pushed, p.num_proxy_threads, fifo)))
-    stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
+  const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
+                      p.dma_pushed, p.num_proxy_threads};
+  // push_region fences at system scope first: every staged row (ordered before by the caller)
+  push_region(route, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
+              uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0, uint32_t(p.counter),
+              int(p.signal_total), uint64_t(p.timeout_ns), reinterpret_cast<ErrorWord*>(p.error),
+              PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
 }
 
 }  // namespace

@@ -55,15 +55,13 @@ __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, int
     signal_own_region(p.self_counter, p.signal_total);
     return;
   }
-  const int fifo = fifo_for(d, int(p.num_fifos));
-  const FifoLayout& f = reinterpret_cast<const FifoLayout*>(p.fifos)[fifo];
-  const PushSite site{kPhaseLLDispatchSend, int(p.rank), d, -1};
+  const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(d, int(p.num_fifos)),
+                      p.dma_pushed, p.num_proxy_threads};
   const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(rows) * p.payload_bytes);
-  // push_op fences at system scope first: header and counts (and, ordered before by the caller, the slots)
-  if (push_op(f, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
+  // push_region fences at system scope first: header and counts (and, ordered before by the caller, the slots)
+  push_region(route, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
               len, uint64_t(p.chunk_bytes), 1, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
-              reinterpret_cast<ErrorWord*>(p.error), site, dma_counter(p.dma_pushed, p.num_proxy_threads, fifo)))
-    stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
+              reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLDispatchSend, int(p.rank), d, -1});
 }
 
 }  // namespace

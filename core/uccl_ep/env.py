@@ -137,6 +137,12 @@ _VARS: list[Var] = [
         "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
         "flat at 512 tokens). A tuning switch, read when a Buffer first runs a low-latency op; ranks may differ.",
         minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
+    Var("UCCL_EP_LL_PROXY_PARTS", "int", 1,
+        "Most parts an LL proxy-path op's region towards a peer is spread over, each part through another "
+        "proxy thread (so another copy ring and receiving thread) with its own fenced Atomic; parts of at "
+        "least 256 KiB, at most one per proxy thread. An experiment switch (1: one part), not yet measured on "
+        "a GPU. Every rank must use the same value.",
+        minimum=1, maximum=8, used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_LL_COPY_OVERLAP", "bool", False,
         "Launch the LL proxy path's copy kernel (UCCL_EP_IPC_COPY=kernel) with programmatic dependent launch "
         "(sm_90+), so it polls its descriptor ring while the send kernel still runs. An experiment switch, off "

@@ -73,8 +73,8 @@ class FakeMem:
 
 
 class FakeKernel:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
+    def __init__(self, log, name, defines=()):
+        self.log, self.name, self.defines = log, name, defines
 
     def launch(self, grid, block, params, stream, smem=0, cooperative=False, programmatic=False):
         self.log.append((self.name, grid, block, params, smem, programmatic))
@@ -89,9 +89,10 @@ def _unpack(struct_name, params):
 @pytest.fixture
 def engine(monkeypatch, request):
     R, rank = 2, 0
-    # param: the copy engine, or (copy engine, UCCL_EP_LL_COPY_OVERLAP, device arch)
+    # param: the copy engine, or (copy engine, UCCL_EP_LL_COPY_OVERLAP, device arch[, UCCL_EP_LL_PROXY_PARTS])
     param = request.param if hasattr(request, "param") else "kernel"
-    copy, overlap, arch = param if isinstance(param, tuple) else (param, None, "sm_90a")
+    copy, overlap, arch, parts = (param + (1,))[:4] if isinstance(param, tuple) else (param, None, "sm_90a", 1)
+    monkeypatch.setenv("UCCL_EP_LL_PROXY_PARTS", str(parts))
     monkeypatch.setenv("UCCL_EP_IPC_COPY", copy)
     if overlap is None:
         monkeypatch.delenv("UCCL_EP_LL_COPY_OVERLAP", raising=False)
@@ -103,7 +104,7 @@ def engine(monkeypatch, request):
     asked, launches = {}, []
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
-    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name: FakeKernel(launches, name))
+    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel(launches, name, defines))
     monkeypatch.setattr(proxy_path, "device_arch", lambda dev: arch)
     monkeypatch.setattr(proxy_path, "current_stream", lambda: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -251,6 +252,36 @@ def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped
     out[3]()
     name, *_, programmatic = engine.launches[-1]
     assert name == "ll_dispatch_proxy_recv" and programmatic is False
+
+
+@pytest.mark.parametrize("engine", [("kernel", None, "sm_90a", 3)], indirect=True)
+def test_proxy_parts_setting_reaches_send_kernels_and_layout(engine):
+    """UCCL_EP_LL_PROXY_PARTS (an experiment): the send kernels are compiled with UCCL_EP_LL_PARTS
+    (device/proxy_ll.cuh push_region), the receive kernels are not, and the counters' growth per op
+    leaves room for a fenced Atomic and one more Write per part."""
+    eng, T, E, R = engine.eng, engine.T, engine.E, engine.R
+    assert eng.parts == 3
+    defines = {k.name: k.defines for k in eng._k.values()}
+    assert defines["ll_dispatch_proxy_send"] == defines["ll_combine_proxy_send"] == ("UCCL_EP_LL_PARTS=3",)
+    assert defines["ll_dispatch_proxy_recv"] == defines["ll_combine_proxy_recv"] == ()
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(T, engine.H, generator=g).bfloat16()
+    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
+    eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
+    one = ProxyLayout.make(T, engine.H, E, R, write_chunk_bytes())
+    assert eng.layout.parts == 3 and eng.layout.signal_total == one.signal_total + 4
+    d = _unpack("LLProxyDispatchParams", engine.launches[-2][3])
+    assert d["signal_total"] == eng.layout.signal_total
+
+
+def test_signal_total_covers_every_part():
+    """Per op and peer a region of W Writes spread over P parts adds at most W + P - 1 Writes' worth of
+    fenced values plus P: signal_total (the counter's growth) stays above it, and is unchanged for P = 1."""
+    for parts in (1, 2, 4, 8):
+        lay = ProxyLayout.make(128, 7168, 288, 2, 1 << 20, parts)
+        most_writes = -(-(lay.set_bytes // 2) // lay.chunk_bytes) + parts - 1
+        assert lay.signal_total >= most_writes + parts
+        assert lay.signal_total - 2 * parts == ProxyLayout.make(128, 7168, 288, 2, 1 << 20).signal_total - 2
 
 
 def test_copy_rings_are_registered_and_tabled(engine):
@@ -425,7 +456,7 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     asked = {}
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[0])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
-    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name: FakeKernel([], name))
+    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel([], name, defines))
     monkeypatch.setattr(proxy_path, "_LOADING_WARNED", False)
     monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")

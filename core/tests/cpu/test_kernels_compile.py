@@ -105,6 +105,11 @@ extern "C" __global__ void probe_push(uccl_ep::fifo::FifoLayout f, uccl_ep::Erro
   uccl_ep::protocol::TransferCmd c{w0, w1};
   uccl_ep::dev::fifo_push(f, c, 1000000000ull, err, uccl_ep::dev::PushSite{9, 0, 1, 2});
 }
+extern "C" __global__ void probe_push_batch(uccl_ep::fifo::FifoLayout f, uccl_ep::ErrorWord* err, unsigned long long w0,
+                                            unsigned long long w1) {
+  uccl_ep::protocol::TransferCmd c[3] = {{w0, w1}, {w1, w0}, {w0, w0}};
+  uccl_ep::dev::fifo_push_batch(f, c, 3, 1000000000ull, err, uccl_ep::dev::PushSite{9, 0, 1, 2});
+}
 """
 
 
@@ -120,8 +125,15 @@ def _push_ptx(tmp_path, *defines):
     return out.read_text()
 
 
+def _entry(ptx: str, name: str) -> str:
+    """The PTX body of one entry point."""
+    start = ptx.index(f".entry {name}(")
+    nxt = ptx.find(".entry ", start + 1)
+    return ptx[start:nxt if nxt > 0 else len(ptx)]
+
+
 def test_device_push_commits_with_one_16_byte_release_store(tmp_path):
-    ptx = _push_ptx(tmp_path)
+    ptx = _entry(_push_ptx(tmp_path), "probe_push")
     # one 128-bit store with release semantics at system scope publishes word0 and the commit bit
     assert ptx.count("st.release.sys.global.v2.u64") == 1, ptx[-2000:]
     assert "ld.acquire.sys.global.u64" in ptx      # the full-ring path reads the proxy's tail
@@ -130,9 +142,32 @@ def test_device_push_commits_with_one_16_byte_release_store(tmp_path):
 
 
 def test_device_push_split_store_variant(tmp_path):
-    ptx = _push_ptx(tmp_path, "-DUCCL_EP_FIFO_SPLIT_STORE")
+    ptx = _entry(_push_ptx(tmp_path, "-DUCCL_EP_FIFO_SPLIT_STORE"), "probe_push")
     assert "st.release.sys.global.v2.u64" not in ptx
     assert ptx.count("st.release.sys.global.u64") >= 1 and "st.relaxed.sys.global.u64" in ptx
+
+
+def test_device_batch_push_fences_once(tmp_path):
+    """fifo_push_batch: one reservation and one release fence at system scope for all its commands,
+    each then one posted 16-byte strong store (a release pattern); the split-store build releases
+    each command's second word instead."""
+    ptx = _entry(_push_ptx(tmp_path), "probe_push_batch")
+    assert ptx.count("fence.acq_rel.sys") == 1, ptx[-3000:]  # (the error path's raise_error fences on its own)
+    assert ptx.count("st.relaxed.sys.global.v2.u64") == 3 and "st.release.sys.global.v2" not in ptx
+    assert ptx.count("atom.global.add.u64") == 1 and "trap" not in ptx
+    split = _entry(_push_ptx(tmp_path, "-DUCCL_EP_FIFO_SPLIT_STORE"), "probe_push_batch")
+    assert split.count("st.release.sys.global.u64") == 3 and "st.relaxed.sys.global.v2.u64" not in split
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_ll_proxy_send_kernels_build_with_parts(parts, tmp_path):
+    """The send kernels of UCCL_EP_LL_PROXY_PARTS (an experiment: compile-time UCCL_EP_LL_PARTS) build
+    for sm_90a without spills."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    for source in ("ll_dispatch_proxy.cu", "ll_combine_proxy.cu"):
+        info = _ptxas_info(nvcc, source, (f"UCCL_EP_LL_PARTS={parts}",), tmp_path)
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", info)]
+        assert spills and not any(spills), info
 
 
 # ---- HT kernel variants (UCCL_EP_HT_VARIANT; uccl_ep/cuda/ht_variants.py) ---------------------------

@@ -150,17 +150,18 @@ class ProxyLayout:
     recv_off: int
     set_bytes: int
     chunk_bytes: int = CHUNK_BYTES
+    parts: int = 1  # most parts an op's region towards a peer is spread over (UCCL_EP_LL_PROXY_PARTS)
 
     @staticmethod
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int,
-             chunk_bytes: int = CHUNK_BYTES) -> "ProxyLayout":
+             chunk_bytes: int = CHUNK_BYTES, parts: int = 1) -> "ProxyLayout":
         # an area (send or recv) holds the zero-copy combine input (every local expert's rows) and the
         # largest packed regions (every token selects every local expert; BF16), one per rank
         rows = num_experts * num_max * 2 * hidden
         e_loc = max(1, num_experts // num_ranks)
         packed = num_ranks * ProxyLayout._region(num_max, hidden, e_loc, e_loc, False).region_bytes
         area = _align(max(rows, packed))
-        return ProxyLayout(num_max, hidden, num_experts, num_ranks, 0, area, 2 * area, chunk_bytes)
+        return ProxyLayout(num_max, hidden, num_experts, num_ranks, 0, area, 2 * area, chunk_bytes, parts)
 
     @staticmethod
     def payload_bytes(hidden: int, use_fp8: bool) -> int:
@@ -179,11 +180,12 @@ class ProxyLayout:
     @property
     def signal_total(self) -> int:
         """Counter growth per op and peer: above the most Writes one op sends a peer (a region cut
-        in CHUNK_BYTES pieces, or E_loc zero-copy segments) plus its fenced Atomic. A function of
-        the layout only, so ops of any top-k, dtype or copy mode may follow each other on a counter
-        (a new layout resets the counters)."""
+        in CHUNK_BYTES pieces, or E_loc zero-copy segments) plus its fenced Atomic (with `parts`:
+        up to parts - 1 more Writes and a fenced Atomic per part). A function of the layout only, so
+        ops of any top-k, dtype or copy mode may follow each other on a counter (a new layout resets
+        the counters)."""
         e_loc = self.num_experts // self.num_ranks
-        return max(e_loc, -(-(self.set_bytes // 2) // self.chunk_bytes)) + 2
+        return max(e_loc, -(-(self.set_bytes // 2) // self.chunk_bytes)) + 2 * self.parts
 
     def dispatch_region(self, num_topk: int, use_fp8: bool) -> PackedRegion:
         """Stride and parts of the dispatch regions for top-k `num_topk` (same on every rank)."""
@@ -225,9 +227,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         drv = ex.drv
         self.drv = drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
-        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
-            ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send"), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv"),
-            ("ll_combine_proxy.cu", "ll_combine_proxy_send"), ("ll_combine_proxy.cu", "ll_combine_proxy_recv"))}
+        # An experiment: an op's region towards a peer spread over this many proxy threads (every
+        # rank must use the same value: it sets the counters' growth per op).
+        self.parts = int(env.get("UCCL_EP_LL_PROXY_PARTS"))
+        send_defines = (f"UCCL_EP_LL_PARTS={self.parts}",) if self.parts > 1 else ()
+        self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
+            ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
+            ("ll_combine_proxy.cu", "ll_combine_proxy_send", send_defines), ("ll_combine_proxy.cu", "ll_combine_proxy_recv", ()))}
         if self.copy_kernel:
             self._k["ll_proxy_dma"] = load_kernel(self.dev, "ll_proxy_dma.cu", "ll_proxy_dma")
         # The copy kernel may start while its send kernel runs (programmatic dependent launch, sm_90+;
@@ -399,14 +405,14 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if num_experts // self.R > NUM_MAX_LOCAL_EXPERTS:
             raise LimitExceeded("num_experts", "experts per rank of the proxy path", num_experts // self.R,
                                 NUM_MAX_LOCAL_EXPERTS)
-        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes())
+        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes(), self.parts)
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
                                 f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
         if lay.signal_total > _MAX_SIGNAL:  # an Atomic carries 15 bits of value
             raise LimitExceeded("UCCL_EP_PROXY_WRITE_KB", f"Writes per (op, peer) of the proxy path (regions of up to "
-                                f"{lay.set_bytes // 2} bytes in {lay.chunk_bytes}-byte Writes)", lay.signal_total - 2,
-                                _MAX_SIGNAL - 2)
+                                f"{lay.set_bytes // 2} bytes in {lay.chunk_bytes}-byte Writes)",
+                                lay.signal_total - 2 * lay.parts, _MAX_SIGNAL - 2 * lay.parts)
         # a zero-copy combine segment is one Write; this also keeps num_max < 2^16 (hidden >= 128), which
         # a dispatch slot's token | row << 16 needs (kernel_abi.h)
         if num_max * 2 * hidden > CHUNK_BYTES:

@@ -110,15 +110,16 @@ UCCL_DEVICE bool fifo_push(const FifoLayout& f, const TransferCmd& cmd, uint64_t
 // each; the LL proxy send kernels' three commands per destination took ~6 us that way on 2 x H200,
 // most of a send kernel's tail. A release fence followed by strong stores is a release pattern in
 // the PTX memory model: each command is visible to the proxy only after what the fence ordered.
+// `fence` = false: the caller already fenced (fence_release_sys) after everything the commands carry.
 UCCL_DEVICE bool fifo_push_batch(const FifoLayout& f, const TransferCmd* cmds, int n, uint64_t timeout_ns,
-                                 ErrorWord* err, const PushSite& site) {
+                                 ErrorWord* err, const PushSite& site, bool fence = true) {
   if (n <= 0) return true;
   const uint64_t first = atomicAdd(reinterpret_cast<unsigned long long*>(f.head), (unsigned long long)n);
   const uint64_t last = first + uint64_t(n - 1);
   uint64_t tail = ld_relaxed_gpu(f.tail_cache);
 #if !(UCCL_EP_HIP || defined(UCCL_EP_FIFO_SPLIT_STORE))
   // Issued while the reservation is in flight: the fence waits for it anyway (one wait, not two).
-  fence_release_sys();
+  if (fence) fence_release_sys();
 #endif
   if (last >= tail + f.capacity) {
     const uint64_t start = clock_ns();

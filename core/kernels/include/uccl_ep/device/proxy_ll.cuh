@@ -52,36 +52,82 @@ UCCL_DEVICE bool push_op_signal(const FifoLayout& f, int dst, uint32_t counter, 
   return fifo_push_batch(f, cmds, op_signal_commands(dst, counter, n, signal_total, cmds), timeout_ns, err, site);
 }
 
-// One op's commands towards dst: the bytes [src_off, +len) to dst's [dst_off, +len) as counted
-// Writes of at most `chunk` bytes on `counter` (a zero-length one when len is 0 and min_writes is
-// 1), then the signal pair, pushed in batches of up to kOpBatch commands (fifo_push_batch: one
-// reservation and one system fence per batch, so the caller needs no fence of its own). `dma` (may
-// be null) counts the pushed bytes for the copy kernel. False: the error word is filled.
+// Commands towards dst for the bytes [src_off, +len) to dst's [dst_off, +len): counted Writes of at
+// most `chunk` bytes on `counter` (a zero-length one when len is 0 and min_writes is 1), then the
+// fenced Atomic, and a plain Atomic padding the counter's growth to `budget` when that is above the
+// fenced value; pushed in batches of up to kOpBatch commands (fifo_push_batch: one reservation per
+// batch; the system fence with the first batch when `fence`). `dma` (may be null) counts the bytes
+// for the copy kernel. Returns the fenced value pushed (writes + 1), or -1 (error word filled).
 constexpr int kOpBatch = 8;
-UCCL_DEVICE bool push_op(const FifoLayout& f, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
-                         uint64_t chunk, int min_writes, uint32_t counter, int signal_total, uint64_t timeout_ns,
-                         ErrorWord* err, const PushSite& site, unsigned long long* dma) {
+UCCL_DEVICE int push_op(const FifoLayout& f, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len, uint64_t chunk,
+                        int min_writes, uint32_t counter, int budget, bool fence, uint64_t timeout_ns, ErrorWord* err,
+                        const PushSite& site, unsigned long long* dma) {
   TransferCmd batch[kOpBatch];
   int queued = 0, writes = 0;
   uint64_t bytes = 0;
   auto flush = [&]() {
-    const bool ok = fifo_push_batch(f, batch, queued, timeout_ns, err, site);
+    const bool ok = fifo_push_batch(f, batch, queued, timeout_ns, err, site, fence);
     if (ok && dma != nullptr && bytes > 0) atomicAdd(dma, (unsigned long long)bytes);
+    fence = false;  // one fence orders everything the caller stored before any of the batches
     queued = 0;
     bytes = 0;
     return ok;
   };
   for (uint64_t at = 0; at < len || writes < min_writes; at += chunk) {
     const uint64_t part = len - at < chunk ? len - at : chunk;
-    if (queued == kOpBatch && !flush()) return false;
+    if (queued == kOpBatch && !flush()) return -1;
     batch[queued++] = protocol::make_counted_write(uint32_t(dst), src_off + at, dst_off + at, uint32_t(part), counter);
     bytes += part;
     ++writes;
     if (at + part >= len) break;
   }
-  if (queued > kOpBatch - 2 && !flush()) return false;  // room for the signal pair
-  queued += op_signal_commands(dst, counter, writes, signal_total, batch + queued);
-  return flush();
+  if (queued > kOpBatch - 2 && !flush()) return -1;  // room for the signal pair
+  queued += op_signal_commands(dst, counter, writes, budget, batch + queued);
+  return flush() ? protocol::fenced_signal_for_count(uint32_t(writes)) : -1;
+}
+
+// Where an op's commands go: the FIFO table, its size, the first FIFO (fifo_for of the destination)
+// and the copy rings' byte counters (dma_counter; 0 without copy rings).
+struct OpRoute {
+  const FifoLayout* fifos;
+  int num_fifos;
+  int first_fifo;
+  uint64_t dma_pushed;
+  int64_t num_proxy_threads;
+};
+
+// EXPERIMENT (UCCL_EP_LL_PROXY_PARTS, compile-time UCCL_EP_LL_PARTS; 1 = off): a region of 256 KiB or
+// more per part goes out in up to that many parts, part k on FIFO first_fifo + k (proxy thread
+// (first_fifo + k) % threads: distinct threads, so distinct copy rings and receiving threads), each
+// part closed by its own fenced Atomic (a receiving proxy thread counts only the Writes that reached
+// it), the last one padding the counter's growth to signal_total. One system fence for all.
+#ifndef UCCL_EP_LL_PARTS
+#define UCCL_EP_LL_PARTS 1
+#endif
+constexpr uint64_t kMinPartBytes = uint64_t(256) << 10;
+
+// One op's commands towards dst (see push_op; the caller needs no fence of its own), then the push
+// stamps for the copy kernel's diagnostics. False: the error word is filled.
+UCCL_DEVICE bool push_region(const OpRoute& r, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
+                             uint64_t chunk, int min_writes, uint32_t counter, int signal_total, uint64_t timeout_ns,
+                             ErrorWord* err, const PushSite& site) {
+  int parts = UCCL_EP_LL_PARTS;
+  if (parts > int(r.num_proxy_threads)) parts = int(r.num_proxy_threads);
+  if (uint64_t(parts) > len / kMinPartBytes) parts = len / kMinPartBytes > 0 ? int(len / kMinPartBytes) : 1;
+  const uint64_t per = ((len + uint64_t(parts) - 1) / uint64_t(parts) + 15) & ~uint64_t(15);
+  int added = 0;
+  for (int k = 0; k < parts; ++k) {
+    const int fifo = (r.first_fifo + k) % r.num_fifos;
+    const uint64_t at = uint64_t(k) * per;
+    const uint64_t n = k == parts - 1 ? len - at : per;
+    const int fenced = push_op(r.fifos[fifo], dst, src_off + at, dst_off + at, n, chunk, k == 0 ? min_writes : 1,
+                               counter, k == parts - 1 ? signal_total - added : 0, k == 0, timeout_ns, err, site,
+                               dma_counter(r.dma_pushed, r.num_proxy_threads, fifo));
+    if (fenced < 0) return false;
+    added += fenced;
+    stamp_dma_push(r.dma_pushed, r.num_proxy_threads, fifo);
+  }
+  return true;
 }
 
 // The rank's own region is complete (kernel_abi.h): the caller's stores, and those ordered before
