@@ -65,39 +65,46 @@ UCCL_DEVICE void store_command(TransferCmd* slot, uint64_t word0, uint64_t word1
 #endif
 }
 
+// Waits (bounded) until slot `last` of the ring is free, given `tail`, the producers' cached tail
+// (tail_cache) read by the caller. True when it is; false (error word filled) on timeout, a stopped
+// proxy or another waiter's error.
+UCCL_DEVICE bool wait_ring_room(const FifoLayout& f, uint64_t last, uint64_t tail, uint64_t timeout_ns, ErrorWord* err,
+                                const PushSite& site) {
+  if (last < tail + f.capacity) return true;
+  const uint64_t start = clock_ns();
+  for (uint32_t spins = 0;; ++spins) {
+    // acquire (sys): pairs with the proxy's release of tail after it read the slot we are
+    // about to overwrite, so our store cannot overtake its read.
+    tail = ld_acquire_sys(f.tail);
+    if (last < tail + f.capacity) break;
+    // acquire (sys): pairs with the proxy's release of status when it stops or fails.
+    if (ld_acquire_sys(f.status) != fifo::kStatusRunning) {
+      raise_error(err, kErrProxy, site.phase, site.rank, site.peer, site.expert, clock_ns() - start);
+      return false;
+    }
+    if ((spins & 63u) == 63u) {
+      const uint64_t now = clock_ns();
+      if (now - start > timeout_ns) {
+        raise_error(err, kErrTimeout, site.phase, site.rank, site.peer, site.expert, now - start);
+        return false;
+      }
+      if (error_raised(err)) return false;
+    }
+    poll_pause();
+  }
+  // relaxed (device scope): a monotone hint shared by producers; a lost race only costs a
+  // later PCIe read of tail.
+  atomicMax(reinterpret_cast<unsigned long long*>(f.tail_cache), (unsigned long long)tail);
+  return true;
+}
+
 // Pushes `cmd`; true on success. Any thread may call it; each call costs one device atomic and
 // one 16-byte store to host memory (plus PCIe reads of `tail` only while the ring looks full).
 UCCL_DEVICE bool fifo_push(const FifoLayout& f, const TransferCmd& cmd, uint64_t timeout_ns, ErrorWord* err,
                            const PushSite& site) {
   // relaxed (device scope): the add only hands out a unique index; publication is the store below.
   const uint64_t idx = atomicAdd(reinterpret_cast<unsigned long long*>(f.head), 1ull);
-  uint64_t tail = ld_relaxed_gpu(f.tail_cache);
-  if (idx >= tail + f.capacity) {
-    const uint64_t start = clock_ns();
-    for (uint32_t spins = 0;; ++spins) {
-      // acquire (sys): pairs with the proxy's release of tail after it read the slot we are
-      // about to overwrite, so our store cannot overtake its read.
-      tail = ld_acquire_sys(f.tail);
-      if (idx < tail + f.capacity) break;
-      // acquire (sys): pairs with the proxy's release of status when it stops or fails.
-      if (ld_acquire_sys(f.status) != fifo::kStatusRunning) {
-        raise_error(err, kErrProxy, site.phase, site.rank, site.peer, site.expert, clock_ns() - start);
-        return false;
-      }
-      if ((spins & 63u) == 63u) {
-        const uint64_t now = clock_ns();
-        if (now - start > timeout_ns) {
-          raise_error(err, kErrTimeout, site.phase, site.rank, site.peer, site.expert, now - start);
-          return false;
-        }
-        if (error_raised(err)) return false;
-      }
-      poll_pause();
-    }
-    // relaxed (device scope): a monotone hint shared by producers; a lost race only costs a
-    // later PCIe read of tail.
-    atomicMax(reinterpret_cast<unsigned long long*>(f.tail_cache), (unsigned long long)tail);
-  }
+  if (!wait_ring_room(f, idx, ld_relaxed_gpu(f.tail_cache), timeout_ns, err, site)) return false;
   TransferCmd* slot = f.slots + fifo::slot_of(idx, f.capacity);
   store_command(slot, cmd.word0, fifo::committed_word1(cmd.word1, idx, f.capacity_log2));
   return true;
@@ -115,33 +122,12 @@ UCCL_DEVICE bool fifo_push_batch(const FifoLayout& f, const TransferCmd* cmds, i
                                  ErrorWord* err, const PushSite& site, bool fence = true) {
   if (n <= 0) return true;
   const uint64_t first = atomicAdd(reinterpret_cast<unsigned long long*>(f.head), (unsigned long long)n);
-  const uint64_t last = first + uint64_t(n - 1);
-  uint64_t tail = ld_relaxed_gpu(f.tail_cache);
+  const uint64_t tail = ld_relaxed_gpu(f.tail_cache);
 #if !(UCCL_EP_HIP || defined(UCCL_EP_FIFO_SPLIT_STORE))
   // Issued while the reservation is in flight: the fence waits for it anyway (one wait, not two).
   if (fence) fence_release_sys();
 #endif
-  if (last >= tail + f.capacity) {
-    const uint64_t start = clock_ns();
-    for (uint32_t spins = 0;; ++spins) {
-      tail = ld_acquire_sys(f.tail);  // as in fifo_push
-      if (last < tail + f.capacity) break;
-      if (ld_acquire_sys(f.status) != fifo::kStatusRunning) {
-        raise_error(err, kErrProxy, site.phase, site.rank, site.peer, site.expert, clock_ns() - start);
-        return false;
-      }
-      if ((spins & 63u) == 63u) {
-        const uint64_t now = clock_ns();
-        if (now - start > timeout_ns) {
-          raise_error(err, kErrTimeout, site.phase, site.rank, site.peer, site.expert, now - start);
-          return false;
-        }
-        if (error_raised(err)) return false;
-      }
-      poll_pause();
-    }
-    atomicMax(reinterpret_cast<unsigned long long*>(f.tail_cache), (unsigned long long)tail);
-  }
+  if (!wait_ring_room(f, first + uint64_t(n - 1), tail, timeout_ns, err, site)) return false;
 #if UCCL_EP_HIP || defined(UCCL_EP_FIFO_SPLIT_STORE)
   for (int i = 0; i < n; ++i)
     store_command(f.slots + fifo::slot_of(first + uint64_t(i), f.capacity), cmds[i].word0,
