@@ -77,10 +77,9 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 // starts ~3 us after it and sees the descriptor ~7 us later; a kernel already polling (launched to
 // overlap the send kernel) sees it ~1 us after the push (docs/benchmarks.md).
 // Polling: the first read is a batch (a descriptor posted before the kernel came finds it in one
-// round trip); once a batch found nothing, and throughout the overlapped start, the lock holder
-// reads only the next slot's seq until it is posted (one PCIe read in flight instead of 128), then
-// the batch. With `light` (non-zero while the send kernel may still run) it returns kFetchStopped
-// once *light reads 0. NOTES: batch reads polled back to back while the proxy writes those lines
+// round trip); once a batch found nothing the lock holder reads only the next slot's seq until it is
+// posted (one PCIe read in flight instead of 128), then the batch. With `light` (non-zero while the
+// send kernel may still run: the overlapped start) it returns kFetchStopped once *light reads 0. NOTES: batch reads polled back to back while the proxy writes those lines
 // cost 35 us per D+C on 2 x H200 through a running send kernel, and ~14 us right after it.
 constexpr uint64_t kFetchBatch = 32;
 enum FetchResult { kFetchError = 0, kFetchGot = 1, kFetchStopped = 2 };
@@ -107,7 +106,7 @@ UCCL_DEVICE int fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc
     if (state == 2) {
       const uint64_t from = ld_acquire_gpu(fetched);  // stable: only the lock holder raises it
       int posted_next = 1;
-      if ((polling_lightly || found_none) && lane == 0)
+      if (found_none && lane == 0)
         posted_next = *reinterpret_cast<const volatile uint64_t*>(&slots[from & (kDmaRingCapacity - 1)].seq) == from + 1;
       if (!shfl_idx(posted_next, 0)) {
         if (lane == 0) atomicExch(&st->fetch_lock, 0ull);
