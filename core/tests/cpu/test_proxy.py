@@ -149,6 +149,62 @@ def test_packed_region_writes_and_signal_pair_through_proxies(transport):
         stop_all(ps)
 
 
+def _region_parts(length, parts_wanted, threads, min_part=256 << 10):
+    """Offsets and lengths of the parts of one region, as device/proxy_ll.cuh push_region cuts it
+    (UCCL_EP_LL_PROXY_PARTS): at most one part per proxy thread and per min_part bytes, 16-byte
+    aligned parts, the last one taking the rest."""
+    parts = min(parts_wanted, threads)
+    if parts > length // min_part:
+        parts = max(1, length // min_part)
+    per = (-(-length // parts) + 15) // 16 * 16
+    return [(k * per, (length - k * per) if k == parts - 1 else per) for k in range(parts)]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_region_parts_over_proxy_threads_and_their_signals(transport):
+    """UCCL_EP_LL_PROXY_PARTS: a region spread over FIFOs of distinct proxy threads, each part's
+    counted Writes closed by its own fenced Atomic (writes + 1) and the last part padding the
+    counter's growth to signal_total, through whole proxies (fault: reorders, delays, tears): the
+    counter reaches k * total only once every part of op k landed, whatever the parts' order."""
+    threads, fifos_per_thread = 2, 2
+    ps = make_group(2, transport, num_threads=threads, fifos_per_thread=fifos_per_thread, region_bytes=4 << 20)
+    num_fifos, chunk, min_part, parts_wanted = threads * fifos_per_thread, 96 << 10, 64 << 10, 4
+    # ProxyLayout.signal_total for P parts: above the most Writes (chunks of the largest region, plus
+    # one per extra part) and a fenced Atomic per part
+    total = -(-(1 << 20) // chunk) + 2 * parts_wanted
+    try:
+        rng = np.random.default_rng(13)
+        for op in range(6):
+            sizes = [int(rng.integers(0, 1 << 20)) // 16 * 16 for _ in ps]
+            for r, p in enumerate(ps):
+                p.region()[:sizes[r]] = rng.integers(0, 256, sizes[r], dtype=np.uint8)
+            srcs = [p.region()[:sizes[r]].copy() for r, p in enumerate(ps)]
+            for r, p in enumerate(ps):
+                dst, base = 1 - r, (1 << 20) + r * (1 << 20)
+                parts = _region_parts(sizes[r], parts_wanted, threads, min_part)
+                assert len({(dst + k) % num_fifos % threads for k in range(len(parts))}) == len(parts)
+                added = 0
+                for k, (at0, n) in enumerate(parts):
+                    fifo, writes = (dst + k) % num_fifos, 0
+                    for at in range(at0, at0 + n, chunk):
+                        p.push(fifo, *C.encode_counted_write(dst, at, base + at, min(chunk, at0 + n - at), 5), 5.0)
+                        writes += 1
+                    if writes == 0:  # a zero-length region still closes with one Write (min_writes)
+                        p.push(fifo, *C.encode_counted_write(dst, at0, base + at0, 0, 5), 5.0)
+                        writes = 1
+                    p.push(fifo, *C.encode_atomic(dst, 5, writes + 1, True), 5.0)
+                    added += writes + 1
+                assert added < total
+                p.push((dst + len(parts) - 1) % num_fifos, *C.encode_atomic(dst, 5, total - added, False), 5.0)
+            for r, p in enumerate(ps):
+                src = 1 - r
+                assert p.wait_counter(src, 5, total * (op + 1), 10.0, "test") == total * (op + 1)
+                got = p.region()[(1 << 20) + src * (1 << 20):(1 << 20) + src * (1 << 20) + sizes[src]]
+                assert np.array_equal(got, srcs[src]), (op, r)
+    finally:
+        stop_all(ps)
+
+
 @pytest.mark.parametrize("imm,src,msg", [
     (lambda: C.imm_counted(8), 0, "out of range"),
     (lambda: C.imm_counted(1) | (1 << 20), 0, "malformed"),
