@@ -70,7 +70,9 @@ extern "C" __global__ void __launch_bounds__(256)
   int* prefix = smem;
   int* scratch = smem + E_loc + 1;  // [2 * blockDim.x]
   int* first = scratch + 2 * blockDim.x;
-  auto count_of = [&](int e, int j) { return is_masked(p.masked, j) ? 0 : int(lr[int64_t(e) * R + j] & 0xffffffff); };
+  // Rows staged per (e, j); none for this rank when its receive kernel reads them in y (own_in_y).
+  const auto skipped = [&](int j) { return is_masked(p.masked, j) || (p.own_in_y && j == int(p.rank)); };
+  auto count_of = [&](int e, int j) { return skipped(j) ? 0 : int(lr[int64_t(e) * R + j] & 0xffffffff); };
   int carry = 0;
   for (int e0 = 0; e0 < E_loc; e0 += blockDim.x) {
     const int e = e0 + tid;
@@ -145,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int e = lo;
     int r = item - prefix[e], j = 0, begin = 0;
     for (; j < R; ++j) {
-      if (is_masked(p.masked, j)) continue;
+      if (skipped(j)) continue;
       const int64_t packed = lr[int64_t(e) * R + j];
       const int count = int(packed & 0xffffffff);
       if (r < count) {

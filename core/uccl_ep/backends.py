@@ -87,7 +87,8 @@ class Executor:
         peers found to have masked this rank (DeepEP: a timeout masks the silent peer)."""
         raise NotImplementedError
 
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
+                            recv_follows=False):
         """Returns (combined_x, finish)."""
         raise NotImplementedError
 

@@ -138,7 +138,7 @@ class LowLatencyMixin:
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         combined, finish = self._executor.low_latency_combine(
             x, topk_idx, topk_weights, handle, self._masked_ranks, out, combine_wait_recv_cost_stats,
-            zero_copy=bool(zero_copy))
+            zero_copy=bool(zero_copy), recv_follows=not return_recv_hook)
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, (x, topk_idx, topk_weights, combined))
         return combined, event, hook
 

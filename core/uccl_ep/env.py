@@ -137,6 +137,11 @@ _VARS: list[Var] = [
         "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
         "flat at 512 tokens). A tuning switch, read when a Buffer first runs a low-latency op; ranks may differ.",
         minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
+    Var("UCCL_EP_LL_OWN_ROWS_IN_Y", "bool", False,
+        "LL proxy-path combine without a receive hook: leave the rank's own rows in the caller's tensor "
+        "(the receive kernel, which follows on the stream, reads them there as in zero copy) instead of "
+        "staging them. An experiment switch, not yet measured on a GPU.",
+        used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_LL_PROXY_PARTS", "int", 1,
         "Most parts an LL proxy-path op's region towards a peer is spread over, each part through another "
         "proxy thread (so another copy ring and receiving thread) with its own fenced Atomic; parts of at "

@@ -284,6 +284,31 @@ def test_signal_total_covers_every_part():
         assert lay.signal_total - 2 * parts == ProxyLayout.make(128, 7168, 288, 2, 1 << 20).signal_total - 2
 
 
+@pytest.mark.parametrize("switch", [True, False])
+def test_own_rows_stay_in_y_when_the_receive_follows(engine, switch):
+    """UCCL_EP_LL_OWN_ROWS_IN_Y (an experiment): combine without a receive hook (recv_follows)
+    stages no rows for this rank (own_in_y) and the receive kernel reads them in y as in zero copy;
+    behind a hook, or with the switch off, they are staged in the send area as before."""
+    eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
+    eng.own_rows_in_y = switch
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
+    w = torch.rand(T, 4, generator=g)
+    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
+    out[3]()
+    y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
+    for follows in (True, False):
+        _, finish = eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=follows)
+        c = _unpack("LLProxyCombineParams", engine.launches[-2][3])
+        finish(follows_send=follows)
+        cr = _unpack("LLProxyCombineRecvParams", engine.launches[-1][3])
+        in_y = follows and switch
+        assert c["own_in_y"] == int(in_y) and c["zero_copy"] == 0 and c["y"] == y.data_ptr()
+        assert cr["zero_copy"] == int(in_y) and cr["layout_range"] == out[2][1].data_ptr()
+        assert cr["send_area"] == (y.data_ptr() if in_y else c["send_area"])
+
+
 def test_copy_rings_are_registered_and_tabled(engine):
     eng, drv = engine.eng, engine.ex.drv
     rings = engine.proxy.copy_rings()

@@ -244,7 +244,7 @@ class LowLatencyEngine:
         t = raw_tensor(self.mem.ptr + off, nbytes, self.dev, self.mem)
         return t.view(torch.bfloat16).view(E_loc, self.R * num_max, hidden)
 
-    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy):
+    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False):
         src_info, layout_range, num_max, H, num_experts = handle
         R = self.R
         E_loc = num_experts // R

@@ -230,6 +230,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # An experiment: an op's region towards a peer spread over this many proxy threads (every
         # rank must use the same value: it sets the counters' growth per op).
         self.parts = int(env.get("UCCL_EP_LL_PROXY_PARTS"))
+        self.own_rows_in_y = bool(env.get("UCCL_EP_LL_OWN_ROWS_IN_Y"))  # an experiment: combine()
         send_defines = (f"UCCL_EP_LL_PARTS={self.parts}",) if self.parts > 1 else ()
         self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
             ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
@@ -488,7 +489,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
 
     # -- combine ---------------------------------------------------------------------------------
-    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy):
+    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False):
         src_info, layout_range, num_max, H, num_experts = handle
         R = self.R
         E_loc = num_experts // R
@@ -501,6 +502,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         else:
             y = y.contiguous()
             y_ptr = y.data_ptr()
+        # An experiment (UCCL_EP_LL_OWN_ROWS_IN_Y): the rank's own rows stay in y when the receive
+        # kernel follows directly (y cannot change in between); behind a receive hook they are
+        # staged, as y may be reused before the hook runs.
+        own_in_y = self.own_rows_in_y and bool(recv_follows) and not zero_copy
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
         mask = sum(1 << r for r in masked)
         topk_idx = topk_idx.contiguous()
@@ -515,13 +520,14 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
                              self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
-                             **self._dma_fields, **shape)
+                             own_in_y=int(own_in_y), **self._dma_fields, **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
         recv_params = pack_params(
             "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s),
-            send_area=send_area, layout_range=layout_range.data_ptr(), zero_copy=int(bool(zero_copy)),
+            send_area=y_ptr if own_in_y else send_area, layout_range=layout_range.data_ptr(),
+            zero_copy=int(bool(zero_copy) or own_in_y),
             counters=self.counters_dev,
             rounds=self._rounds(s, 1), done=self._done(s, 1), **self._counter_words(s, 1), status=self.status_dev,
             topk_idx=topk_idx.data_ptr(),

@@ -119,7 +119,8 @@ class HostExecutor(Executor):
         return ll.dispatch(self, set_idx, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
                            masked, cumulative_stats, wait_stats)
 
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
+                            recv_follows=False):
         set_idx = self._ll_buffer_idx
         self._ll_buffer_idx ^= 1
         return ll.combine(self, set_idx, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy)

@@ -55,7 +55,8 @@ class ReferenceExecutor(Executor):
         return low_latency.dispatch(self.comm, self.owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale,
                                     use_ue8m0, masked, self.ctx.enable_shrink, cumulative_stats, wait_stats)
 
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False):
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
+                            recv_follows=False):
         if zero_copy:
             x = self._combine_buffer(handle, self._ll_buffer_idx)
         self._ll_buffer_idx ^= 1

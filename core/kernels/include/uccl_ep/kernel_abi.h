@@ -359,6 +359,8 @@ struct LLProxyCombineParams {
   int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
   uint64_t self_counter;    // u64 device word: this op's receive counter for the rank's own region
                             // (counter_cache[rank] of the receive kernel), + signal_total when staged
+  int64_t own_in_y;         // 1: the rank's own rows are not staged (the receive kernel reads them in y,
+                            // as in zero copy: it follows this kernel directly on the stream)
 };
 
 struct LLProxyCombineRecvParams {
