@@ -96,7 +96,8 @@ _VARS: list[Var] = [
         used_by="proxy"),
     Var("UCCL_EP_PROXY_WRITE_KB", "int", 16383,
         "Largest Write the low-latency proxy path pushes, in KiB (1..16383; a 16-byte command carries "
-        "24 bits of length). Each (op, peer) region goes out as ceil(bytes / this) Writes.",
+        "24 bits of length). Each (op, peer) region goes out as ceil(bytes / this) Writes. Every rank must "
+        "use the same value (checked when a Buffer is built).",
         minimum=1, maximum=16383, used_by="cuda"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host peer copies), `ipc+fabric` (ipc to the "
@@ -146,7 +147,7 @@ _VARS: list[Var] = [
         "Most parts an LL proxy-path op's region towards a peer is spread over, each part through another "
         "proxy thread (so another copy ring and receiving thread) with its own fenced Atomic; parts of at "
         "least 256 KiB, at most one per proxy thread. An experiment switch (1: one part), not yet measured on "
-        "a GPU. Every rank must use the same value.",
+        "a GPU. Every rank must use the same value (checked when a Buffer is built).",
         minimum=1, maximum=8, used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_LL_COPY_OVERLAP", "bool", False,
         "Launch the LL proxy path's copy kernel (UCCL_EP_IPC_COPY=kernel) with programmatic dependent launch "

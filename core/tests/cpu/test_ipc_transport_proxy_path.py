@@ -274,6 +274,25 @@ def test_proxy_parts_setting_reaches_send_kernels_and_layout(engine):
     assert d["signal_total"] == eng.layout.signal_total
 
 
+def test_ranks_must_share_the_settings_of_the_counters_growth(monkeypatch):
+    """UCCL_EP_LL_PROXY_PARTS and UCCL_EP_PROXY_WRITE_KB set signal_total: the executor gathers every
+    rank's values and refuses differing or invalid ones by name, on every rank alike, instead of
+    letting the receive kernels wait for a growth their peers never send."""
+    from uccl_ep.errors import InvalidArgument
+    monkeypatch.setenv("UCCL_EP_LL_PROXY_PARTS", "2")
+    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "1024")
+    mine = proxy_path.shared_settings()
+    assert mine == (2, 1024)
+    proxy_path.check_same_shared_settings([mine, mine, mine])
+    with pytest.raises(InvalidArgument, match=r"UCCL_EP_LL_PROXY_PARTS.*rank 1: 4/1024"):
+        proxy_path.check_same_shared_settings([mine, (4, 1024)])
+    monkeypatch.setenv("UCCL_EP_LL_PROXY_PARTS", "9")  # above its maximum
+    bad = proxy_path.shared_settings()
+    assert isinstance(bad, str) and "UCCL_EP_LL_PROXY_PARTS" in bad
+    with pytest.raises(InvalidArgument, match="rank 1"):
+        proxy_path.check_same_shared_settings([mine, bad])
+
+
 def test_signal_total_covers_every_part():
     """Per op and peer a region of W Writes spread over P parts adds at most W + P - 1 Writes' worth of
     fenced values plus P: signal_total (the counter's growth) stays above it, and is unchanged for P = 1."""
