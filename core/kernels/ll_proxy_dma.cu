@@ -103,8 +103,9 @@ UCCL_DEVICE int fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc
     state = shfl_idx(state, 0);
     if (state == 1) return kFetchGot;
     if (state == 3) return kFetchStopped;
+    uint64_t from = 0;
     if (state == 2) {
-      const uint64_t from = ld_acquire_gpu(fetched);  // stable: only the lock holder raises it
+      from = ld_acquire_gpu(fetched);  // stable while this warp holds the lock: only the holder raises it
       int posted_next = 1;
       if (found_none && lane == 0)
         posted_next = *reinterpret_cast<const volatile uint64_t*>(&slots[from & (kDmaRingCapacity - 1)].seq) == from + 1;
@@ -114,7 +115,6 @@ UCCL_DEVICE int fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc
       }
     }
     if (state == 2) {
-      const uint64_t from = ld_acquire_gpu(fetched);
       const uint64_t k = from + uint64_t(lane);
       const DmaDesc* d = slots + (k & (kDmaRingCapacity - 1));
       // Four independent loads (one round trip); each word is checked by itself (seq, lap tags).

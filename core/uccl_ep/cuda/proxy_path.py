@@ -31,7 +31,7 @@ copy through the driver instead and CUDA_MODULE_LOADING=EAGER is needed (warn_la
 
 Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU; on 2 x H200
 every LL option, mask/clean, graph, timeout and traffic test passes with either copy engine; D+C
-(CUDA graph, 128 tokens) 127-131 µs with the copy kernel (174 µs at EP4 with earlier kernels),
+(CUDA graph, 128 tokens) 117.6-123.0 µs with the copy kernel (174 µs at EP4 with earlier kernels),
 2,056 µs with the driver's copies (docs/benchmarks.md). Between hosts the transport is ipc+fabric (gpu_transport.py), driver copies.
 """
 

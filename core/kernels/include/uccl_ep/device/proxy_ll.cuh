@@ -111,17 +111,19 @@ constexpr uint64_t kMinPartBytes = uint64_t(256) << 10;
 UCCL_DEVICE bool push_region(const OpRoute& r, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
                              uint64_t chunk, int min_writes, uint32_t counter, int signal_total, uint64_t timeout_ns,
                              ErrorWord* err, const PushSite& site) {
-  int parts = UCCL_EP_LL_PARTS;
-  if (parts > int(r.num_proxy_threads)) parts = int(r.num_proxy_threads);
-  if (uint64_t(parts) > len / kMinPartBytes) parts = len / kMinPartBytes > 0 ? int(len / kMinPartBytes) : 1;
-  const uint64_t per = ((len + uint64_t(parts) - 1) / uint64_t(parts) + 15) & ~uint64_t(15);
+  // at most one part per proxy thread and per kMinPartBytes, at least one
+  uint64_t parts = uint64_t(UCCL_EP_LL_PARTS);
+  if (parts > uint64_t(r.num_proxy_threads)) parts = uint64_t(r.num_proxy_threads);
+  if (parts > len / kMinPartBytes) parts = len / kMinPartBytes;
+  if (parts == 0) parts = 1;
+  const uint64_t per = ((len + parts - 1) / parts + 15) & ~uint64_t(15);
   int added = 0;
-  for (int k = 0; k < parts; ++k) {
+  for (int k = 0; k < int(parts); ++k) {
     const int fifo = (r.first_fifo + k) % r.num_fifos;
     const uint64_t at = uint64_t(k) * per;
-    const uint64_t n = k == parts - 1 ? len - at : per;
+    const uint64_t n = k == int(parts) - 1 ? len - at : per;
     const int fenced = push_op(r.fifos[fifo], dst, src_off + at, dst_off + at, n, chunk, k == 0 ? min_writes : 1,
-                               counter, k == parts - 1 ? signal_total - added : 0, k == 0, timeout_ns, err, site,
+                               counter, k == int(parts) - 1 ? signal_total - added : 0, k == 0, timeout_ns, err, site,
                                dma_counter(r.dma_pushed, r.num_proxy_threads, fifo));
     if (fenced < 0) return false;
     added += fenced;
