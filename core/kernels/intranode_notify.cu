@@ -3,9 +3,10 @@
 // One block. Each rank counts its tokens per (destination, channel), writes to every peer j's
 // notify area {my per-rank counts, my per-channel counts toward j, my counts of j's experts},
 // raises a tagged signal there, waits for every peer's, and computes the handle's prefix
-// matrices, per-expert totals (aligned) and the number of rows it will receive; these go to
-// pinned host memory for the CPU (unless num_worst_tokens fixes the row count: then nobody waits
-// on the host and the call is graph-capturable).
+// matrices, per-expert totals (aligned), the number of rows it will receive and every rank's
+// tokens per destination (R x R); these go to pinned host memory for the CPU (unless
+// num_worst_tokens fixes the row count: then nobody waits on the host and the call is
+// graph-capturable).
 //
 // NOTES: the notify area is double-buffered by the parity of the fresh-dispatch sequence number
 // (a device word, so graph replays work); before overwriting a parity slot at a peer, a rank
@@ -121,6 +122,8 @@ extern "C" __global__ void __launch_bounds__(512) ht_notify(const UCCL_GRID_CONS
     }
     host[2 + tid] = pl[me];
   }
+  for (int i = tid; i < R * R; i += blockDim.x)  // every rank's tokens per destination (the copy-engine combine's sizes)
+    host[2 + R + E_loc + i] = payload_at(peer[me], par, i / R, R)[i % R];
   for (int e = tid; e < E_loc; e += blockDim.x) {
     int64_t sum = 0;
     for (int i = 0; i < R; ++i) sum += payload_at(peer[me], par, i, R)[R + C + e];

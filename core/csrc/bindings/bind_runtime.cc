@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "bindings/register.h"
 #include "runtime/cuda_driver.h"
@@ -63,6 +64,15 @@ void register_runtime(nb::module_& parent) {
     cu::memcpy_htod(device, dst, data.c_str(), data.size());
   });
   m.def("synchronize", &cu::synchronize);
+  m.def("memcpy_dtod_async_batch", [](int device, uint64_t stream, nb::bytes triples) {
+    // packed little-endian u64 {dst, src, bytes} per copy, issued in order on `stream` (one call
+    // from Python for a whole combine's copy-engine work: ht_ce.py)
+    if (triples.size() % 24 != 0) throw std::invalid_argument("memcpy_dtod_async_batch: 24 bytes per copy");
+    cu::use_device(device);
+    const auto* w = reinterpret_cast<const uint64_t*>(triples.c_str());
+    for (size_t i = 0; i < triples.size() / 24; ++i)
+      cu::memcpy_dtod_async(w[3 * i], w[3 * i + 1], w[3 * i + 2], reinterpret_cast<cu::CUstream>(stream));
+  }, "Copies (device or peer-mapped addresses) on a stream, in order: copy engines do them.");
 
   m.def("ipc_get_handle", [](int device, uint64_t ptr) {
     cu::CUipcMemHandle h = cu::ipc_get_handle(device, ptr);

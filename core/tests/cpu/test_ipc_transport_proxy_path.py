@@ -305,7 +305,7 @@ def test_signal_total_covers_every_part():
 
 @pytest.mark.parametrize("switch", [True, False])
 def test_own_rows_stay_in_y_when_the_receive_follows(engine, switch):
-    """UCCL_EP_LL_OWN_ROWS_IN_Y (an experiment): combine without a receive hook (recv_follows)
+    """UCCL_EP_LL_OWN_ROWS_IN_Y (default on): combine without a receive hook (recv_follows)
     stages no rows for this rank (own_in_y) and the receive kernel reads them in y as in zero copy;
     behind a hook, or with the switch off, they are staged in the send area as before."""
     eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R

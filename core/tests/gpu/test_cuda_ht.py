@@ -7,7 +7,8 @@ and combine (fp32 sum in rank order, bias none / one / two) with combined weight
 uniform with -1 entries, everything to one rank, and a rank with zero tokens; SM counts: the
 default config and a small one whose 32-slot rings force flow control. Every kernel variant of
 UCCL_EP_HT_VARIANT (uccl_ep/cuda/ht_variants.py) runs the same checks, and one case mixes variants
-across ranks (they must agree on the peer rings).
+across ranks (they must agree on the peer rings). [small-ce] / [deepseek-ce]: the copy-engine
+combine (UCCL_EP_HT_COMBINE_CE), interleaved with ring combines (num_worst_tokens handles).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def _eq(tag, a, b):
     assert torch.equal(a, b), f"{tag}: differs ({(a.float() - b.float()).abs().max().item() if a.numel() else 0})"
 
 
-def worker(rank, world, H, T, E, seed, variants=("default",)):
+def worker(rank, world, H, T, E, seed, variants=("default",), ce=False):
     os.environ["UCCL_EP_HT_VARIANT"] = variants[rank % len(variants)]  # read when the engine is built
+    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1" if ce else "0"
     from uccl_ep.cuda.ht_variants import VARIANTS as _V
     if any(_V[v].bulk for v in variants):  # ranks must agree on block sizes; the bulk variants run 16 warps
         os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16"
@@ -122,6 +124,8 @@ def worker(rank, world, H, T, E, seed, variants=("default",)):
                         yw = go[2] if with_topk else None
                         b0 = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
                         b1 = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
+                        # the copy-engine combine takes every handle with host counts (not num_worst_tokens)
+                        assert go[4].plan.ce == (ce and not worst), f"{tag}: plan.ce {go[4].plan.ce}"
                         for bias in (None, b0, (b0, b1)):
                             co = ours.combine(y, go[4], topk_weights=yw, bias=bias, config=config)
                             cr = ref.combine(y, gr[4], topk_weights=yw, bias=bias, config=config)
@@ -134,6 +138,7 @@ def worker(rank, world, H, T, E, seed, variants=("default",)):
     v = VARIANTS[variants[rank % len(variants)]]
     assert ours._executor._ht._k["ht_dispatch"].name == v.dispatch[1], "the variant's kernels did not run"
     assert ours._executor._ht._k["ht_combine"].name == v.combine[1]
+    assert (ours._executor._ht.ce._k is not None) == ce, "the copy-engine combine ran iff asked"
     return checked
 
 
@@ -152,21 +157,23 @@ def _cases():
     cases = []
     for v in _variant_names():
         for shape in _SHAPES:
-            cases.append(pytest.param(shape, (v,), id=shape if v == "default" else f"{shape}-{v}"))
+            cases.append(pytest.param(shape, (v,), False, id=shape if v == "default" else f"{shape}-{v}"))
     for mix in (("default", "tma"), ("tma-wide", "default")):
-        cases.append(pytest.param("small", mix, id="small-mixed-" + "+".join(mix)))
+        cases.append(pytest.param("small", mix, False, id="small-mixed-" + "+".join(mix)))
+    for shape in _SHAPES:  # UCCL_EP_HT_COMBINE_CE: rows back by copy engines, every SM sums
+        cases.append(pytest.param(shape, ("default",), True, id=f"{shape}-ce"))
     return cases
 
 
-@pytest.mark.parametrize("shape,variants", _cases())
-def test_ht_matches_reference(shape, variants):
+@pytest.mark.parametrize("shape,variants,ce", _cases())
+def test_ht_matches_reference(shape, variants, ce):
     from uccl_ep.cuda.ht_variants import VARIANTS
     need = max(VARIANTS[v].min_sm for v in variants)
     major, minor = torch.cuda.get_device_capability(0)
     if major * 10 + minor < need:
         pytest.skip(f"variants {variants} need compute capability {need // 10}.{need % 10}")
     world = min(torch.cuda.device_count(), 8)
-    out = run_ranks(worker, world, *_SHAPES[shape].values(), tuple(variants), backend="nccl", timeout_s=900)
+    out = run_ranks(worker, world, *_SHAPES[shape].values(), tuple(variants), ce, backend="nccl", timeout_s=900)
     assert all(n > 0 for n in out)
 
 

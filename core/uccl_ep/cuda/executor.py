@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..backends import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, Timeout, UcclEpError, Unsupported
-from . import ht_variants, proxy_path
+from . import ht_ce, ht_variants, proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
 
 __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
@@ -104,12 +104,14 @@ class CudaExecutor(Executor):
             ht_sizes = str(e)
         mine = (socket.gethostname(), self.device,
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
-                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings())
+                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings(),
+                ht_ce.shared_settings())
         dist.all_gather_object(infos, mine, group=ctx.group)
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
         if self.nvl_mem is not None and not self.ht_proxy:
             ht_variants.check_same_block_sizes([i[4] for i in infos])
+            ht_ce.check_same_settings([i[6] for i in infos])
         if self.ll_mem is not None and self.ll_proxy:
             proxy_path.check_same_shared_settings([i[5] for i in infos])
         if not (self.ht_proxy and self.ll_proxy):

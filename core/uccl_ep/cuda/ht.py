@@ -21,6 +21,7 @@ import torch
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import ht_variants
+from .ht_ce import CopyEngineCombine
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
 __all__ = ["NormalEngine", "CudaNormalPlan"]
@@ -79,6 +80,9 @@ class NormalEngine:
         self.combine_smem = ht_variants.combine_smem_bytes(
             self.combine_block, sm=sm_number(device_arch(self.dev))) if \
             ht_variants.selected().name == "default" else 0
+        # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py); default variant only
+        self.ce = CopyEngineCombine(self)
+        self.ce.enabled = self.ce.enabled and ht_variants.selected().name == "default"
 
     @property
     def _sent(self) -> int:
@@ -218,6 +222,7 @@ class NormalEngine:
                              num_experts=E, expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
                              timeout_ns=self.ex.timeout_ns)
         self._k["ht_notify"].launch(1, 512, params, current_stream())
+        pair_counts = None
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
         else:
@@ -225,6 +230,11 @@ class NormalEngine:
             vals = self.ex.errors.int32_array(_HOST_OFF_INTS + 1, 1 + R + E_loc)
             num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:]
             rows = num_recv
+            if self.ce.enabled:  # every rank's tokens per destination: the same on every rank
+                flat = self.ex.errors.int32_array(_HOST_OFF_INTS + 2 + R + E_loc, R * R)
+                pair_counts = [flat[i * R:(i + 1) * R] for i in range(R)]
+        # the copy-engine combine for this handle: decided alike on every rank (same counts)
+        use_ce = pair_counts is not None and self.ce.prepare(pair_counts, x.shape[1], K)
         recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
         recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
@@ -239,6 +249,8 @@ class NormalEngine:
                               (rank_prefix, recv_channel_prefix), C, rows)
         plan = CudaNormalPlan(T, rows, C, num_recv, per_src)
         plan.num_experts = E
+        plan.ce = use_ce
+        # the copy-engine combine for this handle: decided alike on every rank (same counts)
         handle = NormalHandle((rank_prefix, channel_prefix, recv_channel_prefix, recv_src, in_rank, send_head),
                               self.ex.owner, plan)
         return recv_x, recv_scales, recv_idx, recv_w, per_expert, handle
@@ -273,12 +285,17 @@ class NormalEngine:
         self._ensure_geometry(plan.num_channels, config.num_max_nvl_chunked_recv_tokens)
         T, H = plan.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
-        self._check_slot(combine_slot_bytes(H, K), "combine")
+        use_ce = self.ce.enabled and self.ce.usable(plan, x, topk_weights)
+        if not use_ce:
+            self._check_slot(combine_slot_bytes(H, K), "combine")
         out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
         b0, b1 = (b.contiguous() if b is not None else None for b in biases)
         x = x.contiguous()
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        if use_ce:
+            self.ce.combine(x, handle, topk_weights, b0, b1, out, out_w, config.num_sms, self.combine_smem)
+            return out, out_w
         params = pack_params(
             "HTCombineParams", x=x.data_ptr(), topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
             bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,
@@ -294,5 +311,6 @@ class NormalEngine:
         return out, out_w
 
     def free(self) -> None:
+        self.ce.free()
         self.work.free()
         self.peers.free()

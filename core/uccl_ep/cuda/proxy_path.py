@@ -255,7 +255,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # An experiment: an op's region towards a peer spread over this many proxy threads (every
         # rank must use the same value: it sets the counters' growth per op).
         self.parts = int(env.get("UCCL_EP_LL_PROXY_PARTS"))
-        self.own_rows_in_y = bool(env.get("UCCL_EP_LL_OWN_ROWS_IN_Y"))  # an experiment: combine()
+        self.own_rows_in_y = bool(env.get("UCCL_EP_LL_OWN_ROWS_IN_Y"))  # combine(): see there
         send_defines = (f"UCCL_EP_LL_PARTS={self.parts}",) if self.parts > 1 else ()
         self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
             ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
@@ -527,8 +527,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         else:
             y = y.contiguous()
             y_ptr = y.data_ptr()
-        # An experiment (UCCL_EP_LL_OWN_ROWS_IN_Y): the rank's own rows stay in y when the receive
-        # kernel follows directly (y cannot change in between); behind a receive hook they are
+        # UCCL_EP_LL_OWN_ROWS_IN_Y (default on): the rank's own rows stay in y when the receive
+        # kernel follows directly on the stream (y cannot change in between), so the send kernel
+        # skips staging them (~6 us at 128 tokens, ~16 at 512); behind a receive hook they are
         # staged, as y may be reused before the hook runs.
         own_in_y = self.own_rows_in_y and bool(recv_follows) and not zero_copy
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)

@@ -234,6 +234,56 @@ struct HTCombineParams {
   int64_t timeout_ns;
 };
 
+// Combine with copy engines (intranode_combine_ce.cu, uccl_ep/cuda/ht_ce.py): each rank's staging
+// buffer (IPC-shared, apart from the NVL buffer) = a header, then per source rank j a region of
+// cap_rows rows (BF16, hidden wide) and cap_rows x num_topk fp32 weights, which rank j's copy engine
+// fills with the rows of this rank's tokens it holds (its x rows from this rank, in order).
+//   flags[j][k]: the epoch of rank j's last copy of chunk k (rows [k * chunk_rows, +chunk_rows))
+//   freed[j]:    the epoch up to which rank j has read this rank's rows in ITS staging buffer
+//   epoch:       this rank's count of such combines (the begin kernel raises it; device-side, so
+//                graph replays count too); epoch_src: the value the copy engine writes into flags
+constexpr int kCEMaxChunks = 128;
+constexpr uint64_t kCEFlagsOffset = 0;                                         // u64 [kHTMaxRanks][kCEMaxChunks]
+constexpr uint64_t kCEFreedOffset = 8ull * kHTMaxRanks * kCEMaxChunks;         // u64 [kHTMaxRanks]
+constexpr uint64_t kCEEpochOffset = kCEFreedOffset + 8ull * kHTMaxRanks;       // u64
+constexpr uint64_t kCEEpochSrcOffset = kCEEpochOffset + 64;                    // u64 (own line)
+constexpr uint64_t kCEDoneOffset = kCEEpochSrcOffset + 64;                     // u32 blocks done
+constexpr uint64_t kCEDataOffset = 64 * 1024;
+
+struct HTCombineCEBeginParams {
+  uint64_t stage;             // this rank's staging buffer
+  uint64_t error;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t timeout_ns;
+};
+
+struct HTCombineCEParams {
+  uint64_t x;                 // bf16 [rows, H]: this rank's own rows are read here
+  uint64_t topk_weights;      // fp32 [rows, K] or 0
+  uint64_t bias0;             // bf16 [T, H] or 0
+  uint64_t bias1;             // bf16 [T, H] or 0
+  uint64_t out;               // bf16 [T, H]
+  uint64_t out_weights;       // fp32 [T, K] or 0
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t send_head;         // int32 [T, R]
+  uint64_t channel_prefix;    // int32 [R, C]: inclusive prefix of this rank's tokens sent to each rank
+  uint64_t recv_channel_prefix;  // int32 [R, C]
+  uint64_t stage;             // this rank's staging buffer
+  uint64_t peer_stage;        // u64 [R]: every rank's staging buffer, mapped here
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden;
+  int64_t num_topk;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t region_bytes;       // bytes per source region (rows, then weights)
+  int64_t cap_rows;           // rows per source region
+  int64_t chunk_rows;
+  int64_t timeout_ns;
+};
+
 // ---- low-latency through the CPU proxy (ll_dispatch_proxy.cu, ll_combine_proxy.cu) ---------------
 // Kernels push Write + Atomic commands into proxy FIFOs instead of storing to peers; the receiving
 // proxy bumps counters[src][counter] in mapped host memory. Per buffer set, inside the region the

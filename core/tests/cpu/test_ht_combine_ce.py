@@ -1,0 +1,160 @@
+"""The copy-engine HT combine (UCCL_EP_HT_COMBINE_CE; uccl_ep/cuda/ht_ce.py, intranode_combine_ce.cu)
+on CPU: the staging layout constants against kernel_abi.h (compiled), the per-handle decision and
+sizes, the copy list a rank issues (checked by replaying it on host memory: every peer's region
+ends up holding exactly its tokens' rows, in its token order, and a flag per chunk after the chunk),
+the executor's agreement check, and the engine's dispatch-time decision with recording fakes.
+What it cannot show: the copy engines and the sum kernel on a GPU (core/tests/gpu/test_cuda_ht.py
+[small-ce] / [deepseek-ce])."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from uccl_ep.cuda import ht_ce, jit
+from uccl_ep.errors import InvalidArgument
+
+pytestmark = pytest.mark.cpu
+
+
+def test_layout_constants_match_the_header(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    checks = {"kCEMaxChunks": ht_ce.MAX_CHUNKS, "kCEFlagsOffset": ht_ce.FLAGS_OFF, "kCEFreedOffset": ht_ce.FREED_OFF,
+              "kCEEpochOffset": ht_ce.EPOCH_OFF, "kCEEpochSrcOffset": ht_ce.EPOCH_SRC_OFF,
+              "kCEDoneOffset": ht_ce.DONE_OFF, "kCEDataOffset": ht_ce.DATA_OFF}
+    lines = ['#include "uccl_ep/kernel_abi.h"'] + [
+        f"static_assert(uccl_ep::{k} == {v}ull, \"{k}\");" for k, v in checks.items()]
+    lines.append("static_assert(uccl_ep::kCEDoneOffset + 8 <= uccl_ep::kCEDataOffset, \"header fits\");")
+    src = tmp_path / "ce.cc"
+    src.write_text("\n".join(lines) + "\n")
+    res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{jit.include_dir()}", str(src)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_sizes():
+    counts = [[10, 7, 3], [4, 0, 9], [0, 12, 5]]
+    assert ht_ce.staging_rows_needed(counts) == 12  # the diagonal (own rows) never crosses
+    assert ht_ce.staging_rows_needed([[5]]) == 0
+    assert ht_ce.region_bytes(512, 7168, 8) % 4096 == 0
+    assert ht_ce.region_bytes(512, 7168, 8) >= 512 * 7168 * 2 + 512 * 8 * 4
+    # ~4 MiB chunks, never more than MAX_CHUNKS of them per region
+    assert ht_ce.chunk_rows(4096, 7168) == (4 << 20) // (7168 * 2)
+    big = 1 << 20
+    assert -(-big // ht_ce.chunk_rows(big, 7168)) <= ht_ce.MAX_CHUNKS
+    assert ht_ce.chunk_rows(1, 1 << 30) == 1
+
+
+@pytest.mark.parametrize("R,rank", [(2, 0), (2, 1), (4, 2)])
+def test_copy_list_returns_each_sources_rows_in_order(R, rank):
+    """Replay the copies on host memory: peer j's region for `rank` holds rank's x rows from j (its
+    tokens, in order) and their weights; each chunk's flag copy follows that chunk's rows."""
+    H, K = 16, 3
+    g = torch.Generator().manual_seed(R * 10 + rank)
+    recv_counts = [int(v) for v in torch.randint(0, 40, (R,), generator=g)]
+    recv_counts[(rank + 1) % R] = 0 if R > 2 else recv_counts[(rank + 1) % R]  # a peer with no rows
+    rows = sum(recv_counts)
+    x = torch.randn(rows, H, generator=g).bfloat16()
+    w = torch.rand(rows, K, generator=g)
+    cap = max(recv_counts) + 5
+    region = ht_ce.region_bytes(cap, H, K)
+    chunk = 7
+    stages = [torch.zeros(ht_ce.DATA_OFF + R * region, dtype=torch.uint8) for _ in range(R)]
+    epoch_src = torch.tensor([41], dtype=torch.int64)
+    bases = [int(s.data_ptr()) for s in stages]
+    copies = ht_ce.copy_list(rank, recv_counts, x.data_ptr(), w.data_ptr(), H, K, bases, region, cap, chunk,
+                             epoch_src.data_ptr())
+    assert set(copies) == {j for j in range(R) if j != rank and recv_counts[j] > 0}
+    import ctypes
+    start = 0
+    for j in range(R):
+        n = recv_counts[j]
+        if j in copies:
+            landed = 0
+            for dst, src, nbytes in copies[j]:
+                if nbytes == 8 and src == epoch_src.data_ptr():
+                    k = (dst - bases[j] - ht_ce.FLAGS_OFF) // 8 - rank * ht_ce.MAX_CHUNKS
+                    assert min(n, (k + 1) * chunk) <= landed, "a flag before its chunk's rows"
+                else:
+                    off = dst - bases[j] - ht_ce.DATA_OFF - rank * region
+                    if off < cap * H * 2:
+                        assert off == landed * H * 2, "rows out of order"
+                        landed += nbytes // (H * 2)
+                ctypes.memmove(dst, src, nbytes)
+            assert landed == n
+            reg = stages[j][ht_ce.DATA_OFF + rank * region:][:region]
+            got = reg[:n * H * 2].view(torch.bfloat16).view(n, H)
+            assert torch.equal(got, x[start:start + n])
+            gw = reg[cap * H * 2:cap * H * 2 + n * K * 4].view(torch.float32).view(n, K)
+            assert torch.equal(gw, w[start:start + n])
+            flags = stages[j][:ht_ce.FREED_OFF].view(torch.int64).view(8, ht_ce.MAX_CHUNKS)[rank]
+            nchunks = -(-n // chunk)
+            assert flags[:nchunks].eq(41).all() and flags[nchunks:].eq(0).all()
+        for other in range(R):  # nothing lands in another source's region
+            if other != rank:
+                assert stages[j][ht_ce.DATA_OFF + other * region:][:region].eq(0).all()
+        start += n
+
+
+def test_ranks_must_agree():
+    ht_ce.check_same_settings([(True, 2048), (True, 2048)])
+    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_COMBINE_CE.*rank 1: 0/2048"):
+        ht_ce.check_same_settings([(True, 2048), (False, 2048)])
+
+
+class _Ex:
+    def __init__(self, R, rank, log):
+        from types import SimpleNamespace
+        self.drv = SimpleNamespace(memset_d8=lambda *a: log.append("memset"), synchronize=lambda *a: None,
+                                   memcpy_htod=lambda dev, ptr, blob: log.append(("peers", blob)))
+        self.ctx = SimpleNamespace(group=None)
+        self.host_barrier = lambda: log.append("barrier")
+
+
+class _Mem:
+    n = 0
+
+    def __init__(self, dev, nbytes):
+        _Mem.n += 1
+        self.ptr, self.nbytes, self.freed = 0x1000000 * _Mem.n, nbytes, False
+
+    def ipc_handle(self):
+        return b"h%d" % self.ptr
+
+    def open_peer(self, h):
+        return 0x7000000
+
+    def free(self):
+        self.freed = True
+
+
+def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
+    """The decision and growth come from the counts alone (the same on every rank): growth is a
+    collective (barrier, handle exchange, barrier) only when the counts outgrow the buffer; a
+    buffer over UCCL_EP_HT_COMBINE_CE_MAX_MB keeps the ring combine without a collective."""
+    from types import SimpleNamespace
+    log = []
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE_MAX_MB", "64")
+    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
+    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
+        slice(None), [obj, b"peer"]))
+    eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
+    ce = ht_ce.CopyEngineCombine(eng)
+    assert ce.enabled
+    assert ce.prepare([[100, 900], [1000, 50]], 2048, 8)
+    assert ce.cap == 1024 and log.count("barrier") == 2 and ce.peer_stage[1] == 0x7000000
+    log.clear()
+    assert ce.prepare([[100, 1024], [3, 50]], 2048, 8) and log == []  # fits: no collective
+    old = ce.mem
+    assert ce.prepare([[0, 1500], [3, 0]], 2048, 8) and ce.cap == 1536 and old.freed
+    log.clear()
+    assert not ce.prepare([[0, 4000], [3, 0]], 7168, 8) and log == []  # 2 x 4096 x 14 KiB > 64 MiB
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "0")
+    assert not ht_ce.CopyEngineCombine(eng).prepare([[0, 1], [1, 0]], 2048, 8)
