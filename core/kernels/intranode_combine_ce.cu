@@ -139,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine_ce(const 
         if (r < 0) continue;
         if (j == me) {
           rows[nsrc] = reinterpret_cast<const uint8_t*>(p.x) + int64_t(r) * H * 2;
-          wrows[nsrc++] = p.topk_weights != 0 ? reinterpret_cast<const float*>(p.topk_weights) + int64_t(r) * K : nullptr;
+          wrows[nsrc++] = p.out_weights != 0 ? reinterpret_cast<const float*>(p.topk_weights) + int64_t(r) * K : nullptr;
           continue;
         }
         const int chunk = int(r / p.chunk_rows);
@@ -151,9 +151,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine_ce(const 
           }
           ready[j] = chunk;
         }
-        const uint64_t region = p.stage + kCEDataOffset + uint64_t(j) * uint64_t(p.region_bytes);
+        const uint64_t region = p.stage + kCEDataOffset + uint64_t(ce_region_slot(j, me)) * uint64_t(p.region_bytes);
         rows[nsrc] = reinterpret_cast<const uint8_t*>(region) + int64_t(r) * H * 2;
-        wrows[nsrc++] = p.topk_weights != 0 ? reinterpret_cast<const float*>(region + w_off) + int64_t(r) * K : nullptr;
+        // NOTES: the peer's weights are there whenever this combine has weights, even when this
+        // rank's own topk_weights is empty (no rows received: its pointer is 0)
+        wrows[nsrc++] = p.out_weights != 0 ? reinterpret_cast<const float*>(region + w_off) + int64_t(r) * K : nullptr;
       }
       if (failed) break;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;

@@ -24,12 +24,15 @@ def test_layout_constants_match_the_header(tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
+    lines_slot = [f"static_assert(uccl_ep::ce_region_slot({a}, {b}) == {ht_ce.region_slot(a, b)}, \"slot\");"
+                  for a in range(4) for b in range(4) if a != b]
     checks = {"kCEMaxChunks": ht_ce.MAX_CHUNKS, "kCEFlagsOffset": ht_ce.FLAGS_OFF, "kCEFreedOffset": ht_ce.FREED_OFF,
               "kCEEpochOffset": ht_ce.EPOCH_OFF, "kCEEpochSrcOffset": ht_ce.EPOCH_SRC_OFF,
               "kCEDoneOffset": ht_ce.DONE_OFF, "kCEDataOffset": ht_ce.DATA_OFF}
     lines = ['#include "uccl_ep/kernel_abi.h"'] + [
         f"static_assert(uccl_ep::{k} == {v}ull, \"{k}\");" for k, v in checks.items()]
     lines.append("static_assert(uccl_ep::kCEDoneOffset + 8 <= uccl_ep::kCEDataOffset, \"header fits\");")
+    lines += lines_slot
     src = tmp_path / "ce.cc"
     src.write_text("\n".join(lines) + "\n")
     res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{jit.include_dir()}", str(src)],
@@ -64,7 +67,7 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
     cap = max(recv_counts) + 5
     region = ht_ce.region_bytes(cap, H, K)
     chunk = 7
-    stages = [torch.zeros(ht_ce.DATA_OFF + R * region, dtype=torch.uint8) for _ in range(R)]
+    stages = [torch.zeros(ht_ce.DATA_OFF + (R - 1) * region, dtype=torch.uint8) for _ in range(R)]
     epoch_src = torch.tensor([41], dtype=torch.int64)
     bases = [int(s.data_ptr()) for s in stages]
     copies = ht_ce.copy_list(rank, recv_counts, x.data_ptr(), w.data_ptr(), H, K, bases, region, cap, chunk,
@@ -81,13 +84,13 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
                     k = (dst - bases[j] - ht_ce.FLAGS_OFF) // 8 - rank * ht_ce.MAX_CHUNKS
                     assert min(n, (k + 1) * chunk) <= landed, "a flag before its chunk's rows"
                 else:
-                    off = dst - bases[j] - ht_ce.DATA_OFF - rank * region
+                    off = dst - bases[j] - ht_ce.DATA_OFF - ht_ce.region_slot(rank, j) * region
                     if off < cap * H * 2:
                         assert off == landed * H * 2, "rows out of order"
                         landed += nbytes // (H * 2)
                 ctypes.memmove(dst, src, nbytes)
             assert landed == n
-            reg = stages[j][ht_ce.DATA_OFF + rank * region:][:region]
+            reg = stages[j][ht_ce.DATA_OFF + ht_ce.region_slot(rank, j) * region:][:region]
             got = reg[:n * H * 2].view(torch.bfloat16).view(n, H)
             assert torch.equal(got, x[start:start + n])
             gw = reg[cap * H * 2:cap * H * 2 + n * K * 4].view(torch.float32).view(n, K)
@@ -96,8 +99,8 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
             nchunks = -(-n // chunk)
             assert flags[:nchunks].eq(41).all() and flags[nchunks:].eq(0).all()
         for other in range(R):  # nothing lands in another source's region
-            if other != rank:
-                assert stages[j][ht_ce.DATA_OFF + other * region:][:region].eq(0).all()
+            if other not in (rank, j):
+                assert stages[j][ht_ce.DATA_OFF + ht_ce.region_slot(other, j) * region:][:region].eq(0).all()
         start += n
 
 
@@ -155,6 +158,6 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     old = ce.mem
     assert ce.prepare([[0, 1500], [3, 0]], 2048, 8) and ce.cap == 1536 and old.freed
     log.clear()
-    assert not ce.prepare([[0, 4000], [3, 0]], 7168, 8) and log == []  # 2 x 4096 x 14 KiB > 64 MiB
+    assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8) and log == []  # 5120 x 14 KiB > 64 MiB
     monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "0")
     assert not ht_ce.CopyEngineCombine(eng).prepare([[0, 1], [1, 0]], 2048, 8)

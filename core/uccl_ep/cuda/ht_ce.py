@@ -29,7 +29,7 @@ from .. import env
 from ..errors import InvalidArgument
 from .runtime import DeviceMemory, load_kernel, pack_params
 
-__all__ = ["CopyEngineCombine", "staging_rows_needed", "region_bytes", "chunk_rows", "copy_list",
+__all__ = ["CopyEngineCombine", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
            "shared_settings", "check_same_settings"]
 
 # kernel_abi.h (kCE*); a CPU test checks these against the header
@@ -63,6 +63,11 @@ def staging_rows_needed(counts: list[list[int]]) -> int:
     return max((counts[i][j] for i in range(R) for j in range(R) if i != j), default=0)
 
 
+def region_slot(src: int, rcv: int) -> int:
+    """Index of source ``src``'s region in rank ``rcv``'s staging buffer (kernel_abi.h ce_region_slot)."""
+    return src - (1 if src > rcv else 0)
+
+
 def region_bytes(cap_rows: int, hidden: int, topk: int) -> int:
     """Bytes of one source's staging region: rows (BF16), then top-k weights (fp32); 4 KiB aligned."""
     return (cap_rows * hidden * 2 + cap_rows * topk * 4 + 4095) // 4096 * 4096
@@ -83,7 +88,7 @@ def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden:
     row = hidden * 2
     for j, n in enumerate(recv_counts):
         if j != rank and n > 0:
-            dst = peer_stage[j] + DATA_OFF + rank * region
+            dst = peer_stage[j] + DATA_OFF + region_slot(rank, j) * region
             ops = []
             if w_ptr:
                 ops.append((dst + cap_rows * row, w_ptr + start * topk * 4, n * topk * 4))
@@ -123,7 +128,7 @@ class CopyEngineCombine:
             return True
         cap = max(self.cap if hidden == self.hidden else 0, -(-max(need, 1) // _CAP_STEP) * _CAP_STEP)
         topk = max(topk, self.topk if hidden == self.hidden else 0)
-        total = DATA_OFF + self.R * region_bytes(cap, hidden, topk)
+        total = DATA_OFF + (self.R - 1) * region_bytes(cap, hidden, topk)
         if total > self.max_bytes:
             return False  # the same on every rank: same counts, same limit (checked at build)
         self._establish(cap, hidden, topk, total)

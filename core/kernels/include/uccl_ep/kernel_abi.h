@@ -235,9 +235,10 @@ struct HTCombineParams {
 };
 
 // Combine with copy engines (intranode_combine_ce.cu, uccl_ep/cuda/ht_ce.py): each rank's staging
-// buffer (IPC-shared, apart from the NVL buffer) = a header, then per source rank j a region of
-// cap_rows rows (BF16, hidden wide) and cap_rows x num_topk fp32 weights, which rank j's copy engine
-// fills with the rows of this rank's tokens it holds (its x rows from this rank, in order).
+// buffer (IPC-shared, apart from the NVL buffer) = a header, then per source rank j != me a region
+// (ce_region_slot) of cap_rows rows (BF16, hidden wide) and cap_rows x num_topk fp32 weights, which
+// rank j's copy engine fills with the rows of this rank's tokens it holds (its x rows from this
+// rank, in order).
 //   flags[j][k]: the epoch of rank j's last copy of chunk k (rows [k * chunk_rows, +chunk_rows))
 //   freed[j]:    the epoch up to which rank j has read this rank's rows in ITS staging buffer
 //   epoch:       this rank's count of such combines (the begin kernel raises it; device-side, so
@@ -249,6 +250,11 @@ constexpr uint64_t kCEEpochOffset = kCEFreedOffset + 8ull * kHTMaxRanks;       /
 constexpr uint64_t kCEEpochSrcOffset = kCEEpochOffset + 64;                    // u64 (own line)
 constexpr uint64_t kCEDoneOffset = kCEEpochSrcOffset + 64;                     // u32 blocks done
 constexpr uint64_t kCEDataOffset = 64 * 1024;
+// The staging region of source rank `src` in rank `rcv`'s buffer (R - 1 regions: none for itself).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+__host__ __device__
+#endif
+constexpr int ce_region_slot(int src, int rcv) { return src - (src > rcv ? 1 : 0); }
 
 struct HTCombineCEBeginParams {
   uint64_t stage;             // this rank's staging buffer
