@@ -177,6 +177,66 @@ def test_ht_matches_reference(shape, variants, ce):
     assert all(n > 0 for n in out)
 
 
+def _graph_worker(rank, world, H, T, E):
+    """Cached dispatch + copy-engine combine captured in one CUDA graph: every replay (new x, new
+    expert outputs) equals the reference; the combine's epochs and chunk flags live on the device,
+    so replays stay in step. Then one eager combine after the replays, to show the eager epochs
+    continue from the graph's."""
+    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1"
+    from uccl_ep import Buffer
+    group = dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device())
+    K = 8
+    config = Buffer.get_dispatch_config(world)
+    nvl = config.get_nvl_buffer_size_hint(H * 2, world)
+    ours = Buffer(group, nvl, 0, backend="cuda")
+    ref = Buffer(group, nvl, 0, backend="reference")
+    gen = torch.Generator().manual_seed(77 + rank)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
+    idx, w = _routing("uniform", T, E, K, world, rank, gen, dev)
+    lay = ours.get_dispatch_layout(idx, E)
+    kw = dict(num_tokens_per_rank=lay[0], is_token_in_rank=lay[3], num_tokens_per_expert=lay[2], config=config)
+    go = ours.dispatch(x, topk_idx=idx, topk_weights=w, **kw)
+    gr = ref.dispatch(x, topk_idx=idx, topk_weights=w, **kw)
+    torch.cuda.synchronize()
+    assert go[4].plan.ce
+    yw = go[2]
+    ours.combine(ours.dispatch(x, handle=go[4], config=config)[0], go[4], topk_weights=yw, config=config)  # warm-up
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            recv = ours.dispatch(x, handle=go[4], config=config)[0]
+            y = recv * 2  # the "experts": a kernel between dispatch and combine
+            out, out_w, _ = ours.combine(y, go[4], topk_weights=yw, config=config)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for it in range(3):
+        x.copy_(torch.randn(T, H, generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        r_recv = ref.dispatch(x, handle=gr[4], config=config)[0]
+        r_out, r_w, _ = ref.combine(r_recv * 2, gr[4], topk_weights=yw, config=config)
+        torch.cuda.synchronize()
+        _eq(f"rank {rank} graph replay {it} recv_x", recv, r_recv)
+        _eq(f"rank {rank} graph replay {it} combine", out, r_out)
+        _eq(f"rank {rank} graph replay {it} combined weights", out_w, r_w)
+        dist.barrier()
+    e_out, _, _ = ours.combine(recv, go[4], topk_weights=yw, config=config)
+    r_out, _, _ = ref.combine(recv, gr[4], topk_weights=yw, config=config)
+    torch.cuda.synchronize()
+    _eq(f"rank {rank} eager combine after the replays", e_out, r_out)
+    ours._executor.check_error()
+    return 1
+
+
+def test_ht_copy_engine_combine_in_a_cuda_graph():
+    out = run_ranks(_graph_worker, min(torch.cuda.device_count(), 8), 2048, 512, 64, backend="nccl", timeout_s=300)
+    assert all(n == 1 for n in out)
+
+
 def _mismatch_worker(rank, world):
     os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16" if rank == 0 else "24"
     from uccl_ep import Buffer
