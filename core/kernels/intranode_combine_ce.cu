@@ -7,9 +7,9 @@
 // the combine sums: nothing but local reads (own rows in x, peers' rows in the staging buffer)
 // and the output stores.
 //
-//   ht_combine_ce_begin (1 thread): epoch += 1; epoch_src = epoch; wait until every peer has
-//     freed this rank's rows of the previous epoch (freed[j] >= epoch - 1) so its staging
-//     region can be overwritten. Runs before the copies (stream order).
+//   ht_ce_begin (intranode_dispatch_ce.cu; 1 thread): epoch += 1; epoch_src = epoch; wait until
+//     every peer has freed this rank's rows of the previous epoch (freed[j] >= epoch - 1) so its
+//     staging region can be overwritten. Runs before the copies (stream order).
 //   ht_combine_ce (all blocks): warp w of W takes tokens w, w + W, ... (every warp walks the
 //     rows in order, so the chunks are needed in the order the copy engine lands them); for token
 //     t of channel c and each rank j (ascending) that received it: j == me: x row
@@ -67,32 +67,6 @@ UCCL_DEVICE bool warp_wait_epoch(const uint64_t* flag, uint64_t epoch, const HTC
 }
 
 }  // namespace
-
-extern "C" __global__ void ht_combine_ce_begin(const UCCL_GRID_CONSTANT HTCombineCEBeginParams p) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const int R = int(p.num_ranks), me = int(p.rank);
-  uint64_t* epoch_word = ce_word(p.stage, kCEEpochOffset);
-  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(epoch_word) + 1;
-  *reinterpret_cast<volatile uint64_t*>(epoch_word) = epoch;
-  *reinterpret_cast<volatile uint64_t*>(ce_word(p.stage, kCEEpochSrcOffset)) = epoch;
-  auto* err = reinterpret_cast<ErrorWord*>(p.error);
-  for (int j = 0; j < R; ++j) {
-    if (j == me) continue;
-    const uint64_t* freed = ce_word(p.stage, kCEFreedOffset + 8ull * j);
-    const uint64_t start = clock_ns();
-    for (uint32_t spins = 0; ld_acquire_sys(freed) + 1 < epoch; ++spins) {
-      if ((spins & 255u) == 255u) {
-        const uint64_t now = clock_ns();
-        if (now - start > uint64_t(p.timeout_ns)) {
-          raise_error(err, kErrTimeout, kPhaseHTCombineSend, me, j, -1, now - start);
-          return;
-        }
-        if (error_raised(err)) return;
-      }
-    }
-  }
-  __threadfence_system();  // epoch_src before the copy engine reads it (the kernel's end orders it too)
-}
 
 extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine_ce(const UCCL_GRID_CONSTANT HTCombineCEParams p) {
   const int R = int(p.num_ranks), C = int(p.num_channels), me = int(p.rank);

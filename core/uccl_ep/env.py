@@ -194,6 +194,14 @@ _VARS: list[Var] = [
         "7168: 59 MB). 0: the ring combine. Every rank must use the same value (checked when a Buffer "
         "is built).",
         used_by="CUDA kernels (normal mode)"),
+    Var("UCCL_EP_HT_DISPATCH_CE", "bool", False,
+        "HT intranode dispatch with the receiver's copy engines (intranode_dispatch_ce.cu): the SMs copy "
+        "each row once (own rows into recv_x, peers' rows into the peer's staging buffer) and the "
+        "receiving rank's copy engines move each source's run into recv_x, chunk by chunk after a "
+        "bounded one-thread wait for the chunk's flag. Needs UCCL_EP_HT_COMBINE_CE (same staging buffer, "
+        "grown by the dispatch regions) and the same handles (host counts). An experiment switch; every "
+        "rank must use the same value.",
+        used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_COMBINE_CE_MAX_MB", "int", 2048,
         "Most MiB of the copy-engine combine's staging buffer per rank (UCCL_EP_HT_COMBINE_CE); a "
         "dispatch whose token counts need more keeps the ring combine for its handle (every rank "

@@ -73,6 +73,23 @@ void register_runtime(nb::module_& parent) {
     for (size_t i = 0; i < triples.size() / 24; ++i)
       cu::memcpy_dtod_async(w[3 * i], w[3 * i + 1], w[3 * i + 2], reinterpret_cast<cu::CUstream>(stream));
   }, "Copies (device or peer-mapped addresses) on a stream, in order: copy engines do them.");
+  m.def("ce_chain", [](int device, uint64_t stream, uint64_t wait_function, nb::bytes records) {
+    // 12 little-endian u64 per step, issued in order on `stream`: {0, dst, src, bytes, ...} a copy;
+    // {1, -, -, -, p0..p7} a one-thread launch of `wait_function` with the 64-byte parameter
+    // struct p0..p7 (ht_ce_wait: the copy after it waits for a peer's flag, bounded). ht_ce.py.
+    constexpr size_t kWords = 12;
+    if (records.size() % (8 * kWords) != 0) throw std::invalid_argument("ce_chain: 96 bytes per step");
+    cu::use_device(device);
+    const auto* w = reinterpret_cast<const uint64_t*>(records.c_str());
+    const unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
+    for (size_t i = 0; i < records.size() / (8 * kWords); ++i, w += kWords) {
+      if (w[0] == 0)
+        cu::memcpy_dtod_async(w[1], w[2], w[3], reinterpret_cast<cu::CUstream>(stream));
+      else
+        cu::launch(device, reinterpret_cast<cu::CUfunction>(wait_function), grid, block, 0,
+                   reinterpret_cast<cu::CUstream>(stream), w + 4, 64, false, false);
+    }
+  }, "A stream's chain of copies and bounded one-thread waits (the copy-engine dispatch's receive side).");
 
   m.def("ipc_get_handle", [](int device, uint64_t ptr) {
     cu::CUipcMemHandle h = cu::ipc_get_handle(device, ptr);

@@ -28,10 +28,16 @@ def test_layout_constants_match_the_header(tmp_path):
                   for a in range(4) for b in range(4) if a != b]
     checks = {"kCEMaxChunks": ht_ce.MAX_CHUNKS, "kCEFlagsOffset": ht_ce.FLAGS_OFF, "kCEFreedOffset": ht_ce.FREED_OFF,
               "kCEEpochOffset": ht_ce.EPOCH_OFF, "kCEEpochSrcOffset": ht_ce.EPOCH_SRC_OFF,
-              "kCEDoneOffset": ht_ce.DONE_OFF, "kCEDataOffset": ht_ce.DATA_OFF}
+              "kCEDoneOffset": ht_ce.DONE_OFF, "kCEDataOffset": ht_ce.DATA_OFF, "kCEDFlagsOffset": ht_ce.D_FLAGS_OFF,
+              "kCEDFreedOffset": ht_ce.D_FREED_OFF, "kCEDEpochOffset": ht_ce.D_EPOCH_OFF,
+              "kCEDEpochSrcOffset": ht_ce.D_EPOCH_SRC_OFF, "kCEDCountOffset": ht_ce.D_COUNT_OFF}
     lines = ['#include "uccl_ep/kernel_abi.h"'] + [
         f"static_assert(uccl_ep::{k} == {v}ull, \"{k}\");" for k, v in checks.items()]
-    lines.append("static_assert(uccl_ep::kCEDoneOffset + 8 <= uccl_ep::kCEDataOffset, \"header fits\");")
+    lines.append("static_assert(uccl_ep::kCEDoneOffset + 8 <= uccl_ep::kCEDFlagsOffset, \"combine header\");")
+    lines.append("static_assert(uccl_ep::kCEDFlagsOffset + 8 * 8 * uccl_ep::kCEMaxChunks <= uccl_ep::kCEDFreedOffset, \"d\");")
+    lines.append("static_assert(uccl_ep::kCEDEpochSrcOffset + 8 <= uccl_ep::kCEDCountOffset, \"d\");")
+    lines.append("static_assert(uccl_ep::kCEDCountOffset + 4 * 8 * uccl_ep::kCEMaxChunks <= uccl_ep::kCEDataOffset, \"d\");")
+    lines.append("static_assert(sizeof(uccl_ep::HTCEWaitParams) == 64, \"ce_chain passes 64 bytes\");")
     lines += lines_slot
     src = tmp_path / "ce.cc"
     src.write_text("\n".join(lines) + "\n")
@@ -105,9 +111,11 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
 
 
 def test_ranks_must_agree():
-    ht_ce.check_same_settings([(True, 2048), (True, 2048)])
-    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_COMBINE_CE.*rank 1: 0/2048"):
-        ht_ce.check_same_settings([(True, 2048), (False, 2048)])
+    ht_ce.check_same_settings([(True, 2048, False), (True, 2048, False)])
+    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_COMBINE_CE.*rank 1: 0/2048/0"):
+        ht_ce.check_same_settings([(True, 2048, False), (False, 2048, False)])
+    with pytest.raises(InvalidArgument, match="rank 0: 1/2048/1"):
+        ht_ce.check_same_settings([(True, 2048, True), (True, 2048, False)])
 
 
 class _Ex:
@@ -149,7 +157,7 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
         slice(None), [obj, b"peer"]))
     eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
-    ce = ht_ce.CopyEngineCombine(eng)
+    ce = ht_ce.CopyEngineOps(eng)
     assert ce.enabled
     assert ce.prepare([[100, 900], [1000, 50]], 2048, 8)
     assert ce.cap == 1024 and log.count("barrier") == 2 and ce.peer_stage[1] == 0x7000000
@@ -160,4 +168,37 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     log.clear()
     assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8) and log == []  # 5120 x 14 KiB > 64 MiB
     monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "0")
-    assert not ht_ce.CopyEngineCombine(eng).prepare([[0, 1], [1, 0]], 2048, 8)
+    assert not ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 2048, 8)
+
+
+def test_dispatch_layout_and_receive_chain():
+    """The receiving side of the copy-engine dispatch: per source j, for each chunk a bounded wait
+    on j's flag (its HTCEWaitParams words) then the chunk's copy into recv_x at the source's run,
+    then the metadata columns, and always (even with nothing from j) the freed word at j."""
+    lay = ht_ce.dispatch_layout(100, 7168, 56, 8)
+    assert lay["scales_off"] >= 100 * 7168 and lay["topk_off"] >= lay["scales_off"] + 100 * 56 * 4
+    assert lay["src_off"] >= lay["weights_off"] + 100 * 8 * 4 and lay["bytes"] % 4096 == 0
+    assert all(v % 16 == 0 for v in lay.values())
+    R, rank, hb = 3, 1, 64
+    counts = [5, 7, 0]
+    stage, peers = 1 << 40, [1 << 41, 1 << 40, 1 << 42]
+    outs = {"recv_x": 1 << 30, "recv_scales": 0, "recv_topk_idx": 1 << 31, "recv_topk_weights": 1 << 32,
+            "recv_src_idx": 1 << 33}
+    chains = ht_ce.receive_chain(rank, counts, stage, peers, 4096, 1 << 20, lay, 2, hb, 0, 8, outs, 99, 123)
+    assert sorted(chains) == [0, 2]
+    c0 = chains[0]
+    waits = [s for s in c0 if s[0] == 1]
+    assert [w[10] for w in waits] == [0, 1, 2]  # 5 rows in chunks of 2
+    for w in waits:
+        assert w[4] == stage + ht_ce.D_FLAGS_OFF + 8 * (0 * ht_ce.MAX_CHUNKS + w[10])
+        assert w[5:10] == (stage, 99, ht_ce.D_EPOCH_OFF, rank, 0) and w[11] == 123
+    copies = [s for s in c0 if s[0] == 0]
+    region = stage + 4096 + ht_ce.region_slot(0, rank) * (1 << 20)
+    assert copies[0][1:4] == (outs["recv_x"], region, 2 * hb)  # source 0's run starts at row 0
+    assert copies[2][1:4] == (outs["recv_x"] + 4 * hb, region + 4 * hb, hb)
+    assert c0.index(waits[1]) < c0.index(copies[1])  # each copy after its chunk's wait
+    meta = {s[1]: s for s in copies[3:-1]}
+    assert meta[outs["recv_topk_idx"]][2:4] == (region + lay["topk_off"], 5 * 8 * 8)
+    assert meta[outs["recv_src_idx"]][2:4] == (region + lay["src_off"], 5 * 4)
+    assert copies[-1][1:4] == (peers[0] + ht_ce.D_FREED_OFF + 8 * rank, stage + ht_ce.D_EPOCH_SRC_OFF, 8)
+    assert chains[2] == [(0, peers[2] + ht_ce.D_FREED_OFF + 8 * rank, stage + ht_ce.D_EPOCH_SRC_OFF, 8) + (0,) * 8]

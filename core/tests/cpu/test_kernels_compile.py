@@ -67,8 +67,8 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
                "HTLayoutParams", "HTNotifyParams", "HTDispatchParams", "HTCombineParams",
                "LLProxyDispatchParams", "LLProxyDispatchRecvParams", "LLProxyCombineParams",
                "LLProxyCombineRecvParams", "HTProxyNotifyParams", "HTProxyDispatchParams", "HTProxyCombineParams",
-               "HTProxyForwardDispatchParams", "HTProxyForwardCombineParams", "HTCombineCEBeginParams",
-               "HTCombineCEParams"]
+               "HTProxyForwardDispatchParams", "HTProxyForwardCombineParams", "HTCEBeginParams",
+               "HTCEWaitParams", "HTCombineCEParams", "HTDispatchCEParams"]
     lines = ['#include "uccl_ep/kernel_abi.h"', '#include "uccl_ep/kernel_abi_internode.h"']
     for s in structs:
         n = len(runtime.param_fields(s))

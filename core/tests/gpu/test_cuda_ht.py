@@ -54,6 +54,7 @@ def _eq(tag, a, b):
 def worker(rank, world, H, T, E, seed, variants=("default",), ce=False):
     os.environ["UCCL_EP_HT_VARIANT"] = variants[rank % len(variants)]  # read when the engine is built
     os.environ["UCCL_EP_HT_COMBINE_CE"] = "1" if ce else "0"
+    os.environ["UCCL_EP_HT_DISPATCH_CE"] = "1" if ce == 2 else "0"  # 2: the copy-engine dispatch too
     from uccl_ep.cuda.ht_variants import VARIANTS as _V
     if any(_V[v].bulk for v in variants):  # ranks must agree on block sizes; the bulk variants run 16 warps
         os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16"
@@ -138,7 +139,8 @@ def worker(rank, world, H, T, E, seed, variants=("default",), ce=False):
     v = VARIANTS[variants[rank % len(variants)]]
     assert ours._executor._ht._k["ht_dispatch"].name == v.dispatch[1], "the variant's kernels did not run"
     assert ours._executor._ht._k["ht_combine"].name == v.combine[1]
-    assert (ours._executor._ht.ce._k is not None) == ce, "the copy-engine combine ran iff asked"
+    assert (ours._executor._ht.ce._k is not None) == bool(ce), "the copy-engine combine ran iff asked"
+    assert (ours._executor._ht.ce.dispatches > 0) == (ce == 2), "the copy-engine dispatch ran iff asked"
     return checked
 
 
@@ -161,7 +163,9 @@ def _cases():
     for mix in (("default", "tma"), ("tma-wide", "default")):
         cases.append(pytest.param("small", mix, False, id="small-mixed-" + "+".join(mix)))
     for shape in _SHAPES:  # UCCL_EP_HT_COMBINE_CE: rows back by copy engines, every SM sums
-        cases.append(pytest.param(shape, ("default",), True, id=f"{shape}-ce"))
+        cases.append(pytest.param(shape, ("default",), 1, id=f"{shape}-ce"))
+    for shape in _SHAPES:  # UCCL_EP_HT_DISPATCH_CE too: the receivers' copy engines in dispatch
+        cases.append(pytest.param(shape, ("default",), 2, id=f"{shape}-dce"))
     return cases
 
 
@@ -177,12 +181,13 @@ def test_ht_matches_reference(shape, variants, ce):
     assert all(n > 0 for n in out)
 
 
-def _graph_worker(rank, world, H, T, E):
+def _graph_worker(rank, world, H, T, E, dce):
     """Cached dispatch + copy-engine combine captured in one CUDA graph: every replay (new x, new
     expert outputs) equals the reference; the combine's epochs and chunk flags live on the device,
     so replays stay in step. Then one eager combine after the replays, to show the eager epochs
     continue from the graph's."""
     os.environ["UCCL_EP_HT_COMBINE_CE"] = "1"
+    os.environ["UCCL_EP_HT_DISPATCH_CE"] = "1" if dce else "0"
     from uccl_ep import Buffer
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -232,8 +237,10 @@ def _graph_worker(rank, world, H, T, E):
     return 1
 
 
-def test_ht_copy_engine_combine_in_a_cuda_graph():
-    out = run_ranks(_graph_worker, min(torch.cuda.device_count(), 8), 2048, 512, 64, backend="nccl", timeout_s=300)
+@pytest.mark.parametrize("dce", [False, True], ids=["combine", "dispatch+combine"])
+def test_ht_copy_engine_combine_in_a_cuda_graph(dce):
+    out = run_ranks(_graph_worker, min(torch.cuda.device_count(), 8), 2048, 512, 64, dce, backend="nccl",
+                    timeout_s=300)
     assert all(n == 1 for n in out)
 
 

@@ -21,7 +21,7 @@ import torch
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import ht_variants
-from .ht_ce import CopyEngineCombine
+from .ht_ce import CopyEngineOps
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
 __all__ = ["NormalEngine", "CudaNormalPlan"]
@@ -81,7 +81,7 @@ class NormalEngine:
             self.combine_block, sm=sm_number(device_arch(self.dev))) if \
             ht_variants.selected().name == "default" else 0
         # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py); default variant only
-        self.ce = CopyEngineCombine(self)
+        self.ce = CopyEngineOps(self)
         self.ce.enabled = self.ce.enabled and ht_variants.selected().name == "default"
 
     @property
@@ -244,13 +244,17 @@ class NormalEngine:
         x = x.contiguous()
         topk_idx = topk_idx.contiguous() if topk_idx is not None else None
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
-        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank,
-                              (recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head),
-                              (rank_prefix, recv_channel_prefix), C, rows)
         plan = CudaNormalPlan(T, rows, C, num_recv, per_src)
         plan.num_experts = E
         plan.ce = use_ce
-        # the copy-engine combine for this handle: decided alike on every rank (same counts)
+        outs = (recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head)
+        lay = self.ce.dispatch_layout_for(plan, hidden_bytes, ns, K)
+        if lay is not None:  # UCCL_EP_HT_DISPATCH_CE (ht_ce.py)
+            self.ce.dispatch(lay, x, x_scales, topk_idx, topk_weights, in_rank, outs, (rank_prefix, channel_prefix),
+                             plan, config.num_sms)
+        else:
+            self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, outs,
+                                  (rank_prefix, recv_channel_prefix), C, rows)
         handle = NormalHandle((rank_prefix, channel_prefix, recv_channel_prefix, recv_src, in_rank, send_head),
                               self.ex.owner, plan)
         return recv_x, recv_scales, recv_idx, recv_w, per_expert, handle
@@ -268,9 +272,14 @@ class NormalEngine:
         rows = plan.num_rows
         recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=x.device)
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
-        self._launch_dispatch(x.contiguous(), x_scales, None, None, handle[4],
-                              (recv_x, recv_scales, None, None, None, None), (handle[0], handle[2]),
-                              plan.num_channels, rows)
+        outs = (recv_x, recv_scales, None, None, None, None)
+        lay = self.ce.dispatch_layout_for(plan, x.shape[1] * x.element_size(), ns, 0)
+        if lay is not None:  # UCCL_EP_HT_DISPATCH_CE (ht_ce.py)
+            self.ce.dispatch(lay, x.contiguous(), x_scales, None, None, handle[4], outs, (handle[0], handle[1]), plan,
+                             config.num_sms)
+        else:
+            self._launch_dispatch(x.contiguous(), x_scales, None, None, handle[4], outs, (handle[0], handle[2]),
+                                  plan.num_channels, rows)
         return recv_x, recv_scales
 
     # -- combine -----------------------------------------------------------------------------------

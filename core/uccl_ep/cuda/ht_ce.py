@@ -29,7 +29,8 @@ from .. import env
 from ..errors import InvalidArgument
 from .runtime import DeviceMemory, load_kernel, pack_params
 
-__all__ = ["CopyEngineCombine", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
+__all__ = ["CopyEngineOps", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
+           "dispatch_layout", "receive_chain",
            "shared_settings", "check_same_settings"]
 
 # kernel_abi.h (kCE*); a CPU test checks these against the header
@@ -40,20 +41,27 @@ EPOCH_OFF = FREED_OFF + 8 * 8
 EPOCH_SRC_OFF = EPOCH_OFF + 64
 DONE_OFF = EPOCH_SRC_OFF + 64
 DATA_OFF = 64 * 1024
+D_FLAGS_OFF = 16 * 1024      # dispatch (kCED*)
+D_FREED_OFF = 24 * 1024
+D_EPOCH_OFF = D_FREED_OFF + 8 * 8
+D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
+D_COUNT_OFF = 32 * 1024
+_PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
 _CHUNK_BYTES = 4 << 20   # ~4 MiB of rows per copy: a flag per chunk lets the sums start early
 _CAP_STEP = 512          # staging rows are grown in steps of this many
 
 
 def shared_settings() -> tuple:
     """What every rank must agree on (the executor gathers and compares it at Buffer build)."""
-    return bool(env.get("UCCL_EP_HT_COMBINE_CE")), int(env.get("UCCL_EP_HT_COMBINE_CE_MAX_MB"))
+    return (bool(env.get("UCCL_EP_HT_COMBINE_CE")), int(env.get("UCCL_EP_HT_COMBINE_CE_MAX_MB")),
+            bool(env.get("UCCL_EP_HT_DISPATCH_CE")))
 
 
 def check_same_settings(per_rank: list) -> None:
     if len(set(per_rank)) > 1:
-        listing = ", ".join(f"rank {r}: {v[0]:d}/{v[1]}" for r, v in enumerate(per_rank))
-        raise InvalidArgument("UCCL_EP_HT_COMBINE_CE / UCCL_EP_HT_COMBINE_CE_MAX_MB", "the same values on every rank",
-                              listing, hint="set both variables alike for every process")
+        listing = ", ".join(f"rank {r}: {v[0]:d}/{v[1]}/{v[2]:d}" for r, v in enumerate(per_rank))
+        raise InvalidArgument("UCCL_EP_HT_COMBINE_CE / UCCL_EP_HT_COMBINE_CE_MAX_MB / UCCL_EP_HT_DISPATCH_CE",
+                              "the same values on every rank", listing, hint="set the variables alike for every process")
 
 
 def staging_rows_needed(counts: list[list[int]]) -> int:
@@ -73,9 +81,57 @@ def region_bytes(cap_rows: int, hidden: int, topk: int) -> int:
     return (cap_rows * hidden * 2 + cap_rows * topk * 4 + 4095) // 4096 * 4096
 
 
-def chunk_rows(cap_rows: int, hidden: int) -> int:
+def chunk_rows(cap_rows: int, hidden: int, row_bytes: int | None = None) -> int:
     """Rows per copy-engine chunk: ~4 MiB, and at most MAX_CHUNKS chunks per region."""
-    return max(1, _CHUNK_BYTES // (hidden * 2), -(-cap_rows // MAX_CHUNKS))
+    return max(1, _CHUNK_BYTES // (row_bytes or hidden * 2), -(-cap_rows // MAX_CHUNKS))
+
+
+def _a16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def dispatch_layout(cap_rows: int, hidden_bytes: int, num_scales: int, topk: int) -> dict:
+    """One source's dispatch region (kernel params of HTDispatchCEParams): rows, scales (fp32 or
+    int32, row-major), top-k ids (int64), weights (fp32), source index (int32); 4 KiB aligned."""
+    scales = _a16(cap_rows * hidden_bytes)
+    ids = _a16(scales + cap_rows * num_scales * 4)
+    weights = _a16(ids + cap_rows * topk * 8)
+    src = _a16(weights + cap_rows * topk * 4)
+    total = (src + cap_rows * 4 + 4095) // 4096 * 4096
+    return {"scales_off": scales, "topk_off": ids, "weights_off": weights, "src_off": src, "bytes": total}
+
+
+def receive_chain(rank: int, recv_counts: list[int], stage: int, peer_stage: list[int], d_base: int, d_region: int,
+                  lay: dict, chunk: int, hidden_bytes: int, num_scales: int, topk: int, outs: dict, error: int,
+                  timeout_ns: int) -> dict[int, list]:
+    """Per source j != rank, the steps of its copy stream (ce_chain records): for each chunk of
+    j's rows a bounded wait for j's flag then the copy into recv_x; then the scales and, in a fresh
+    dispatch (``outs`` has them), top-k ids, weights and source indices; last, this rank's epoch into
+    j's freed[rank] (j may overwrite the region next time). ``outs``: pointers of recv_x and the
+    other outputs (0 when absent)."""
+    chains: dict[int, list] = {}
+    start = 0
+    for j, n in enumerate(recv_counts):
+        if j == rank:
+            start += n
+            continue
+        region = stage + d_base + region_slot(j, rank) * d_region
+        steps = []
+        for k, r0 in enumerate(range(0, n, chunk)):
+            r1 = min(n, r0 + chunk)
+            flag = stage + D_FLAGS_OFF + 8 * (j * MAX_CHUNKS + k)
+            steps.append((1, 0, 0, 0, flag, stage, error, D_EPOCH_OFF, rank, j, k, timeout_ns))
+            steps.append((0, outs["recv_x"] + (start + r0) * hidden_bytes, region + r0 * hidden_bytes,
+                          (r1 - r0) * hidden_bytes) + (0,) * 8)
+        if n > 0:
+            for key, off, width in (("recv_scales", "scales_off", num_scales * 4), ("recv_topk_idx", "topk_off", topk * 8),
+                                    ("recv_topk_weights", "weights_off", topk * 4), ("recv_src_idx", "src_off", 4)):
+                if outs.get(key) and width:
+                    steps.append((0, outs[key] + start * width, region + lay[off], n * width) + (0,) * 8)
+        steps.append((0, peer_stage[j] + D_FREED_OFF + 8 * rank, stage + D_EPOCH_SRC_OFF, 8) + (0,) * 8)
+        chains[j] = steps
+        start += n
+    return chains
 
 
 def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden: int, topk: int,
@@ -101,13 +157,15 @@ def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden:
     return out
 
 
-class CopyEngineCombine:
-    """The staging buffer and launches of the copy-engine combine for one NormalEngine."""
+class CopyEngineOps:
+    """The staging buffer and launches of the copy-engine combine (and dispatch) for one NormalEngine."""
 
     def __init__(self, engine) -> None:
         self.engine, self.ex = engine, engine.ex
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
         self.enabled = bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
+        self.dispatch_enabled = self.enabled and bool(env.get("UCCL_EP_HT_DISPATCH_CE"))
+        self.c_region = self.d_region = 0
         self.max_bytes = int(env.get("UCCL_EP_HT_COMBINE_CE_MAX_MB")) << 20
         self.mem: DeviceMemory | None = None
         self.cap = self.hidden = self.topk = 0
@@ -115,6 +173,7 @@ class CopyEngineCombine:
         self.peer_stage: list[int] = []
         self._k = None
         self._streams: list | None = None
+        self.dispatches = 0  # copy-engine dispatches run (tests check the path was taken)
 
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
     def prepare(self, counts: list[list[int]], hidden: int, topk: int) -> bool:
@@ -128,10 +187,13 @@ class CopyEngineCombine:
             return True
         cap = max(self.cap if hidden == self.hidden else 0, -(-max(need, 1) // _CAP_STEP) * _CAP_STEP)
         topk = max(topk, self.topk if hidden == self.hidden else 0)
-        total = DATA_OFF + (self.R - 1) * region_bytes(cap, hidden, topk)
+        c_region = region_bytes(cap, hidden, topk)
+        d_region = dispatch_layout(cap, hidden * 2, -(-hidden // 128), topk)["bytes"] if self.dispatch_enabled else 0
+        total = DATA_OFF + (self.R - 1) * (c_region + d_region)
         if total > self.max_bytes:
             return False  # the same on every rank: same counts, same limit (checked at build)
         self._establish(cap, hidden, topk, total)
+        self.c_region, self.d_region = c_region, d_region
         return True
 
     def _establish(self, cap: int, hidden: int, topk: int, total: int) -> None:
@@ -159,37 +221,103 @@ class CopyEngineCombine:
     def _kernels(self):
         if self._k is None:
             from . import ht_variants
-            defs = ht_variants.default_defines(self.R, self.engine.combine_block)[1]
-            self._k = {n: load_kernel(self.dev, "intranode_combine_ce.cu", n, defs)
-                       for n in ("ht_combine_ce_begin", "ht_combine_ce")}
+            c_defs = ht_variants.default_defines(self.R, self.engine.combine_block)[1]
+            d_defs = ht_variants.default_defines(self.R, self.engine.block)[1]
+            self._k = {"ht_combine_ce": load_kernel(self.dev, "intranode_combine_ce.cu", "ht_combine_ce", c_defs)}
+            self._k.update({n: load_kernel(self.dev, "intranode_dispatch_ce.cu", n, d_defs)
+                            for n in ("ht_ce_begin", "ht_ce_wait", "ht_dispatch_ce")})
         return self._k
+
+    def _begin(self, stream: int, dispatch: bool) -> None:
+        """The op's epoch, and the wait until every peer freed what this rank wrote there last time."""
+        self._kernels()["ht_ce_begin"].launch(1, 32, pack_params(
+            "HTCEBeginParams", stage=self.mem.ptr, error=self.ex.error_dev_ptr,
+            epoch_off=D_EPOCH_OFF if dispatch else EPOCH_OFF, epoch_src_off=D_EPOCH_SRC_OFF if dispatch else EPOCH_SRC_OFF,
+            freed_off=D_FREED_OFF if dispatch else FREED_OFF,
+            phase=_PHASE_HT_DISPATCH_SEND if dispatch else _PHASE_HT_COMBINE_SEND, num_ranks=self.R, rank=self.rank,
+            timeout_ns=self.ex.timeout_ns), stream)
+
+    def _fork(self, cur, device):
+        if self._streams is None:
+            self._streams = [torch.cuda.Stream(device) for _ in range(self.R)]
+        forked = torch.cuda.Event()
+        forked.record(cur)
+        return forked
+
+    def _side(self, j: int, forked, issue) -> "torch.cuda.Event":
+        side = self._streams[j]
+        side.wait_event(forked)
+        issue(side.cuda_stream)
+        done = torch.cuda.Event()
+        done.record(side)
+        return done
+
+    # -- dispatch -----------------------------------------------------------------------------------
+    def dispatch_layout_for(self, plan, hidden_bytes: int, num_scales: int, topk: int) -> dict | None:
+        """The dispatch region layout of this call, or None when it takes the ring dispatch (the
+        same answer on every rank: same plan, same call)."""
+        if not (self.dispatch_enabled and getattr(plan, "ce", False) and self.mem is not None and self.d_region
+                and getattr(plan, "recv_counts", None) is not None):
+            return None
+        lay = dispatch_layout(self.cap, hidden_bytes, num_scales, topk)
+        return lay if lay["bytes"] <= self.d_region else None
+
+    def dispatch(self, lay, x, scales, topk_idx, topk_weights, in_rank, outs, handle_mats, plan, num_sms: int) -> None:
+        """x -> recv_x (own rows) and the peers' staging buffers (their rows); this rank's copy
+        engines move what the peers wrote here into recv_x (one chain per source)."""
+        recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head = outs
+        rank_prefix, channel_prefix = handle_mats
+        R = self.R
+        hb = x.shape[1] * x.element_size()
+        ns = scales.shape[1] if scales is not None else 0
+        K = topk_idx.shape[1] if topk_idx is not None else 0
+        chunk = chunk_rows(self.cap, 0, hb)
+        k = self._kernels()
+        cur = torch.cuda.current_stream(x.device)
+        self._begin(cur.cuda_stream, dispatch=True)
+        d_base = DATA_OFF + (R - 1) * self.c_region
+        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        chains = receive_chain(self.rank, list(plan.recv_counts), self.mem.ptr, self.peer_stage, d_base,
+                               self.d_region, lay, chunk, hb, ns, K,
+                               {"recv_x": recv_x.data_ptr(), "recv_scales": ptr(recv_scales), "recv_topk_idx": ptr(recv_idx),
+                                "recv_topk_weights": ptr(recv_w), "recv_src_idx": ptr(recv_src)},
+                               self.ex.error_dev_ptr, self.ex.timeout_ns)
+        forked = self._fork(cur, x.device)
+        wait_fn = k["ht_ce_wait"].function
+        joins = [self._side(j, forked, lambda st, steps=steps: self.ex.drv.ce_chain(
+            self.dev, st, wait_fn, b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s)) for s in steps)))
+            for j, steps in chains.items()]
+        params = pack_params(
+            "HTDispatchCEParams", x=x.data_ptr(), x_scales=ptr(scales), topk_idx=ptr(topk_idx),
+            topk_weights=ptr(topk_weights), is_token_in_rank=in_rank.data_ptr(), channel_prefix=channel_prefix.data_ptr(),
+            rank_prefix=rank_prefix.data_ptr(), recv_x=recv_x.data_ptr(), recv_scales=ptr(recv_scales),
+            recv_topk_idx=ptr(recv_idx), recv_topk_weights=ptr(recv_w), recv_src_idx=ptr(recv_src),
+            send_head=ptr(send_head), stage=self.mem.ptr, peer_stage=self.peer_table.ptr, error=self.ex.error_dev_ptr,
+            num_tokens=x.shape[0], hidden_bytes=hb, num_scales=ns,
+            scale_stride_token=scales.stride(0) if scales is not None else 0,
+            scale_stride_col=scales.stride(1) if scales is not None else 0, num_topk=K,
+            num_experts=plan.num_experts, num_ranks=R, rank=self.rank, num_channels=plan.num_channels,
+            region_base=d_base, region_bytes=self.d_region, scales_off=lay["scales_off"], topk_off=lay["topk_off"],
+            weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, timeout_ns=self.ex.timeout_ns)
+        k["ht_dispatch_ce"].launch(num_sms, self.engine.block, params, cur.cuda_stream)
+        self.dispatches += 1
+        for done in joins:
+            cur.wait_event(done)
 
     def combine(self, x, handle, topk_weights, b0, b1, out, out_w, num_sms: int, smem: int) -> None:
         plan, R, H = handle.plan, self.R, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
-        k["ht_combine_ce_begin"].launch(1, 32, pack_params(
-            "HTCombineCEBeginParams", stage=self.mem.ptr, error=self.ex.error_dev_ptr, num_ranks=R, rank=self.rank,
-            timeout_ns=self.ex.timeout_ns), cur.cuda_stream)
-        region = region_bytes(self.cap, self.hidden, self.topk)
+        self._begin(cur.cuda_stream, dispatch=False)
+        region = self.c_region
         chunk = chunk_rows(self.cap, self.hidden)
         copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(),
                            topk_weights.data_ptr() if topk_weights is not None else 0, H, K, self.peer_stage,
                            region, self.cap, chunk, self.mem.ptr + EPOCH_SRC_OFF)
-        if self._streams is None:
-            self._streams = [torch.cuda.Stream(x.device) for _ in range(R)]
-        forked = torch.cuda.Event()
-        forked.record(cur)
-        joins = []
-        for j, ops in copies.items():
-            side = self._streams[j]
-            side.wait_event(forked)
-            self.ex.drv.memcpy_dtod_async_batch(self.dev, side.cuda_stream,
-                                                b"".join(struct.pack("<3Q", *op) for op in ops))
-            done = torch.cuda.Event()
-            done.record(side)
-            joins.append(done)
+        forked = self._fork(cur, x.device)
+        joins = [self._side(j, forked, lambda st, ops=ops: self.ex.drv.memcpy_dtod_async_batch(
+            self.dev, st, b"".join(struct.pack("<3Q", *op) for op in ops))) for j, ops in copies.items()]
         params = pack_params(
             "HTCombineCEParams", x=x.data_ptr(), topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
             bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,

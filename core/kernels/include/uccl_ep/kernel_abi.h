@@ -256,11 +256,76 @@ __host__ __device__
 #endif
 constexpr int ce_region_slot(int src, int rcv) { return src - (src > rcv ? 1 : 0); }
 
-struct HTCombineCEBeginParams {
+// Dispatch by copy engines (intranode_dispatch_ce.cu): senders write each peer's rows (and their
+// metadata) into the peer's dispatch region for them (after the combine regions), then raise
+// dflags[src][chunk] there; the receiver's copy engines move each chunk into recv_x.
+constexpr uint64_t kCEDFlagsOffset = 16 * 1024;                                // u64 [kHTMaxRanks][kCEMaxChunks]
+constexpr uint64_t kCEDFreedOffset = 24 * 1024;                                // u64 [kHTMaxRanks]
+constexpr uint64_t kCEDEpochOffset = kCEDFreedOffset + 8ull * kHTMaxRanks;     // u64
+constexpr uint64_t kCEDEpochSrcOffset = kCEDEpochOffset + 64;                  // u64 (own line)
+constexpr uint64_t kCEDCountOffset = 32 * 1024;                                // u32 [kHTMaxRanks][kCEMaxChunks]
+
+// ht_ce_begin: epoch += 1 (the word at epoch_off), epoch_src = epoch, then wait until every peer
+// j freed this rank's rows of the previous epoch (freed_off[j] >= epoch - 1).
+struct HTCEBeginParams {
   uint64_t stage;             // this rank's staging buffer
   uint64_t error;
+  int64_t epoch_off;
+  int64_t epoch_src_off;
+  int64_t freed_off;
+  int64_t phase;              // kPhase* named on timeout
   int64_t num_ranks;
   int64_t rank;
+  int64_t timeout_ns;
+};
+
+// ht_ce_wait (one thread, on a copy stream): wait until *flag >= this rank's epoch (the word at
+// stage + epoch_off), bounded; on timeout the error word names (rank, peer, chunk).
+struct HTCEWaitParams {
+  uint64_t flag;
+  uint64_t stage;
+  uint64_t error;
+  int64_t epoch_off;
+  int64_t rank;
+  int64_t peer;
+  int64_t chunk;
+  int64_t timeout_ns;
+};
+
+struct HTDispatchCEParams {
+  uint64_t x;                 // [T, hidden_bytes]
+  uint64_t x_scales;          // 4-byte elements, strided, or 0
+  uint64_t topk_idx;          // int64 [T, K] or 0 (cached)
+  uint64_t topk_weights;      // fp32 [T, K] or 0
+  uint64_t is_token_in_rank;  // bool [T, R]
+  uint64_t channel_prefix;    // int32 [R, C] (inclusive)
+  uint64_t rank_prefix;       // int32 [R, R]
+  uint64_t recv_x;            // own rows go straight here
+  uint64_t recv_scales;       // row-major [rows, num_scales] or 0
+  uint64_t recv_topk_idx;     // int64 [rows, K] or 0
+  uint64_t recv_topk_weights; // fp32 [rows, K] or 0
+  uint64_t recv_src_idx;      // int32 [rows] or 0
+  uint64_t send_head;         // int32 [T, R] or 0 (cached)
+  uint64_t stage;             // this rank's staging buffer
+  uint64_t peer_stage;        // u64 [R]
+  uint64_t error;
+  int64_t num_tokens;
+  int64_t hidden_bytes;
+  int64_t num_scales;
+  int64_t scale_stride_token;
+  int64_t scale_stride_col;
+  int64_t num_topk;
+  int64_t num_experts;
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t region_base;        // offset of the dispatch regions in a staging buffer
+  int64_t region_bytes;       // per source region: rows, then scales, top-k ids, weights, source index
+  int64_t scales_off;
+  int64_t topk_off;
+  int64_t weights_off;
+  int64_t src_off;
+  int64_t chunk_rows;
   int64_t timeout_ns;
 };
 
