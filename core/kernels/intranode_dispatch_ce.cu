@@ -142,9 +142,11 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
           idx += s_idx[tid][j];
         }
         s_idx[tid][j] = idx;
-        if (p.send_head != 0)  // the position inside the token's channel, as the ring dispatch records it
+        if (p.fresh)  // the position inside the token's channel, as the ring dispatch records it
           reinterpret_cast<int*>(p.send_head)[int64_t(t) * R + j] = idx < 0 ? -1 : idx - (c > 0 ? chp[j * C + c - 1] : 0);
-        if (idx < 0 || p.recv_src_idx == 0) continue;  // cached dispatch: rows (and scales) only
+        // cached dispatch: rows (and scales) only. NOTES: `fresh`, not a null output pointer, says
+        // which: a rank that receives no rows has empty (null) outputs but still sends metadata.
+        if (idx < 0 || !p.fresh) continue;
         // metadata: the source index and top-k ids local to j (-1 elsewhere, weight 0)
         int64_t* ids;
         float* wts;

@@ -298,7 +298,8 @@ class CopyEngineOps:
             scale_stride_col=scales.stride(1) if scales is not None else 0, num_topk=K,
             num_experts=plan.num_experts, num_ranks=R, rank=self.rank, num_channels=plan.num_channels,
             region_base=d_base, region_bytes=self.d_region, scales_off=lay["scales_off"], topk_off=lay["topk_off"],
-            weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, timeout_ns=self.ex.timeout_ns)
+            weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, fresh=int(send_head is not None),
+            timeout_ns=self.ex.timeout_ns)
         k["ht_dispatch_ce"].launch(num_sms, self.engine.block, params, cur.cuda_stream)
         self.dispatches += 1
         for done in joins:

@@ -326,6 +326,7 @@ struct HTDispatchCEParams {
   int64_t weights_off;
   int64_t src_off;
   int64_t chunk_rows;
+  int64_t fresh;              // 1: a fresh dispatch (metadata and send_head too); 0: cached (rows, scales)
   int64_t timeout_ns;
 };
 
