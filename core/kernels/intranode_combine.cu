@@ -23,16 +23,6 @@
 using namespace uccl_ep;
 using namespace uccl_ep::dev;
 
-namespace {
-
-// Register arrays are sized for this many ranks; the JIT builds one variant per group size.
-#ifndef UCCL_EP_RANKS
-#define UCCL_EP_RANKS kHTMaxRanks
-#endif
-constexpr int kRanks = UCCL_EP_RANKS;
-static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
-
-}  // namespace
 
 extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCCL_GRID_CONSTANT HTCombineParams p) {
   const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.warps_per_peer), me = int(p.rank);
@@ -176,14 +166,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       if (failed) return;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
       const long long s0 = prof.mark();
-#if UCCL_EP_HT_COMBINE_STAGES
-      extern __shared__ __align__(16) uint8_t combine_stages[];  // kCombineStageVecs per warp (ht.py sizes it)
-      warp_combine_rows_staged<kCombineUnroll, kCombineStages>(
-          out, rows, nsrc, H, p.bias0, p.bias1, t,
-          reinterpret_cast<Vec16*>(combine_stages) + warp * kCombineStageVecs<kCombineUnroll, kCombineStages>);
-#else
-      warp_combine_rows<kCombineUnroll>(out, rows, nsrc, H, p.bias0, p.bias1, t);
-#endif
+      warp_combine_token(out, rows, nsrc, H, p.bias0, p.bias1, t);
       prof.add(1, s0);
       const long long k0 = prof.mark();
       if (p.out_weights != 0) {

@@ -34,35 +34,14 @@ using namespace uccl_ep::dev;
 
 namespace {
 
-#ifndef UCCL_EP_RANKS
-#define UCCL_EP_RANKS kHTMaxRanks
-#endif
-constexpr int kRanks = UCCL_EP_RANKS;
-static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
-
 UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterpret_cast<uint64_t*>(stage + offset); }
 
 // Bounded wait (lane 0 spins, the warp follows) until *flag >= epoch; false on timeout / error.
 UCCL_DEVICE bool warp_wait_epoch(const uint64_t* flag, uint64_t epoch, const HTCombineCEParams& p, int peer, int chunk) {
   int ok = 1;
-  if (lane_id() == 0) {
-    const uint64_t start = clock_ns();
-    for (uint32_t spins = 0; ld_acquire_sys(flag) < epoch; ++spins) {
-      if ((spins & 255u) == 255u) {
-        const uint64_t now = clock_ns();
-        if (now - start > uint64_t(p.timeout_ns)) {
-          raise_error(reinterpret_cast<ErrorWord*>(p.error), kErrTimeout, kPhaseHTCombineRecv, int(p.rank), peer,
-                      chunk, now - start);
-          ok = 0;
-          break;
-        }
-        if (error_raised(reinterpret_cast<const ErrorWord*>(p.error))) {
-          ok = 0;
-          break;
-        }
-      }
-    }
-  }
+  if (lane_id() == 0)
+    ok = wait_u64_at_least(flag, epoch, uint64_t(p.timeout_ns), reinterpret_cast<ErrorWord*>(p.error),
+                           kPhaseHTCombineRecv, int(p.rank), peer, chunk);
   return shfl_idx(ok, 0) != 0;
 }
 
@@ -133,14 +112,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine_ce(const 
       }
       if (failed) break;
       auto* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(t) * H * 2;
-#if UCCL_EP_HT_COMBINE_STAGES
-      extern __shared__ __align__(16) uint8_t combine_stages[];  // kCombineStageVecs per warp (ht.py sizes it)
-      warp_combine_rows_staged<kCombineUnroll, kCombineStages>(
-          out, rows, nsrc, H, p.bias0, p.bias1, t,
-          reinterpret_cast<Vec16*>(combine_stages) + warp * kCombineStageVecs<kCombineUnroll, kCombineStages>);
-#else
-      warp_combine_rows<kCombineUnroll>(out, rows, nsrc, H, p.bias0, p.bias1, t);
-#endif
+      warp_combine_token(out, rows, nsrc, H, p.bias0, p.bias1, t);
       if (p.out_weights != 0) {
         for (int kk = lane; kk < K; kk += kWarpSize) {
           float acc = 0.0f;

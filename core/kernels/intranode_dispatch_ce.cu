@@ -29,31 +29,9 @@ using namespace uccl_ep::dev;
 
 namespace {
 
-#ifndef UCCL_EP_RANKS
-#define UCCL_EP_RANKS kHTMaxRanks
-#endif
-constexpr int kRanks = UCCL_EP_RANKS;
-static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
 constexpr int kBatch = 256;  // tokens per batch: one thread each for the metadata
 
 UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterpret_cast<uint64_t*>(stage + offset); }
-
-// Bounded spin (one thread) until *p >= target; false after an error (recorded here or elsewhere).
-UCCL_DEVICE bool wait_at_least(const uint64_t* p, uint64_t target, uint64_t timeout_ns, ErrorWord* err, int phase,
-                               int rank, int peer, int chunk) {
-  const uint64_t start = clock_ns();
-  for (uint32_t spins = 0; ld_acquire_sys(p) < target; ++spins) {
-    if ((spins & 255u) == 255u) {
-      const uint64_t now = clock_ns();
-      if (now - start > timeout_ns) {
-        raise_error(err, kErrTimeout, phase, rank, peer, chunk, now - start);
-        return false;
-      }
-      if (error_raised(err)) return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -67,7 +45,7 @@ extern "C" __global__ void ht_ce_begin(const UCCL_GRID_CONSTANT HTCEBeginParams 
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
   for (int j = 0; j < R; ++j) {
     if (j == me) continue;
-    if (!wait_at_least(ce_word(p.stage, uint64_t(p.freed_off) + 8ull * j), epoch - 1, uint64_t(p.timeout_ns), err,
+    if (!wait_u64_at_least(ce_word(p.stage, uint64_t(p.freed_off) + 8ull * j), epoch - 1, uint64_t(p.timeout_ns), err,
                        int(p.phase), me, j, -1))
       return;
   }
@@ -77,7 +55,7 @@ extern "C" __global__ void ht_ce_begin(const UCCL_GRID_CONSTANT HTCEBeginParams 
 extern "C" __global__ void ht_ce_wait(const UCCL_GRID_CONSTANT HTCEWaitParams p) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(ce_word(p.stage, uint64_t(p.epoch_off)));
-  wait_at_least(reinterpret_cast<const uint64_t*>(p.flag), epoch, uint64_t(p.timeout_ns),
+  wait_u64_at_least(reinterpret_cast<const uint64_t*>(p.flag), epoch, uint64_t(p.timeout_ns),
                 reinterpret_cast<ErrorWord*>(p.error), kPhaseHTDispatchRecv, int(p.rank), int(p.peer), int(p.chunk));
 }
 

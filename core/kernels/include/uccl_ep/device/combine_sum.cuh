@@ -4,6 +4,7 @@
 #pragma once
 
 #include "uccl_ep/device/arch.cuh"
+#include "uccl_ep/device/ht_tuning.cuh"
 #include "uccl_ep/device/numeric.cuh"
 
 namespace uccl_ep::dev {
@@ -199,6 +200,21 @@ UCCL_DEVICE void warp_combine_rows_staged(uint8_t* out, const uint8_t* const* ro
     if (pair + 1 == pairs) chunk_store<U>(out, acc, v0, nvec);
   }
   cp_async_wait<0>();
+}
+
+// One token's sum as the intranode combine kernels run it: staged through this warp's area of the
+// kernel's dynamic shared memory (kCombineStageVecs per warp; uccl_ep/cuda/ht.py sizes it) when
+// UCCL_EP_HT_COMBINE_STAGES, else the register pipeline.
+UCCL_DEVICE void warp_combine_token(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H, uint64_t bias0,
+                                    uint64_t bias1, int64_t t) {
+#if UCCL_EP_HT_COMBINE_STAGES
+  extern __shared__ __align__(16) uint8_t combine_stages[];
+  warp_combine_rows_staged<kCombineUnroll, kCombineStages>(
+      out, rows, nsrc, H, bias0, bias1, t,
+      reinterpret_cast<Vec16*>(combine_stages) + warp_id() * kCombineStageVecs<kCombineUnroll, kCombineStages>);
+#else
+  warp_combine_rows<kCombineUnroll>(out, rows, nsrc, H, bias0, bias1, t);
+#endif
 }
 
 }  // namespace uccl_ep::dev

@@ -41,8 +41,16 @@
 #define UCCL_EP_HT_RELAXED_HEAD 1
 #endif
 
+// Register arrays of the intranode kernels are sized for this many ranks; the JIT builds one
+// variant per group size.
+#ifndef UCCL_EP_RANKS
+#define UCCL_EP_RANKS kHTMaxRanks
+#endif
+
 namespace uccl_ep::dev {
 
+constexpr int kRanks = UCCL_EP_RANKS;
+static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
 constexpr int kHTThreads = UCCL_EP_HT_THREADS;
 static_assert(kHTThreads % 32 == 0 && kHTThreads / 32 <= kHTMaxWarps, "UCCL_EP_HT_THREADS: whole warps, <= kHTMaxWarps");
 constexpr int kPublishEvery = UCCL_EP_HT_PUBLISH_EVERY;

@@ -63,4 +63,22 @@ UCCL_DEVICE int wait_tagged_at_least(const uint64_t* signal, uint32_t tag, uint6
   }
 }
 
+// One thread: spin until *p >= target (plain u64 compare); false after `timeout_ns` (error
+// recorded with `chunk` as the expert/channel field) or once another wait failed.
+UCCL_DEVICE bool wait_u64_at_least(const uint64_t* p, uint64_t target, uint64_t timeout_ns, ErrorWord* err, int phase,
+                                   int rank, int peer, int chunk) {
+  const uint64_t start = clock_ns();
+  for (uint32_t spins = 0; ld_acquire_sys(p) < target; ++spins) {
+    if ((spins & 255u) == 255u) {
+      const uint64_t now = clock_ns();
+      if (now - start > timeout_ns) {
+        raise_error(err, kErrTimeout, phase, rank, peer, chunk, now - start);
+        return false;
+      }
+      if (error_raised(err)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace uccl_ep::dev
