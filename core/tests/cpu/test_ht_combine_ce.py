@@ -202,3 +202,22 @@ def test_dispatch_layout_and_receive_chain():
     assert meta[outs["recv_src_idx"]][2:4] == (region + lay["src_off"], 5 * 4)
     assert copies[-1][1:4] == (peers[0] + ht_ce.D_FREED_OFF + 8 * rank, stage + ht_ce.D_EPOCH_SRC_OFF, 8)
     assert chains[2] == [(0, peers[2] + ht_ce.D_FREED_OFF + 8 * rank, stage + ht_ce.D_EPOCH_SRC_OFF, 8) + (0,) * 8]
+
+
+def test_a_rank_out_of_memory_turns_the_path_off_everywhere(monkeypatch):
+    """One rank failing to allocate its staging buffer: every rank learns it from the exchange
+    (the failure travels instead of a handle), drops the copy-engine path and keeps the ring
+    kernels, with a warning naming the rank and the size."""
+    from types import SimpleNamespace
+    log = []
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
+    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
+    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
+        slice(None), [obj, "OutOfMemoryError: cuMemAlloc failed"]))
+    eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
+    ce = ht_ce.CopyEngineOps(eng)
+    with pytest.warns(RuntimeWarning, match="rank 1 could not allocate"):
+        assert not ce.prepare([[0, 10], [10, 0]], 2048, 8)
+    assert not ce.enabled and ce.mem is None
+    assert not ce.prepare([[0, 10], [10, 0]], 2048, 8)  # stays off, no further collective

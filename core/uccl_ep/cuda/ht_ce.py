@@ -21,6 +21,7 @@ in the same call). A handle from a num_worst_tokens dispatch (no host counts) ke
 from __future__ import annotations
 
 import struct
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -192,25 +193,47 @@ class CopyEngineOps:
         total = DATA_OFF + (self.R - 1) * (c_region + d_region)
         if total > self.max_bytes:
             return False  # the same on every rank: same counts, same limit (checked at build)
-        self._establish(cap, hidden, topk, total)
+        if not self._establish(cap, hidden, topk, total):
+            return False
         self.c_region, self.d_region = c_region, d_region
         return True
 
-    def _establish(self, cap: int, hidden: int, topk: int, total: int) -> None:
+    def _establish(self, cap: int, hidden: int, topk: int, total: int) -> bool:
+        """(Re)allocate and exchange the staging buffers, collectively. If any rank cannot allocate
+        (out of device memory), every rank learns it from the exchange, drops the copy-engine path
+        for good and keeps the ring kernels: no rank is left waiting on a peer that took the other
+        path."""
         drv = self.ex.drv
         torch.cuda.synchronize(self.dev)
         self.ex.host_barrier()  # nobody still reads or writes the old buffers
         if self.mem is not None:
             self.mem.free()
-        self.mem = DeviceMemory(self.dev, total)
+            self.mem = None
+        try:
+            mem = DeviceMemory(self.dev, total)
+        except Exception as e:  # noqa: BLE001 -- the driver's out-of-memory error; any failure counts
+            mem, why = None, f"{type(e).__name__}: {e}"
+        handles = [None] * self.R
+        dist.all_gather_object(handles, mem.ipc_handle() if mem is not None else why, group=self.ex.ctx.group)
+        failed = [(r, h) for r, h in enumerate(handles) if isinstance(h, str)]
+        if failed:
+            if mem is not None:
+                mem.free()
+            self.enabled = self.dispatch_enabled = False
+            self.cap = 0
+            warnings.warn(f"uccl_ep: the copy-engine HT ops are off for this Buffer: rank {failed[0][0]} could not "
+                          f"allocate {total >> 20} MiB of staging ({failed[0][1]}); the ring kernels run instead "
+                          "(UCCL_EP_HT_COMBINE_CE=0 skips the attempt)", RuntimeWarning, stacklevel=4)
+            self.ex.host_barrier()
+            return False
+        self.mem = mem
         drv.memset_d8(self.dev, self.mem.ptr, 0, DATA_OFF, 0)
         drv.synchronize(self.dev)
-        handles = [None] * self.R
-        dist.all_gather_object(handles, self.mem.ipc_handle(), group=self.ex.ctx.group)
         self.peer_stage = [self.mem.ptr if r == self.rank else self.mem.open_peer(h) for r, h in enumerate(handles)]
         drv.memcpy_htod(self.dev, self.peer_table.ptr, struct.pack(f"<{self.R}Q", *self.peer_stage))
         self.cap, self.hidden, self.topk = cap, hidden, topk
         self.ex.host_barrier()
+        return True
 
     # -- combine ------------------------------------------------------------------------------------
     def usable(self, plan, x, topk_weights) -> bool:
