@@ -1,21 +1,26 @@
-"""Intranode combine with the copy engines moving the rows (UCCL_EP_HT_COMBINE_CE).
+"""Intranode HT ops with the copy engines moving rows (UCCL_EP_HT_COMBINE_CE, UCCL_EP_HT_DISPATCH_CE).
 
 At EP R a rank's combine input holds, per source rank j, one contiguous run of rows (j's tokens,
 in j's order: the dispatch layout), so returning them is R - 1 plain copies. This module keeps a
 staging buffer per rank (IPC-shared between the ranks of the host; layout in kernel_abi.h, the
-kCE* constants) and runs a combine as:
+kCE* / kCED* constants) and runs a combine as:
 
-  current stream: ht_combine_ce_begin (epoch += 1; wait until each peer freed our previous rows)
+  current stream: ht_ce_begin (epoch += 1; wait until each peer freed our previous rows)
   side stream per peer j: copy engine: our x rows from j -> j's staging region for us (first the
       top-k weights, then the rows in chunks of chunk_rows, each chunk followed by an 8-byte copy
       of our epoch into j's flags[me][chunk])
   current stream: ht_combine_ce (every block sums: own rows from x, peers' rows from our staging
       once their chunk flag reached the epoch); then the side streams are joined.
 
-Whether a handle's combine takes this path is decided in the (non-cached) dispatch from the R x R
-token counts every rank reads from its notify kernel, so every rank decides alike; the staging
-buffer grows there too (a collective: the counts are the same everywhere, so every rank grows it
-in the same call). A handle from a num_worst_tokens dispatch (no host counts) keeps the ring combine.
+The dispatch (an experiment, off by default) mirrors it: ht_dispatch_ce writes own rows into
+recv_x and each peer's rows (with metadata) into the peer's dispatch region, raising a flag per
+completed chunk; each source's copy stream here runs ht_ce_wait (bounded) + a copy per chunk into
+recv_x (receive_chain, issued by one native call), then hands the region back (freed).
+
+Whether a handle takes these paths is decided in the (non-cached) dispatch from the R x R token
+counts every rank reads from its notify kernel, so every rank decides alike; the staging buffer
+grows there too (a collective: the counts are the same everywhere, so every rank grows it in the
+same call). A handle from a num_worst_tokens dispatch (no host counts) keeps the ring kernels.
 """
 
 from __future__ import annotations
