@@ -128,6 +128,16 @@ def test_ranks_must_agree():
         ht_ce.check_same_settings([(True, 2048, True), (True, 2048, False)])
 
 
+def test_an_invalid_setting_is_refused_on_every_rank(monkeypatch):
+    """An invalid value on one rank travels as text through the exchange (shared_settings does not
+    raise before it, which would leave the other ranks waiting) and is refused on every rank."""
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE_MAX_MB", "0")  # below its minimum
+    bad = ht_ce.shared_settings()
+    assert isinstance(bad, str) and "UCCL_EP_HT_COMBINE_CE_MAX_MB" in bad
+    with pytest.raises(InvalidArgument, match="valid settings on every rank.*rank 1"):
+        ht_ce.check_same_settings([(True, 2048, False), bad])
+
+
 class _Ex:
     def __init__(self, R, rank, log):
         from types import SimpleNamespace

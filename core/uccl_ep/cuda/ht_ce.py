@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 
 from .. import env
-from ..errors import InvalidArgument
 from .runtime import DeviceMemory, load_kernel, pack_params
 
 __all__ = ["CopyEngineOps", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
@@ -57,17 +56,16 @@ _CHUNK_BYTES = 4 << 20   # ~4 MiB of rows per copy: a flag per chunk lets the su
 _CAP_STEP = 512          # staging rows are grown in steps of this many
 
 
-def shared_settings() -> tuple:
+SHARED_SETTINGS = ("UCCL_EP_HT_COMBINE_CE", "UCCL_EP_HT_COMBINE_CE_MAX_MB", "UCCL_EP_HT_DISPATCH_CE")
+
+
+def shared_settings() -> tuple | str:
     """What every rank must agree on (the executor gathers and compares it at Buffer build)."""
-    return (bool(env.get("UCCL_EP_HT_COMBINE_CE")), int(env.get("UCCL_EP_HT_COMBINE_CE_MAX_MB")),
-            bool(env.get("UCCL_EP_HT_DISPATCH_CE")))
+    return env.shared_values(SHARED_SETTINGS)
 
 
 def check_same_settings(per_rank: list) -> None:
-    if len(set(per_rank)) > 1:
-        listing = ", ".join(f"rank {r}: {v[0]:d}/{v[1]}/{v[2]:d}" for r, v in enumerate(per_rank))
-        raise InvalidArgument("UCCL_EP_HT_COMBINE_CE / UCCL_EP_HT_COMBINE_CE_MAX_MB / UCCL_EP_HT_DISPATCH_CE",
-                              "the same values on every rank", listing, hint="set the variables alike for every process")
+    env.require_same_across_ranks(SHARED_SETTINGS, per_rank, "every rank decides the copy-engine paths alike")
 
 
 def staging_rows_needed(counts: list[list[int]]) -> int:

@@ -44,7 +44,7 @@ import torch
 
 from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
-from ..errors import Aborted, InvalidArgument, LimitExceeded, UcclEpError
+from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
 from . import gpu_transport
@@ -131,22 +131,12 @@ SHARED_SETTINGS = ("UCCL_EP_LL_PROXY_PARTS", "UCCL_EP_PROXY_WRITE_KB")
 
 def shared_settings() -> tuple | str:
     """This process's SHARED_SETTINGS, or the error text of an invalid one (compared across ranks)."""
-    try:
-        return tuple(env.get(name) for name in SHARED_SETTINGS)
-    except UcclEpError as e:
-        return str(e)
+    return env.shared_values(SHARED_SETTINGS)
 
 
 def check_same_shared_settings(per_rank: list) -> None:
     """Raise on every rank alike when the ranks' shared_settings() answers differ or one is invalid."""
-    names = " / ".join(SHARED_SETTINGS)
-    errors = [(r, v) for r, v in enumerate(per_rank) if isinstance(v, str)]
-    if errors:
-        raise InvalidArgument(names, "valid settings on every rank", f"rank {errors[0][0]}: {errors[0][1]}")
-    if len(set(per_rank)) > 1:
-        listing = ", ".join(f"rank {r}: {'/'.join(str(x) for x in v)}" for r, v in enumerate(per_rank))
-        raise InvalidArgument(names, "the same values on every rank (they set the receive counters' growth per op)",
-                              listing, hint="set these variables alike for every process")
+    env.require_same_across_ranks(SHARED_SETTINGS, per_rank, "they set the receive counters' growth per op")
 
 
 def write_chunk_bytes() -> int:
