@@ -13,8 +13,8 @@
 //     complete, dflags[me][chunk] = epoch in j's buffer (system-scope release);
 //   ht_ce_wait (1 thread, a copy stream per source, before each chunk's copy): bounded wait for
 //     that flag, so the copy engine never spins unbounded and a missing peer ends in Timeout.
-// Blocks take batches of 256 tokens; a batch's positions = the count over earlier tokens (each
-// block re-counts is_token_in_rank before its batch: T x R bytes, cached) + a block scan.
+// Blocks take batches of 256 tokens; a batch's positions = the count over earlier tokens (the
+// notify kernel's per-channel prefix, then a scan of the batch's channel up to it) + a block scan.
 //
 // NOTES: why (2 x H200, EP2, issue 5): the ring dispatch copies every remote row twice on the SMs
 // (x -> the receiver's ring, ring -> recv_x), which bounds it at <= 12 SMs (269.9 GB/s BF16 at
@@ -78,13 +78,16 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
 
   for (int b0 = int(blockIdx.x) * kBatch; b0 < T; b0 += int(gridDim.x) * kBatch) {
     const int n = min(kBatch, T - b0);
-    if (tid < kRanks) s_pre[tid] = 0;
+    // a. tokens before the batch, per destination: the notify kernel's count for the channels
+    //    before the batch's (channel_prefix), plus a scan of that channel up to the batch
+    const int c0 = b0 / per;
+    if (tid < kRanks) s_pre[tid] = tid < R && c0 > 0 ? chp[tid * C + c0 - 1] : 0;
     __syncthreads();
-    {  // a. tokens before the batch, per destination
+    {
       int cnt[kRanks];
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) cnt[j] = 0;
-      for (int t = tid; t < b0; t += blockDim.x)
+      for (int t = c0 * per + tid; t < b0; t += blockDim.x)
 #pragma unroll
         for (int j = 0; j < kRanks; ++j)
           if (j < R) cnt[j] += in_rank[int64_t(t) * R + j];
