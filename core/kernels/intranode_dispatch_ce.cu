@@ -155,28 +155,36 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
       }
     }
     __syncthreads();
-    // c. rows (and scales): warp w takes the batch's tokens w, w + nw, ...
+    // c. rows (and scales): warp w takes the batch's tokens w, w + nw, ...; each row is read once
+    //    and stored to every destination it is routed to
     for (int i = warp; i < n; i += nw) {
       const int64_t t = b0 + i;
+      uint8_t* dst[kRanks];
+      uint32_t* sdst[kRanks];
+      int num_dst = 0;
 #pragma unroll
       for (int j = 0; j < kRanks; ++j) {
         if (j >= R) continue;
         const int idx = s_idx[i][j];
         if (idx < 0) continue;
-        uint8_t* dst;
-        uint32_t* sdst;
         if (j == me) {
           const int64_t row = own_off + idx;
-          dst = reinterpret_cast<uint8_t*>(p.recv_x) + row * HB;
-          sdst = NS > 0 ? reinterpret_cast<uint32_t*>(p.recv_scales) + row * NS : nullptr;
+          dst[num_dst] = reinterpret_cast<uint8_t*>(p.recv_x) + row * HB;
+          sdst[num_dst] = NS > 0 ? reinterpret_cast<uint32_t*>(p.recv_scales) + row * NS : nullptr;
         } else {
           const uint64_t region = peers[j] + uint64_t(p.region_base) + uint64_t(ce_region_slot(me, j)) * uint64_t(p.region_bytes);
-          dst = reinterpret_cast<uint8_t*>(region) + int64_t(idx) * HB;
-          sdst = NS > 0 ? reinterpret_cast<uint32_t*>(region + p.scales_off) + int64_t(idx) * NS : nullptr;
+          dst[num_dst] = reinterpret_cast<uint8_t*>(region) + int64_t(idx) * HB;
+          sdst[num_dst] = NS > 0 ? reinterpret_cast<uint32_t*>(region + p.scales_off) + int64_t(idx) * NS : nullptr;
         }
-        warp_copy16(dst, reinterpret_cast<const uint8_t*>(p.x) + t * HB, HB);
-        for (int64_t sc = lane; sc < NS; sc += kWarpSize)
-          sdst[sc] = reinterpret_cast<const uint32_t*>(p.x_scales)[t * p.scale_stride_token + sc * p.scale_stride_col];
+        ++num_dst;
+      }
+      if (num_dst == 0) continue;
+      warp_copy16_multi(dst, num_dst, reinterpret_cast<const uint8_t*>(p.x) + t * HB, HB);
+      for (int64_t sc = lane; sc < NS; sc += kWarpSize) {
+        const uint32_t v = reinterpret_cast<const uint32_t*>(p.x_scales)[t * p.scale_stride_token + sc * p.scale_stride_col];
+#pragma unroll
+        for (int d = 0; d < kRanks; ++d)
+          if (d < num_dst) sdst[d][sc] = v;
       }
     }
     // d. count this batch's positions toward each peer into its chunks; the block completing a

@@ -203,12 +203,6 @@ _VARS: list[Var] = [
         "grown by the dispatch regions) and the same handles (host counts). An experiment switch; every "
         "rank must use the same value.",
         used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_CE_STREAMS", "int", 1,
-        "Copy streams per peer of the copy-engine HT ops (UCCL_EP_HT_COMBINE_CE / _DISPATCH_CE): chunk k "
-        "on stream k mod n, so up to n copy engines move one peer's rows at once. An experiment switch "
-        "(2 x H200: 1 measured; the dispatch's receive side ran flat at ~410 us on one stream, which "
-        "this is meant to split). Ranks may differ.",
-        minimum=1, maximum=8, used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_COMBINE_CE_MAX_MB", "int", 2048,
         "Most MiB of the copy-engine combine's staging buffer per rank (UCCL_EP_HT_COMBINE_CE); a "
         "dispatch whose token counts need more keeps the ring combine for its handle (every rank "

@@ -107,15 +107,13 @@ def dispatch_layout(cap_rows: int, hidden_bytes: int, num_scales: int, topk: int
 
 def receive_chain(rank: int, recv_counts: list[int], stage: int, peer_stage: list[int], d_base: int, d_region: int,
                   lay: dict, chunk: int, hidden_bytes: int, num_scales: int, topk: int, outs: dict, error: int,
-                  timeout_ns: int, streams: int = 1) -> dict[int, tuple[list[list], list]]:
+                  timeout_ns: int) -> dict[int, list]:
     """Per source j != rank, the steps of its copy stream (ce_chain records): for each chunk of
     j's rows a bounded wait for j's flag then the copy into recv_x; then the scales and, in a fresh
     dispatch (``outs`` has them), top-k ids, weights and source indices; last, this rank's epoch into
     j's freed[rank] (j may overwrite the region next time). ``outs``: pointers of recv_x and the
-    other outputs (0 when absent). Returns per source (chains, tail): one chain per copy stream
-    (several: chunk k, with its rows' metadata, on stream k % streams) and the tail (the freed
-    word), which runs after every chain of the source."""
-    chains: dict[int, tuple[list[list], list]] = {}
+    other outputs (0 when absent)."""
+    chains: dict[int, list] = {}
     meta = (("recv_scales", "scales_off", num_scales * 4), ("recv_topk_idx", "topk_off", topk * 8),
             ("recv_topk_weights", "weights_off", topk * 4), ("recv_src_idx", "src_off", 4))
     start = 0
@@ -124,55 +122,41 @@ def receive_chain(rank: int, recv_counts: list[int], stage: int, peer_stage: lis
             start += n
             continue
         region = stage + d_base + region_slot(j, rank) * d_region
-        subs: list[list] = [[] for _ in range(streams)]
+        steps: list = []
         for k, r0 in enumerate(range(0, n, chunk)):
             r1 = min(n, r0 + chunk)
-            steps = subs[k % streams]
             flag = stage + D_FLAGS_OFF + 8 * (j * MAX_CHUNKS + k)
             steps.append((1, 0, 0, 0, flag, stage, error, D_EPOCH_OFF, rank, j, k, timeout_ns))
             steps.append((0, outs["recv_x"] + (start + r0) * hidden_bytes, region + r0 * hidden_bytes,
                           (r1 - r0) * hidden_bytes) + (0,) * 8)
-            if streams > 1:
-                for key, off, width in meta:
-                    if outs.get(key) and width:
-                        steps.append((0, outs[key] + (start + r0) * width, region + lay[off] + r0 * width,
-                                      (r1 - r0) * width) + (0,) * 8)
-        if n > 0 and streams == 1:
+        if n > 0:
             for key, off, width in meta:
                 if outs.get(key) and width:
-                    subs[0].append((0, outs[key] + start * width, region + lay[off], n * width) + (0,) * 8)
-        tail = [(0, peer_stage[j] + D_FREED_OFF + 8 * rank, stage + D_EPOCH_SRC_OFF, 8) + (0,) * 8]
-        chains[j] = ([steps for steps in subs if steps], tail)
+                    steps.append((0, outs[key] + start * width, region + lay[off], n * width) + (0,) * 8)
+        steps.append((0, peer_stage[j] + D_FREED_OFF + 8 * rank, stage + D_EPOCH_SRC_OFF, 8) + (0,) * 8)
+        chains[j] = steps
         start += n
     return chains
 
 
 def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden: int, topk: int,
-              peer_stage: list[int], region: int, cap_rows: int, chunk: int, epoch_src: int,
-              streams: int = 1) -> dict[int, list[list]]:
-    """Per peer j, per copy stream, the (dst, src, bytes) copies that return this rank's x rows from
-    j (and their top-k weights when ``w_ptr``) into j's staging region for this rank, each chunk of
-    rows followed by its flag (8 bytes of ``epoch_src``). ``recv_counts[j]``: rows this rank got
-    from j. One stream: the weights first, then the chunks. Several (UCCL_EP_HT_CE_STREAMS): chunk
-    k, with its rows' weights, on stream k % streams (a flag then vouches only for its own chunk)."""
-    out: dict[int, list[list]] = {}
+              peer_stage: list[int], region: int, cap_rows: int, chunk: int, epoch_src: int) -> dict[int, list]:
+    """Per peer j, the (dst, src, bytes) copies that return this rank's x rows from j (and their
+    top-k weights when ``w_ptr``) into j's staging region for this rank: the weights first, then
+    the rows in chunks, each chunk followed by its flag (8 bytes of ``epoch_src``).
+    ``recv_counts[j]``: rows this rank got from j."""
+    out: dict[int, list] = {}
     start = 0
     row = hidden * 2
     for j, n in enumerate(recv_counts):
         if j != rank and n > 0:
             dst = peer_stage[j] + DATA_OFF + region_slot(rank, j) * region
-            subs: list[list] = [[] for _ in range(streams)]
-            if w_ptr and streams == 1:
-                subs[0].append((dst + cap_rows * row, w_ptr + start * topk * 4, n * topk * 4))
+            ops = [(dst + cap_rows * row, w_ptr + start * topk * 4, n * topk * 4)] if w_ptr else []
             for k, r0 in enumerate(range(0, n, chunk)):
                 r1 = min(n, r0 + chunk)
-                ops = subs[k % streams]
                 ops.append((dst + r0 * row, x_ptr + (start + r0) * row, (r1 - r0) * row))
-                if w_ptr and streams > 1:
-                    ops.append((dst + cap_rows * row + r0 * topk * 4, w_ptr + (start + r0) * topk * 4,
-                                (r1 - r0) * topk * 4))
                 ops.append((peer_stage[j] + FLAGS_OFF + 8 * (rank * MAX_CHUNKS + k), epoch_src, 8))
-            out[j] = [ops for ops in subs if ops]
+            out[j] = ops
         start += n
     return out
 
@@ -192,8 +176,7 @@ class CopyEngineOps:
         self.peer_table = DeviceMemory(self.dev, 8 * self.R) if self.enabled else None
         self.peer_stage: list[int] = []
         self._k = None
-        self._streams: dict = {}  # (peer, k) -> torch.cuda.Stream
-        self.copy_streams = int(env.get("UCCL_EP_HT_CE_STREAMS"))
+        self._streams: dict = {}  # peer -> torch.cuda.Stream (its copy stream)
         self.dispatches = 0  # copy-engine dispatches run (tests check the path was taken)
 
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
@@ -286,13 +269,12 @@ class CopyEngineOps:
         forked.record(cur)
         return forked
 
-    def _side(self, j: int, k: int, after: list, issue, device) -> "torch.cuda.Event":
-        """Copy stream k of peer j: wait for the events in `after`, run `issue(stream)`, return an event."""
-        side = self._streams.get((j, k))
+    def _side(self, j: int, forked, issue, device) -> "torch.cuda.Event":
+        """Peer j's copy stream: wait for `forked`, run `issue(stream)`, return an event after it."""
+        side = self._streams.get(j)
         if side is None:
-            side = self._streams[(j, k)] = torch.cuda.Stream(device)
-        for ev in after:
-            side.wait_event(ev)
+            side = self._streams[j] = torch.cuda.Stream(device)
+        side.wait_event(forked)
         issue(side.cuda_stream)
         done = torch.cuda.Event()
         done.record(side)
@@ -321,23 +303,9 @@ class CopyEngineOps:
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=True)
+        forked = self._fork(cur)
         d_base = DATA_OFF + (R - 1) * self.c_region
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
-        chains = receive_chain(self.rank, list(plan.recv_counts), self.mem.ptr, self.peer_stage, d_base,
-                               self.d_region, lay, chunk, hb, ns, K,
-                               {"recv_x": recv_x.data_ptr(), "recv_scales": ptr(recv_scales), "recv_topk_idx": ptr(recv_idx),
-                                "recv_topk_weights": ptr(recv_w), "recv_src_idx": ptr(recv_src)},
-                               self.ex.error_dev_ptr, self.ex.timeout_ns, self.copy_streams)
-        forked = self._fork(cur)
-        wait_fn = k["ht_ce_wait"].function
-
-        def issue(steps):
-            return lambda st: self.ex.drv.ce_chain(
-                self.dev, st, wait_fn, b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s)) for s in steps))
-        joins = []
-        for j, (subs, tail) in chains.items():
-            done = [self._side(j, i, [forked], issue(steps), x.device) for i, steps in enumerate(subs)]
-            joins.append(self._side(j, 0, done[1:] if done else [forked], issue(tail), x.device))
         params = pack_params(
             "HTDispatchCEParams", x=x.data_ptr(), x_scales=ptr(scales), topk_idx=ptr(topk_idx),
             topk_weights=ptr(topk_weights), is_token_in_rank=in_rank.data_ptr(), channel_prefix=channel_prefix.data_ptr(),
@@ -351,8 +319,21 @@ class CopyEngineOps:
             region_base=d_base, region_bytes=self.d_region, scales_off=lay["scales_off"], topk_off=lay["topk_off"],
             weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, fresh=int(send_head is not None),
             timeout_ns=self.ex.timeout_ns)
+        # NOTES: the SM kernel goes first, the copy chains after it: building and issuing the chains
+        # takes the host ~0.1-0.4 ms, and with the kernel queued behind them the device idled that
+        # long (a 2 x H200 trace: the kernel started 415 us after the op's begin kernel). The chains
+        # fork from the event after the begin kernel, not after this kernel (they overlap with it).
         k["ht_dispatch_ce"].launch(num_sms, self.engine.block, params, cur.cuda_stream)
         self.dispatches += 1
+        chains = receive_chain(self.rank, list(plan.recv_counts), self.mem.ptr, self.peer_stage, d_base,
+                               self.d_region, lay, chunk, hb, ns, K,
+                               {"recv_x": recv_x.data_ptr(), "recv_scales": ptr(recv_scales), "recv_topk_idx": ptr(recv_idx),
+                                "recv_topk_weights": ptr(recv_w), "recv_src_idx": ptr(recv_src)},
+                               self.ex.error_dev_ptr, self.ex.timeout_ns)
+        wait_fn = k["ht_ce_wait"].function
+        joins = [self._side(j, forked, lambda st, steps=steps: self.ex.drv.ce_chain(
+            self.dev, st, wait_fn, b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s)) for s in steps)),
+            x.device) for j, steps in chains.items()]
         for done in joins:
             cur.wait_event(done)
 
@@ -362,15 +343,7 @@ class CopyEngineOps:
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=False)
-        region = self.c_region
-        chunk = chunk_rows(self.cap, self.hidden)
-        copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(),
-                           topk_weights.data_ptr() if topk_weights is not None else 0, H, K, self.peer_stage,
-                           region, self.cap, chunk, self.mem.ptr + EPOCH_SRC_OFF, self.copy_streams)
         forked = self._fork(cur)
-        joins = [self._side(j, i, [forked], lambda st, ops=ops: self.ex.drv.memcpy_dtod_async_batch(
-            self.dev, st, b"".join(struct.pack("<3Q", *op) for op in ops)), x.device)
-            for j, subs in copies.items() for i, ops in enumerate(subs)]
         params = pack_params(
             "HTCombineCEParams", x=x.data_ptr(), topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
             bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,
@@ -378,9 +351,16 @@ class CopyEngineOps:
             is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), channel_prefix=handle[1].data_ptr(),
             recv_channel_prefix=handle[2].data_ptr(), stage=self.mem.ptr, peer_stage=self.peer_table.ptr,
             error=self.ex.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
-            rank=self.rank, num_channels=plan.num_channels, region_bytes=region, cap_rows=self.cap,
-            chunk_rows=chunk, timeout_ns=self.ex.timeout_ns)
+            rank=self.rank, num_channels=plan.num_channels, region_bytes=self.c_region, cap_rows=self.cap,
+            chunk_rows=chunk_rows(self.cap, self.hidden), timeout_ns=self.ex.timeout_ns)
+        # NOTES: the sum kernel first, then the copies (as in dispatch): own rows are summed while the
+        # host still issues the copies; peers' rows wait for their chunk flags (bounded) either way.
         k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
+        copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(),
+                           topk_weights.data_ptr() if topk_weights is not None else 0, H, K, self.peer_stage,
+                           self.c_region, self.cap, chunk_rows(self.cap, self.hidden), self.mem.ptr + EPOCH_SRC_OFF)
+        joins = [self._side(j, forked, lambda st, ops=ops: self.ex.drv.memcpy_dtod_async_batch(
+            self.dev, st, b"".join(struct.pack("<3Q", *op) for op in ops)), x.device) for j, ops in copies.items()]
         for done in joins:
             cur.wait_event(done)
 

@@ -76,6 +76,33 @@ UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) { warp_c
 // warp_copy16 reading through L2 only (the source is written by peers: see ld16_cg).
 UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) { warp_copy16_impl<true>(dst, src, bytes); }
 
+// warp_copy16 into several destinations at once (`num_dst` of them, at most kMaxDst): each 16-byte
+// piece of `src` is loaded once and stored to every destination.
+//
+// NOTES: the copy-engine dispatch writes a token's row to recv_x and to each routed peer's staging
+// buffer; at EP2 nearly every token goes to both ranks, so one load per piece instead of one per
+// destination halves what the SMs read and the instructions they issue per row.
+template <int kMaxDst, int kUnroll = 8>
+UCCL_DEVICE void warp_copy16_multi(uint8_t* const (&dst)[kMaxDst], int num_dst, const void* src, int64_t bytes) {
+  const int lane = lane_id();
+  const int64_t n = bytes / 16;
+  auto* s = reinterpret_cast<const Vec16*>(src);
+  for (int64_t i0 = lane; i0 < n; i0 += kUnroll * kWarpSize) {
+    Vec16 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kWarpSize < n) v[u] = s[i0 + u * kWarpSize];
+#pragma unroll
+    for (int d = 0; d < kMaxDst; ++d) {
+      if (d >= num_dst) break;
+      auto* out = reinterpret_cast<Vec16*>(dst[d]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (i0 + u * kWarpSize < n) out[i0 + u * kWarpSize] = v[u];
+    }
+  }
+}
+
 UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
 
 // The u64 flags of an LL NVLink receive area (ll_dispatch.cu: per slot; ll_combine.cu: per row), at
