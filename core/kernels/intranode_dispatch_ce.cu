@@ -13,7 +13,7 @@
 //     complete, dflags[me][chunk] = epoch in j's buffer (system-scope release);
 //   ht_ce_wait (1 thread, a copy stream per source, before each chunk's copy): bounded wait for
 //     that flag, so the copy engine never spins unbounded and a missing peer ends in Timeout.
-// Blocks take batches of 256 tokens; a batch's positions = the count over earlier tokens (the
+// Blocks take batches of up to 256 tokens (>= 4 per block); a batch's positions = the count over earlier tokens (the
 // notify kernel's per-channel prefix, then a scan of the batch's channel up to it) + a block scan.
 //
 // NOTES: why (2 x H200, EP2, issue 5): the ring dispatch copies every remote row twice on the SMs
@@ -29,7 +29,8 @@ using namespace uccl_ep::dev;
 
 namespace {
 
-constexpr int kBatch = 256;  // tokens per batch: one thread each for the metadata
+constexpr int kBatch = 256;  // most tokens per batch: one thread each for the metadata
+constexpr int kMinRounds = 4;  // batches per block at least (while batches hold >= 1 token)
 
 UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterpret_cast<uint64_t*>(stage + offset); }
 
@@ -76,8 +77,15 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
   __shared__ int s_idx[kBatch][kRanks];    // token's position toward j, -1 if not routed there
   __shared__ int s_total[kRanks];          // this batch's tokens per destination
 
-  for (int b0 = int(blockIdx.x) * kBatch; b0 < T; b0 += int(gridDim.x) * kBatch) {
-    const int n = min(kBatch, T - b0);
+  // NOTES: batch size. Fixed 256-token batches left blocks idle (4096 tokens = 16 batches: at 12
+  // blocks 4 of them ran a second batch while 8 waited, at 24 blocks 8 had none), and the chunks of
+  // the last round only complete when the kernel ends, so their copies trail it. Batches of
+  // ceil(T / (blocks x kMinRounds)) tokens give every block the same work within one batch and
+  // complete the chunks in >= 4 waves the copy engines follow.
+  const int G = int(gridDim.x);
+  const int bsz = max(1, min(kBatch, (T + G * kMinRounds - 1) / (G * kMinRounds)));
+  for (int b0 = int(blockIdx.x) * bsz; b0 < T; b0 += G * bsz) {
+    const int n = min(bsz, T - b0);
     // a. tokens before the batch, per destination: the notify kernel's count for the channels
     //    before the batch's (channel_prefix), plus a scan of that channel up to the batch
     const int c0 = b0 / per;
