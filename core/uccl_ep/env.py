@@ -203,6 +203,17 @@ _VARS: list[Var] = [
         "grown by the dispatch regions) and the same handles (host counts). An experiment switch; every "
         "rank must use the same value.",
         used_by="CUDA kernels (normal mode)"),
+    Var("UCCL_EP_HT_CE_CHUNK_KB", "int", 4096,
+        "KiB of rows per copy-engine chunk of the copy-engine HT ops (UCCL_EP_HT_COMBINE_CE / "
+        "_DISPATCH_CE): each chunk has its own flag, so the receiver starts on a chunk as soon as it "
+        "landed; smaller chunks start earlier, each costs a flag and (dispatch) a wait + copy step. At "
+        "most 128 chunks per region (larger chunks then). Every rank must use the same value.",
+        minimum=64, used_by="CUDA kernels (normal mode)"),
+    Var("UCCL_EP_HT_DISPATCH_CE_STREAMS", "int", 1,
+        "Copy streams per source rank of the copy-engine dispatch's receive side (UCCL_EP_HT_DISPATCH_CE): "
+        "chunk k's wait and copy on stream k mod n, so one chunk's wait-kernel-to-copy transitions "
+        "overlap another's copy. Ranks may differ.",
+        minimum=1, maximum=4, used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_COMBINE_CE_MAX_MB", "int", 2048,
         "Most MiB of the copy-engine combine's staging buffer per rank (UCCL_EP_HT_COMBINE_CE); a "
         "dispatch whose token counts need more keeps the ring combine for its handle (every rank "

@@ -118,11 +118,13 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
 
 
 def test_ranks_must_agree():
-    ht_ce.check_same_settings([(True, 2048, False), (True, 2048, False)])
-    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_COMBINE_CE.*rank 1: 0/2048/0"):
-        ht_ce.check_same_settings([(True, 2048, False), (False, 2048, False)])
-    with pytest.raises(InvalidArgument, match="rank 0: 1/2048/1"):
-        ht_ce.check_same_settings([(True, 2048, True), (True, 2048, False)])
+    ht_ce.check_same_settings([(True, 2048, False, 4096), (True, 2048, False, 4096)])
+    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_COMBINE_CE.*rank 1: 0/2048/0/4096"):
+        ht_ce.check_same_settings([(True, 2048, False, 4096), (False, 2048, False, 4096)])
+    with pytest.raises(InvalidArgument, match="rank 0: 1/2048/1/4096"):
+        ht_ce.check_same_settings([(True, 2048, True, 4096), (True, 2048, False, 4096)])
+    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_CE_CHUNK_KB.*rank 1: 1/2048/0/1024"):
+        ht_ce.check_same_settings([(True, 2048, False, 4096), (True, 2048, False, 1024)])
 
 
 def test_an_invalid_setting_is_refused_on_every_rank(monkeypatch):
@@ -203,23 +205,21 @@ def test_dispatch_layout_and_receive_chain():
             "recv_src_idx": 1 << 33}
     chains = ht_ce.receive_chain(rank, counts, stage, peers, 4096, 1 << 20, lay, 2, hb, 0, 8, outs, 99, 123)
     assert sorted(chains) == [0, 2]
-    c0 = chains[0]
-    waits = [s for s in c0 if s[0] == 1]
-    assert [w[10] for w in waits] == [0, 1, 2]  # 5 rows in chunks of 2
-    for w in waits:
-        assert w[4] == stage + ht_ce.D_FLAGS_OFF + 8 * (0 * ht_ce.MAX_CHUNKS + w[10])
+    chunks0, tail0 = chains[0]
+    assert [c[0][10] for c in chunks0] == [0, 1, 2]  # 5 rows in chunks of 2: (wait, copy) each
+    for k, (w, cp) in enumerate(chunks0):
+        assert w[0] == 1 and cp[0] == 0
+        assert w[4] == stage + ht_ce.D_FLAGS_OFF + 8 * (0 * ht_ce.MAX_CHUNKS + k)
         assert w[5:10] == (stage, 99, ht_ce.D_EPOCH_OFF, rank, 0) and w[11] == 123
-    copies = [s for s in c0 if s[0] == 0]
     region = stage + 4096 + ht_ce.region_slot(0, rank) * (1 << 20)
-    assert copies[0][1:4] == (outs["recv_x"], region, 2 * hb)  # source 0's run starts at row 0
-    assert copies[2][1:4] == (outs["recv_x"] + 4 * hb, region + 4 * hb, hb)
-    assert c0.index(waits[1]) < c0.index(copies[1])  # each copy after its chunk's wait
-    meta = {s[1]: s for s in copies[3:-1]}
+    assert chunks0[0][1][1:4] == (outs["recv_x"], region, 2 * hb)  # source 0's run starts at row 0
+    assert chunks0[2][1][1:4] == (outs["recv_x"] + 4 * hb, region + 4 * hb, hb)
+    meta = {s[1]: s for s in tail0[:-1]}
     assert meta[outs["recv_topk_idx"]][2:4] == (region + lay["topk_off"], 5 * 8 * 8)
     assert meta[outs["recv_src_idx"]][2:4] == (region + lay["src_off"], 5 * 4)
     freed = lambda j: (0, peers[j] + ht_ce.D_FREED_OFF + 8 * rank, stage + ht_ce.D_EPOCH_SRC_OFF, 8) + (0,) * 8  # noqa: E731
-    assert c0[-1] == freed(0)  # last: the region is free again
-    assert chains[2] == [freed(2)]  # nothing from rank 2: only the freed word
+    assert tail0[-1] == freed(0)  # last: the region is free again
+    assert chains[2] == ([], [freed(2)])  # nothing from rank 2: only the freed word
 
 
 def test_a_rank_out_of_memory_turns_the_path_off_everywhere(monkeypatch):

@@ -52,11 +52,11 @@ D_EPOCH_OFF = D_FREED_OFF + 8 * 8
 D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
 D_COUNT_OFF = 32 * 1024
 _PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
-_CHUNK_BYTES = 4 << 20   # ~4 MiB of rows per copy: a flag per chunk lets the sums start early
 _CAP_STEP = 512          # staging rows are grown in steps of this many
 
 
-SHARED_SETTINGS = ("UCCL_EP_HT_COMBINE_CE", "UCCL_EP_HT_COMBINE_CE_MAX_MB", "UCCL_EP_HT_DISPATCH_CE")
+SHARED_SETTINGS = ("UCCL_EP_HT_COMBINE_CE", "UCCL_EP_HT_COMBINE_CE_MAX_MB", "UCCL_EP_HT_DISPATCH_CE",
+                   "UCCL_EP_HT_CE_CHUNK_KB")
 
 
 def shared_settings() -> tuple | str:
@@ -85,9 +85,10 @@ def region_bytes(cap_rows: int, hidden: int, topk: int) -> int:
     return (cap_rows * hidden * 2 + cap_rows * topk * 4 + 4095) // 4096 * 4096
 
 
-def chunk_rows(cap_rows: int, hidden: int, row_bytes: int | None = None) -> int:
-    """Rows per copy-engine chunk: ~4 MiB, and at most MAX_CHUNKS chunks per region."""
-    return max(1, _CHUNK_BYTES // (row_bytes or hidden * 2), -(-cap_rows // MAX_CHUNKS))
+def chunk_rows(cap_rows: int, hidden: int, row_bytes: int | None = None, chunk_bytes: int = 4 << 20) -> int:
+    """Rows per copy-engine chunk: ~chunk_bytes (UCCL_EP_HT_CE_CHUNK_KB; a flag per chunk lets the
+    receiver start early), and at most MAX_CHUNKS chunks per region."""
+    return max(1, chunk_bytes // (row_bytes or hidden * 2), -(-cap_rows // MAX_CHUNKS))
 
 
 def _a16(n: int) -> int:
@@ -107,13 +108,14 @@ def dispatch_layout(cap_rows: int, hidden_bytes: int, num_scales: int, topk: int
 
 def receive_chain(rank: int, recv_counts: list[int], stage: int, peer_stage: list[int], d_base: int, d_region: int,
                   lay: dict, chunk: int, hidden_bytes: int, num_scales: int, topk: int, outs: dict, error: int,
-                  timeout_ns: int) -> dict[int, list]:
-    """Per source j != rank, the steps of its copy stream (ce_chain records): for each chunk of
-    j's rows a bounded wait for j's flag then the copy into recv_x; then the scales and, in a fresh
-    dispatch (``outs`` has them), top-k ids, weights and source indices; last, this rank's epoch into
-    j's freed[rank] (j may overwrite the region next time). ``outs``: pointers of recv_x and the
-    other outputs (0 when absent)."""
-    chains: dict[int, list] = {}
+                  timeout_ns: int) -> dict[int, tuple[list[list], list]]:
+    """Per source j != rank, the steps (ce_chain records) that move j's rows into recv_x, as
+    (chunks, tail): chunks[k] = a bounded wait for j's flag of chunk k, then the chunk's copy into
+    recv_x; the tail, after every chunk: the scales and, in a fresh dispatch (``outs`` has them),
+    top-k ids, weights and source indices, then this rank's epoch into j's freed[rank] (j may
+    overwrite the region next time). ``outs``: pointers of recv_x and the other outputs (0 when
+    absent)."""
+    chains: dict[int, tuple[list[list], list]] = {}
     meta = (("recv_scales", "scales_off", num_scales * 4), ("recv_topk_idx", "topk_off", topk * 8),
             ("recv_topk_weights", "weights_off", topk * 4), ("recv_src_idx", "src_off", 4))
     start = 0
@@ -122,19 +124,20 @@ def receive_chain(rank: int, recv_counts: list[int], stage: int, peer_stage: lis
             start += n
             continue
         region = stage + d_base + region_slot(j, rank) * d_region
-        steps: list = []
+        chunks: list[list] = []
         for k, r0 in enumerate(range(0, n, chunk)):
             r1 = min(n, r0 + chunk)
             flag = stage + D_FLAGS_OFF + 8 * (j * MAX_CHUNKS + k)
-            steps.append((1, 0, 0, 0, flag, stage, error, D_EPOCH_OFF, rank, j, k, timeout_ns))
-            steps.append((0, outs["recv_x"] + (start + r0) * hidden_bytes, region + r0 * hidden_bytes,
-                          (r1 - r0) * hidden_bytes) + (0,) * 8)
+            chunks.append([(1, 0, 0, 0, flag, stage, error, D_EPOCH_OFF, rank, j, k, timeout_ns),
+                           (0, outs["recv_x"] + (start + r0) * hidden_bytes, region + r0 * hidden_bytes,
+                            (r1 - r0) * hidden_bytes) + (0,) * 8])
+        tail = []
         if n > 0:
             for key, off, width in meta:
                 if outs.get(key) and width:
-                    steps.append((0, outs[key] + start * width, region + lay[off], n * width) + (0,) * 8)
-        steps.append((0, peer_stage[j] + D_FREED_OFF + 8 * rank, stage + D_EPOCH_SRC_OFF, 8) + (0,) * 8)
-        chains[j] = steps
+                    tail.append((0, outs[key] + start * width, region + lay[off], n * width) + (0,) * 8)
+        tail.append((0, peer_stage[j] + D_FREED_OFF + 8 * rank, stage + D_EPOCH_SRC_OFF, 8) + (0,) * 8)
+        chains[j] = (chunks, tail)
         start += n
     return chains
 
@@ -176,7 +179,9 @@ class CopyEngineOps:
         self.peer_table = DeviceMemory(self.dev, 8 * self.R) if self.enabled else None
         self.peer_stage: list[int] = []
         self._k = None
-        self._streams: dict = {}  # peer -> torch.cuda.Stream (its copy stream)
+        self._streams: dict = {}  # (peer, k) -> torch.cuda.Stream (its k-th copy stream)
+        self.chunk_bytes = int(env.get("UCCL_EP_HT_CE_CHUNK_KB")) << 10
+        self.dispatch_streams = int(env.get("UCCL_EP_HT_DISPATCH_CE_STREAMS"))
         self.dispatches = 0  # copy-engine dispatches run (tests check the path was taken)
 
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
@@ -269,13 +274,24 @@ class CopyEngineOps:
         forked.record(cur)
         return forked
 
-    def _side(self, j: int, forked, issue, device) -> "torch.cuda.Event":
-        """Peer j's copy stream: wait for `forked`, run `issue(stream)`, return an event after it."""
-        side = self._streams.get(j)
+    def _stream(self, j: int, k: int, device) -> "torch.cuda.Stream":
+        """Peer j's k-th copy stream."""
+        side = self._streams.get((j, k))
         if side is None:
-            side = self._streams[j] = torch.cuda.Stream(device)
-        side.wait_event(forked)
+            side = self._streams[(j, k)] = torch.cuda.Stream(device)
+        return side
+
+    def _side(self, j: int, after: list, issue, device, k: int = 0, then=None) -> "torch.cuda.Event":
+        """On peer j's k-th copy stream: wait for the events in `after`, run `issue(stream)` (then,
+        when `then` = (events, issue2), wait for those events and run issue2); return an event after."""
+        side = self._stream(j, k, device)
+        for ev in after:
+            side.wait_event(ev)
         issue(side.cuda_stream)
+        if then is not None:
+            for ev in then[0]:
+                side.wait_event(ev)
+            then[1](side.cuda_stream)
         done = torch.cuda.Event()
         done.record(side)
         return done
@@ -299,7 +315,7 @@ class CopyEngineOps:
         hb = x.shape[1] * x.element_size()
         ns = scales.shape[1] if scales is not None else 0
         K = topk_idx.shape[1] if topk_idx is not None else 0
-        chunk = chunk_rows(self.cap, 0, hb)
+        chunk = chunk_rows(self.cap, 0, hb, self.chunk_bytes)
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=True)
@@ -331,9 +347,19 @@ class CopyEngineOps:
                                 "recv_topk_weights": ptr(recv_w), "recv_src_idx": ptr(recv_src)},
                                self.ex.error_dev_ptr, self.ex.timeout_ns)
         wait_fn = k["ht_ce_wait"].function
-        joins = [self._side(j, forked, lambda st, steps=steps: self.ex.drv.ce_chain(
-            self.dev, st, wait_fn, b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s)) for s in steps)),
-            x.device) for j, steps in chains.items()]
+
+        def issue(steps):
+            if not steps:
+                return lambda st: None
+            return lambda st: self.ex.drv.ce_chain(
+                self.dev, st, wait_fn, b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s)) for s in steps))
+        joins = []
+        n = self.dispatch_streams
+        for j, (chunks, tail) in chains.items():
+            # chunk k (its wait + copy) on copy stream k % n; the tail on stream 0 after all of them
+            lanes = [[st for c in chunks[k::n] for st in c] for k in range(n)]
+            others = [self._side(j, [forked], issue(lane), x.device, k) for k, lane in enumerate(lanes) if k and lane]
+            joins.append(self._side(j, [forked], issue(lanes[0]), x.device, 0, then=(others, issue(tail))))
         for done in joins:
             cur.wait_event(done)
 
@@ -352,14 +378,14 @@ class CopyEngineOps:
             recv_channel_prefix=handle[2].data_ptr(), stage=self.mem.ptr, peer_stage=self.peer_table.ptr,
             error=self.ex.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
             rank=self.rank, num_channels=plan.num_channels, region_bytes=self.c_region, cap_rows=self.cap,
-            chunk_rows=chunk_rows(self.cap, self.hidden), timeout_ns=self.ex.timeout_ns)
+            chunk_rows=chunk_rows(self.cap, self.hidden, None, self.chunk_bytes), timeout_ns=self.ex.timeout_ns)
         # NOTES: the sum kernel first, then the copies (as in dispatch): own rows are summed while the
         # host still issues the copies; peers' rows wait for their chunk flags (bounded) either way.
         k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
         copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(),
                            topk_weights.data_ptr() if topk_weights is not None else 0, H, K, self.peer_stage,
-                           self.c_region, self.cap, chunk_rows(self.cap, self.hidden), self.mem.ptr + EPOCH_SRC_OFF)
-        joins = [self._side(j, forked, lambda st, ops=ops: self.ex.drv.memcpy_dtod_async_batch(
+                           self.c_region, self.cap, chunk_rows(self.cap, self.hidden, None, self.chunk_bytes), self.mem.ptr + EPOCH_SRC_OFF)
+        joins = [self._side(j, [forked], lambda st, ops=ops: self.ex.drv.memcpy_dtod_async_batch(
             self.dev, st, b"".join(struct.pack("<3Q", *op) for op in ops)), x.device) for j, ops in copies.items()]
         for done in joins:
             cur.wait_event(done)
