@@ -178,16 +178,46 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
     ce = ht_ce.CopyEngineOps(eng)
     assert ce.enabled
-    assert ce.prepare([[100, 900], [1000, 50]], 2048, 8)
+    assert ce.prepare([[100, 900], [1000, 50]], 2048, 8, 24)
     assert ce.cap == 1024 and log.count("barrier") == 2 and ce.peer_stage[1] == 0x7000000
     log.clear()
-    assert ce.prepare([[100, 1024], [3, 50]], 2048, 8) and log == []  # fits: no collective
+    assert ce.prepare([[100, 1024], [3, 50]], 2048, 8, 24) and log == []  # fits: no collective
     old = ce.mem
-    assert ce.prepare([[0, 1500], [3, 0]], 2048, 8) and ce.cap == 1536 and old.freed
+    assert ce.prepare([[0, 1500], [3, 0]], 2048, 8, 24) and ce.cap == 1536 and old.freed
     log.clear()
-    assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8) and log == []  # 5120 x 14 KiB > 64 MiB
+    assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8, 24) and log == []  # 5120 x 14 KiB > 64 MiB
     monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "0")
-    assert not ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 2048, 8)
+    assert not ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 2048, 8, 24)
+
+
+@pytest.mark.parametrize("mode", ["auto", "1", "0"])
+def test_dispatch_by_copy_engines_is_chosen_by_the_configs_sm_count(monkeypatch, mode):
+    """UCCL_EP_HT_DISPATCH_CE=auto: calls whose Config has <= 12 SMs dispatch by copy engines (the
+    staging buffer grows by the dispatch regions once, collectively, and keeps them); calls with more
+    SMs keep the ring dispatch. 1: every call; 0: none (no dispatch regions at all)."""
+    from types import SimpleNamespace
+    log = []
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
+    monkeypatch.setenv("UCCL_EP_HT_DISPATCH_CE", mode)
+    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
+    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
+        slice(None), [obj, b"peer"]))
+    eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
+    ce = ht_ce.CopyEngineOps(eng)
+    counts = [[100, 900], [1000, 50]]
+    assert ce.prepare(counts, 2048, 8, 24)
+    assert (ce.d_region > 0) == (mode == "1")
+    plan = SimpleNamespace(ce=True, recv_counts=[100, 1000])
+    log.clear()
+    assert ce.prepare(counts, 2048, 8, 12)
+    assert (log.count("barrier") == 2) == (mode == "auto")  # auto: grown by the dispatch regions now
+    assert (ce.d_region > 0) == (mode != "0")
+    log.clear()
+    assert ce.prepare(counts, 2048, 8, 24) and log == []  # kept: no collective
+    for sms, expect in ((12, mode != "0"), (8, mode != "0"), (13, mode == "1"), (24, mode == "1")):
+        lay = ce.dispatch_layout_for(plan, 2048 * 2, 0, 8, sms)
+        assert (lay is not None) == expect, (sms, mode)
 
 
 def test_dispatch_layout_and_receive_chain():
@@ -236,6 +266,6 @@ def test_a_rank_out_of_memory_turns_the_path_off_everywhere(monkeypatch):
     eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
     ce = ht_ce.CopyEngineOps(eng)
     with pytest.warns(RuntimeWarning, match="rank 1 could not allocate"):
-        assert not ce.prepare([[0, 10], [10, 0]], 2048, 8)
+        assert not ce.prepare([[0, 10], [10, 0]], 2048, 8, 24)
     assert not ce.enabled and ce.mem is None
-    assert not ce.prepare([[0, 10], [10, 0]], 2048, 8)  # stays off, no further collective
+    assert not ce.prepare([[0, 10], [10, 0]], 2048, 8, 24)  # stays off, no further collective

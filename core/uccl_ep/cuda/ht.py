@@ -234,7 +234,7 @@ class NormalEngine:
                 flat = self.ex.errors.int32_array(_HOST_OFF_INTS + 2 + R + E_loc, R * R)
                 pair_counts = [flat[i * R:(i + 1) * R] for i in range(R)]
         # the copy-engine combine for this handle: decided alike on every rank (same counts)
-        use_ce = pair_counts is not None and self.ce.prepare(pair_counts, x.shape[1], K)
+        use_ce = pair_counts is not None and self.ce.prepare(pair_counts, x.shape[1], K, config.num_sms)
         recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
         recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
@@ -248,7 +248,7 @@ class NormalEngine:
         plan.num_experts = E
         plan.ce = use_ce
         outs = (recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head)
-        lay = self.ce.dispatch_layout_for(plan, hidden_bytes, ns, K)
+        lay = self.ce.dispatch_layout_for(plan, hidden_bytes, ns, K, config.num_sms)
         if lay is not None:  # UCCL_EP_HT_DISPATCH_CE (ht_ce.py)
             self.ce.dispatch(lay, x, x_scales, topk_idx, topk_weights, in_rank, outs, (rank_prefix, channel_prefix),
                              plan, config.num_sms)
@@ -273,7 +273,7 @@ class NormalEngine:
         recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=x.device)
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
         outs = (recv_x, recv_scales, None, None, None, None)
-        lay = self.ce.dispatch_layout_for(plan, x.shape[1] * x.element_size(), ns, 0)
+        lay = self.ce.dispatch_layout_for(plan, x.shape[1] * x.element_size(), ns, 0, config.num_sms)
         if lay is not None:  # UCCL_EP_HT_DISPATCH_CE (ht_ce.py)
             self.ce.dispatch(lay, x.contiguous(), x_scales, None, None, handle[4], outs, (handle[0], handle[1]), plan,
                              config.num_sms)

@@ -53,6 +53,10 @@ D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
 D_COUNT_OFF = 32 * 1024
 _PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
 _CAP_STEP = 512          # staging rows are grown in steps of this many
+# NOTES: UCCL_EP_HT_DISPATCH_CE=auto takes the copy engines for calls with at most this many SMs.
+# 2 x H200, EP2, 4096 tokens (s12e, 2026-11-23): 12 SMs: 416.8 / 316.5 GB/s (BF16 / FP8) vs the
+# ring's 269.2 / 219.6; 8 SMs: 311.5 / 251.3 vs 189.1 / 152.7; 24 SMs: 441.5 / 259.6 vs 479.6 / 399.0.
+AUTO_DISPATCH_MAX_SMS = 12
 
 
 SHARED_SETTINGS = ("UCCL_EP_HT_COMBINE_CE", "UCCL_EP_HT_COMBINE_CE_MAX_MB", "UCCL_EP_HT_DISPATCH_CE",
@@ -171,7 +175,9 @@ class CopyEngineOps:
         self.engine, self.ex = engine, engine.ex
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
         self.enabled = bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
-        self.dispatch_enabled = self.enabled and bool(env.get("UCCL_EP_HT_DISPATCH_CE"))
+        # "1" / "auto" (calls with <= AUTO_DISPATCH_MAX_SMS SMs) / "0"
+        self.dispatch_mode = env.get("UCCL_EP_HT_DISPATCH_CE") if self.enabled else "0"
+        self.dispatch_enabled = self.dispatch_mode != "0"
         self.c_region = self.d_region = 0
         self.max_bytes = int(env.get("UCCL_EP_HT_COMBINE_CE_MAX_MB")) << 20
         self.mem: DeviceMemory | None = None
@@ -179,26 +185,32 @@ class CopyEngineOps:
         self.peer_table = DeviceMemory(self.dev, 8 * self.R) if self.enabled else None
         self.peer_stage: list[int] = []
         self._k = None
-        self._streams: dict = {}  # (peer, k) -> torch.cuda.Stream (its k-th copy stream)
+        self._streams: dict = {}  # peer -> torch.cuda.Stream (its copy stream)
         self._pack_cache: dict = {}  # see _packed
         self.chunk_bytes = int(env.get("UCCL_EP_HT_CE_CHUNK_KB")) << 10
-        self.dispatch_streams = int(env.get("UCCL_EP_HT_DISPATCH_CE_STREAMS"))
         self.dispatches = 0  # copy-engine dispatches run (tests check the path was taken)
 
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
-    def prepare(self, counts: list[list[int]], hidden: int, topk: int) -> bool:
+    def wants_dispatch(self, num_sms: int) -> bool:
+        """Whether a call with this Config's SM count dispatches by copy engines (UCCL_EP_HT_DISPATCH_CE)."""
+        return self.dispatch_mode == "1" or (self.dispatch_mode == "auto" and num_sms <= AUTO_DISPATCH_MAX_SMS)
+
+    def prepare(self, counts: list[list[int]], hidden: int, topk: int, num_sms: int) -> bool:
         """Every rank calls this with the same arguments (the notify kernel's R x R counts, x's
-        hidden size, top-k) after a fresh dispatch; True when that handle's combine can take the
-        copy engines (the staging buffer is grown first if needed, collectively)."""
+        hidden size, top-k, the Config's SM count) after a fresh dispatch; True when that handle's
+        combine can take the copy engines (the staging buffer is grown first if needed,
+        collectively; with the dispatch regions when this call dispatches by copy engines)."""
         if not self.enabled:
             return False
         need = staging_rows_needed(counts)
-        if self.mem is not None and need <= self.cap and hidden == self.hidden and topk <= self.topk:
+        want_d = self.wants_dispatch(num_sms) or self.d_region > 0
+        if (self.mem is not None and need <= self.cap and hidden == self.hidden and topk <= self.topk
+                and (self.d_region > 0 or not want_d)):
             return True
         cap = max(self.cap if hidden == self.hidden else 0, -(-max(need, 1) // _CAP_STEP) * _CAP_STEP)
         topk = max(topk, self.topk if hidden == self.hidden else 0)
         c_region = region_bytes(cap, hidden, topk)
-        d_region = dispatch_layout(cap, hidden * 2, -(-hidden // 128), topk)["bytes"] if self.dispatch_enabled else 0
+        d_region = dispatch_layout(cap, hidden * 2, -(-hidden // 128), topk)["bytes"] if want_d else 0
         total = DATA_OFF + (self.R - 1) * (c_region + d_region)
         if total > self.max_bytes:
             return False  # the same on every rank: same counts, same limit (checked at build)
@@ -289,33 +301,23 @@ class CopyEngineOps:
             self._pack_cache[key] = hit
         return hit
 
-    def _stream(self, j: int, k: int, device) -> "torch.cuda.Stream":
-        """Peer j's k-th copy stream."""
-        side = self._streams.get((j, k))
+    def _side(self, j: int, after: list, issue, device) -> "torch.cuda.Event":
+        """Peer j's copy stream: wait for the events in `after`, run `issue(stream)`, return an event after it."""
+        side = self._streams.get(j)
         if side is None:
-            side = self._streams[(j, k)] = torch.cuda.Stream(device)
-        return side
-
-    def _side(self, j: int, after: list, issue, device, k: int = 0, then=None) -> "torch.cuda.Event":
-        """On peer j's k-th copy stream: wait for the events in `after`, run `issue(stream)` (then,
-        when `then` = (events, issue2), wait for those events and run issue2); return an event after."""
-        side = self._stream(j, k, device)
+            side = self._streams[j] = torch.cuda.Stream(device)
         for ev in after:
             side.wait_event(ev)
         issue(side.cuda_stream)
-        if then is not None:
-            for ev in then[0]:
-                side.wait_event(ev)
-            then[1](side.cuda_stream)
         done = torch.cuda.Event()
         done.record(side)
         return done
 
     # -- dispatch -----------------------------------------------------------------------------------
-    def dispatch_layout_for(self, plan, hidden_bytes: int, num_scales: int, topk: int) -> dict | None:
+    def dispatch_layout_for(self, plan, hidden_bytes: int, num_scales: int, topk: int, num_sms: int) -> dict | None:
         """The dispatch region layout of this call, or None when it takes the ring dispatch (the
-        same answer on every rank: same plan, same call)."""
-        if not (self.dispatch_enabled and getattr(plan, "ce", False) and self.mem is not None and self.d_region
+        same answer on every rank: same plan, same Config)."""
+        if not (self.wants_dispatch(num_sms) and getattr(plan, "ce", False) and self.mem is not None and self.d_region
                 and getattr(plan, "recv_counts", None) is not None):
             return None
         lay = dispatch_layout(self.cap, hidden_bytes, num_scales, topk)
@@ -356,7 +358,6 @@ class CopyEngineOps:
         # fork from the event after the begin kernel, not after this kernel (they overlap with it).
         k["ht_dispatch_ce"].launch(num_sms, self.engine.block, params, cur.cuda_stream)
         self.dispatches += 1
-        n = self.dispatch_streams
         outs_ptrs = {"recv_x": recv_x.data_ptr(), "recv_scales": ptr(recv_scales), "recv_topk_idx": ptr(recv_idx),
                      "recv_topk_weights": ptr(recv_w), "recv_src_idx": ptr(recv_src)}
 
@@ -364,20 +365,14 @@ class CopyEngineOps:
             chains = receive_chain(self.rank, list(plan.recv_counts), self.mem.ptr, self.peer_stage, d_base,
                                    self.d_region, lay, chunk, hb, ns, K, outs_ptrs, self.ex.error_dev_ptr,
                                    self.ex.timeout_ns)
-            pack = lambda steps: b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s)) for s in steps)  # noqa: E731
-            # chunk k (its wait + copy) on copy stream k % n; the tail on stream 0 after all of them
-            return {j: ([pack([st for c in chunks[i::n] for st in c]) for i in range(n)], pack(tail))
+            return {j: b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s))
+                                for s in [st for c in chunks for st in c] + tail)
                     for j, (chunks, tail) in chains.items()}
-        packed = self._packed(("d", tuple(plan.recv_counts), tuple(outs_ptrs.values()), hb, ns, K, chunk, n,
+        packed = self._packed(("d", tuple(plan.recv_counts), tuple(outs_ptrs.values()), hb, ns, K, chunk,
                                self.mem.ptr, d_base, self.d_region, tuple(lay.values())), build)
         wait_fn = k["ht_ce_wait"].function
-
-        def issue(blob):
-            return (lambda st: None) if not blob else (lambda st: self.ex.drv.ce_chain(self.dev, st, wait_fn, blob))
-        joins = []
-        for j, (lanes, tail) in packed.items():
-            others = [self._side(j, [forked], issue(lane), x.device, i) for i, lane in enumerate(lanes) if i and lane]
-            joins.append(self._side(j, [forked], issue(lanes[0]), x.device, 0, then=(others, issue(tail))))
+        joins = [self._side(j, [forked], lambda st, blob=blob: self.ex.drv.ce_chain(self.dev, st, wait_fn, blob),
+                            x.device) for j, blob in packed.items()]
         for done in joins:
             cur.wait_event(done)
 
