@@ -18,7 +18,7 @@
 #          One call, 2 GPUs: bash core/tests/gpu/run_device.sh isolate build variants
 #   scale: issue 12's runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
 #          (default 520 s), each command under its own timeout: HT intranode small bitwise tests
-#          (copy-engine combine, then the ring combine), then
+#          (copy-engine combine, copy-engine dispatch, then the ring), then
 #          `bench --mode ht` at 24/12/8 SMs; LL NVLink small test + `bench --mode ll` at 128 tokens;
 #          2 nodes x (GPUs/2) through the proxy: small test + `bench --mode ht --nodes 2`; LL forced
 #          proxy `bench` at 128 tokens; then the deepseek-size tests while time remains.
@@ -163,7 +163,8 @@ for step in $STEPS; do
       B="$PY -m uccl_ep.cli.main bench --backend cuda"
       PT="$PY -m pytest -x -q -p no:cacheprovider"
       echo "--- HT intranode EP$G"
-      bounded 200 $PT "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small-ce]" \
+      bounded 240 $PT "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small-ce]" \
+        "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small-dce]" \
         "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small]" 2>&1 | tee "$OUT/scale_tests.log" | tail -3
       for sms in 24 12 8; do  # the default: combine by copy engines (UCCL_EP_HT_COMBINE_CE)
         bounded 90 $B --mode ht --num-sms $sms --iters 20 --warmup 3 --timeout 80 --json "$OUT/scale_ht_$sms.json" 2>&1 | tail -6
