@@ -199,9 +199,9 @@ _VARS: list[Var] = [
         "HT intranode dispatch with the receiver's copy engines (intranode_dispatch_ce.cu): the SMs copy "
         "each row once (own rows into recv_x, peers' rows into the peer's staging buffer) and the "
         "receiving rank's copy engines move each source's run into recv_x, chunk by chunk after a "
-        "bounded one-thread wait for the chunk's flag. auto: for calls whose Config has <= 12 SMs (2 x "
-        "H200, EP2, 12 SMs: 416.8 GB/s BF16 vs the ring's 269.2; 24 SMs: 441.5 vs 479.6); 1: every "
-        "call; 0: never. Needs UCCL_EP_HT_COMBINE_CE (same staging buffer, grown by the dispatch "
+        "bounded one-thread wait for the chunk's flag. auto: at EP2 for calls whose Config has <= 12 "
+        "SMs (2 x H200, 12 SMs: 416.8 GB/s BF16 vs the ring's 269.2; 24 SMs: 441.5 vs 479.6; not yet "
+        "measured at EP4 / EP8, which keep the ring); 1: every call; 0: never. Needs UCCL_EP_HT_COMBINE_CE (same staging buffer, grown by the dispatch "
         "regions, ~the combine's size again) and handles with host counts. Every rank must use the "
         "same value.",
         choices=("auto", "1", "0"), used_by="CUDA kernels (normal mode)"),

@@ -218,6 +218,9 @@ def test_dispatch_by_copy_engines_is_chosen_by_the_configs_sm_count(monkeypatch,
     for sms, expect in ((12, mode != "0"), (8, mode != "0"), (13, mode == "1"), (24, mode == "1")):
         lay = ce.dispatch_layout_for(plan, 2048 * 2, 0, 8, sms)
         assert (lay is not None) == expect, (sms, mode)
+    # auto at EP > 2: the ring dispatch (not yet measured there)
+    eng4 = SimpleNamespace(ex=_Ex(4, 0, log), dev=0, R=4, rank=0, combine_block=512)
+    assert ht_ce.CopyEngineOps(eng4).wants_dispatch(8) == (mode == "1")
 
 
 def test_dispatch_layout_and_receive_chain():

@@ -193,7 +193,10 @@ class CopyEngineOps:
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
     def wants_dispatch(self, num_sms: int) -> bool:
         """Whether a call with this Config's SM count dispatches by copy engines (UCCL_EP_HT_DISPATCH_CE)."""
-        return self.dispatch_mode == "1" or (self.dispatch_mode == "auto" and num_sms <= AUTO_DISPATCH_MAX_SMS)
+        # NOTES: auto is limited to EP2, where it was measured and verified; at EP4 / EP8 (issue 12)
+        # the ring dispatch stays the default until the copy-engine dispatch is run there (=1 opts in).
+        return self.dispatch_mode == "1" or (self.dispatch_mode == "auto" and self.R == 2
+                                             and num_sms <= AUTO_DISPATCH_MAX_SMS)
 
     def prepare(self, counts: list[list[int]], hidden: int, topk: int, num_sms: int) -> bool:
         """Every rank calls this with the same arguments (the notify kernel's R x R counts, x's
