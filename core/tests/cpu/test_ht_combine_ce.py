@@ -163,20 +163,27 @@ class _Mem:
         self.freed = True
 
 
+def _ops_with_fake_device(monkeypatch, log, peer_handle=b"peer", R=2, **env_values):
+    """A CopyEngineOps over fake device memory and a fake handle exchange (the peer answers
+    `peer_handle`); UCCL_EP_HT_COMBINE_CE on plus `env_values`."""
+    from types import SimpleNamespace
+    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
+    for name, value in env_values.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
+    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
+        slice(None), [obj, peer_handle]))
+    eng = SimpleNamespace(ex=_Ex(R, 0, log), dev=0, R=R, rank=0, combine_block=512)
+    return eng, ht_ce.CopyEngineOps(eng)
+
+
 def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     """The decision and growth come from the counts alone (the same on every rank): growth is a
     collective (barrier, handle exchange, barrier) only when the counts outgrow the buffer; a
     buffer over UCCL_EP_HT_COMBINE_CE_MAX_MB keeps the ring combine without a collective."""
-    from types import SimpleNamespace
     log = []
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE_MAX_MB", "64")
-    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
-    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
-        slice(None), [obj, b"peer"]))
-    eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
-    ce = ht_ce.CopyEngineOps(eng)
+    eng, ce = _ops_with_fake_device(monkeypatch, log, UCCL_EP_HT_COMBINE_CE_MAX_MB="64")
     assert ce.enabled
     assert ce.prepare([[100, 900], [1000, 50]], 2048, 8, 24)
     assert ce.cap == 1024 and log.count("barrier") == 2 and ce.peer_stage[1] == 0x7000000
@@ -197,14 +204,7 @@ def test_dispatch_by_copy_engines_is_chosen_by_the_configs_sm_count(monkeypatch,
     SMs keep the ring dispatch. 1: every call; 0: none (no dispatch regions at all)."""
     from types import SimpleNamespace
     log = []
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
-    monkeypatch.setenv("UCCL_EP_HT_DISPATCH_CE", mode)
-    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
-    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
-        slice(None), [obj, b"peer"]))
-    eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
-    ce = ht_ce.CopyEngineOps(eng)
+    _, ce = _ops_with_fake_device(monkeypatch, log, UCCL_EP_HT_DISPATCH_CE=mode)
     counts = [[100, 900], [1000, 50]]
     assert ce.prepare(counts, 2048, 8, 24)
     assert (ce.d_region > 0) == (mode == "1")
@@ -219,8 +219,7 @@ def test_dispatch_by_copy_engines_is_chosen_by_the_configs_sm_count(monkeypatch,
         lay = ce.dispatch_layout_for(plan, 2048 * 2, 0, 8, sms)
         assert (lay is not None) == expect, (sms, mode)
     # auto at EP > 2: the ring dispatch (not yet measured there)
-    eng4 = SimpleNamespace(ex=_Ex(4, 0, log), dev=0, R=4, rank=0, combine_block=512)
-    assert ht_ce.CopyEngineOps(eng4).wants_dispatch(8) == (mode == "1")
+    assert _ops_with_fake_device(monkeypatch, log, R=4)[1].wants_dispatch(8) == (mode == "1")
 
 
 def test_dispatch_layout_and_receive_chain():
@@ -259,15 +258,8 @@ def test_a_rank_out_of_memory_turns_the_path_off_everywhere(monkeypatch):
     """One rank failing to allocate its staging buffer: every rank learns it from the exchange
     (the failure travels instead of a handle), drops the copy-engine path and keeps the ring
     kernels, with a warning naming the rank and the size."""
-    from types import SimpleNamespace
     log = []
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
-    monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
-    monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
-        slice(None), [obj, "OutOfMemoryError: cuMemAlloc failed"]))
-    eng = SimpleNamespace(ex=_Ex(2, 0, log), dev=0, R=2, rank=0, combine_block=512)
-    ce = ht_ce.CopyEngineOps(eng)
+    _, ce = _ops_with_fake_device(monkeypatch, log, peer_handle="OutOfMemoryError: cuMemAlloc failed")
     with pytest.warns(RuntimeWarning, match="rank 1 could not allocate"):
         assert not ce.prepare([[0, 10], [10, 0]], 2048, 8, 24)
     assert not ce.enabled and ce.mem is None
