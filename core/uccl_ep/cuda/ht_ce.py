@@ -372,7 +372,8 @@ class CopyEngineOps:
                                 for s in [st for c in chunks for st in c] + tail)
                     for j, (chunks, tail) in chains.items()}
         packed = self._packed(("d", tuple(plan.recv_counts), tuple(outs_ptrs.values()), hb, ns, K, chunk,
-                               self.mem.ptr, d_base, self.d_region, tuple(lay.values())), build)
+                               self.mem.ptr, d_base, self.d_region, tuple(lay.values()), self.ex.error_dev_ptr,
+                               self.ex.timeout_ns), build)
         wait_fn = k["ht_ce_wait"].function
         joins = [self._side(j, [forked], lambda st, blob=blob: self.ex.drv.ce_chain(self.dev, st, wait_fn, blob),
                             x.device) for j, blob in packed.items()]
