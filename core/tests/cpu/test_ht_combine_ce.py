@@ -264,3 +264,22 @@ def test_a_rank_out_of_memory_turns_the_path_off_everywhere(monkeypatch):
         assert not ce.prepare([[0, 10], [10, 0]], 2048, 8, 24)
     assert not ce.enabled and ce.mem is None
     assert not ce.prepare([[0, 10], [10, 0]], 2048, 8, 24)  # stays off, no further collective
+
+
+def test_packed_steps_are_cached_by_key_and_dropped_with_the_buffer(monkeypatch):
+    """Back-to-back calls on the same tensors reuse the packed copy steps (built once per key, at
+    most 16 keys kept, oldest out first); re-establishing the staging buffer drops them all (they
+    encode the peers' mappings)."""
+    log = []
+    _, ce = _ops_with_fake_device(monkeypatch, log)
+    built = []
+
+    def build(tag):
+        return lambda: built.append(tag) or f"steps-{tag}"
+    assert ce._packed(("d", 1), build(1)) == "steps-1"
+    assert ce._packed(("d", 1), build(1)) == "steps-1" and built == [1]
+    for key in range(2, 18):
+        ce._packed(("d", key), build(key))
+    assert len(ce._pack_cache) == 16 and ("d", 1) not in ce._pack_cache
+    assert ce.prepare([[100, 900], [1000, 50]], 2048, 8, 24)  # (re)establishes the buffer
+    assert ce._pack_cache == {}
