@@ -19,7 +19,7 @@
 #   scale: issue 12's runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
 #          (default 520 s), each command under its own timeout: HT intranode small bitwise tests
 #          (copy-engine combine, copy-engine dispatch, then the ring), then
-#          `bench --mode ht` at 24/12/8 SMs; LL NVLink small test + `bench --mode ll` at 128 tokens;
+#          `bench --mode ht` at 24/12/8 SMs (and 12 with UCCL_EP_HT_DISPATCH_CE=1); LL NVLink small test + `bench --mode ll` at 128 tokens;
 #          2 nodes x (GPUs/2) through the proxy: small test + `bench --mode ht --nodes 2`; LL forced
 #          proxy `bench` at 128 tokens; then the deepseek-size tests while time remains.
 #   llcheck: the LL NVLink kernels in one go: every test of test_cuda_ll.py (node ids, -rA), then the
@@ -169,6 +169,9 @@ for step in $STEPS; do
       for sms in 24 12 8; do  # the default: combine by copy engines (UCCL_EP_HT_COMBINE_CE)
         bounded 90 $B --mode ht --num-sms $sms --iters 20 --warmup 3 --timeout 80 --json "$OUT/scale_ht_$sms.json" 2>&1 | tail -6
       done
+      # the copy-engine dispatch at EP > 2 (UCCL_EP_HT_DISPATCH_CE=auto is EP2-only until measured here)
+      UCCL_EP_HT_DISPATCH_CE=1 bounded 90 $B --mode ht --num-sms 12 --iters 20 --warmup 3 --timeout 80 \
+        --json "$OUT/scale_ht_dce_12.json" 2>&1 | tail -6
       echo "--- LL NVLink EP$G"
       bounded 120 $PT "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[small]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
       bounded 60 $B --mode ll --num-tokens 128 --iters 50 --warmup 10 --json "$OUT/scale_ll_128.json" 2>&1 | tail -6
