@@ -81,8 +81,7 @@ class NormalEngine:
             self.combine_block, sm=sm_number(device_arch(self.dev))) if \
             ht_variants.selected().name == "default" else 0
         # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py); default variant only
-        self.ce = CopyEngineOps(self)
-        self.ce.enabled = self.ce.enabled and ht_variants.selected().name == "default"
+        self.ce = CopyEngineOps(self, allowed=ht_variants.selected().name == "default")
 
     @property
     def _sent(self) -> int:

@@ -171,10 +171,12 @@ def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden:
 class CopyEngineOps:
     """The staging buffer and launches of the copy-engine combine (and dispatch) for one NormalEngine."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, allowed: bool = True) -> None:
+        """``allowed``: whether the engine's kernels can take these paths at all (the default HT
+        variant only); both the combine and the dispatch decision derive from it."""
         self.engine, self.ex = engine, engine.ex
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
-        self.enabled = bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
+        self.enabled = allowed and bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
         # "1" / "auto" (calls with <= AUTO_DISPATCH_MAX_SMS SMs) / "0"
         self.dispatch_mode = env.get("UCCL_EP_HT_DISPATCH_CE") if self.enabled else "0"
         self.dispatch_enabled = self.dispatch_mode != "0"
@@ -383,24 +385,24 @@ class CopyEngineOps:
     def combine(self, x, handle, topk_weights, b0, b1, out, out_w, num_sms: int, smem: int) -> None:
         plan, R, H = handle.plan, self.R, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
+        w_ptr = topk_weights.data_ptr() if topk_weights is not None else 0
+        chunk = chunk_rows(self.cap, self.hidden, None, self.chunk_bytes)
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=False)
         forked = self._fork(cur)
         params = pack_params(
-            "HTCombineCEParams", x=x.data_ptr(), topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
+            "HTCombineCEParams", x=x.data_ptr(), topk_weights=w_ptr,
             bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,
             out=out.data_ptr(), out_weights=out_w.data_ptr() if out_w is not None else 0,
             is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), channel_prefix=handle[1].data_ptr(),
             recv_channel_prefix=handle[2].data_ptr(), stage=self.mem.ptr, peer_stage=self.peer_table.ptr,
             error=self.ex.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
             rank=self.rank, num_channels=plan.num_channels, region_bytes=self.c_region, cap_rows=self.cap,
-            chunk_rows=chunk_rows(self.cap, self.hidden, None, self.chunk_bytes), timeout_ns=self.ex.timeout_ns)
+            chunk_rows=chunk, timeout_ns=self.ex.timeout_ns)
         # NOTES: the sum kernel first, then the copies (as in dispatch): own rows are summed while the
         # host still issues the copies; peers' rows wait for their chunk flags (bounded) either way.
         k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
-        w_ptr = topk_weights.data_ptr() if topk_weights is not None else 0
-        chunk = chunk_rows(self.cap, self.hidden, None, self.chunk_bytes)
 
         def build():
             copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(), w_ptr, H, K, self.peer_stage,
