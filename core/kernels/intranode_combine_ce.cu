@@ -34,8 +34,6 @@ using namespace uccl_ep::dev;
 
 namespace {
 
-UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterpret_cast<uint64_t*>(stage + offset); }
-
 // Bounded wait (lane 0 spins, the warp follows) until *flag >= epoch; false on timeout / error.
 UCCL_DEVICE bool warp_wait_epoch(const uint64_t* flag, uint64_t epoch, const HTCombineCEParams& p, int peer, int chunk) {
   int ok = 1;

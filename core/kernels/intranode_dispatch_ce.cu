@@ -32,8 +32,6 @@ namespace {
 constexpr int kBatch = 256;  // most tokens per batch: one thread each for the metadata
 constexpr int kMinRounds = 4;  // batches per block at least (while batches hold >= 1 token)
 
-UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterpret_cast<uint64_t*>(stage + offset); }
-
 }  // namespace
 
 extern "C" __global__ void ht_ce_begin(const UCCL_GRID_CONSTANT HTCEBeginParams p) {
@@ -72,6 +70,10 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
   const auto* peers = reinterpret_cast<const uint64_t*>(p.peer_stage);
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(ce_word(p.stage, kCEDEpochOffset));
   const int own_off = me > 0 ? reinterpret_cast<const int*>(p.rank_prefix)[(me - 1) * R + me] : 0;
+  // this rank's dispatch region in peer j's staging buffer
+  const auto region_at = [&](int j) {
+    return peers[j] + uint64_t(p.region_base) + uint64_t(ce_region_slot(me, j)) * uint64_t(p.region_bytes);
+  };
   __shared__ int s_pre[kRanks];            // positions before this batch, per destination
   __shared__ int s_wcnt[kBatch / 32][kRanks];
   __shared__ int s_idx[kBatch][kRanks];    // token's position toward j, -1 if not routed there
@@ -146,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
           wts = reinterpret_cast<float*>(p.recv_topk_weights) + row * K;
           src = reinterpret_cast<int*>(p.recv_src_idx) + row;
         } else {
-          const uint64_t region = peers[j] + uint64_t(p.region_base) + uint64_t(ce_region_slot(me, j)) * uint64_t(p.region_bytes);
+          const uint64_t region = region_at(j);
           ids = reinterpret_cast<int64_t*>(region + p.topk_off) + int64_t(idx) * K;
           wts = reinterpret_cast<float*>(region + p.weights_off) + int64_t(idx) * K;
           src = reinterpret_cast<int*>(region + p.src_off) + idx;
@@ -180,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
           dst[num_dst] = reinterpret_cast<uint8_t*>(p.recv_x) + row * HB;
           sdst[num_dst] = NS > 0 ? reinterpret_cast<uint32_t*>(p.recv_scales) + row * NS : nullptr;
         } else {
-          const uint64_t region = peers[j] + uint64_t(p.region_base) + uint64_t(ce_region_slot(me, j)) * uint64_t(p.region_bytes);
+          const uint64_t region = region_at(j);
           dst[num_dst] = reinterpret_cast<uint8_t*>(region) + int64_t(idx) * HB;
           sdst[num_dst] = NS > 0 ? reinterpret_cast<uint32_t*>(region + p.scales_off) + int64_t(idx) * NS : nullptr;
         }

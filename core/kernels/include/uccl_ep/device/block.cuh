@@ -103,6 +103,9 @@ UCCL_DEVICE void warp_copy16_multi(uint8_t* const (&dst)[kMaxDst], int num_dst, 
   }
 }
 
+// A u64 word of a copy-engine staging buffer (kernel_abi.h kCE* / kCED* offsets), this rank's or a peer's.
+UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterpret_cast<uint64_t*>(stage + offset); }
+
 UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
 
 // The u64 flags of an LL NVLink receive area (ll_dispatch.cu: per slot; ll_combine.cu: per row), at
