@@ -5,7 +5,8 @@
 // source j form the contiguous segment [begin_j, begin_j + count_j) of y[e] (layout_range), in
 // the order of j's slots, i.e. of j's tokens. In j's packed region (kernel_abi.h) segment (e, j)
 // starts after the segments (e' < e, j): every block scans the counts once. Warps stage the rows
-// there, count them per j, and the warp that stages the last row for j pushes the region's rows
+// there (a row split over a few warps when the grid has warps to spare: row_split), count them per
+// j, and the warp that stages the last share for j pushes the region's rows
 // as one (or a few) counted Write into j's recv region [this rank] plus the signal pair. Zero
 // copy (y is the send area, laid out by expert): no staging, one Write per segment (E_loc per j,
 // empty ones too, so the count is known) straight from y into the packed position.
@@ -45,8 +46,9 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
     return;
   }
   const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
-                      p.dma_pushed, p.num_proxy_threads};
-  // push_region fences at system scope first: every staged row (ordered before by the caller)
+                      p.dma_pushed, p.num_proxy_threads, p.push_fence != 0};
+  // push_region fences at system scope first (unless only the copy kernel reads the region: OpRoute):
+  // every staged row, ordered before by the caller
   push_region(route, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
               uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0, uint32_t(p.counter),
               int(p.signal_total), uint64_t(p.timeout_ns), reinterpret_cast<ErrorWord*>(p.error),
@@ -138,14 +140,21 @@ extern "C" __global__ void __launch_bounds__(256)
   const int total = prefix[E_loc];
   auto* finish = reinterpret_cast<unsigned*>(p.finish);
   const int gw = blockIdx.x * num_warps() + warp_id(), nw = gridDim.x * num_warps();
-  for (int item = gw; item < total; item += nw) {
-    int lo = 0, hi = E_loc;  // largest e with prefix[e] <= item
+  // Each row staged by `parts` warps (a contiguous share each) when the grid has warps to spare.
+  // NOTES: a 14 KiB BF16 row is 3.5 rounds of warp_copy16's 4 KiB, each a dependent HBM round trip;
+  // at 128 tokens the grid has ~4 warps per row, so one warp per row left most of them idle.
+  int parts = total > 0 ? nw / total : 1;
+  parts = parts < 1 ? 1 : (parts > int(p.row_split) ? int(p.row_split) : parts);
+  const int64_t share = ((row_bytes / 16 + parts - 1) / parts) * 16;
+  for (int item = gw; item < total * parts; item += nw) {
+    const int row = item / parts, part = item % parts;
+    int lo = 0, hi = E_loc;  // largest e with prefix[e] <= row
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
-      if (prefix[mid] <= item) lo = mid; else hi = mid;
+      if (prefix[mid] <= row) lo = mid; else hi = mid;
     }
     const int e = lo;
-    int r = item - prefix[e], j = 0, begin = 0;
+    int r = row - prefix[e], j = 0, begin = 0;
     for (; j < R; ++j) {
       if (skipped(j)) continue;
       const int64_t packed = lr[int64_t(e) * R + j];
@@ -156,17 +165,19 @@ extern "C" __global__ void __launch_bounds__(256)
       }
       r -= count;
     }
+    const int64_t at = int64_t(part) * share;
+    const int64_t len = at >= row_bytes ? 0 : (row_bytes - at < share ? row_bytes - at : share);
     warp_copy16(reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes +
-                    int64_t(first[e * R + j] + r) * row_bytes,
-                reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes,
-                row_bytes);
+                    int64_t(first[e * R + j] + r) * row_bytes + at,
+                reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes + at,
+                len);
     sync_warp();
     if (lane_id() == 0) {
-      __threadfence();  // this warp's staged row before its count (gpu scope: see ll_dispatch_proxy.cu)
+      __threadfence();  // this warp's staged share before its count (gpu scope: see ll_dispatch_proxy.cu)
       const unsigned prev = atomicAdd(finish + j, 1u);
-      if (int(prev) + 1 == s_dest_rows[j]) {  // last row for j: every warp's rows are ordered before
+      if (int(prev) + 1 == s_dest_rows[j] * parts) {  // last share for j: every warp's are ordered before
         finish[j] = 0u;
-        __threadfence();  // acquire: every warp's counted rows (publish_rows fences at system scope)
+        __threadfence();  // acquire: every warp's counted shares (publish_rows fences at system scope)
         publish_rows(p, j, s_dest_rows[j]);
       }
     }

@@ -23,7 +23,8 @@
 // much per command as per hundred kilobytes, so few large writes win; the price is that the send
 // starts only once every token is staged, which at LL sizes is a few microseconds.
 // Each stager orders its stores before its count with a GPU-scope fence; only the last stager for
-// a destination fences at system scope before the push (the NIC or copy kernel reads the region):
+// a destination fences at system scope before the push (a NIC or driver copy reads the region; not
+// with the ipc copy kernel, which reads it after this kernel completed: OpRoute in proxy_ll.cuh):
 // causality is transitive across the GPU-scope count, so the one system fence covers every block's
 // stores (the same pattern in ll_combine_proxy.cu), and 1,000+ system fences per op are avoided.
 #include "uccl_ep/device/block.cuh"
@@ -56,9 +57,10 @@ __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, int
     return;
   }
   const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(d, int(p.num_fifos)),
-                      p.dma_pushed, p.num_proxy_threads};
+                      p.dma_pushed, p.num_proxy_threads, p.push_fence != 0};
   const uint64_t len = uint64_t(payload_at(p.counts_bytes, p.idx_bytes) + int64_t(rows) * p.payload_bytes);
-  // push_region fences at system scope first: header and counts (and, ordered before by the caller, the slots)
+  // push_region fences at system scope first (unless only the copy kernel reads the region: OpRoute):
+  // header and counts (and, ordered before by the caller, the slots)
   push_region(route, d, uint64_t(p.send_off + int64_t(d) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
               len, uint64_t(p.chunk_bytes), 1, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
               reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLDispatchSend, int(p.rank), d, -1});

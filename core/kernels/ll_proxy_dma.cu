@@ -26,6 +26,7 @@
 // would not cost: the SMs this kernel holds for the length of the copies (idle groups leave at once).
 #include "uccl_ep/device/arch.cuh"
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/proxy_ll.cuh"
 #include "uccl_ep/device/wait.cuh"
 #include "uccl_ep/dma_ring.h"
 #include "uccl_ep/fifo_device.cuh"
@@ -38,6 +39,11 @@ namespace {
 
 UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
+}
+
+// Two adjacent words of mapped host memory in one 16-byte load (16-byte aligned).
+UCCL_DEVICE void ld_volatile_v2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
 }
 
 // Copies [src, +len) to dst: this block's share of 16-byte units (block b of nb takes every nb-th
@@ -66,22 +72,23 @@ UCCL_DEVICE void copy_share(uint8_t* dst, const uint8_t* src, uint64_t len, int 
 
 // Makes descriptor idx available in `mirror` (device memory); called by a whole warp. One warp of
 // the ring's blocks at a time -- the holder of fetch_lock -- reads the host ring and copies every
-// posted descriptor it finds (up to a warp's worth, a lane per slot) into the mirror, then raises
+// posted descriptor it finds (up to kFetchBatch, a lane per slot) into the mirror, then raises
 // `fetched` with a release; the others only poll `fetched` in L2. Bounded like every wait.
 // Returns false once the error word is filled.
 // NOTES: host memory costs a PCIe round trip per dependent read. Each block's thread 0 used to
 // read the ring itself (seq, then dst, src, len): at 8 blocks per ring those reads cost more than
-// the copy (27 us per 3.7 MB descriptor where the copy loop alone takes 11.4). Now the lanes read
-// their slots' four words at once and check them by the lap tags (dma_ring.h): one round trip per
-// fetch. What remains (2 x H200): the proxy posts a descriptor 0-2 us after the push, this kernel
-// starts ~3 us after it and sees the descriptor ~7 us later; a kernel already polling (launched to
-// overlap the send kernel) sees it ~1 us after the push (docs/benchmarks.md).
+// the copy (27 us per 3.7 MB descriptor where the copy loop alone takes 11.4). Now a lane reads
+// its slot in two 16-byte loads and checks each word by the lap tags (dma_ring.h): one round trip
+// per fetch. Four 8-byte loads per slot over 32 lanes cost ~2-3 us more per op (the send kernel's
+// push -> descriptor seen 10.5-12 -> 8.1-9.2 us on 2 x H200); alone (probe_proxy_rtt.py: no send
+// kernel, one thread polling) push -> seen is 2.2-2.5 us, of which the proxy thread is a fraction.
 // Polling: the first read is a batch (a descriptor posted before the kernel came finds it in one
 // round trip); once a batch found nothing the lock holder reads only the next slot's seq until it is
-// posted (one PCIe read in flight instead of 128), then the batch. With `light` (non-zero while the
-// send kernel may still run: the overlapped start) it returns kFetchStopped once *light reads 0. NOTES: batch reads polled back to back while the proxy writes those lines
-// cost 35 us per D+C on 2 x H200 through a running send kernel, and ~14 us right after it.
-constexpr uint64_t kFetchBatch = 32;
+// posted (one PCIe read in flight), then the batch. With `light` (non-zero while the send kernel may
+// still run: the overlapped start) it returns kFetchStopped once *light reads 0. NOTES: batch reads
+// polled back to back while the proxy writes those lines cost 35 us per D+C on 2 x H200 through a
+// running send kernel, and ~14 us right after it.
+constexpr uint64_t kFetchBatch = 4;
 enum FetchResult { kFetchError = 0, kFetchGot = 1, kFetchStopped = 2 };
 UCCL_DEVICE int fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc* mirror, uint64_t idx,
                                  const LLProxyDmaParams& p, int g, ErrorWord* err,
@@ -117,11 +124,13 @@ UCCL_DEVICE int fetch_descriptor(DmaConsumer* st, DmaRingHeader* header, DmaDesc
     if (state == 2) {
       const uint64_t k = from + uint64_t(lane);
       const DmaDesc* d = slots + (k & (kDmaRingCapacity - 1));
-      // Four independent loads (one round trip); each word is checked by itself (seq, lap tags).
-      const uint64_t dst = *reinterpret_cast<const volatile uint64_t*>(&d->dst);
-      const uint64_t src = *reinterpret_cast<const volatile uint64_t*>(&d->src);
-      const uint64_t len = *reinterpret_cast<const volatile uint64_t*>(&d->len);
-      const uint64_t seq = *reinterpret_cast<const volatile uint64_t*>(&d->seq);
+      // Two independent 16-byte loads per slot (one round trip); each word is checked by itself (seq,
+      // lap tags). Only kFetchBatch lanes read: an LL op posts one descriptor per ring.
+      uint64_t dst = 0, src = 0, len = 0, seq = 0;
+      if (uint64_t(lane) < kFetchBatch) {
+        ld_volatile_v2(&d->dst, dst, src);
+        ld_volatile_v2(&d->len, len, seq);
+      }
       const uint64_t tag = dma_tag(k);
       const bool posted = uint64_t(lane) < kFetchBatch && seq == k + 1 && (dst & ~kDmaFieldMask) == tag &&
                           (src & ~kDmaFieldMask) == tag && (len & ~kDmaFieldMask) == tag;
@@ -233,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
     copy_share(reinterpret_cast<uint8_t*>(s_desc[0]), reinterpret_cast<const uint8_t*>(s_desc[1]), len, b, nb);
     __syncthreads();  // every thread's stores issued (and ordered before thread 0's fence below)
     if (threadIdx.x == 0) {
-      fence_system();  // this block's share is visible system-wide before it is counted
+      fence_release_sys();  // this block's share (ordered by the barrier) released with its count
       if (atomicAdd(finish + slot, 1u) + 1 == unsigned(nb)) {
         finish[slot] = 0u;
         // Ring order: the previous descriptor's last block publishes first (all blocks are resident).
@@ -244,9 +253,14 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
             break;
           }
         }
-        fence_system();  // every block's share (counted above) before the proxy can see done
-        header->done_ns = clock_ns();  // diagnostics (dma_ring.h); ordered before done by the release
-        st_release_sys(reinterpret_cast<uint64_t*>(&header->done), uint64_t(idx + 1));
+        header->done_ns = clock_ns();  // diagnostics (dma_ring.h); ordered before done by the fence
+        // One fence both acquires every block's counted share (their fenced adds to finish, read by
+        // ours) and releases them with done: fence + relaxed store is a release pattern.
+        // NOTES: was fence_system() then st_release_sys(), two system fences in a row on every
+        // descriptor's critical path (a system fence costs ~0.6 us alone on 2 x H200, more
+        // behind NVLink stores).
+        fence_release_sys();
+        st_relaxed_sys(reinterpret_cast<uint64_t*>(&header->done), uint64_t(idx + 1));
         *reinterpret_cast<volatile unsigned long long*>(&st->done) = idx + 1;
         atomicAdd(&st->copy_ns, (unsigned long long)(clock_ns() - seen));
         atomicAdd(&st->descs, 1ull);
@@ -278,5 +292,57 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma_probe(const UCCL_
       if (threadIdx.x == 0) fence_system();
       __syncthreads();
     }
+  }
+}
+
+// Diagnostics (ProxyRttProbeParams): push -> descriptor seen through a real proxy thread, timed by one
+// thread on the GPU clock, with nothing else running (no send kernel, no other polling): what the
+// FIFO, the proxy and the copy ring cost alone.
+extern "C" __global__ void __launch_bounds__(32) ll_proxy_rtt_probe(const UCCL_GRID_CONSTANT ProxyRttProbeParams p) {
+  if (threadIdx.x != 0) return;
+  const auto& fifo = *reinterpret_cast<const FifoLayout*>(p.fifo);
+  auto* header = reinterpret_cast<DmaRingHeader*>(p.ring);
+  const auto* slots = reinterpret_cast<const DmaDesc*>(header + 1);
+  auto* out = reinterpret_cast<uint64_t*>(p.out);
+  auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const PushSite site{kPhaseLLProxyCopy, int(p.rank), int(p.dst), -1};
+  uint64_t idx = uint64_t(p.first_idx);
+  for (int64_t i = 0; i < p.iters; ++i) {
+    const uint64_t idle = clock_ns();
+    while (clock_ns() - idle < uint64_t(p.gap_ns)) {
+    }
+    const uint64_t t0 = clock_ns();
+    if (push_op(fifo, int(p.dst), 0, 0, uint64_t(p.len), uint64_t(p.len), 1, uint32_t(p.counter), 2, false,
+                uint64_t(p.timeout_ns), err, site, nullptr) < 0)
+      return;
+    const uint64_t t1 = clock_ns();
+    const DmaDesc* d = slots + (idx & (kDmaRingCapacity - 1));
+    while (ld_volatile_u64(reinterpret_cast<const unsigned long long*>(&d->seq)) != idx + 1) {
+      if (clock_ns() - t1 > uint64_t(p.timeout_ns)) {
+        raise_error(err, kErrTimeout, kPhaseLLProxyCopy, int(p.rank), int(p.dst), -1, clock_ns() - t1);
+        return;
+      }
+    }
+    const uint64_t t2 = clock_ns();
+    uint64_t dst, src, len, seq;
+    if (p.read_mode == 1) {
+      ld_volatile_v2(&d->dst, dst, src);
+      ld_volatile_v2(&d->len, len, seq);
+    } else {
+      dst = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(&d->dst));
+      src = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(&d->src));
+      len = ld_volatile_u64(reinterpret_cast<const unsigned long long*>(&d->len));
+    }
+    dst &= kDmaFieldMask, src &= kDmaFieldMask, len &= kDmaFieldMask;
+    const uint64_t t2b = clock_ns();
+    for (uint64_t b = 0; b + 16 <= len; b += 16) st16(reinterpret_cast<uint8_t*>(dst) + b, ld16(reinterpret_cast<const uint8_t*>(src) + b));
+    fence_release_sys();
+    st_relaxed_sys(reinterpret_cast<uint64_t*>(&header->done), idx + 1);
+    const uint64_t t3 = clock_ns();
+    out[4 * i + 0] = t1 - t0;
+    out[4 * i + 1] = t2 - t1;
+    out[4 * i + 2] = t2b - t2;
+    out[4 * i + 3] = t3 - t2b;
+    ++idx;
   }
 }

@@ -129,6 +129,10 @@ _VARS: list[Var] = [
         "on the proxy thread, like a NIC's DMA engine); `cuda`: the proxy thread calls cuMemcpyDtoDAsync "
         "per Write (can wait inside the driver behind the application thread: ms per op).",
         choices=("kernel", "cuda"), used_by="CUDA kernels (low-latency proxy path)"),
+    Var("UCCL_EP_IPC_COPY_BLOCKS", "int", 16,
+        "Blocks of the `ipc` copy kernel (UCCL_EP_IPC_COPY=kernel) per proxy thread's descriptor ring "
+        "(512 threads each); groups whose ring has nothing to copy leave at once.",
+        minimum=1, maximum=64, used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_FORCE_PROXY", "bool", False,
         "Send same-host GPU peers' traffic through the CPU proxy instead of NVLink stores, so the "
         "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",
@@ -157,6 +161,16 @@ _VARS: list[Var] = [
         "by default: on 2 x H200 it made graph D+C at 128 tokens 14-19 us slower with the batched pushes "
         "(docs/benchmarks.md).",
         used_by="CUDA kernels (low-latency proxy path)"),
+    Var("UCCL_EP_LL_STAGE_SPLIT", "int", 4,
+        "LL proxy-path combine send: most warps that stage one row into the send region (each a contiguous "
+        "share), used when the grid has that many warps per row to spare. 1: a warp per row.",
+        minimum=1, maximum=16, used_by="CUDA kernels (low-latency proxy path)"),
+    Var("UCCL_EP_LL_PUSH_FENCE", "choice", "auto",
+        "LL proxy-path send kernels: the system fence before an op's pushes. `auto`: only where a NIC or the "
+        "proxy's driver copies read the staged bytes (not with UCCL_EP_IPC_COPY=kernel, whose copy kernel "
+        "reads them after the send kernel on the stream); `system`: always (the earlier behaviour, for "
+        "comparison).",
+        choices=("auto", "system"), used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_LL_PDL", "bool", True,
         "Launch the low-latency receive kernels over NVLink with programmatic dependent launch (sm_90+), so they "
         "start while the send kernel's last blocks run instead of after it; they synchronize with it through "

@@ -194,6 +194,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         _assert_copy_launch(eng, log[-1], c)
         assert c["counter"] == counter_base(1 - s, 1) and c["send_off"] == lay.send(1 - s)
         assert c["y"] == y.data_ptr() != c["send_area"] and c["zero_copy"] == 0
+        assert c["row_split"] == 4  # UCCL_EP_LL_STAGE_SPLIT's default
         assert c["region_bytes"] == T * min(4, E // R) * 2 * H and R * c["region_bytes"] <= lay.set_bytes // 2
         assert c["signal_total"] == lay.signal_total >= E // R + 2  # zero copy: E_loc writes + fenced
         cfinish()
@@ -225,6 +226,9 @@ def _assert_copy_launch(eng, launch, send):
     n = eng.num_proxy_threads
     assert grid == n * k["blocks_per_ring"] and k["num_rings"] == n == send["num_proxy_threads"]
     assert k["pushed"] == send["dma_pushed"] == eng.dma_pushed != 0
+    # only the copy kernel, after the send kernel, reads the staged bytes: no system fence before the
+    # pushes (OpRoute, device/proxy_ll.cuh)
+    assert send["push_fence"] == 0
     assert k["status"] == eng.status_dev and k["error"] == eng.ex.error_dev_ptr and k["timeout_ns"] == 123
     # state, finish counters and the descriptor mirror follow the ring table and the byte counters,
     # without overlap (DmaConsumer 128 B, finish u32 and mirror 32 B per ring slot)
@@ -352,7 +356,9 @@ def test_cuda_copies_have_no_rings_and_no_copy_kernel(engine):
     topk = torch.arange(4).repeat(engine.T, 1)
     eng.dispatch(None, x, topk, engine.T, engine.E, False, False, False, set(), None, None)
     assert engine.launches[-1][0] == "ll_dispatch_proxy_send"
-    assert _unpack("LLProxyDispatchParams", engine.launches[-1][3])["dma_pushed"] == 0
+    d = _unpack("LLProxyDispatchParams", engine.launches[-1][3])
+    # the proxy's driver copies may read the staged bytes while the send kernel runs: fenced pushes
+    assert d["dma_pushed"] == 0 and d["push_fence"] == 1
 
 
 class _StopSpy:

@@ -64,7 +64,7 @@ _FIFOS_PER_THREAD = 2
 # of its per-ring DmaConsumer state and of a descriptor. NOTES: 16 blocks per ring measured no faster
 # than 8 on 2 x H200 (forced-proxy D+C 139.4 vs 137.0 us at 128 tokens); rings without work cost a
 # launch only (their blocks leave at once).
-_DMA_BLOCKS_PER_RING, _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 8, 512, 128, 32
+_DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 512, 128, 32
 # DmaConsumer's diagnostic words the host sums (dma_ring.h; word index = offsetof / 8, checked by
 # tests/cpu/test_kernels_compile.py against the header)
 _DMA_CONSUMER_DIAG_WORDS = {"wait_ns": 4, "copy_ns": 5, "descs": 6, "push_seen_ns": 10, "push_start_ns": 11,
@@ -233,6 +233,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # ipc between GPUs of one host: Writes are copied by our copy kernel from the proxy's
         # descriptor rings (dma_ring.h) unless UCCL_EP_IPC_COPY=cuda (the proxy's driver copies).
         self.copy_kernel = self.transport == "ipc" and env.get("UCCL_EP_IPC_COPY") == "kernel"
+        self.copy_blocks = int(env.get("UCCL_EP_IPC_COPY_BLOCKS"))  # the copy kernel's blocks per ring
         if self.transport == "ipc" and not self.copy_kernel:
             warn_lazy_module_loading(self.rank)
         self.mem: DeviceMemory = ex.ll_mem
@@ -246,6 +247,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # rank must use the same value: it sets the counters' growth per op).
         self.parts = int(env.get("UCCL_EP_LL_PROXY_PARTS"))
         self.own_rows_in_y = bool(env.get("UCCL_EP_LL_OWN_ROWS_IN_Y"))  # combine(): see there
+        self.row_split = int(env.get("UCCL_EP_LL_STAGE_SPLIT"))  # warps per staged combine row (at most)
         send_defines = (f"UCCL_EP_LL_PARTS={self.parts}",) if self.parts > 1 else ()
         self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
             ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
@@ -309,8 +311,12 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if getattr(self, "copy_kernel", False):
             self._map_copy_rings()
         # The send kernels' copy-ring fields (LLProxy*Params): where they count pushed bytes (0: none).
-        self._dma_fields = dict(dma_pushed=self.dma_pushed if getattr(self, "copy_kernel", False) else 0,
-                                num_proxy_threads=self.num_proxy_threads)
+        # push_fence: a system fence before the pushes unless only the copy kernel, which follows the
+        # send kernel on the stream, reads the staged bytes (OpRoute, device/proxy_ll.cuh).
+        copy_kernel = getattr(self, "copy_kernel", False)
+        self._dma_fields = dict(dma_pushed=self.dma_pushed if copy_kernel else 0,
+                                num_proxy_threads=self.num_proxy_threads,
+                                push_fence=int(not copy_kernel or env.get("UCCL_EP_LL_PUSH_FENCE") == "system"))
 
     def _map_copy_rings(self) -> None:
         """Map every proxy thread's copy ring for the device and lay out the copy kernel's state:
@@ -332,7 +338,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self._dma_params = pack_params(
             "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
             finish=base + finish, mirror=base + finish + 4 * n * cap, status=self.status_dev, error=self.ex.error_dev_ptr,
-            num_rings=n, blocks_per_ring=_DMA_BLOCKS_PER_RING, rank=self.rank, timeout_ns=self.ex.timeout_ns)
+            num_rings=n, blocks_per_ring=self.copy_blocks, rank=self.rank, timeout_ns=self.ex.timeout_ns)
 
     def transport_counters(self) -> dict:
         """The proxy's transport counters and, with the copy kernel, its summed diagnostics
@@ -359,7 +365,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         (136.8-137.2 vs 117.6-123.0 us in one call); with the pushes before them it was 3 us faster
         (121.8-123.1 vs 124.4-125.8). Why is not known; off by default (docs/benchmarks.md)."""
         if self.copy_kernel:
-            self._k["ll_proxy_dma"].launch(self.num_proxy_threads * _DMA_BLOCKS_PER_RING, _DMA_BLOCK,
+            self._k["ll_proxy_dma"].launch(self.num_proxy_threads * self.copy_blocks, _DMA_BLOCK,
                                            self._dma_params, current_stream(), programmatic=self.copy_overlap)
 
     def proxy_failure(self):
@@ -536,7 +542,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
                              self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
-                             own_in_y=int(own_in_y), **self._dma_fields, **shape)
+                             own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape)
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()

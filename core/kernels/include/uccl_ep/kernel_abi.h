@@ -413,6 +413,9 @@ struct LLProxyDispatchParams {
   int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
   uint64_t self_counter;    // u64 device word: this op's receive counter for the rank's own region
                             // (counter_cache[rank] of the receive kernel), + signal_total when staged
+  int64_t push_fence;       // 1: a system fence before an op's pushes (a NIC or the proxy's driver
+                            // copies read the staged bytes); 0: only the copy kernel reads them, after
+                            // this kernel in stream order (proxy_ll.cuh, OpRoute)
 };
 
 struct LLProxyDispatchRecvParams {
@@ -483,6 +486,8 @@ struct LLProxyCombineParams {
                             // (counter_cache[rank] of the receive kernel), + signal_total when staged
   int64_t own_in_y;         // 1: the rank's own rows are not staged (the receive kernel reads them in y,
                             // as in zero copy: it follows this kernel directly on the stream)
+  int64_t push_fence;       // as in LLProxyDispatchParams
+  int64_t row_split;        // most warps that stage one row (>= 1; fewer when the grid has no spare warps)
 };
 
 struct LLProxyCombineRecvParams {
@@ -542,6 +547,26 @@ struct CopyProbeParams {
   int64_t len;
   int64_t reps;
   int64_t fence;            // 1: every block fences system-wide after each rep, as per descriptor
+};
+
+// ll_proxy_rtt_probe (diagnostics only, core/tests/gpu/probe_proxy_rtt.py): one thread times, on the
+// GPU clock, a Write pushed into a real FIFO -> the proxy thread's descriptor in its copy ring, then
+// plays the copy kernel's part (copies the bytes, publishes done) so the proxy delivers as usual.
+struct ProxyRttProbeParams {
+  uint64_t fifo;            // FifoLayout* (device address) of the FIFO to push into
+  uint64_t ring;            // device address of the copy ring of the proxy thread serving it
+  uint64_t out;             // u64 [iters][4]: push ns, push -> seq seen ns, descriptor read ns, copy + done ns
+  uint64_t status;          // a FIFO status word of the proxy
+  uint64_t error;           // ErrorWord*
+  int64_t first_idx;        // the ring's next descriptor index (0 on a fresh buffer)
+  int64_t iters;
+  int64_t gap_ns;           // idle time before each push
+  int64_t dst;              // destination rank
+  int64_t len;              // bytes per Write (16-byte multiple)
+  int64_t counter;          // receiver counter the Writes count on
+  int64_t rank;
+  int64_t timeout_ns;
+  int64_t read_mode;        // 0: dst, src, len as three 8-byte loads; 1: {dst, src} and {len, seq} as two 16-byte loads
 };
 
 }  // namespace uccl_ep

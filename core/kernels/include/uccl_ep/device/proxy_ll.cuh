@@ -86,14 +86,22 @@ UCCL_DEVICE int push_op(const FifoLayout& f, int dst, uint64_t src_off, uint64_t
   return flush() ? protocol::fenced_signal_for_count(uint32_t(writes)) : -1;
 }
 
-// Where an op's commands go: the FIFO table, its size, the first FIFO (fifo_for of the destination)
-// and the copy rings' byte counters (dma_counter; 0 without copy rings).
+// Where an op's commands go: the FIFO table, its size, the first FIFO (fifo_for of the destination),
+// the copy rings' byte counters (dma_counter; 0 without copy rings) and whether the pushes need a
+// system fence first (push_fence of the params).
+// NOTES: the fence makes the staged bytes visible to whatever reads them once the proxy saw the
+// command: a NIC (fabric) or a copy engine the proxy drives (ipc, UCCL_EP_IPC_COPY=cuda), both of
+// which may read while this kernel still runs. The ipc copy kernel (ll_proxy_dma.cu) reads them only
+// after this kernel completed (stream order, or griddepcontrol.wait when overlapped), which orders
+// every store of this grid before its reads; the proxy only translates the command. Without the
+// fence the command is merely posted later than the stores, which nothing relies on there.
 struct OpRoute {
   const FifoLayout* fifos;
   int num_fifos;
   int first_fifo;
   uint64_t dma_pushed;
   int64_t num_proxy_threads;
+  bool fence;
 };
 
 // EXPERIMENT (UCCL_EP_LL_PROXY_PARTS, compile-time UCCL_EP_LL_PARTS; 1 = off): a region of 256 KiB or
@@ -106,7 +114,7 @@ struct OpRoute {
 #endif
 constexpr uint64_t kMinPartBytes = uint64_t(256) << 10;
 
-// One op's commands towards dst (see push_op; the caller needs no fence of its own), then the push
+// One op's commands towards dst (see push_op; the caller needs no fence of its own: r.fence), then the push
 // stamps for the copy kernel's diagnostics. False: the error word is filled.
 UCCL_DEVICE bool push_region(const OpRoute& r, int dst, uint64_t src_off, uint64_t dst_off, uint64_t len,
                              uint64_t chunk, int min_writes, uint32_t counter, int signal_total, uint64_t timeout_ns,
@@ -123,7 +131,8 @@ UCCL_DEVICE bool push_region(const OpRoute& r, int dst, uint64_t src_off, uint64
     const uint64_t at = uint64_t(k) * per;
     const uint64_t n = k == int(parts) - 1 ? len - at : per;
     const int fenced = push_op(r.fifos[fifo], dst, src_off + at, dst_off + at, n, chunk, k == 0 ? min_writes : 1,
-                               counter, k == int(parts) - 1 ? signal_total - added : 0, k == 0, timeout_ns, err, site,
+                               counter, k == int(parts) - 1 ? signal_total - added : 0, k == 0 && r.fence, timeout_ns,
+                               err, site,
                                dma_counter(r.dma_pushed, r.num_proxy_threads, fifo));
     if (fenced < 0) return false;
     added += fenced;
