@@ -16,8 +16,9 @@
 //   2. each block copies its share of the bytes (16-byte units interleaved over the group's
 //      blocks) into the peer's region over NVLink;
 //   3. the block's stores are fenced system-wide and counted in finish[idx]; the group's last
-//      block for idx publishes, in ring order, done = idx + 1 to the ring header (st.release.sys),
-//      which the proxy acquires before it delivers the Write's immediate to the receiving proxy.
+//      block for idx publishes, in ring order, done = idx + 1 to the ring header (a release fence,
+//      then a relaxed system-scope store), which the proxy acquires before it delivers the Write's
+//      immediate to the receiving proxy.
 // Ring positions persist across launches in DmaConsumer (device memory): the group's last block
 // to leave records where the next launch starts.
 //
@@ -49,7 +50,8 @@ UCCL_DEVICE void ld_volatile_v2(const uint64_t* p, uint64_t& a, uint64_t& b) {
 // Copies [src, +len) to dst: this block's share of 16-byte units (block b of nb takes every nb-th
 // span of blockDim.x units), kInFlight loads in flight per thread; bytes when anything is unaligned.
 // NOTES: with 4 loads in flight this loop alone moves 3.7 MB to the peer in 11.4 us with 8 blocks
-// (332 GB/s) and 10.9 us with 132 (ll_proxy_dma_probe, 2 x H200): 8 blocks per ring are enough.
+// (332 GB/s) and 10.9 us with 132 (ll_proxy_dma_probe, 2 x H200): a few blocks per ring reach the
+// link (UCCL_EP_IPC_COPY_BLOCKS, 16 by default: 0.5-1 us shorter per LL op than 8).
 // The ~100 GB/s once measured around it was the ring's host reads (fetch_descriptor).
 constexpr int kInFlight = 4;
 

@@ -360,10 +360,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
     def _launch_copies(self) -> None:
         """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel: in
         plain stream order, or overlapping it with UCCL_EP_LL_COPY_OVERLAP (sm_90+).
-        NOTES (2 x H200, 128 tokens, graph D+C): overlapped, the copy kernel has its first descriptor
-        ~1 us after the push instead of ~10, yet D+C was 14-19 us slower with the batched pushes
-        (136.8-137.2 vs 117.6-123.0 us in one call); with the pushes before them it was 3 us faster
-        (121.8-123.1 vs 124.4-125.8). Why is not known; off by default (docs/benchmarks.md)."""
+        NOTES (2 x H200, 128 tokens, graph D+C): overlapped, the copy kernel sees its descriptor sooner
+        after the push (5.2-5.7 vs 7.8-8.2 us at 16afb4c), yet D+C is slower (111.7 / 111.8 vs
+        106.0 / 106.4 us in one call; 14-19 us slower before the 16-byte descriptor reads). Why is not
+        known; off by default (docs/benchmarks.md)."""
         if self.copy_kernel:
             self._k["ll_proxy_dma"].launch(self.num_proxy_threads * self.copy_blocks, _DMA_BLOCK,
                                            self._dma_params, current_stream(), programmatic=self.copy_overlap)
