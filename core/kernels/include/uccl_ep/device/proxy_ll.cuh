@@ -101,7 +101,7 @@ struct OpRoute {
   int first_fifo;
   uint64_t dma_pushed;
   int64_t num_proxy_threads;
-  bool fence;
+  bool fence = true;  // a route that does not say is fenced (the safe side)
 };
 
 // EXPERIMENT (UCCL_EP_LL_PROXY_PARTS, compile-time UCCL_EP_LL_PARTS; 1 = off): a region of 256 KiB or
