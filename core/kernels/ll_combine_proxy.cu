@@ -204,19 +204,6 @@ extern "C" __global__ void __launch_bounds__(256)
   const auto* status = reinterpret_cast<const uint64_t*>(p.status);
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   const uint64_t timeout = uint64_t(p.timeout_ns);
-  if (tid < R) {  // every owner's signal, read or not (see NOTES); this rank's own moves in device memory
-    int ok = 0;
-    if (!is_masked(p.masked, tid)) {
-      uint64_t waited = 0;
-      ok = wait_counter_shared(counter_of(p.counters, p.num_counters, tid, p.counter),
-                               reinterpret_cast<uint64_t*>(p.counter_cache) + tid, reinterpret_cast<int*>(p.counter_lock) + tid,
-                               round_target(rounds, tid, p.signal_total), status, timeout, err, kPhaseLLCombineRecv,
-                               int(p.rank), tid, -1, &waited) >= 0;
-      if (p.wait_stats != 0 && t < p.num_tokens)
-        atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
-    }
-    s_owner_ok[tid] = ok;
-  }
   if (tid < K) {
     int g = t < p.num_tokens ? int(topk[int64_t(t) * K + tid]) : -1;
     if (g >= E || (g >= 0 && is_masked(p.masked, g / E_loc))) g = -1;
@@ -227,7 +214,8 @@ extern "C" __global__ void __launch_bounds__(256)
   __syncthreads();
   // For each selected expert g (owner o): t's slot in g = selections of g by earlier tokens; rows
   // before g's segment in o's region = this rank's selections of o's experts below g. The whole
-  // block scans topk_idx once per k (strided, warp sums, one shared add per warp).
+  // block scans topk_idx once per k (strided, warp sums, one shared add per warp). Done before the
+  // wait for the owners' signals (it reads only local inputs), so it is off the path after them.
   const int64_t n_sel = int64_t(p.num_tokens) * K;
   for (int k = 0; k < K && t < p.num_tokens; ++k) {
     const int g = s_expert[k];
@@ -245,6 +233,19 @@ extern "C" __global__ void __launch_bounds__(256)
       atomicAdd(&s_slot[k], slot);
       atomicAdd(&s_below[k], below);
     }
+  }
+  if (tid < R) {  // then every owner's signal, read or not (see NOTES); this rank's own moves in device memory
+    int ok = 0;
+    if (!is_masked(p.masked, tid)) {
+      uint64_t waited = 0;
+      ok = wait_counter_shared(counter_of(p.counters, p.num_counters, tid, p.counter),
+                               reinterpret_cast<uint64_t*>(p.counter_cache) + tid, reinterpret_cast<int*>(p.counter_lock) + tid,
+                               round_target(rounds, tid, p.signal_total), status, timeout, err, kPhaseLLCombineRecv,
+                               int(p.rank), tid, -1, &waited) >= 0;
+      if (p.wait_stats != 0 && t < p.num_tokens)
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
+    }
+    s_owner_ok[tid] = ok;
   }
   __syncthreads();
   if (t < p.num_tokens && tid < K) {
@@ -300,5 +301,6 @@ extern "C" __global__ void __launch_bounds__(256)
       st16(out + c * 16, pack_bf16x8(acc));
     }
   }
+  wait_overlapped_grids();  // the copy kernel is done before this op can complete (arch.cuh; PDL launch)
   last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.masked);
 }

@@ -312,5 +312,6 @@ extern "C" __global__ void __launch_bounds__(256)
       warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, payload, H * 2);
     }
   }
+  wait_overlapped_grids();  // the copy kernel is done before this op can complete (arch.cuh; PDL launch)
   last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.masked);
 }

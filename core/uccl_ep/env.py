@@ -178,7 +178,8 @@ _VARS: list[Var] = [
         "Launch the low-latency receive kernels over NVLink with programmatic dependent launch (sm_90+), so they "
         "start while the send kernel's last blocks run instead of after it; they synchronize with it through "
         "flags in memory anyway, and wait for it to complete before they do. Only when the receive phase "
-        "follows the send directly (not through a return_recv_hook). Off: plain stream order. Read when a "
+        "follows the send directly (not through a return_recv_hook). Off: plain stream order. On the proxy "
+        "path (UCCL_EP_IPC_COPY=kernel) the same for the receive kernels after their copy kernel. Read when a "
         "Buffer first runs a low-latency op.",
         used_by="CUDA kernels (low-latency mode)"),
     Var("UCCL_EP_HT_VARIANT", "choice", "default",

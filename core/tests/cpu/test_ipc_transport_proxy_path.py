@@ -238,13 +238,16 @@ def _assert_copy_launch(eng, launch, send):
     assert k["mirror"] + 32 * n * cap == eng.dma_mem.ptr + eng.dma_mem.nbytes
 
 
-@pytest.mark.parametrize("engine,overlapped", [(("kernel", None, "sm_90a"), False), (("kernel", "1", "sm_90a"), True),
-                                               (("kernel", "1", "sm_80"), False)], indirect=["engine"],
-                         ids=["default", "overlap-sm90", "overlap-sm80"])
-def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped):
+@pytest.mark.parametrize("engine,overlapped,recv_pdl", [(("kernel", None, "sm_90a"), False, True),
+                                                        (("kernel", "1", "sm_90a"), True, False),
+                                                        (("kernel", "1", "sm_80"), False, False),
+                                                        (("kernel", None, "sm_80"), False, False)],
+                         indirect=["engine"], ids=["default", "overlap-sm90", "overlap-sm80", "default-sm80"])
+def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped, recv_pdl):
     """The copy kernel follows its send kernel in plain stream order unless UCCL_EP_LL_COPY_OVERLAP
-    asks for programmatic dependent launch (sm_90+ only). The receive kernel after it always starts
-    in plain stream order."""
+    asks for programmatic dependent launch (sm_90+ only). The receive kernel after it starts by
+    programmatic launch (UCCL_EP_LL_PDL, sm_90+) when it follows the copy kernel directly and the copy
+    kernel is not itself overlapped; behind a receive hook, in plain stream order."""
     eng, T, E = engine.eng, engine.T, engine.E
     g = torch.Generator().manual_seed(5)
     x = torch.randn(T, engine.H, generator=g).bfloat16()
@@ -256,6 +259,10 @@ def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped
     out[3]()
     name, *_, programmatic = engine.launches[-1]
     assert name == "ll_dispatch_proxy_recv" and programmatic is False
+    assert eng.recv_pdl is recv_pdl
+    out[3](True)  # the receive phase right after the send phase
+    name, *_, programmatic = engine.launches[-1]
+    assert name == "ll_dispatch_proxy_recv" and programmatic is recv_pdl
 
 
 @pytest.mark.parametrize("engine", [("kernel", None, "sm_90a", 3)], indirect=True)

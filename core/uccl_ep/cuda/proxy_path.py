@@ -258,6 +258,11 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # an experiment switch, off by default: _launch_copies).
         self.copy_overlap = (self.copy_kernel and bool(env.get("UCCL_EP_LL_COPY_OVERLAP"))
                              and sm_number(device_arch(self.dev)) >= 90)
+        # A receive kernel that follows its copy kernel directly starts while the copies run
+        # (programmatic dependent launch, UCCL_EP_LL_PDL as on NVLink): its set-up and launch leave
+        # the path after the peer's signal; it waits for the copy kernel before it completes.
+        self.recv_pdl = (self.copy_kernel and not self.copy_overlap and bool(env.get("UCCL_EP_LL_PDL"))
+                         and sm_number(device_arch(self.dev)) >= 90)
         ctx = ex.ctx
         threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
         self.C = native()
@@ -502,7 +507,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream())
+            self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(),
+                                                     programmatic=follows_send and self.recv_pdl)
 
         plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
                               recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
@@ -561,7 +567,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream())
+            self._k["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(),
+                                                    programmatic=follows_send and self.recv_pdl)
 
         return result, finish
 
