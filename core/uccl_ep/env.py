@@ -179,8 +179,9 @@ _VARS: list[Var] = [
         "start while the send kernel's last blocks run instead of after it; they synchronize with it through "
         "flags in memory anyway, and wait for it to complete before they do. Only when the receive phase "
         "follows the send directly (not through a return_recv_hook). Off: plain stream order. On the proxy "
-        "path (UCCL_EP_IPC_COPY=kernel) the same for the receive kernels after their copy kernel. Read when a "
-        "Buffer first runs a low-latency op.",
+        "path (UCCL_EP_IPC_COPY=kernel) the same for the receive kernels after their copy kernel (2 x H200, "
+        "128 tokens: graph D+C 99.5 / 99.4 us vs 104.8 / 104.1 off). Read when a Buffer first runs a "
+        "low-latency op.",
         used_by="CUDA kernels (low-latency mode)"),
     Var("UCCL_EP_HT_VARIANT", "choice", "default",
         "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
