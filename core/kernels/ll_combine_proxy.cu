@@ -10,12 +10,13 @@
 // as one (or a few) counted Write into j's recv region [this rank] plus the signal pair. Zero
 // copy (y is the send area, laid out by expert): no staging, one Write per segment (E_loc per j,
 // empty ones too, so the count is known) straight from y into the packed position.
-// Recv (ll_combine_proxy_recv, one block per token t): waits (bounded) for every unmasked owner's
-// signal; for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
+// Recv (ll_combine_proxy_recv, one block per token t; launched while the copies run, see
+// proxy_path.py): for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
 // region at (this rank's selections of the owner's experts below g) + (t's rank among this rank's
 // selections of g, exactly the dispatch slot), both counted by the whole block in one strided scan
 // of topk_idx per selected expert (it was one thread per expert scanning alone: T*K loads each,
-// serial); out[t] = sum_k w[t,k] * row_k in fp32, k ascending,
+// serial), before it waits (bounded) for every unmasked owner's signal; out[t] = sum_k w[t,k] * row_k
+// in fp32, k ascending,
 // one IEEE-rounded multiply and add each, cast to BF16.
 //
 // NOTES: every block waits for every owner's signal, so the kernel ends only after every peer's
