@@ -214,7 +214,7 @@ _VARS: list[Var] = [
         "7168: 59 MB). 0: the ring combine. Every rank must use the same value (checked when a Buffer "
         "is built).",
         used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_DISPATCH_CE", "str", "auto",
+    Var("UCCL_EP_HT_DISPATCH_CE", "choice", "auto",
         "HT intranode dispatch with the receiver's copy engines (intranode_dispatch_ce.cu): the SMs copy "
         "each row once (own rows into recv_x, peers' rows into the peer's staging buffer) and the "
         "receiving rank's copy engines move each source's run into recv_x, chunk by chunk after a "

@@ -35,11 +35,18 @@ def test_int_float_choice_parsing():
     ("UCCL_EP_TIMEOUT_S", "soon", "a number"),
     ("UCCL_EP_BACKEND", "nccl", "one of auto, reference, host, cuda"),
     ("UCCL_EP_FORCE_PROXY", "maybe", "a boolean"),
+    ("UCCL_EP_HT_DISPATCH_CE", "true", "one of auto, 1, 0"),  # was a bool once: refused, not ignored
+    ("UCCL_EP_LL_PUSH_FENCE", "none", "one of auto, system"),
 ])
 def test_bad_values_name_the_variable(name, raw, expect):
     with pytest.raises(InvalidArgument) as e:
         env.get(name, environ={name: raw})
     assert name in str(e.value) and expect in str(e.value)
+
+
+def test_listed_choices_are_checked():
+    """A variable that lists choices is parsed as a choice (a `str` kind would let any text through)."""
+    assert [v.name for v in env.REGISTRY.values() if v.choices and v.kind != "choice"] == []
 
 
 def test_unknown_variable_is_refused():
