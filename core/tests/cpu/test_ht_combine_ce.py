@@ -52,11 +52,12 @@ def test_sizes():
     assert ht_ce.staging_rows_needed([[5]]) == 0
     assert ht_ce.region_bytes(512, 7168, 8) % 4096 == 0
     assert ht_ce.region_bytes(512, 7168, 8) >= 512 * 7168 * 2 + 512 * 8 * 4
-    # ~4 MiB chunks, never more than MAX_CHUNKS of them per region
-    assert ht_ce.chunk_rows(4096, 7168) == (4 << 20) // (7168 * 2)
+    # ~chunk_bytes (here 4 MiB) chunks, never more than MAX_CHUNKS of them per region
+    mib4 = 4 << 20
+    assert ht_ce.chunk_rows(4096, 7168, chunk_bytes=mib4) == (4 << 20) // (7168 * 2)
     big = 1 << 20
-    assert -(-big // ht_ce.chunk_rows(big, 7168)) <= ht_ce.MAX_CHUNKS
-    assert ht_ce.chunk_rows(1, 1 << 30) == 1
+    assert -(-big // ht_ce.chunk_rows(big, 7168, chunk_bytes=mib4)) <= ht_ce.MAX_CHUNKS
+    assert ht_ce.chunk_rows(1, 1 << 30, chunk_bytes=mib4) == 1
 
 
 @pytest.mark.parametrize("R,rank", [(2, 0), (2, 1), (4, 2), (4, 1)])

@@ -89,7 +89,7 @@ def region_bytes(cap_rows: int, hidden: int, topk: int) -> int:
     return (cap_rows * hidden * 2 + cap_rows * topk * 4 + 4095) // 4096 * 4096
 
 
-def chunk_rows(cap_rows: int, hidden: int, row_bytes: int | None = None, chunk_bytes: int = 4 << 20) -> int:
+def chunk_rows(cap_rows: int, hidden: int, row_bytes: int | None = None, *, chunk_bytes: int) -> int:
     """Rows per copy-engine chunk: ~chunk_bytes (UCCL_EP_HT_CE_CHUNK_KB; a flag per chunk lets the
     receiver start early), and at most MAX_CHUNKS chunks per region."""
     return max(1, chunk_bytes // (row_bytes or hidden * 2), -(-cap_rows // MAX_CHUNKS))
@@ -337,7 +337,7 @@ class CopyEngineOps:
         hb = x.shape[1] * x.element_size()
         ns = scales.shape[1] if scales is not None else 0
         K = topk_idx.shape[1] if topk_idx is not None else 0
-        chunk = chunk_rows(self.cap, 0, hb, self.chunk_bytes)
+        chunk = chunk_rows(self.cap, 0, hb, chunk_bytes=self.chunk_bytes)
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=True)
@@ -386,7 +386,7 @@ class CopyEngineOps:
         plan, R, H = handle.plan, self.R, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
         w_ptr = topk_weights.data_ptr() if topk_weights is not None else 0
-        chunk = chunk_rows(self.cap, self.hidden, None, self.chunk_bytes)
+        chunk = chunk_rows(self.cap, self.hidden, chunk_bytes=self.chunk_bytes)
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=False)

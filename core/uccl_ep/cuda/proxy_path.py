@@ -60,10 +60,9 @@ _MAX_RANKS, _MAX_TOPK = 64, 32
 NUM_COUNTERS = 4 * NUM_MAX_LOCAL_EXPERTS
 _MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
 _FIFOS_PER_THREAD = 2
-# The copy kernel (ll_proxy_dma.cu): blocks per proxy thread's ring, threads per block, and the size
-# of its per-ring DmaConsumer state and of a descriptor. NOTES: 16 blocks per ring measured no faster
-# than 8 on 2 x H200 (forced-proxy D+C 139.4 vs 137.0 us at 128 tokens); rings without work cost a
-# launch only (their blocks leave at once).
+# The copy kernel (ll_proxy_dma.cu): threads per block, and the size of its per-ring DmaConsumer
+# state and of a descriptor (blocks per ring: UCCL_EP_IPC_COPY_BLOCKS; rings without work cost a
+# launch only, their blocks leave at once).
 _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 512, 128, 32
 # DmaConsumer's diagnostic words the host sums (dma_ring.h; word index = offsetof / 8, checked by
 # tests/cpu/test_kernels_compile.py against the header)
