@@ -47,42 +47,20 @@ UCCL_DEVICE void last_block_bumps_seq(unsigned* done, unsigned* seq) {
   }
 }
 
-// Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) with 8 loads per lane in
-// flight (4 KiB per warp): enough bytes outstanding to cover NVLink / HBM latency.
+// Warp-cooperative copy of `bytes` (multiple of 16, 16-byte aligned) from `src` into `num_dst` (at
+// most kMaxDst) destinations, with 8 loads per lane in flight (4 KiB per warp): enough bytes
+// outstanding to cover NVLink / HBM latency. Each 16-byte piece is loaded once (through L2 only
+// with kCg) and stored to every destination; warp_copy16 / warp_copy16_cg are the one-destination
+// case (sm_90a cubins of every kernel byte-identical to the separate loop they replaced).
 //
 // NOTES: the tail is one more predicated round, not a loop of single loads: a row that is not a
 // multiple of 4 KiB (a 7 KiB FP8 row is 1.75 rounds, a 14 KiB BF16 row 3.5) otherwise ends in a
 // chain of dependent load -> store steps (6 for FP8, 4 for BF16), so FP8 dispatch ran no faster
 // than BF16 at half the bytes (2 x H200, 2026-11-22). Rounds are now ceil(bytes / 4 KiB).
-template <bool kCg, int kUnroll = 8>
-UCCL_DEVICE void warp_copy16_impl(void* dst, const void* src, int64_t bytes) {
-  const int lane = lane_id();
-  const int64_t n = bytes / 16;
-  auto* d = reinterpret_cast<Vec16*>(dst);
-  auto* s = reinterpret_cast<const Vec16*>(src);
-  for (int64_t i0 = lane; i0 < n; i0 += kUnroll * kWarpSize) {
-    Vec16 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kWarpSize < n) v[u] = kCg ? ld16_cg(s + i0 + u * kWarpSize) : s[i0 + u * kWarpSize];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kWarpSize < n) d[i0 + u * kWarpSize] = v[u];
-  }
-}
-
-UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) { warp_copy16_impl<false>(dst, src, bytes); }
-
-// warp_copy16 reading through L2 only (the source is written by peers: see ld16_cg).
-UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) { warp_copy16_impl<true>(dst, src, bytes); }
-
-// warp_copy16 into several destinations at once (`num_dst` of them, at most kMaxDst): each 16-byte
-// piece of `src` is loaded once and stored to every destination.
-//
-// NOTES: the copy-engine dispatch writes a token's row to recv_x and to each routed peer's staging
-// buffer; at EP2 nearly every token goes to both ranks, so one load per piece instead of one per
-// destination halves what the SMs read and the instructions they issue per row.
-template <int kMaxDst, int kUnroll = 8>
+// Several destinations: the copy-engine dispatch writes a token's row to recv_x and to each routed
+// peer's staging buffer; at EP2 nearly every token goes to both ranks, so one load per piece
+// instead of one per destination halves what the SMs read and the instructions they issue per row.
+template <int kMaxDst, bool kCg = false, int kUnroll = 8>
 UCCL_DEVICE void warp_copy16_multi(uint8_t* const (&dst)[kMaxDst], int num_dst, const void* src, int64_t bytes) {
   const int lane = lane_id();
   const int64_t n = bytes / 16;
@@ -91,7 +69,7 @@ UCCL_DEVICE void warp_copy16_multi(uint8_t* const (&dst)[kMaxDst], int num_dst, 
     Vec16 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kWarpSize < n) v[u] = s[i0 + u * kWarpSize];
+      if (i0 + u * kWarpSize < n) v[u] = kCg ? ld16_cg(s + i0 + u * kWarpSize) : s[i0 + u * kWarpSize];
 #pragma unroll
     for (int d = 0; d < kMaxDst; ++d) {
       if (d >= num_dst) break;
@@ -101,6 +79,17 @@ UCCL_DEVICE void warp_copy16_multi(uint8_t* const (&dst)[kMaxDst], int num_dst, 
         if (i0 + u * kWarpSize < n) out[i0 + u * kWarpSize] = v[u];
     }
   }
+}
+
+UCCL_DEVICE void warp_copy16(void* dst, const void* src, int64_t bytes) {
+  uint8_t* const one[1] = {static_cast<uint8_t*>(dst)};
+  warp_copy16_multi<1>(one, 1, src, bytes);
+}
+
+// warp_copy16 reading through L2 only (the source is written by peers: see ld16_cg).
+UCCL_DEVICE void warp_copy16_cg(void* dst, const void* src, int64_t bytes) {
+  uint8_t* const one[1] = {static_cast<uint8_t*>(dst)};
+  warp_copy16_multi<1, true>(one, 1, src, bytes);
 }
 
 // A u64 word of a copy-engine staging buffer (kernel_abi.h kCE* / kCED* offsets), this rank's or a peer's.
