@@ -73,7 +73,9 @@ UCCL_DEVICE void reduce_token(const HTProxyCombineParams& p, int64_t t, const ui
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL_GRID_CONSTANT HTProxyCombineParams p) {
+namespace {
+
+UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
   __shared__ int s_arrive[kHTProxyMaxRanks];
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   __shared__ int64_t s_base[kHTProxyMaxRanks];
@@ -153,4 +155,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL
     }
   }
   if (tid < R && consumed > 0) a.state->recv_pos[tid][a.first_ring + c] = uint64_t(s_base[tid] + consumed);
+}
+
+}  // namespace
+
+// Main blocks first, then the copy role's blocks (device/ht_dma.cuh), if any.
+extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_combine(const UCCL_GRID_CONSTANT HTProxyCombineParams p) {
+  if (ht_dma_block(p)) return;
+  combine_main(p);
+  ht_dma_warp_done(p);
 }

@@ -102,7 +102,9 @@ struct DispatchConsumer : StreamHooks {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_dispatch(const UCCL_GRID_CONSTANT HTProxyDispatchParams p) {
+namespace {
+
+UCCL_DEVICE void dispatch_main(const HTProxyDispatchParams& p) {
   __shared__ int s_arrive[kHTProxyMaxRanks];
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   const int R = int(p.num_ranks), C = int(p.num_channels);
@@ -143,4 +145,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_dispatch(const UCC
   const int64_t end = c + 1 < C ? recv_prefix[grp * C + c + 1] : recv_end[grp];
   DispatchConsumer cons{{}, &p, &a, L, grp, c, start};
   recv_stream(a, g, &s_word[grp], grp, c, end - start, cons, kPhaseHTDispatchRecv);
+}
+
+}  // namespace
+
+// Main blocks first, then the copy role's blocks (device/ht_dma.cuh), if any.
+extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_dispatch(const UCCL_GRID_CONSTANT HTProxyDispatchParams p) {
+  if (ht_dma_block(p)) return;
+  dispatch_main(p);
+  ht_dma_warp_done(p);
 }

@@ -193,8 +193,9 @@ UCCL_DEVICE void reduce_partials(const HTProxyForwardCombineParams& p, int64_t t
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512, 1)
-    ht_proxy_forward_combine(const UCCL_GRID_CONSTANT HTProxyForwardCombineParams p) {
+namespace {
+
+UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
   __shared__ int s_arrive[kHTProxyMaxRanks];
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   __shared__ int64_t s_base[kHTProxyMaxRanks];
@@ -312,4 +313,13 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     }
   }
   if (tid < N && consumed > 0) aB.state->recv_pos[tid * G + me_local][aB.first_ring + c] = uint64_t(s_base[tid] + consumed);
+}
+
+}  // namespace
+
+// Main blocks first, then the copy role's blocks (device/ht_dma.cuh), if any.
+extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_forward_combine(const UCCL_GRID_CONSTANT HTProxyForwardCombineParams p) {
+  if (ht_dma_block(p)) return;
+  forward_combine_main(p);
+  ht_dma_warp_done(p);
 }

@@ -195,6 +195,7 @@ struct ForwardConsumer : StreamHooks {
             uint32_t(local_rank(l)), ht_ring_slot(uint64_t(a2->send_base), local_rank(l), c, a2->num_rings, a2->slots, slot0, a2->msg),
             ht_ring_slot(uint64_t(a2->recv_base), a2->rank, c, a2->num_rings, a2->slots, slot0, a2->msg),
             uint32_t(run * a2->msg), uint32_t(ring), uint32_t(run));
+        dma_count_push(a2->dma, int(ring % a2->num_fifos), uint64_t(run * a2->msg));
         if (!fifo_push(a2->fifos[ring % a2->num_fifos], cmd, a2->timeout_ns, a2->err,
                        PushSite{kPhaseHTDispatchRecv, a2->rank, local_rank(l), c}))
           return false;
@@ -235,8 +236,9 @@ struct Hop2Consumer : StreamHooks {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512, 1)
-    ht_proxy_forward_dispatch(const UCCL_GRID_CONSTANT HTProxyForwardDispatchParams p) {
+namespace {
+
+UCCL_DEVICE void forward_dispatch_main(const HTProxyForwardDispatchParams& p) {
   __shared__ int s_arrive[kHTProxyMaxRanks];
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   __shared__ ForwardShared sh;
@@ -312,4 +314,13 @@ extern "C" __global__ void __launch_bounds__(512, 1)
   for (int src = f_local; src < R; src += G) n += recv_count[src * C + c];
   Hop2Consumer hc{{}, &p, &a2, M, f, f_local, c};
   recv_stream(a2, g, &s_word[grp], f, c, n, hc, kPhaseHTDispatchRecv);
+}
+
+}  // namespace
+
+// Main blocks first, then the copy role's blocks (device/ht_dma.cuh), if any.
+extern "C" __global__ void __launch_bounds__(512, 1) ht_proxy_forward_dispatch(const UCCL_GRID_CONSTANT HTProxyForwardDispatchParams p) {
+  if (ht_dma_block(p)) return;
+  forward_dispatch_main(p);
+  ht_dma_warp_done(p);
 }

@@ -23,6 +23,7 @@ using namespace uccl_ep;
 using namespace uccl_ep::dev;
 
 extern "C" __global__ void __launch_bounds__(256) ht_proxy_notify(const UCCL_GRID_CONSTANT HTProxyNotifyParams p) {
+  if (ht_dma_block(p)) return;  // the copy role's blocks follow block 0 (device/ht_dma.cuh)
   __shared__ int s_ok;
   __shared__ unsigned s_op;
   const int R = int(p.num_ranks), me = int(p.rank), tid = threadIdx.x;
@@ -62,12 +63,17 @@ extern "C" __global__ void __launch_bounds__(256) ht_proxy_notify(const UCCL_GRI
     if (!handshake) {
       const uint64_t from = ht_meta_send(uint64_t(p.meta_base), p.meta_slot_bytes, R, par, tid);
       const uint64_t to = ht_meta_recv(uint64_t(p.meta_base), p.meta_slot_bytes, R, par, me);
+      if (p.dma_blocks > 0) dma_count_push(dma_context(p.dma), int(counter % p.num_fifos), uint64_t(L * 8));
       ok = fifo_push(f, protocol::make_counted_write(uint32_t(tid), from, to, uint32_t(L * 8), uint32_t(counter)),
                      uint64_t(p.timeout_ns), err, site);
     }
     ok = ok && fifo_push(f, protocol::make_atomic(uint32_t(tid), uint32_t(counter), handshake ? 1 : 2, true),
                          uint64_t(p.timeout_ns), err, site);
     if (!ok) s_ok = 0;
+  }
+  if (p.dma_blocks > 0) {  // every push of this launch made: the copy role's one signal
+    __syncthreads();
+    if (tid == 0) dma_signal(dma_context(p.dma));
   }
 
   // c. every source's record (or handshake) of this op.

@@ -120,6 +120,65 @@ class State:
         self.recv_pos = mem(addr + off["recv_pos"], 8 * R * Rg, np.uint64).reshape(R, Rg)
 
 
+class DmaRole:
+    """The copy role of a launch (device/ht_dma.cuh, dma_ring.h): the pushed-byte counts of its
+    senders, and the descriptors of every proxy thread's copy ring copied in ring order with `done`
+    published, until the senders are done and the descriptors cover the bytes they pushed. Units and
+    warps are not modelled (each descriptor is one copy); the host-visible protocol is."""
+
+    def __init__(self, p: dict) -> None:
+        ctx = mem(p["dma"], 128, np.uint64)
+        self.n = int(ctx[10])
+        self.table = mem(int(ctx[0]), 8 * self.n, np.uint64)
+        self.pushed = mem(int(ctx[1]), 8 * self.n, np.uint64)
+        self.states = [mem(int(ctx[2]) + 128 * g, 128, np.uint64) for g in range(self.n)]
+        self.signals = mem(int(ctx[7]), 8, np.uint64)
+        assert p["dma_blocks"] > 0 and p["dma_blocks"] % self.n == 0, "copy blocks are whole groups per ring"
+        self.expected = p["dma_senders"]
+
+    def count(self, fifo: int, nbytes: int) -> None:
+        if nbytes:
+            self.pushed[fifo % self.n] += np.uint64(nbytes)
+
+    def signal(self, k: int = 1) -> None:
+        self.signals[0] += np.uint64(k)
+
+    def run(self):
+        """Generator: True on progress; ends when every ring's work of this launch is copied."""
+        from uccl_ep.cuda.ht_internode import DMA_RING_CAPACITY as cap
+        idx = [int(st[0]) for st in self.states]
+        got = [int(st[1]) for st in self.states]
+        rings = [int(t) for t in self.table]
+        tag_shift, field = 57, (1 << 57) - 1
+        while True:
+            progress, finished = False, 0
+            known = int(self.signals[0]) >= self.expected
+            for g in range(self.n):
+                target = int(self.pushed[g]) if known else None
+                if target is not None and got[g] >= target:
+                    assert got[g] == target, f"ring {g}: copied {got[g]} bytes, senders pushed {target}"
+                    finished += 1
+                    continue
+                slot = mem(rings[g] + 64 + 32 * (idx[g] % cap), 32, np.uint64)
+                if int(slot[3]) != idx[g] + 1:
+                    continue
+                tag = ((idx[g] // cap + 1) & 0x7F) << tag_shift
+                dst, src, n = (int(w) for w in slot[:3])
+                assert dst & ~field == src & ~field == n & ~field == tag, "descriptor lap tags"
+                dst, src, n = dst & field, src & field, n & field
+                ctypes.memmove(dst, src, n)
+                idx[g] += 1
+                got[g] += n
+                mem(rings[g], 8, np.uint64)[0] = idx[g]  # header.done
+                progress = True
+            if finished == self.n:
+                break
+            yield progress
+        for g, st in enumerate(self.states):
+            st[0], st[1] = idx[g], got[g]
+        self.signals[0] = 0
+
+
 class _Kernels:
     """The launches of one rank against its proxy, one rank per node (see Emulator below)."""
 
@@ -135,7 +194,14 @@ class _Kernels:
                        "ht_proxy_forward_combine": "HTProxyForwardCombineParams"}[name]
         p = unpack(struct_name, params)
         self.launches.append((name, dict(p, grid=grid, block=block)))
+        self.dma = DmaRole(p) if p.get("dma_blocks", 0) > 0 else None
         getattr(self, name)(p)
+
+    def _push_write(self, fifo: int, cmd, nbytes: int) -> None:
+        """A Write with bytes, counted for the launch's copy role first (dma_count_push)."""
+        if self.dma is not None:
+            self.dma.count(fifo, nbytes)
+        self.proxy.push(fifo, *cmd, 10.0)
 
     def _check_proxy_words(self, p: dict) -> None:
         assert p["region"] == C.proxy_region_address(self.proxy), "region is not the proxy's"
@@ -145,8 +211,12 @@ class _Kernels:
 
     def _run(self, gens, phase: str) -> None:
         live = list(gens)
+        role = None
+        if self.dma is not None:  # each emulated stream stands for the warps that push for it
+            self.dma.expected = len(live)
+            role = self.dma.run()
         deadline = time.monotonic() + self.timeout_s
-        while live:
+        while live or role is not None:
             progress, keep = False, []
             for g in live:
                 try:
@@ -154,7 +224,14 @@ class _Kernels:
                     keep.append(g)
                 except StopIteration:
                     progress = True
+                    if self.dma is not None:
+                        self.dma.signal()  # the stream's pushes are all made
             live = keep
+            if role is not None:
+                try:
+                    progress |= next(role)
+                except StopIteration:
+                    role, progress = None, True
             if not progress:
                 self.proxy.raise_if_failed()
                 if time.monotonic() > deadline:
@@ -188,13 +265,19 @@ class _Kernels:
                 mem(region + base + ((2 + par) * R + d) * slot, 8 * L, np.int64)[:] = per_dst[d]
         for d in range(R):
             if not hs:
-                self.proxy.push(f, *C.encode_counted_write(d, base + ((2 + par) * R + d) * slot,
-                                                           base + (par * R + me) * slot, 8 * L, counter), 10.0)
+                self._push_write(f, C.encode_counted_write(d, base + ((2 + par) * R + d) * slot,
+                                                           base + (par * R + me) * slot, 8 * L, counter), 8 * L)
             self.proxy.push(f, *C.encode_atomic(d, counter, 1 if hs else 2, True), 10.0)
-        for s in range(R):
-            target = int(st.seen[par, s]) + (1 if hs else 2)
-            self.proxy.wait_counter(s, counter, target, self.timeout_s, "emulated ht_notify")
-            st.seen[par, s] = target
+
+        def arrivals():
+            for s in range(R):
+                target = int(st.seen[par, s]) + (1 if hs else 2)
+                while self.proxy.counter(s, counter) < target:
+                    yield False
+                st.seen[par, s] = target
+            yield True
+        assert self.dma is None or p["dma_senders"] == 1, "the notify block signals once, after its pushes"
+        self._run([arrivals()], "ht_proxy_notify")
         if not hs:
             out = mem(p["meta_out"], 8 * R * L, np.int64).reshape(R, L)
             for s in range(R):
@@ -239,8 +322,8 @@ class _Kernels:
             slot0 = pos % S
             src = plan_slot(p["send_base"], dst, c, p["num_channels"], S, slot0, msg)
             to = plan_slot(p["recv_base"], p["rank"], c, p["num_channels"], S, slot0, msg)
-            self.proxy.push(ring % p["num_fifos"], *C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0),
-                            10.0)
+            self._push_write(ring % p["num_fifos"], C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0),
+                             (k1 - k0) * msg)
             if hooks:
                 hooks.finish(k0, k1, base)
             k0 = k1

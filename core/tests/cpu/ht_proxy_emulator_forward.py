@@ -87,8 +87,8 @@ class ForwardKernels:
                                 slot0 = pos % S2
                                 f = plan_slot(p2["send_base"], node * G + l, c, Cn, S2, slot0, msg)
                                 t = plan_slot(p2["recv_base"], me, c, Cn, S2, slot0, msg)
-                                self.proxy.push(ring2 % p["num_fifos"], *C.encode_ordered_write(
-                                    node * G + l, f, t, run_ * msg, ring2, run_), 10.0)
+                                self._push_write(ring2 % p["num_fifos"], C.encode_ordered_write(
+                                    node * G + l, f, t, run_ * msg, ring2, run_), run_ * msg)
                                 pos, left = pos + run_, left - run_
                             pos2[l] = pos
 

@@ -238,7 +238,9 @@ def test_channel_counts_match_the_routing_helper(T, channels):
 # 2. orchestration with recording fakes (in-process proxies, no kernels)
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture
-def engine():
+def engine(monkeypatch):
+    """The engine of rank 0 of 2 over a loop proxy, without the copy role (the proxy's own copies)."""
+    monkeypatch.setenv("UCCL_EP_IPC_COPY", "cuda")
     R, rank = 2, 0
     proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=4 << 20)
     asked, log = {}, []
@@ -361,6 +363,7 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
     column in the meta record, and the handle shapes."""
     from uccl_ep.cuda import ht, ht_internode_forward
     import uccl_ep.proxy
+    monkeypatch.setenv("UCCL_EP_IPC_COPY", "cuda")  # a loop proxy: no copy rings, no copy role
     R, rank = 4, 1
     proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=8 << 20)
     log = []
@@ -565,7 +568,7 @@ def _e2e_worker(rank, world, rpn, seed):
             cmp(f"{case} combine bias={nb}", co[0], cr[0])
             cmp(f"{case} combined weights bias={nb}", co[1], cr[1])
     counters = eng.proxy.transport_counters()
-    copies = int(counters.get("ipc_host_copies", 0))
+    copies = int(counters.get("ipc_host_copies", 0)) + int(counters.get("ipc_kernel_copies", 0))
     eng.close()
     return bad, copies, len(emu.launches)
 

@@ -156,6 +156,20 @@ for step in $STEPS; do
         timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes 2 --num-sms 24 --iters 30 \
           --warmup 5 --json "$OUT/ht_internode_2nodes_24.json" 2>&1 | tail -8
       fi ;;
+    htproxy)  # normal mode through the proxy (GPUs as nodes, ipc copy role): small tests, then the bench rows
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
+      start_budget ${HTPROXY_BUDGET_S:-520}
+      NODES=$($PY -c "import torch; print(torch.cuda.device_count())")
+      $PY tools/lab/precompile.py layout.cu internode_notify.cu internode_dispatch.cu internode_combine.cu \
+        internode_forward_dispatch.cu internode_forward_combine.cu 2>&1 | tail -2
+      bounded 240 $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider \
+        -k "${HTPROXY_TESTS:-small and rpn1 or cuda_graph and rpn1 or timeout}" 2>&1 | tee "$OUT/htproxy_tests.log" | tail -6
+      for run in ${HTPROXY_RUNS:-24:4096 12:4096 24:1024 24:8192}; do
+        sms=${run%%:*}; tok=${run##*:}
+        bounded 120 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes "$NODES" --num-sms $sms \
+          --num-tokens $tok --iters ${HTPROXY_ITERS:-20} --warmup 3 --timeout 100 \
+          --json "$OUT/htproxy_${sms}_${tok}.json" 2>&1 | tail -5
+      done ;;
     scale)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${SCALE_BUDGET_S:-520}

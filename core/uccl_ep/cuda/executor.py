@@ -27,7 +27,7 @@ __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
 
 _PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
            5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier",
-           9: "ll_dispatch_send", 10: "ll_combine_send", 11: "ll_proxy_copy"}
+           9: "ll_dispatch_send", 10: "ll_combine_send", 11: "ll_proxy_copy", 12: "ht_proxy_copy"}
 _MAX_NVLINK_RANKS = 8
 
 
@@ -144,7 +144,7 @@ class CudaExecutor(Executor):
             torch.cuda.synchronize(self.device)
             code, phase, rank, peer, expert, waited_us = self.errors.int32_array(0, 6)
         what = _PHASES.get(phase, f"phase {phase}")
-        if code == 1 and what == "ll_proxy_copy":  # the copy kernel waited on its own proxy, not a peer
+        if code == 1 and what in ("ll_proxy_copy", "ht_proxy_copy"):  # the copy kernel waited on its own proxy, not a peer
             self._failure = Timeout(rank, rank, what, waited_us / 1e6,
                                     outstanding=f"copy ring of proxy thread {expert}",
                                     hint="this rank's CPU proxy did not queue the copies of the Writes it was "

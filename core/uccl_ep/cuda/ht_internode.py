@@ -39,6 +39,7 @@ one-host stand-in (docs/benchmarks.md). Between hosts the transport is ipc+fabri
 
 from __future__ import annotations
 
+import struct
 import time
 
 import torch
@@ -55,6 +56,17 @@ __all__ = ["serves", "unavailable_reason", "ProxyNormalEngine", "ProxyNormalPlan
 _BLOCK = 512
 _NOTIFY_BLOCK = 256
 _MAX_LOCAL_EXPERTS = 1024
+# The copy role (ipc "kernel" copies between GPUs of one host; device/ht_dma.cuh): blocks per proxy
+# thread's copy ring in the dispatch and combine kernels (the notify kernel takes one per ring), and
+# the largest unit of copy work one warp takes.
+_COPY_BLOCKS_PER_RING = 2
+_COPY_UNIT_BYTES = 32 << 10
+# Mirrors of dma_ring.h (a CPU test compiles the header and compares).
+DMA_RING_CAPACITY = 8192
+DMA_UNIT_CAPACITY = 32768
+DMA_RING_STATE_BYTES = 128
+DMA_CONTEXT_BYTES = 128
+DMA_RUNNING = (1 << 64) - 1
 
 
 def serves(ctx) -> bool:
@@ -103,7 +115,12 @@ class ProxyNormalEngine:
         from .proxy_path import ProxyLowLatencyEngine, warn_lazy_module_loading
         ctx = ex.ctx
         transport = gpu_transport.choose(ex.multi_host)
-        if transport == "ipc":
+        # Between GPUs of one host the Writes' bytes are copied by the kernels' own copy role from the
+        # proxy threads' descriptor rings (device/ht_dma.cuh): the proxy posts them as it would to a
+        # NIC, with no CUDA call; UCCL_EP_IPC_COPY=cuda keeps the proxy's driver copies (which need
+        # eager module loading).
+        self.dma_role = transport == "ipc" and env.get("UCCL_EP_IPC_COPY") == "kernel"
+        if transport == "ipc" and not self.dma_role:
             warn_lazy_module_loading(ctx.rank)
         why = _scope_reason(ctx, ex.multi_host)
         if why:
@@ -128,14 +145,19 @@ class ProxyNormalEngine:
         threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
         self.C = native()
         self._registered: list[int] = []
-        self.state = self.host = None
+        self._ring_bases: list[int] = []
+        self.state = self.host = self.dma_mem = None
+        self.dma_ctx = 0
         self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=plan.NUM_COUNTERS,
                                  transport=transport, num_threads=threads, fifos_per_thread=2, timeout_s=ctx.timeout_s,
-                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr)
+                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr,
+                                 ipc_copy="kernel" if self.dma_role else "")
         try:
             # NOTES: the LL proxy path's mapping of FIFOs and counters, reused unchanged: it sets
             # num_fifos, fifo_words, fifo_table, status_dev and counters_dev on this object.
             ProxyLowLatencyEngine._map_proxy_memory(self)
+            if self.dma_role:
+                self._map_dma_role()
             self.region_dev = self.C.proxy_region_address(self.proxy)
             self.state = DeviceMemory(self.dev, plan.STATE_BYTES)
             self.drv.memset_d8(self.dev, self.state.ptr, 0, plan.STATE_BYTES, 0)
@@ -151,6 +173,55 @@ class ProxyNormalEngine:
         from .proxy_path import ProxyLowLatencyEngine
         return ProxyLowLatencyEngine._register(self, start, end)
 
+    def _map_dma_role(self) -> None:
+        """The copy role's memory (dma_ring.h, HtDmaContext): context | ring table u64[n] | pushed
+        u64[n] | signals, exited | HtDmaRing[n] | left u32[n][cap] | finish u32[n][cap] |
+        unit_end u64[n][cap] | units HtDmaUnit[n][units cap]."""
+        rings = self.proxy.copy_rings()
+        if len(rings) != self.num_proxy_threads or any(r is None for r in rings):
+            raise RuntimeError(f"rank {self.rank}: the ipc transport did not create its copy rings "
+                               f"({self.proxy.transport_name})")
+        n, cap = len(rings), rings[0]["capacity"]
+        if cap != DMA_RING_CAPACITY:
+            raise RuntimeError(f"copy rings of {cap} descriptors; the kernels are built for {DMA_RING_CAPACITY}")
+        table = [self._register(r["memory"], r["memory"] + r["memory_bytes"]) for r in rings]
+        self._ring_bases = self._registered[-n:]
+        off = {"table": DMA_CONTEXT_BYTES}
+        off["pushed"] = off["table"] + 8 * n
+        off["signals"] = off["pushed"] + 8 * n
+        off["exited"] = off["signals"] + 8
+        off["state"] = (off["exited"] + 8 + 127) // 128 * 128
+        off["left"] = off["state"] + DMA_RING_STATE_BYTES * n
+        off["finish"] = off["left"] + 4 * n * cap
+        off["unit_end"] = off["finish"] + 4 * n * cap
+        off["units"] = off["unit_end"] + 8 * n * cap
+        total = off["units"] + 32 * n * DMA_UNIT_CAPACITY
+        self.dma_mem = DeviceMemory(self.dev, total)
+        base = self.dma_mem.ptr
+        self.drv.memset_d8(self.dev, base, 0, total, 0)
+        states = b"".join(struct.pack("<16Q", 0, 0, 0, 0, DMA_RUNNING, *([0] * 11)) for _ in range(n))
+        self.drv.memcpy_htod(self.dev, base + off["state"], states)
+        self.drv.memcpy_htod(self.dev, base + off["table"], struct.pack(f"<{n}Q", *table))
+        ctx = struct.pack("<10Q6q", base + off["table"], base + off["pushed"], base + off["state"], base + off["left"],
+                          base + off["finish"], base + off["unit_end"], base + off["units"], base + off["signals"],
+                          base + off["exited"], self.status_dev, n, _COPY_UNIT_BYTES, self.rank, self.ex.timeout_ns,
+                          0, 0)
+        self.drv.memcpy_htod(self.dev, base, ctx)
+        self.drv.synchronize(self.dev)
+        self.dma_ctx = base
+        self.dma_offsets = off
+
+    def _role(self, main_blocks: int, block: int, per_ring: int = _COPY_BLOCKS_PER_RING,
+              senders: int | None = None) -> tuple[int, dict]:
+        """(grid, the dma_* fields) of a launch of ``main_blocks`` blocks: the copy role's blocks
+        follow them when this engine has one; ``senders`` defaults to one signal per warp."""
+        if not self.dma_role:
+            return main_blocks, dict(dma_blocks=0, dma_senders=0)
+        extra = per_ring * self.num_proxy_threads
+        if senders is None:
+            senders = main_blocks * (block // 32)
+        return main_blocks + extra, dict(dma_blocks=extra, dma_senders=senders)
+
     # -- shared pieces -----------------------------------------------------------------------------
     def _ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
         """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix)."""
@@ -165,17 +236,21 @@ class ProxyNormalEngine:
 
     def _proxy_words(self) -> dict:
         return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
-                    status=self.status_dev, state=self.state.ptr, error=self.ex.error_dev_ptr)
+                    status=self.status_dev, state=self.state.ptr, error=self.ex.error_dev_ptr, dma=self.dma_ctx)
 
     def _check_channels(self, channels: int) -> None:
         per = 3 if self.forward else 2  # co-resident blocks per channel
-        if channels > plan.MAX_CHANNELS or per * channels > self.num_sms:
+        copy = _COPY_BLOCKS_PER_RING * self.num_proxy_threads if self.dma_role else 0  # the copy role's
+        if channels > plan.MAX_CHANNELS or per * channels + copy > self.num_sms:
             raise LimitExceeded("config.num_sms", f"channels (num_sms / 2; {per} blocks each, at most "
-                                f"{plan.MAX_CHANNELS} and the device's {self.num_sms} SMs) of the proxy normal-mode "
-                                "kernels", channels, min(plan.MAX_CHANNELS, self.num_sms // per))
+                                f"{plan.MAX_CHANNELS} and, with the {copy} copy blocks, the device's {self.num_sms} "
+                                "SMs) of the proxy normal-mode kernels", channels,
+                                min(plan.MAX_CHANNELS, (self.num_sms - copy) // per))
 
     def _notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0, channels=0) -> int:
         handshake = per_dst is None
+        # a handshake pushes no bytes; a fresh record's Writes are copied by one block per ring
+        grid, role = (1, dict(dma_blocks=0, dma_senders=0)) if handshake else self._role(1, _NOTIFY_BLOCK, 1, 1)
         if not handshake:
             self.host_tag = (self.host_tag + 1) & 0x3FFFFFFF
         params = pack_params(
@@ -186,8 +261,9 @@ class ProxyNormalEngine:
             meta_slot_bytes=self.meta.slot, expert_col=0 if handshake else cols["expert"], num_local_experts=E_loc,
             node_col=-1 if handshake else cols["node"], ranks_per_node=self.G, num_channels=channels,
             check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
-            host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self._proxy_words())
-        self._k["ht_proxy_notify"].launch(1, _NOTIFY_BLOCK, params, current_stream())
+            host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self._proxy_words(),
+            **role)
+        self._k["ht_proxy_notify"].launch(grid, _NOTIFY_BLOCK, params, current_stream())
         return self.host_tag
 
     def _wait_host(self, tag: int) -> list[int]:
@@ -276,6 +352,7 @@ class ProxyNormalEngine:
     def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, send_prefix, recv_prefix, recv_end, outs,
                          channels, rows, ring, num_experts):
         recv_x, recv_scales, recv_idx, recv_w, recv_src = outs
+        grid, role = self._role(2 * channels, _BLOCK)
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
         params = pack_params(
             "HTProxyDispatchParams", x=x.data_ptr(), x_scales=ptr(scales), topk_idx=ptr(topk_idx),
@@ -287,8 +364,8 @@ class ProxyNormalEngine:
             scale_stride_token=scales.stride(0) if scales is not None else 0,
             scale_stride_col=scales.stride(1) if scales is not None else 0,
             num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=num_experts, num_ranks=self.R,
-            rank=self.rank, num_channels=channels, num_rows=rows, **self._proxy_words(), **ring)
-        self._k["ht_proxy_dispatch"].launch(2 * channels, _BLOCK, params, current_stream())
+            rank=self.rank, num_channels=channels, num_rows=rows, **self._proxy_words(), **ring, **role)
+        self._k["ht_proxy_dispatch"].launch(grid, _BLOCK, params, current_stream())
 
     def cached_dispatch(self, x, x_scales, handle, config):
         if self.forward:
@@ -331,15 +408,16 @@ class ProxyNormalEngine:
         x = x.contiguous()
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        grid, role = self._role(2 * st.num_channels, _BLOCK)
         params = pack_params(
             "HTProxyCombineParams", x=x.data_ptr(), topk_weights=ptr(topk_weights), bias0=ptr(b0), bias1=ptr(b1),
             out=out.data_ptr(), out_weights=ptr(out_w), is_token_in_rank=st.in_rank.data_ptr(),
             send_head=st.send_head.data_ptr(), send_prefix=st.send_prefix.data_ptr(),
             recv_prefix=st.recv_prefix.data_ptr(), recv_end=st.recv_end.data_ptr(), num_tokens=T, hidden=H,
             num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=st.num_channels, **self._proxy_words(),
-            **ring)
+            **ring, **role)
         self._notify()
-        self._k["ht_proxy_combine"].launch(2 * st.num_channels, _BLOCK, params, current_stream())
+        self._k["ht_proxy_combine"].launch(grid, _BLOCK, params, current_stream())
         return out, out_w
 
     # -- failures, lifetime ------------------------------------------------------------------------
@@ -365,13 +443,21 @@ class ProxyNormalEngine:
             torch.cuda.synchronize(self.dev)
         except RuntimeError:  # a failed context: still stop the proxy and release what we can
             pass
+        # NOTES: the copy rings go with their transport endpoints when the proxy stops, so their pages
+        # are unregistered first (as in proxy_path.ProxyLowLatencyEngine.close).
+        for base in self._ring_bases:
+            self.drv.host_unregister(self.dev, base)
         proxy.stop()
         for base in self._registered:
-            self.drv.host_unregister(self.dev, base)
+            if base not in self._ring_bases:
+                self.drv.host_unregister(self.dev, base)
         self._registered.clear()
-        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.state):
+        self._ring_bases = []
+        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.state, self.dma_mem):
             if m is not None:
                 m.free()
+        self.dma_mem = None
+        self.dma_ctx = 0
         if self.host is not None:
             self.host.free()
         self.state = self.host = None

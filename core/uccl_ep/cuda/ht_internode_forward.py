@@ -31,6 +31,7 @@ def _ptr(t) -> int:
 
 def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdma_rows, rings) -> None:
     recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, rdma_mask = outs
+    grid, role = eng._role(3 * st.num_channels, _BLOCK)
     params = pack_params(
         "HTProxyForwardDispatchParams", x=x.data_ptr(), x_scales=_ptr(scales), topk_idx=_ptr(topk_idx),
         topk_weights=_ptr(topk_weights), is_token_in_rank=st.in_rank.data_ptr(),
@@ -44,8 +45,8 @@ def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdm
         scale_stride_col=scales.stride(1) if scales is not None else 0,
         num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=st.num_experts, num_ranks=eng.R,
         rank=eng.rank, ranks_per_node=eng.G, num_channels=st.num_channels, num_rows=rows, rdma_rows=rdma_rows,
-        **eng._proxy_words(), **rings)
-    eng._k["ht_proxy_forward_dispatch"].launch(3 * st.num_channels, _BLOCK, params, current_stream())
+        **eng._proxy_words(), **rings, **role)
+    eng._k["ht_proxy_forward_dispatch"].launch(grid, _BLOCK, params, current_stream())
 
 
 def _dispatch_rings(eng, msg: int, channels: int, config, phase: str) -> dict:
@@ -135,13 +136,14 @@ def combine(eng, x, handle, topk_weights, biases, config):
     b0, b1 = (b.contiguous() if b is not None else None for b in biases)
     x = x.contiguous()
     topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+    grid, role = eng._role(3 * C, _BLOCK)
     params = pack_params(
         "HTProxyForwardCombineParams", x=x.data_ptr(), topk_weights=_ptr(topk_weights), bias0=_ptr(b0), bias1=_ptr(b1),
         out=out.data_ptr(), out_weights=_ptr(out_w), send_rdma_head=st.send_rdma_head.data_ptr(),
         node_send_prefix=st.node_send_prefix.data_ptr(), rdma_prefix=st.rdma_prefix.data_ptr(),
         rdma_count=st.rdma_count.data_ptr(), rdma_mask=st.rdma_mask.data_ptr(), recv_prefix=st.recv_prefix.data_ptr(),
         recv_end=st.recv_end.data_ptr(), recv_count=st.recv_count.data_ptr(), num_tokens=T, hidden=H, num_topk=K,
-        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, **eng._proxy_words(), **rings)
+        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, **eng._proxy_words(), **rings, **role)
     eng._notify()
-    eng._k["ht_proxy_forward_combine"].launch(3 * C, _BLOCK, params, current_stream())
+    eng._k["ht_proxy_forward_combine"].launch(grid, _BLOCK, params, current_stream())
     return out, out_w

@@ -97,4 +97,56 @@ UCCL_EP_HOST_DEVICE constexpr uint64_t dma_tag(uint64_t index) {
 // Bytes of one ring: header, then the slots.
 constexpr uint64_t dma_ring_bytes() { return sizeof(DmaRingHeader) + kDmaRingCapacity * sizeof(DmaDesc); }
 
+// ---- the copy role of the normal-mode proxy kernels (device/ht_dma.cuh) ----------------------------
+// Normal mode's ring streams need their Writes copied while the kernel that pushed them still runs
+// (credits come back only for copied rows), so the copy work runs inside those kernels: extra blocks
+// of the same grid. Per ring, one fetcher warp takes descriptors from the host ring, cuts each into
+// units of at most unit_bytes and publishes them; every other warp of the ring's blocks claims units,
+// copies them and counts the descriptor's pieces down; the fetcher publishes `done` in ring order.
+
+// Per ring, in device memory; zero at set-up except `stop` (kHtDmaRunning).
+struct HtDmaRing {
+  uint64_t base_idx;       // first descriptor of the next launch
+  uint64_t base_bytes;     // bytes of every descriptor before it
+  uint64_t units;          // units published (cumulative; release by the fetcher)
+  uint64_t claimed;        // units claimed by workers (runs past `units` by the idle claims; reset at exit)
+  uint64_t stop;           // workers whose claim is >= stop leave (kHtDmaRunning while the launch runs)
+  uint64_t exited;         // blocks of this launch that left
+  uint64_t descs;          // diagnostics, summed over launches: descriptors copied
+  uint64_t fetch_wait_ns;  // diagnostics: the fetcher's time without any descriptor to take
+  uint64_t pad[8];
+};
+static_assert(sizeof(HtDmaRing) == 128, "HtDmaRing is part of the host/device ABI (ht_internode.py)");
+constexpr uint64_t kHtDmaRunning = ~uint64_t(0);
+
+// One unit of copy work: bytes [src, +len) to dst, piece of descriptor `desc`.
+struct HtDmaUnit {
+  uint64_t dst, src, len, desc;
+};
+static_assert(sizeof(HtDmaUnit) == 32, "HtDmaUnit is part of the host/device ABI");
+
+// Units per ring (power of two). The fetcher never publishes more than this many units beyond the
+// last descriptor published done, so a unit slot is rewritten only after its copy completed.
+constexpr uint64_t kHtDmaUnitCapacity = 32768;
+
+// What the copy role needs, in device memory, written once at set-up (ht_internode.py).
+struct HtDmaContext {
+  uint64_t rings;       // u64[n]: device address of each proxy thread's copy ring (DmaRingHeader + slots)
+  uint64_t pushed;      // u64[n]: bytes of the Writes pushed to each proxy thread (cumulative, by senders)
+  uint64_t state;       // HtDmaRing[n]
+  uint64_t left;        // u32[n][kDmaRingCapacity]: pieces of a descriptor still to copy
+  uint64_t finish;      // u32[n][kDmaRingCapacity]: low 32 bits of index + 1 once the descriptor is copied
+  uint64_t unit_end;    // u64[n][kDmaRingCapacity]: units published up to the end of the descriptor
+  uint64_t units;       // HtDmaUnit[n][kHtDmaUnitCapacity]
+  uint64_t signals;     // u64: main-block signals of the running launch (senders that finished pushing)
+  uint64_t exited;      // u64: copy blocks of the running launch that left (the last resets `signals`)
+  uint64_t status;      // a FIFO status word of the proxy (mapped host memory)
+  int64_t num_rings;    // proxy threads (one copy ring each); FIFO f belongs to thread f % num_rings
+  int64_t unit_bytes;   // largest unit (multiple of 16)
+  int64_t rank;
+  int64_t timeout_ns;
+  int64_t pad[2];
+};
+static_assert(sizeof(HtDmaContext) == 128, "HtDmaContext is part of the host/device ABI (ht_internode.py)");
+
 }  // namespace uccl_ep

@@ -37,6 +37,7 @@ enum Phase : int {
   kPhaseLLDispatchSend = 9,   // proxy path: pushing commands
   kPhaseLLCombineSend = 10,
   kPhaseLLProxyCopy = 11,     // proxy path, ipc "kernel" copies: waiting for the proxy's descriptors
+  kPhaseHTProxyCopy = 12,     // normal mode through the proxy, ipc "kernel" copies (device/ht_dma.cuh)
 };
 
 // ---- low-latency ---------------------------------------------------------------------------------

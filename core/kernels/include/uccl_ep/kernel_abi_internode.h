@@ -106,6 +106,7 @@ struct HTProxyNotifyParams {
   uint64_t state;           // HTProxyState* (device)
   uint64_t host;            // int32 mapped host: [0] tag, [1] rows, [2, 2+R) per source, per expert, RDMA rows
   uint64_t error;           // ErrorWord*
+  uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
   int64_t record_ints;      // L
   int64_t num_ranks;
   int64_t rank;
@@ -124,6 +125,8 @@ struct HTProxyNotifyParams {
   int64_t host_tag;
   int64_t handshake;        // 1: no record, a bare fence (cached dispatch, combine)
   int64_t timeout_ns;
+  int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
+  int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
 };
 
 struct HTProxyDispatchParams {
@@ -146,6 +149,7 @@ struct HTProxyDispatchParams {
   uint64_t status;
   uint64_t state;
   uint64_t error;
+  uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
   int64_t num_tokens;
   int64_t hidden_bytes;
   int64_t num_scales;
@@ -168,6 +172,8 @@ struct HTProxyDispatchParams {
   int64_t num_counters;     // counters per source in the proxy's counter array
   int64_t num_fifos;
   int64_t timeout_ns;
+  int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
+  int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
 };
 
 struct HTProxyCombineParams {
@@ -188,6 +194,7 @@ struct HTProxyCombineParams {
   uint64_t status;
   uint64_t state;
   uint64_t error;
+  uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
   int64_t num_tokens;
   int64_t hidden;
   int64_t num_topk;
@@ -205,6 +212,8 @@ struct HTProxyCombineParams {
   int64_t num_counters;     // counters per source in the proxy's counter array
   int64_t num_fifos;
   int64_t timeout_ns;
+  int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
+  int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
 };
 
 }  // namespace uccl_ep
@@ -246,6 +255,7 @@ struct HTProxyForwardDispatchParams {
   uint64_t status;
   uint64_t state;
   uint64_t error;
+  uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
   int64_t num_tokens;
   int64_t hidden_bytes;
   int64_t num_scales;
@@ -277,6 +287,8 @@ struct HTProxyForwardDispatchParams {
   int64_t num_counters;
   int64_t num_fifos;
   int64_t timeout_ns;
+  int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
+  int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
 };
 
 struct HTProxyForwardCombineParams {
@@ -300,6 +312,7 @@ struct HTProxyForwardCombineParams {
   uint64_t status;
   uint64_t state;
   uint64_t error;
+  uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
   int64_t num_tokens;
   int64_t hidden;
   int64_t num_topk;
@@ -325,6 +338,8 @@ struct HTProxyForwardCombineParams {
   int64_t num_counters;
   int64_t num_fifos;
   int64_t timeout_ns;
+  int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
+  int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
 };
 
 }  // namespace uccl_ep

@@ -18,6 +18,7 @@
 
 #include "uccl_ep/device/arch.cuh"
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/ht_dma.cuh"
 #include "uccl_ep/device/wait.cuh"
 #include "uccl_ep/fifo_device.cuh"
 #include "uccl_ep/kernel_abi.h"
@@ -66,6 +67,7 @@ struct RingArgs {
   const uint64_t* status;
   HTProxyState* state;
   ErrorWord* err;
+  const HtDmaContext* dma;  // the launch's copy role, or nullptr (Writes' bytes counted per proxy thread)
   int rank;
   int num_rings;  // channels
   int num_fifos;
@@ -93,6 +95,7 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
   a.status = reinterpret_cast<const uint64_t*>(p.status);
   a.state = reinterpret_cast<HTProxyState*>(p.state);
   a.err = reinterpret_cast<ErrorWord*>(p.error);
+  a.dma = p.dma_blocks > 0 ? dma_context(p.dma) : nullptr;
   a.rank = int(p.rank);
   a.num_rings = int(p.num_channels);
   a.num_fifos = int(p.num_fifos);
@@ -195,6 +198,7 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       const uint64_t to = ht_ring_slot(uint64_t(a.recv_base), a.rank, c, a.num_rings, a.slots, slot0, a.msg);
       const TransferCmd cmd = protocol::make_ordered_write(uint32_t(dst), from, to, uint32_t((k1 - k0) * a.msg),
                                                            uint32_t(ring), uint32_t(k1 - k0));
+      dma_count_push(a.dma, int(ring % a.num_fifos), uint64_t((k1 - k0) * a.msg));
       failed = !fifo_push(a.fifos[ring % a.num_fifos], cmd, a.timeout_ns, a.err, PushSite{phase, a.rank, dst, c});
       failed = failed || !stager.finish(k0, k1, base);
     }
