@@ -79,6 +79,7 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
   __shared__ int s_arrive[kHTProxyMaxRanks];
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   __shared__ int64_t s_base[kHTProxyMaxRanks];
+  __shared__ int64_t s_tail[kHTProxyMaxRanks];
   __shared__ int s_fail;
   const int R = int(p.num_ranks), C = int(p.num_channels);
   const int c = blockIdx.x / 2;
@@ -94,6 +95,7 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
     s_arrive[threadIdx.x] = 0;
     s_word[threadIdx.x] = 0;
     s_base[threadIdx.x] = threadIdx.x < R ? int64_t(a.state->recv_pos[threadIdx.x][a.first_ring + c]) : 0;
+    s_tail[threadIdx.x] = 0;
   }
   if (threadIdx.x == 0) s_fail = 0;
   __syncthreads();
@@ -114,42 +116,49 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
     return;
   }
 
-  // Reducer: rounds of B tokens, one warp each.
+  // Reducer: rounds of B tokens, one warp each. Thread j < R first waits until source j's stream
+  // covers the round's last row from j (one reader of each counter per block: many threads polling
+  // mapped host memory queue behind each other on PCIe, and slow the copy role's reads too).
   const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
   const auto* send_head = reinterpret_cast<const int*>(p.send_head);
   const int64_t half = a.slots / 2;
   const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
   const int lane = lane_id(), warp = warp_id(), tid = threadIdx.x;
-  int64_t tail[kHTProxyMaxRanks];  // per warp: last TAIL value seen per source
-  for (int j = 0; j < kHTProxyMaxRanks; ++j) tail[j] = 0;
   int64_t consumed = 0, credited = 0;  // thread j < R: messages of stream (j -> me, c) consumed / credited
   for (int tb = t_begin; tb < t_end; tb += B) {
+    const int tb_end = min(tb + B, t_end);
+    if (tid < R) {
+      const int64_t before = c > 0 ? send_prefix[tid * C + c - 1] : 0;
+      for (int u = tb_end - 1; u >= tb; --u) {
+        if (!in_rank[int64_t(u) * R + tid]) continue;
+        const int64_t need = s_base[tid] + (send_head[int64_t(u) * R + tid] - before);
+        if (need >= s_tail[tid]) {
+          const int64_t got = wait_tail(a, tid, c, need + 1, kPhaseHTCombineRecv);
+          if (got < 0) s_fail = 1;
+          else s_tail[tid] = got;
+        }
+        break;
+      }
+    }
+    __syncthreads();  // the waits' acquires before any warp reads the round's slots
+    if (s_fail) return;
     const int64_t t = tb + warp;
     if (warp < B && t < t_end) {
       const uint8_t* rows[kHTProxyMaxRanks];
       int nsrc = 0;
-      bool ok = true;
-      for (int j = 0; j < R && ok; ++j) {
+      for (int j = 0; j < R; ++j) {
         if (!in_rank[t * R + j]) continue;
         const int64_t before = c > 0 ? send_prefix[j * C + c - 1] : 0;
-        const int64_t pos = s_base[j] + (send_head[t * R + j] - before);
-        if (pos >= tail[j]) {
-          const int64_t got = warp_wait_tail(a, j, c, pos, kPhaseHTCombineRecv);
-          if (got < 0) ok = false;
-          tail[j] = got;
-        }
-        rows[nsrc++] = receive_slot(a, j, c, pos);
+        rows[nsrc++] = receive_slot(a, j, c, s_base[j] + (send_head[t * R + j] - before));
       }
-      if (ok) reduce_token(p, t, rows, nsrc);
-      else if (lane == 0) s_fail = 1;
+      reduce_token(p, t, rows, nsrc);
     }
     __syncthreads();  // every read of this round's slots done before their credits go back
-    if (s_fail) return;
     if (tid < R) {
-      for (int u = tb; u < tb + B && u < t_end; ++u) consumed += in_rank[int64_t(u) * R + tid];
+      for (int u = tb; u < tb_end; ++u) consumed += in_rank[int64_t(u) * R + tid];
       const int64_t lazy = half > 1 ? half : 1;
-      if (consumed - credited > 0 && (consumed - credited >= lazy || tb + B >= t_end)) {
-        if (!push_credit(a, tid, c, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
+      if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
+        if (!return_credit(a, tid, c, s_base[tid] + consumed, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
         credited = consumed;
       }
     }

@@ -199,6 +199,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
   __shared__ int s_arrive[kHTProxyMaxRanks];
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   __shared__ int64_t s_base[kHTProxyMaxRanks];
+  __shared__ int64_t s_tail[kHTProxyMaxRanks];
   __shared__ PartialShared sh;
   __shared__ int s_fail;
   const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.ranks_per_node);
@@ -214,6 +215,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
     s_word[threadIdx.x] = 0;
     const int rail = int(threadIdx.x) * G + me_local;
     s_base[threadIdx.x] = threadIdx.x < N ? int64_t(aB.state->recv_pos[rail][aB.first_ring + c]) : 0;
+    s_tail[threadIdx.x] = 0;
   }
   if (threadIdx.x == 0) {
     s_fail = 0;
@@ -271,43 +273,50 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
     return;
   }
 
-  // The source: rounds of B tokens, one warp each, nodes ascending.
+  // The source: rounds of B tokens, one warp each, nodes ascending. Thread n < N first waits until
+  // node n's partial stream covers the round's last partial from it (one reader per counter and
+  // block, as in internode_combine.cu).
   const auto* head = reinterpret_cast<const int*>(p.send_rdma_head);
   const auto* nsp = reinterpret_cast<const int*>(p.node_send_prefix);
   const int64_t half = aB.slots / 2;
   const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
-  const int lane = lane_id(), warp = warp_id(), tid = threadIdx.x;
-  int64_t tail[kHTProxyMaxRanks];
-  for (int n = 0; n < kHTProxyMaxRanks; ++n) tail[n] = 0;
+  const int warp = warp_id(), tid = threadIdx.x;
   int64_t consumed = 0, credited = 0;  // thread n < N: partials of stream (rail of node n -> me, c)
   for (int tb = t_begin; tb < t_end; tb += B) {
+    const int tb_end = min(tb + B, t_end);
+    if (tid < N) {
+      for (int u = tb_end - 1; u >= tb; --u) {
+        const int h = head[int64_t(u) * N + tid];
+        if (h < 0) continue;
+        const int64_t need = s_base[tid] + (h - (c > 0 ? nsp[tid * C + c - 1] : 0));
+        if (need >= s_tail[tid]) {
+          const int64_t got = wait_tail(aB, tid * G + me_local, c, need + 1, kPhaseHTCombineRecv);
+          if (got < 0) s_fail = 1;
+          else s_tail[tid] = got;
+        }
+        break;
+      }
+    }
+    __syncthreads();  // the waits' acquires before any warp reads the round's slots
+    if (s_fail) return;
     const int64_t t = tb + warp;
     if (warp < B && t < t_end) {
       const uint8_t* rows[kHTProxyMaxRanks];
       int nsrc = 0;
-      bool ok = true;
-      for (int n = 0; n < N && ok; ++n) {
+      for (int n = 0; n < N; ++n) {
         const int h = head[t * N + n];
         if (h < 0) continue;
-        const int rail = n * G + me_local;
-        const int64_t pos = s_base[n] + (h - (c > 0 ? nsp[n * C + c - 1] : 0));
-        if (pos >= tail[n]) {
-          const int64_t got = warp_wait_tail(aB, rail, c, pos, kPhaseHTCombineRecv);
-          if (got < 0) ok = false;
-          tail[n] = got;
-        }
-        rows[nsrc++] = receive_slot(aB, rail, c, pos);
+        rows[nsrc++] = receive_slot(aB, n * G + me_local, c, s_base[n] + (h - (c > 0 ? nsp[n * C + c - 1] : 0)));
       }
-      if (ok) reduce_partials(p, t, rows, nsrc);
-      else if (lane == 0) s_fail = 1;
+      reduce_partials(p, t, rows, nsrc);
     }
     __syncthreads();  // every read of this round's slots done before their credits go back
-    if (s_fail) return;
     if (tid < N) {
-      for (int u = tb; u < tb + B && u < t_end; ++u) consumed += head[int64_t(u) * N + tid] >= 0;
+      for (int u = tb; u < tb_end; ++u) consumed += head[int64_t(u) * N + tid] >= 0;
       const int64_t lazy = half > 1 ? half : 1;
-      if (consumed - credited > 0 && (consumed - credited >= lazy || tb + B >= t_end)) {
-        if (!push_credit(aB, tid * G + me_local, c, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
+      if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
+        if (!return_credit(aB, tid * G + me_local, c, s_base[tid] + consumed, consumed - credited, kPhaseHTCombineRecv))
+          s_fail = 1;
         credited = consumed;
       }
     }

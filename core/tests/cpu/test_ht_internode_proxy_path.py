@@ -150,8 +150,9 @@ using namespace uccl_ep;
 int main() {
   printf("%d %d %d %d %d %d %d\n", kHTProxyMaxRanks, kHTProxyMaxChannels, kHTProxyHeadBase, kHTProxyMetaCounter,
          kHTProxyNumCounters, kHTProxyWarps, (int)sizeof(HTProxyState));
-  printf("%zu %zu %zu %zu\n", offsetof(HTProxyState, op), offsetof(HTProxyState, seen),
-         offsetof(HTProxyState, send_pos), offsetof(HTProxyState, recv_pos));
+  printf("%zu %zu %zu %zu %zu %zu\n", offsetof(HTProxyState, op), offsetof(HTProxyState, seen),
+         offsetof(HTProxyState, send_pos), offsetof(HTProxyState, recv_pos), offsetof(HTProxyState, self_tail),
+         offsetof(HTProxyState, self_head));
   const long long cases[][3] = {{512, 0, 0}, {14336, 0, 8}, {7168, 56, 8}, {384, 3, 5}, {4096, 32, 0}, {16, 1, 1}};
   for (auto& c : cases) {
     HTDispatchMsg m = ht_dispatch_msg(c[0], c[1], c[2]);
@@ -180,7 +181,8 @@ def test_header_twins_agree(tmp_path):
     off = plan.state_offsets()
     assert consts == [plan.MAX_RANKS, plan.MAX_CHANNELS, plan.HEAD_BASE, plan.META_COUNTER0, plan.NUM_COUNTERS, 16,
                       off["bytes"]]
-    assert [int(v) for v in lines[1].split()] == [off["op"], off["seen"], off["send_pos"], off["recv_pos"]]
+    assert [int(v) for v in lines[1].split()] == [off["op"], off["seen"], off["send_pos"], off["recv_pos"],
+                                                  off["self_tail"], off["self_head"]]
     for line, (hb, ns, k) in zip(lines[2:8], [(512, 0, 0), (14336, 0, 8), (7168, 56, 8), (384, 3, 5), (4096, 32, 0),
                                               (16, 1, 1)]):
         got = [int(v) for v in line.split()]
@@ -190,6 +192,34 @@ def test_header_twins_agree(tmp_path):
     assert ring == 4096 + ((3 * 12 + 5) * 40 + 7) * 576
     meta = MetaLayout(1 << 20, 4)
     assert mrecv == meta.recv(1, 3) and msend == meta.send(1, 2)
+
+
+_DMA_PROBE = r"""
+#include <cstddef>
+#include <cstdio>
+#include "uccl_ep/dma_ring.h"
+using namespace uccl_ep;
+int main() {
+  printf("%llu %llu %zu %zu %zu %zu %zu\n", (unsigned long long)kDmaRingCapacity, (unsigned long long)kHtDmaUnitCapacity,
+         sizeof(HtDmaRing), sizeof(HtDmaContext), offsetof(HtDmaRing, stop), offsetof(HtDmaContext, num_rings),
+         offsetof(HtDmaContext, timeout_ns));
+  return 0;
+}
+"""
+
+
+def test_copy_role_twins_agree(tmp_path):
+    """ht_internode.py's mirrors of dma_ring.h's copy-role ABI (the context it packs, the ring states it
+    initialises) against the header."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src, exe = tmp_path / "dma.cc", tmp_path / "dma"
+    src.write_text(_DMA_PROBE)
+    subprocess.run([cxx, "-std=c++17", f"-I{jit.include_dir()}", str(src), "-o", str(exe)], check=True, timeout=120)
+    got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert got == [ht_internode.DMA_RING_CAPACITY, ht_internode.DMA_UNIT_CAPACITY, ht_internode.DMA_RING_STATE_BYTES,
+                   ht_internode.DMA_CONTEXT_BYTES, 4 * 8, 10 * 8, 13 * 8]
 
 
 def test_message_layout_is_the_host_executors_packed_row():

@@ -192,7 +192,8 @@ def worker(rank, world, H, T, E, seed, mode):
     ours._executor.check_error()
     eng = ours._executor._ht
     counters = eng.transport_counters()
-    out = (checked, eng.proxy.transport_name, int(counters.get("ipc_cuda_copies", 0)))
+    kind = eng.proxy.transport_name.split(":")[-1]  # ipc:kernel (the kernels' copy role) or ipc:cuda
+    out = (checked, eng.proxy.transport_name, int(counters.get(f"ipc_{kind}_copies", 0)))
     dist.barrier()
     return out
 
@@ -266,16 +267,19 @@ SMALL = dict(H=2048, T=512, E=64, seed=1)
 BIG = dict(H=7168, T=4096, E=256, seed=2)
 
 
+@pytest.mark.parametrize("copy", ["kernel", "cuda"])
 @pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2"])
 @pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
-def test_ht_internode_matches_reference(shape, mode):
+def test_ht_internode_matches_reference(shape, mode, copy):
+    """Every option against the reference, the Writes copied by the kernels' copy role (UCCL_EP_IPC_COPY=
+    kernel, the default) or by the proxy through the driver (cuda)."""
     if mode == "rpn2" and _world() < 4:
         pytest.skip("2 nodes x 2 ranks (per-node dedup, forwarding) needs 4 GPUs")
     world = _world() // 2 * 2 if mode == "rpn2" else _world()
-    out = run_ranks(worker, world, *shape.values(), mode, backend="nccl", timeout_s=900,
-                    env=FORCED_ENV if mode == "forced" else EAGER_ENV)
+    env = dict(FORCED_ENV if mode == "forced" else EAGER_ENV, UCCL_EP_IPC_COPY=copy)
+    out = run_ranks(worker, world, *shape.values(), mode, backend="nccl", timeout_s=900, env=env)
     for checked, transport, copies in out:
-        assert checked > 0 and transport == "ipc:cuda" and copies > 0
+        assert checked > 0 and transport == f"ipc:{copy}" and copies > 0
 
 
 @pytest.mark.parametrize("mode", ["rpn1", "rpn2"])

@@ -37,7 +37,10 @@ def state_offsets() -> dict[str, int]:
     seen = 8
     send = seen + 2 * MAX_RANKS * 8
     recv = send + MAX_RANKS * MAX_RINGS * 8
-    return dict(op=0, seen=seen, send_pos=send, recv_pos=recv, bytes=recv + MAX_RANKS * MAX_RINGS * 8)
+    self_tail = recv + MAX_RANKS * MAX_RINGS * 8
+    self_head = self_tail + MAX_RINGS * 8
+    return dict(op=0, seen=seen, send_pos=send, recv_pos=recv, self_tail=self_tail, self_head=self_head,
+                bytes=self_head + MAX_RINGS * 8)
 
 
 STATE_BYTES = state_offsets()["bytes"]

@@ -50,6 +50,10 @@ struct HTProxyState {
   int64_t seen[2][kHTProxyMaxRanks];                      // META counter values accounted
   uint64_t send_pos[kHTProxyMaxRanks][kHTProxyMaxRings];  // messages written per (dst, ring id)
   uint64_t recv_pos[kHTProxyMaxRanks][kHTProxyMaxRings];  // messages consumed per (src, ring id)
+  // This rank's stream to itself never enters the proxy (no NIC would carry it): the sender stages
+  // straight into its own receive ring and the two sides count in device memory.
+  uint64_t self_tail[kHTProxyMaxRings];                   // messages staged into the own ring (TAIL)
+  uint64_t self_head[kHTProxyMaxRings];                   // messages of it consumed (HEAD)
 };
 
 // Byte offset of a slot: rings [peer][ring - first_ring][slot] of `msg` bytes from `base`.

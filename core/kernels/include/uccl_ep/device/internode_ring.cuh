@@ -125,9 +125,11 @@ UCCL_DEVICE RingArgs nvl_ring_args(const P& p) {
 }
 
 // Staging slot of message position `pos` of stream (dst, channel c), and receive slot of
-// stream (src, c), as device pointers.
+// stream (src, c), as device pointers. The stream to this rank itself stages straight into its
+// receive ring (HTProxyState::self_tail).
 UCCL_DEVICE uint8_t* staging_slot(const RingArgs& a, int dst, int c, int64_t pos) {
-  return a.region + ht_ring_slot(uint64_t(a.send_base), dst, c, a.num_rings, a.slots, pos % a.slots, a.msg);
+  const uint64_t base = uint64_t(dst == a.rank ? a.recv_base : a.send_base);
+  return a.region + ht_ring_slot(base, dst, c, a.num_rings, a.slots, pos % a.slots, a.msg);
 }
 UCCL_DEVICE const uint8_t* receive_slot(const RingArgs& a, int src, int c, int64_t pos) {
   return a.region + ht_ring_slot(uint64_t(a.recv_base), src, c, a.num_rings, a.slots, pos % a.slots, a.msg);
@@ -137,13 +139,47 @@ UCCL_DEVICE const int64_t* proxy_counter(const RingArgs& a, int src, int64_t c) 
   return a.counters + int64_t(src) * a.num_counters + c;
 }
 
+// Waits (bounded) until a device word of this rank's stream to itself reaches `target`; the value,
+// or -1 (error word filled).
+UCCL_DEVICE int64_t wait_self(const uint64_t* word, int64_t target, const RingArgs& a, int phase, int c) {
+  const uint64_t start = clock_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    const int64_t v = int64_t(ld_acquire_gpu(word));  // pairs with the other side's st_release_gpu
+    if (v >= target) return v;
+    if ((spins & 1023u) == 0) {
+      const uint64_t now = clock_ns();
+      if (now - start > a.timeout_ns) {
+        raise_error(a.err, kErrTimeout, phase, a.rank, a.rank, c, now - start);
+        return -1;
+      }
+      if (error_raised(a.err)) return -1;
+    }
+  }
+}
+
+UCCL_DEVICE void st_release_gpu_u64(uint64_t* p, uint64_t v) {
+#if UCCL_EP_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
+// One thread: waits (bounded) until TAIL of stream (src, c) covers `target` messages (the proxy's
+// counter, or the device word of the stream to itself); the value, or -1 (error word filled).
+UCCL_DEVICE int64_t wait_tail(const RingArgs& a, int src, int c, int64_t target, int phase) {
+  if (src == a.rank) return wait_self(&a.state->self_tail[a.first_ring + c], target, a, phase, c);
+  // acquire (inside wait_counter): the receiving proxy bumps TAIL with release after the copies it
+  // accounts for landed in this rank's region.
+  return wait_counter(proxy_counter(a, src, a.first_ring + c), target, a.status, a.timeout_ns, a.err, phase, a.rank,
+                      src, c, nullptr);
+}
+
 // Whole warp: lane 0 waits (bounded) until TAIL of stream (src, c) covers position `pos`; every
 // lane gets the TAIL value, or -1 after an error (the error word is filled).
 UCCL_DEVICE int64_t warp_wait_tail(const RingArgs& a, int src, int c, int64_t pos, int phase) {
   int64_t got = 0;
-  if (lane_id() == 0)
-    got = wait_counter(proxy_counter(a, src, a.first_ring + c), pos + 1, a.status, a.timeout_ns, a.err, phase, a.rank,
-                       src, c, nullptr);
+  if (lane_id() == 0) got = wait_tail(a, src, c, pos + 1, phase);
   // the warp barrier orders lane 0's acquire before the other lanes' reads of the slots it covers
   sync_warp();
   return int64_t(uint64_t(uint32_t(shfl_idx(int(uint64_t(got) & 0xffffffffu), 0))) |
@@ -158,6 +194,14 @@ UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int p
                    a.err, PushSite{phase, a.rank, src, c});
 }
 
+// Credits of stream (src, c): `n` more messages consumed, `consumed` of them in all (the position).
+// The stream to this rank itself publishes the position in device memory (HTProxyState::self_head).
+UCCL_DEVICE bool return_credit(const RingArgs& a, int src, int c, int64_t consumed, int64_t n, int phase) {
+  if (src != a.rank) return push_credit(a, src, c, n, phase);
+  st_release_gpu_u64(&a.state->self_head[a.first_ring + c], uint64_t(consumed));  // the slots' reads before it
+  return true;
+}
+
 // Sends messages [0, n) of stream (dst, c). `stager.stage(k0, k1, base, g)` writes this warp's
 // share of messages [k0, k1) into staging_slot(a, dst, c, base + k); its prepare/finish hooks
 // (StreamHooks) run on the leader around each round. Returns false after an error (the error
@@ -168,6 +212,7 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
   const int64_t ring = a.first_ring + c;
   const int64_t base = int64_t(a.state->send_pos[dst][ring]);  // read by every warp before any round
   const int64_t* head = proxy_counter(a, dst, a.head_base + ring);
+  const bool local = dst == a.rank;  // staged straight into the own receive ring, no Write
   const bool leader = group_leader(g);
   int64_t credit = 0;  // leader: last credit value read (cumulative, like the positions)
   bool failed = false;
@@ -177,7 +222,9 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       int64_t k1 = -1;
       if (!failed) {
         if (pos - credit >= a.slots)
-          credit = wait_counter(head, pos - a.slots + 1, a.status, a.timeout_ns, a.err, phase, a.rank, dst, c, nullptr);
+          credit = local ? wait_self(&a.state->self_head[ring], pos - a.slots + 1, a, phase, c)
+                         : wait_counter(head, pos - a.slots + 1, a.status, a.timeout_ns, a.err, phase, a.rank, dst, c,
+                                        nullptr);
         if (credit >= 0) {
           const int64_t room = min64(a.slots - pos % a.slots, a.slots - (pos - credit));
           k1 = k0 + min64(min64(n - k0, a.chunk), min64(room, stager.max_round()));
@@ -190,9 +237,13 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
     const int64_t k1 = *s_word;
     if (k1 < 0) return false;
     stager.stage(k0, k1, base, g);
-    fence_system();  // this warp's staging stores reach memory the proxy's copy engine reads
+    if (local) __threadfence();  // this warp's stores before the leader's release of self_tail
+    else fence_system();         // this warp's staging stores reach memory the proxy's copy engine reads
     group_sync(g);
-    if (leader) {
+    if (leader && local) {
+      st_release_gpu_u64(&a.state->self_tail[ring], uint64_t(base + k1));
+      failed = !stager.finish(k0, k1, base);
+    } else if (leader) {
       const int64_t slot0 = (base + k0) % a.slots;
       const uint64_t from = ht_ring_slot(uint64_t(a.send_base), dst, c, a.num_rings, a.slots, slot0, a.msg);
       const uint64_t to = ht_ring_slot(uint64_t(a.recv_base), a.rank, c, a.num_rings, a.slots, slot0, a.msg);
@@ -216,7 +267,6 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
                              Consumer& consumer, int phase) {
   const int64_t ring = a.first_ring + c;
   const int64_t base = int64_t(a.state->recv_pos[src][ring]);
-  const int64_t* tail_counter = proxy_counter(a, src, ring);
   const bool leader = group_leader(g);
   const int64_t lazy = a.slots / 2 > 1 ? a.slots / 2 : 1;
   int64_t tail = 0, credited = base;
@@ -226,10 +276,7 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       const int64_t pos = base + k0;
       int64_t k1 = -1;
       if (!failed) {
-        // acquire (inside wait_counter): the receiving proxy bumps TAIL with release after the
-        // copies it accounts for landed in this rank's region.
-        if (tail <= pos)
-          tail = wait_counter(tail_counter, pos + 1, a.status, a.timeout_ns, a.err, phase, a.rank, src, c, nullptr);
+        if (tail <= pos) tail = wait_tail(a, src, c, pos + 1, phase);
         if (tail >= 0) {
           k1 = k0 + min64(min64(n - k0, tail - pos), consumer.max_round());
           if (!consumer.prepare(k0, k1, base)) k1 = -1;
@@ -246,7 +293,7 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       failed = !consumer.finish(k0, k1, base);
       const int64_t consumed = base + k1;
       if (!failed && (consumed - credited >= lazy || k1 == n)) {
-        failed = !push_credit(a, src, c, consumed - credited, phase);
+        failed = !return_credit(a, src, c, consumed, consumed - credited, phase);
         credited = consumed;
       }
     }
