@@ -180,7 +180,10 @@ struct ForwardConsumer : StreamHooks {
         warp_copy16_cg(staging_slot(*a2, local_rank(l), c, sh->pos2[l] + sh->pos[i][l]), slot, M.L.bytes);
       }
     }
-    fence_system();  // the hop-2 staging copies reach memory the proxy's copy engine reads
+    // the hop-2 staging copies before the leader's push (system scope only for readers outside this
+    // GPU's threads: see send_stream)
+    if (a2->dma != nullptr) __threadfence();
+    else fence_system();
   }
 
   UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) {

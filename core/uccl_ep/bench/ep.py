@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import Buffer, utils
+from ..config import Config
 from ..refs.fp8 import per_token_cast_back, per_token_cast_to_fp8
 from .expect import check_ll_dispatch, expected_normal_recv
 from .timing import time_op
@@ -50,6 +51,8 @@ class BenchSpec:
     num_sms: int = 24
     ll_proxy: bool = False        # LL through the CPU proxy (allow_nvlink_for_low_latency_mode=False)
     nodes: int = 0                # > 0: ranks_per_node = ranks / nodes (e.g. 2 GPUs of one host as 2 nodes)
+    rdma_chunk: int = 0           # > 0: Config.num_max_rdma_chunked_send_tokens of both ops (default: the table's)
+    rdma_recv: int = 0            # > 0: Config.num_max_rdma_chunked_recv_tokens of both ops
 
 
 def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -100,11 +103,20 @@ def _a2a_baseline(group, per_dest_rows: list[int], row_bytes: int, device, spec:
                    spec.iters, spec.warmup, device, group)["mean"]
 
 
+def _with_rdma(cfg: Config, spec: BenchSpec) -> Config:
+    """``cfg`` with the bench's RDMA chunk / ring overrides (DeepEP's tuning knobs of internode runs)."""
+    if not (spec.rdma_chunk or spec.rdma_recv):
+        return cfg
+    return Config(cfg.num_sms, cfg.num_max_nvl_chunked_send_tokens, cfg.num_max_nvl_chunked_recv_tokens,
+                  spec.rdma_chunk or cfg.num_max_rdma_chunked_send_tokens,
+                  spec.rdma_recv or cfg.num_max_rdma_chunked_recv_tokens)
+
+
 def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows, progress: Callable[[str], None]):
     gen = torch.Generator().manual_seed(spec.seed * 1000 + rank)
     T, H, K, E = spec.ht_tokens, spec.hidden, spec.num_topk, spec.ht_experts
     Buffer.set_num_sms(spec.num_sms)
-    dcfg, ccfg = Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)
+    dcfg, ccfg = (_with_rdma(c, spec) for c in (Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)))
     nvl = max(dcfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world))
     rdma = max(dcfg.get_rdma_buffer_size_hint(H * 2, world), ccfg.get_rdma_buffer_size_hint(H * 2, world))
     buf = Buffer(group, nvl, rdma, backend=spec.backend, ranks_per_node=_ranks_per_node(spec, world))

@@ -44,6 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="treat the ranks as N nodes (ranks_per_node = ranks / N; e.g. 2 GPUs of one host as 2 "
                         "nodes): normal mode then runs the internode protocol and rows add DeepEP's RDMA-formula "
                         "GB/s and the bytes the proxy transport copied")
+    p.add_argument("--rdma-chunk", type=int, default=0,
+                   help="Config.num_max_rdma_chunked_send_tokens of normal-mode ops (default: the config table's): "
+                        "the most tokens per Write through the proxy")
+    p.add_argument("--rdma-recv", type=int, default=0,
+                   help="Config.num_max_rdma_chunked_recv_tokens of normal-mode ops (ring depth in tokens)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (default 20 GPU / 5 CPU)")
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--no-check", action="store_true", help="skip result verification")
@@ -68,7 +73,8 @@ def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     from ..bench.ep import BenchSpec, spec_to_dict
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
                      check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy,
-                     nodes=getattr(args, "nodes", 0))
+                     nodes=getattr(args, "nodes", 0), rdma_chunk=getattr(args, "rdma_chunk", 0),
+                     rdma_recv=getattr(args, "rdma_recv", 0))
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:

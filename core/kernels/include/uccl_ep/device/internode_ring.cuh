@@ -237,8 +237,14 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
     const int64_t k1 = *s_word;
     if (k1 < 0) return false;
     stager.stage(k0, k1, base, g);
-    if (local) __threadfence();  // this warp's stores before the leader's release of self_tail
-    else fence_system();         // this warp's staging stores reach memory the proxy's copy engine reads
+    // This warp's staging stores before the leader's release (of self_tail, or of the command). Only a
+    // reader outside this GPU's threads -- a NIC, the driver's copy engine -- needs them fenced at system
+    // scope here; the copy role (a.dma) reads them on this GPU after acquiring what the leader's
+    // system-scope release published, so a GPU-scope fence orders them (release is cumulative).
+    // NOTES: fence.sc.sys waits for this warp's outstanding NVLink traffic too and costs microseconds
+    // per round while the copy role streams.
+    if (local || a.dma != nullptr) __threadfence();
+    else fence_system();
     group_sync(g);
     if (leader && local) {
       st_release_gpu_u64(&a.state->self_tail[ring], uint64_t(base + k1));
