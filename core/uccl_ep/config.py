@@ -125,15 +125,17 @@ def _check_ranks(num_ranks: int) -> None:
         raise InvalidArgument("num_ranks", "a positive int", repr(num_ranks))
 
 
-# (nvl_send, nvl_recv, rdma_send, rdma_recv) per group size, DeepEP V1's tuned values.
+# (nvl_send, nvl_recv, rdma_send, rdma_recv) per group size, DeepEP V1's tuned values, except the RDMA
+# chunk of groups of <= 8 ranks: DeepEP never reads it there (one node), uccl-ep's proxy path does when
+# such a group spans hosts or is forced through the proxy (12 measured on 2 x H200, docs/benchmarks.md).
 _DISPATCH_TABLE = {
-    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128),
+    2: (24, 256, 12, 128), 4: (6, 256, 12, 128), 8: (6, 256, 12, 128),
     16: (36, 288, 20, 128), 24: (32, 288, 8, 128), 32: (32, 288, 8, 128), 48: (32, 288, 8, 128),
     64: (32, 288, 8, 128), 96: (20, 480, 12, 128), 128: (20, 560, 12, 128),
     144: (32, 720, 12, 128), 160: (28, 720, 12, 128),
 }
 _COMBINE_TABLE = {
-    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128),
+    2: (10, 256, 12, 128), 4: (9, 256, 12, 128), 8: (4, 256, 12, 128),
     16: (4, 288, 12, 128), 24: (1, 288, 8, 128), 32: (1, 288, 8, 128), 48: (1, 288, 8, 128),
     64: (1, 288, 8, 128), 96: (1, 480, 8, 128), 128: (1, 560, 8, 128),
     144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
