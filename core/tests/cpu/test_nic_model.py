@@ -4,6 +4,10 @@ every message, reorders deliveries like SRD while the proxy's count fence and or
 buffer keep every byte and counter exact (random streams; host executor HT and LL against the
 reference), passes node mates through, and rejects a bad parameter with a typed error naming it."""
 
+import argparse
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -215,10 +219,28 @@ def test_host_executor_ht_and_ll_exact_under_the_model():
         assert all(c["nic_model_writes"] > 0 for c in counters), counters
 
 
-def test_bench_flag_rejects_a_bad_model():
+SMALL = ["--num-tokens", "48", "--hidden", "256", "--num-experts", "8", "--num-topk", "2", "--iters", "1",
+         "--warmup", "0", "--backend", "host", "--cpu", "--mode", "ht", "--nodes", "2"]
+
+
+def test_bench_reports_the_share_of_the_cap(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "bench", *SMALL, "--json", str(out),
+                           "--nic-model", "bw=2e8,lat_us=20,reorder=1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "of cap" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["op"], r["dtype"]) for r in rows] == [("dispatch", "bf16"), ("dispatch", "fp8"), ("combine", "bf16")]
+    for r in rows:
+        assert r["verified"] == "ok" and r["nic_cap_gbps"] == pytest.approx(0.2)
+        assert r["nic_bytes"] > 0 and r["nic_gbps"] == pytest.approx(r["nic_bytes"] / 1e9 / r["time_s"])
+        assert 0 < r["nic_of_cap"] <= 1.02, r       # the model never lets more through than its cap
+
+
+def test_bench_flag_rejects_a_bad_model(capsys):
     from uccl_ep.cli.bench import nic_model_from_args
-    import argparse
-    with pytest.raises(InvalidArgument, match="--nic-model \\(lat_us\\)"):
-        nic_model_from_args(argparse.Namespace(nic_model="efa-400g,lat_us=-3"))
+    from uccl_ep.cli.main import main
+    assert main(["bench", *SMALL, "--nic-model", "efa-400g,lat_us=-3"]) == 2   # before any rank starts
+    assert "--nic-model (lat_us)" in capsys.readouterr().err
     assert nic_model_from_args(argparse.Namespace(nic_model="efa-400g")).cap_bytes_per_s == 50e9
     assert nic_model_from_args(argparse.Namespace(nic_model="")) is None
