@@ -9,6 +9,7 @@ import random
 import pytest
 
 from uccl_ep.errors import InvalidArgument
+from uccl_ep.proxy import transport_unavailable_reason
 from uccl_ep.proxy.bootstrap import resolve_domains
 from uccl_ep.proxy.nics import (auto_domains, closest_nics, describe, domains_for_local_rank, host_gpus, nic_plan,
                                 nic_pci_address, numa_node, pci_chain)
@@ -149,7 +150,7 @@ def test_override_and_explicit_lists():
     assert resolve_domains("", 0, "tcp;ofi_rxm") == ""
     assert resolve_domains("first", 3, "tcp;ofi_rxm") == ""
     assert resolve_domains("lo;eth0", 1, "tcp;ofi_rxm") == "eth0"
-    assert domains_for_local_rank("a,b;c", 3) == "a,b"
+    assert domains_for_local_rank("a,b;c", 2) == "a,b" and domains_for_local_rank("a,b;c", 3) == "c"
     with pytest.raises(InvalidArgument, match="UCCL_EP_FABRIC_DOMAINS"):
         resolve_domains("a;;b", 0, "tcp;ofi_rxm")
 
@@ -162,3 +163,11 @@ def test_describe_for_doctor(tmp_path):
     assert rows[0]["why"] == "same PCIe switch, 2 NICs shared by 2 GPUs"
     assert describe("first", listed, gpus[:1], str(tmp_path))[0]["nics"] == ["<provider's first>"]
     assert describe("a,b;c", listed, gpus[:2], str(tmp_path))[1]["nics"] == ["c"]
+
+
+@pytest.mark.skipif(transport_unavailable_reason("fabric") is not None, reason="libfabric is not installed")
+def test_doctor_reports_each_gpus_nics():
+    from uccl_ep.cli.doctor import _libfabric
+    choice = _libfabric()["nic_choice"]
+    assert choice["spec"] == "auto" and "error" not in choice
+    assert choice["gpus"] == []   # this CPU machine: no GPU, every thread opens the provider's first NIC

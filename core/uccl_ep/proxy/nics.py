@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["SYSFS", "pci_chain", "numa_node", "nic_pci_address", "host_gpus", "nic_plan", "closest_nics",
-           "gpu_pci_address", "auto_domains", "domains_for_local_rank", "resolve_domains", "describe"]
+           "gpu_pci_address", "visible_gpu_pci_addresses", "auto_domains", "domains_for_local_rank", "resolve_domains", "describe"]
 
 log = logging.getLogger("uccl_ep")
 
@@ -190,6 +190,18 @@ def gpu_pci_address() -> str | None:
         return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
     except Exception:  # noqa: BLE001 - no GPU information: no automatic choice
         return None
+
+
+def visible_gpu_pci_addresses() -> list[str]:
+    """PCI addresses of the GPUs torch sees, in its order (the local ranks' order); [] without."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return []
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        return [f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0" for p in props]
+    except Exception:  # noqa: BLE001 - no GPU information
+        return []
 
 
 def auto_domains(nics: list[tuple[str, str]], gpu_bdf: str | None, sysfs: str = SYSFS) -> str:
