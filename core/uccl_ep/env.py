@@ -106,13 +106,15 @@ _VARS: list[Var] = [
         "host, fabric across hosts; cuda backend ipc on one host, and across hosts only with `fabric` or "
         "`ipc+fabric` set (both mean ipc+fabric there: GPU memory registered for the NIC, FI_HMEM).",
         choices=("auto", "fabric", "ipc", "ipc+fabric", "loop"), used_by="proxy"),
-    Var("UCCL_EP_FABRIC_DOMAINS", "str", "",
-        "NICs for the `fabric` transport (libfabric domain names, comma-separated, e.g. "
-        "`rdmap16s27,rdmap32s27` for the 2 EFA devices of a p5en GPU): proxy thread i uses entry "
-        "i % n, so threads spread over the GPU's NICs and their bandwidth adds up. One list per "
-        "local rank separated by `;` (local rank L takes list L mod n) maps each GPU to its own NICs. "
-        "`auto`: the NICs closest to the rank's GPU on the PCI tree (same PCIe switch first). "
-        "Empty: the provider's first domain. `uccl-ep doctor` lists the names.",
+    Var("UCCL_EP_FABRIC_DOMAINS", "str", "auto",
+        "NICs (libfabric domains) of the `fabric` transport; proxy thread i of a rank uses entry i % n, so a "
+        "GPU's threads stripe over its NICs and their line rates add up. `auto`: each GPU's nearest NICs by the "
+        "PCI topology (sysfs: same PCIe switch, then root port, host bridge, NUMA node), NICs that several GPUs "
+        "find equally near divided among them (p5en: 2 of the 4 EFA devices behind a GPU pair's switch each; "
+        "p6-b200 and MI300X hosts: 1 each); the provider's first NIC where nothing can be told (no GPU, no PCI "
+        "addresses). `first`: the provider's first NIC for every thread. Else NIC names, comma-separated, e.g. "
+        "`rdmap79s0-rdm,rdmap80s0-rdm`, or one list per local rank separated by `;` (local rank L takes list "
+        "L mod n). `uccl-ep doctor` shows each GPU's choice.",
         used_by="proxy"),
     Var("UCCL_EP_FABRIC_PROVIDER", "str", "",
         "libfabric provider for the `fabric` transport, e.g. `efa`, `verbs;ofi_rxm`, "
@@ -260,6 +262,14 @@ _VARS: list[Var] = [
         "write or completion is held back and reordered), `delay=<polls>` (longest hold), `tear=<p>` "
         "(probability a write is split into pieces landing in random order), `pieces=<n>`, `seed=<n>`. "
         "Empty = off. Never drops or duplicates completions.", used_by="proxy"),
+    Var("UCCL_EP_NIC_MODEL", "str", "",
+        "A NIC model around the proxy transport's traffic to other nodes, to see what the proxy protocols reach "
+        "against a line rate on machines without that NIC: a preset (`efa-400g`: 50 GB/s, 10 us, reordered "
+        "like EFA's SRD over a 10 us window; `efa-200g`: 25 GB/s, same; `cx7-400g`: 50 GB/s, 3 us, in order), "
+        "comma-separated `bw=<bytes/s>`, `lat_us=<us>`, `reorder=<p>`, `window_us=<us>`, `nics=<n>` (NICs per "
+        "rank, proxy threads striped over them), `seed=<n>`, or a preset followed by overrides "
+        "(`efa-200g,nics=2` for a p5en GPU). Empty or `off` = no model. `uccl-ep bench --nic-model` sets it.",
+        used_by="proxy"),
     Var("UCCL_EP_LOG_LEVEL", "choice", "warning",
         "Log level of the `uccl_ep` logger.",
         choices=("debug", "info", "warning", "error"), used_by="logging"),

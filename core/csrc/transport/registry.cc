@@ -18,6 +18,8 @@ std::string fabric_unavailable_reason();
 std::unique_ptr<Transport> make_ipc(const Options&);
 std::string ipc_unavailable_reason();
 std::unique_ptr<Transport> make_fault(std::unique_ptr<Transport> inner, const Options&);
+std::unique_ptr<Transport> make_nic_model(std::unique_ptr<Transport> inner, const std::string& spec, const Options&);
+void check_nic_model(const std::string& spec);
 std::unique_ptr<Transport> make_split(std::unique_ptr<Transport> local, std::unique_ptr<Transport> remote,
                                       const Options&);
 
@@ -44,15 +46,30 @@ const Entry* find(const std::string& name) {
 std::string known() {
   std::string s;
   for (const Entry& e : kBackends) s += std::string(s.empty() ? "" : ", ") + e.name;
-  return s + " (or fault:<one of them>, or <local>+<remote> such as ipc+fabric)";
+  return s + " (or fault:<one of them>, nic:<model>:<one of them>, or <local>+<remote> such as ipc+fabric)";
+}
+
+const std::string kFault = "fault:";
+const std::string kNic = "nic:";
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+// "nic:<model>:<inner>" -> (model, inner); the model holds no ':'.
+std::pair<std::string, std::string> split_nic(const std::string& name) {
+  const size_t colon = name.find(':', kNic.size());
+  if (colon == std::string::npos)
+    throw TransportError("transport '" + name + "': expected nic:<model>:<inner transport>");
+  return {name.substr(kNic.size(), colon - kNic.size()), name.substr(colon + 1)};
 }
 
 }  // namespace
 
 std::unique_ptr<Transport> create(const std::string& name, const Options& options) {
-  const std::string fault_prefix = "fault:";
-  if (name.compare(0, fault_prefix.size(), fault_prefix) == 0) {
-    return make_fault(create(name.substr(fault_prefix.size()), options), options);
+  if (starts_with(name, kFault)) return make_fault(create(name.substr(kFault.size()), options), options);
+  if (starts_with(name, kNic)) {
+    const auto [model, inner] = split_nic(name);
+    check_nic_model(model);  // a bad model fails before the inner endpoint is opened
+    return make_nic_model(create(inner, options), model, options);
   }
   const size_t plus = name.find('+');
   if (plus != std::string::npos)
@@ -69,8 +86,16 @@ std::vector<std::string> backend_names() {
 }
 
 std::string unavailable_reason(const std::string& name) {
-  const std::string fault_prefix = "fault:";
-  if (name.compare(0, fault_prefix.size(), fault_prefix) == 0) return unavailable_reason(name.substr(6));
+  if (starts_with(name, kFault)) return unavailable_reason(name.substr(kFault.size()));
+  if (starts_with(name, kNic)) {
+    try {
+      const auto [model, inner] = split_nic(name);
+      check_nic_model(model);
+      return unavailable_reason(inner);
+    } catch (const TransportError& e) {
+      return e.what();
+    }
+  }
   const size_t plus = name.find('+');
   if (plus != std::string::npos) {
     const std::string a = unavailable_reason(name.substr(0, plus));

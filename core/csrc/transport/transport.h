@@ -117,11 +117,12 @@ class Transport {
 
 using Factory = std::function<std::unique_ptr<Transport>(const Options&)>;
 
-// Creates a backend by name: "loop", "fabric", "ipc", "fault:<inner>", or "<local>+<remote>" (peers of
+// Creates a backend by name: "loop", "fabric", "ipc", "fault:<inner>", "nic:<model>:<inner>" (a NIC's
+// line rate, latency and reordering around <inner>; nic_model.cc), or "<local>+<remote>" (peers of
 // this node through <local>, the others through <remote>, e.g. "ipc+fabric"; split.cc). Throws
 // TransportError with the list of known names when `name` is unknown.
 std::unique_ptr<Transport> create(const std::string& name, const Options& options);
-// Names in the table (without the "fault:" form).
+// Names in the table (without the decorated forms).
 std::vector<std::string> backend_names();
 // Whether a backend can work on this machine; "" when yes, else why not.
 std::string unavailable_reason(const std::string& name);

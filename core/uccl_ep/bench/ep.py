@@ -31,7 +31,7 @@ from ..refs.fp8 import per_token_cast_back, per_token_cast_to_fp8
 from .expect import check_ll_dispatch, expected_normal_recv
 from .timing import time_op
 
-__all__ = ["BenchSpec", "run_rank"]
+__all__ = ["BenchSpec", "run_rank", "nic_fields"]
 
 
 @dataclass
@@ -53,6 +53,7 @@ class BenchSpec:
     nodes: int = 0                # > 0: ranks_per_node = ranks / nodes (e.g. 2 GPUs of one host as 2 nodes)
     rdma_chunk: int = 0           # > 0: Config.num_max_rdma_chunked_send_tokens of both ops (default: the table's)
     rdma_recv: int = 0            # > 0: Config.num_max_rdma_chunked_recv_tokens of both ops
+    nic_model: str = ""           # the NIC model the proxies run under (UCCL_EP_NIC_MODEL), for the cap column
 
 
 def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -254,9 +255,17 @@ def _timed_with_proxy(fn, spec: BenchSpec, device, group, counters_fn) -> tuple[
     return t, _proxy_fields(before, _proxy_snapshot(counters_fn), int(t["calls"]))
 
 
+def nic_fields(nic_bytes: float, time_s: float, cap_gbps: float) -> dict:
+    """Bytes per op through the NIC model -> its GB/s (per rank) and share of the cap."""
+    gbps = nic_bytes / 1e9 / time_s if time_s > 0 else 0.0
+    return dict(nic_bytes=nic_bytes, nic_gbps=gbps, nic_cap_gbps=cap_gbps, nic_of_cap=gbps / cap_gbps if cap_gbps else 0.0)
+
+
 class _InternodeRows:
-    """Extra fields of internode HT rows: DeepEP's RDMA-formula bytes and GB/s, nodes, and the
-    bytes the proxy transport copied per op (measured around the timed calls)."""
+    """Extra fields of internode HT rows: DeepEP's RDMA-formula bytes and GB/s, nodes, the bytes
+    the proxy transport copied per op, and under a NIC model (``spec.nic_model``) the bytes that
+    went through it per op, their GB/s and that rate's share of the model's cap (bw x nics of a
+    rank), all measured around the timed calls."""
 
     def __init__(self, buf, ntprr, hidden: int, spec: BenchSpec) -> None:
         self.on = buf.topology.is_internode and ntprr is not None
@@ -268,20 +277,27 @@ class _InternodeRows:
         self._counters = getattr(eng, "transport_counters", None) or \
             getattr(getattr(ex, "proxy", None), "transport_counters", None)
         self.per_op = None
+        self.nic_per_op = None
         self.hop: dict = {}
+        from ..proxy.nic_model import parse_nic_model
+        model = parse_nic_model(spec.nic_model, "--nic-model")
+        self.cap_gbps = model.cap_bytes_per_s / 1e9 if model is not None else 0.0
 
-    def _copied(self):
+    def _counter(self, name: str):
         if self._counters is None:
             return None
-        value = dict(self._counters()).get("ipc_copy_bytes")
+        value = dict(self._counters()).get(name)
         return int(value) if value is not None else None
 
     def timed(self, fn, device, group) -> dict:
-        before = self._copied() if self.on else None
+        before = self._counter("ipc_copy_bytes") if self.on else None
+        nic_before = self._counter("nic_model_bytes") if self.on and self.cap_gbps else None
         t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None)
-        after = self._copied() if before is not None else None
+        after = self._counter("ipc_copy_bytes") if before is not None else None
+        nic_after = self._counter("nic_model_bytes") if nic_before is not None else None
         calls = int(t["calls"])
         self.per_op = (after - before) / calls if after is not None and calls else None
+        self.nic_per_op = (nic_after - nic_before) / calls if nic_after is not None and calls else None
         return t
 
     def fields(self, factor: float, time_s: float) -> dict:
@@ -291,6 +307,8 @@ class _InternodeRows:
         out = dict(nodes=self.nodes, rdma_bytes=rdma, rdma_gbps=rdma / 1e9 / time_s if time_s > 0 else 0.0)
         if self.per_op is not None:
             out["transport_bytes"] = self.per_op
+        if self.nic_per_op is not None:
+            out.update(nic_fields(self.nic_per_op, time_s, self.cap_gbps))
         out.update(self.hop)
         return out
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, Callable
 
-__all__ = ["add_parser", "run", "BENCH_TARGETS"]
+__all__ = ["add_parser", "run", "BENCH_TARGETS", "nic_model_from_args"]
 
 # name -> (module, description); each module defines add_arguments(parser) and run(args) -> int.
 BENCH_TARGETS: dict[str, tuple[str, str]] = {
@@ -49,6 +49,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the most tokens per Write through the proxy")
     p.add_argument("--rdma-recv", type=int, default=0,
                    help="Config.num_max_rdma_chunked_recv_tokens of normal-mode ops (ring depth in tokens)")
+    p.add_argument("--nic-model", default="", metavar="SPEC",
+                   help="put a NIC model around the proxy transport's traffic to other nodes (UCCL_EP_NIC_MODEL): a "
+                        "preset (efa-400g, efa-200g, cx7-400g), key=value pairs (bw=<bytes/s>, lat_us, reorder, "
+                        "window_us, nics, seed) or a preset with overrides (efa-200g,nics=2); internode rows then add "
+                        "the GB/s through the model and its share of the cap (bw x nics)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (default 20 GPU / 5 CPU)")
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--no-check", action="store_true", help="skip result verification")
@@ -69,12 +74,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             pass
 
 
+def nic_model_from_args(args):
+    """The --nic-model flag parsed (None without one); a bad spec raises InvalidArgument naming
+    the flag and the key."""
+    from ..proxy.nic_model import parse_nic_model
+    return parse_nic_model(getattr(args, "nic_model", ""), "--nic-model")
+
+
+def _apply_nic_model(args) -> None:
+    """Hand --nic-model to the ranks' proxies (through UCCL_EP_NIC_MODEL, which every engine's
+    proxy start reads); the ranks inherit the environment of this command."""
+    import os
+    if nic_model_from_args(args) is not None:
+        os.environ["UCCL_EP_NIC_MODEL"] = args.nic_model
+
+
 def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     from ..bench.ep import BenchSpec, spec_to_dict
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
                      check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy,
                      nodes=getattr(args, "nodes", 0), rdma_chunk=getattr(args, "rdma_chunk", 0),
-                     rdma_recv=getattr(args, "rdma_recv", 0))
+                     rdma_recv=getattr(args, "rdma_recv", 0), nic_model=getattr(args, "nic_model", "") or "")
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:
@@ -107,6 +127,10 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
     if internode:  # DeepEP's RDMA formula and the bytes the proxy transport really copied
         for col in ("nodes", "RDMA GB/s", "transport MB/op"):
             table.add_column(col, justify="right")
+    modelled = any("nic_gbps" in r for r in rows)
+    if modelled:  # bytes through the NIC model per op and time, against its cap (bw x nics per rank)
+        for col in ("NIC GB/s", "cap GB/s", "of cap"):
+            table.add_column(col, justify="right")
     proxied = any("proxy_hop_us" in r for r in rows)
     if proxied:  # where the proxy path's time goes: writes per op, post->delivery, time in a copy submit
         for col in ("proxy writes/op", "post→deliver µs", "submit µs", "inbox µs", "copy wait µs", "copy µs", "done→seen µs",
@@ -121,6 +145,10 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
         if internode:
             cells += [str(r.get("nodes", "")), f"{r['rdma_gbps']:.2f}" if "rdma_gbps" in r else "",
                       f"{r['transport_bytes'] / 1e6:.2f}" if "transport_bytes" in r else ""]
+        if modelled:
+            cells += [f"{r['nic_gbps']:.2f}" if "nic_gbps" in r else "",
+                      f"{r['nic_cap_gbps']:.2f}" if "nic_cap_gbps" in r else "",
+                      f"{r['nic_of_cap']:.1%}" if "nic_of_cap" in r else ""]
         if proxied:
             cells += [f"{r['proxy_writes']:.0f}" if "proxy_writes" in r else "",
                       f"{r['proxy_hop_us']:.1f}" if "proxy_hop_us" in r else "",
@@ -141,7 +169,8 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
     for i, row in enumerate(per_rank[0]):
         same = [rows[i] for rows in per_rank]
         out = dict(row)
-        for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "proxy_writes",
+        for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "nic_bytes",
+                    "proxy_writes",
                     "proxy_hop_us", "proxy_submit_us", "proxy_inbox_us", "copy_wait_us", "copy_us",
                     "done_seen_us", "push_start_us", "push_seen_us", "push_post_us", "post_seen_us"):
             if key in row and all(key in r for r in same):
@@ -149,6 +178,9 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
         out["gbps"] = out["bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0
         if "rdma_bytes" in out:
             out["rdma_gbps"] = out["rdma_bytes"] / 1e9 / out["time_s"] if out["time_s"] > 0 else 0.0
+        if "nic_bytes" in out:
+            from ..bench.ep import nic_fields
+            out.update(nic_fields(out["nic_bytes"], out["time_s"], out["nic_cap_gbps"]))
         if out.get("baseline_s"):
             out["baseline_gbps"] = out["bytes"] / 1e9 / out["baseline_s"]
             out["ratio"] = out["baseline_s"] / out["time_s"]
@@ -190,6 +222,7 @@ def _run_in_job(args) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _eager_loading_for_proxy(args)
+    _apply_nic_model(args)
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0 and not args.cpu
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -223,6 +256,12 @@ def run(args) -> int:
     if args.what != "ep":
         module = __import__(BENCH_TARGETS[args.what][0], fromlist=["run"])
         return int(module.run(args) or 0)
+    from ..errors import InvalidArgument
+    try:
+        nic_model_from_args(args)
+    except InvalidArgument as e:
+        print(f"uccl-ep bench: {e}", file=sys.stderr)
+        return 2
     if args.dist == "env" or (args.dist == "auto" and _launched_by_env()):
         import os
         rc = _run_in_job(args)
@@ -250,6 +289,7 @@ def run(args) -> int:
         return 2
     spec = _spec_from_args(args, on_gpu)
     _eager_loading_for_proxy(args)   # before the ranks start (they inherit the environment)
+    _apply_nic_model(args)
     baseline = "nccl a2a" if on_gpu else "gloo a2a"
     queue = mp.get_context("spawn").Queue()
     with Progress(SpinnerColumn(), TextColumn("[bold]uccl-ep bench[/] {task.description}"), TimeElapsedColumn(),

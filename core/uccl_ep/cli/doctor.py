@@ -65,8 +65,14 @@ def _libfabric() -> dict[str, Any]:
         try:  # what UCCL_EP_FABRIC_DOMAINS can name, with PCI addresses where the provider gives them
             pairs = native().fabric_domain_pci(env.get("UCCL_EP_FABRIC_PROVIDER") or "")
             probe["nics"] = [f"{name} ({pci})" if pci else name for name, pci in pairs]
+            # each GPU's NICs as its proxy threads would stripe over them (UCCL_EP_FABRIC_DOMAINS)
+            from ..proxy.nics import describe, visible_gpu_pci_addresses
+            spec = str(env.get("UCCL_EP_FABRIC_DOMAINS"))
+            probe["nic_choice"] = {"spec": spec,
+                                   "gpus": describe(spec, list(pairs), visible_gpu_pci_addresses())}
         except Exception as e:  # noqa: BLE001 - a report, never a failure
-            probe["nics"] = [f"? ({e})"]
+            probe.setdefault("nics", [f"? ({e})"])
+            probe["nic_choice"] = {"spec": "", "gpus": [], "error": str(e)}
         try:  # can a provider register GPU memory for the NIC (FI_HMEM: the cuda backend between hosts)?
             from ..cuda.gpu_transport import gpu_memory_provider
             name, why = gpu_memory_provider(env.get("UCCL_EP_FABRIC_PROVIDER") or "")
@@ -215,6 +221,11 @@ def run(args) -> int:
                   if fab["loadable"] else f"not loadable ({fab['error']})")
     if fab.get("nics") is not None:
         table.add_row("fabric NICs (UCCL_EP_FABRIC_DOMAINS)", ", ".join(fab["nics"]) or "none")
+    choice = fab.get("nic_choice")
+    if choice is not None:
+        table.add_row(f"NICs per GPU (UCCL_EP_FABRIC_DOMAINS={choice['spec'] or 'auto'})",
+                      "; ".join(f"GPU{g['gpu']} {g['pci']}: {', '.join(g['nics'])} ({g['why']})" for g in choice["gpus"])
+                      or choice.get("error") or "no GPU: every proxy thread opens the provider's first NIC")
     table.add_row("RDMA devices", ", ".join(report["rdma_devices"]) or "none")
     c = report["compilers"]
     table.add_row("nvcc", f"{c['nvcc']} ({c.get('nvcc_version')})" if c["nvcc"] else "not found")

@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 from .. import env
 from ..errors import InvalidArgument, MissingDependency, PeerFailure, Timeout, Unsupported
+from .nic_model import decorate as decorate_with_nic_model, parse_nic_model
+from .nics import domains_for_local_rank, resolve_domains  # noqa: F401 - domains_for_local_rank: re-exported
 
 __all__ = ["native", "start_proxy", "token_digest", "transport_unavailable_reason", "parse_fault_spec", "numa_cpus"]
 
@@ -50,26 +52,6 @@ def transport_unavailable_reason(name: str) -> str | None:
     """None when the transport can be created here, else why not."""
     reason = native().transport_unavailable_reason(name)
     return reason or None
-
-
-def domains_for_local_rank(spec: str, local_rank: int) -> str:
-    """This local rank's NIC list from UCCL_EP_FABRIC_DOMAINS: one comma-separated list for every
-    rank, or one list per local rank separated by `;` (local rank L takes list L mod n), e.g.
-    `nic0,nic1;nic2,nic3;...` for 2 NICs per GPU on an 8-GPU node."""
-    groups = [g.strip() for g in spec.split(";")] if spec.strip() else []
-    if any(not g for g in groups):
-        raise InvalidArgument("UCCL_EP_FABRIC_DOMAINS", "NIC names, comma-separated, one list per local rank "
-                              "separated by ';' (no empty list)", spec)
-    return groups[local_rank % len(groups)] if groups else ""
-
-
-def resolve_domains(spec: str, local_rank: int, provider: str) -> str:
-    """The NIC list this rank's proxy threads spread over: ``auto`` -> the NICs closest to this
-    process's GPU on the PCI tree (uccl_ep.proxy.nics), else :func:`domains_for_local_rank`."""
-    if spec.strip().lower() == "auto":
-        from .nics import auto_domains, gpu_pci_address
-        return auto_domains(list(native().fabric_domain_pci(provider)), gpu_pci_address())
-    return domains_for_local_rank(spec, local_rank)
 
 
 def fabric_domains(provider: str | None = None) -> list[str]:
@@ -175,15 +157,17 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                 fifo_capacity: int = 2048, max_inflight: int | None = None, timeout_s: float | None = None,
                 ranks_per_node: int | None = None, fault: str | dict | None = None, token: str | None = None,
                 check_remote_bounds: bool = True, heartbeat_s: float = 0.0, cpus: str = "",
-                numa_node: int | None = None, store=None, external_region: int = 0, ipc_copy: str = ""):
+                numa_node: int | None = None, store=None, external_region: int = 0, ipc_copy: str = "",
+                nic_model: str | None = None):
     """Create, bootstrap, connect and start this rank's proxy (collective over ``group``).
 
     Unset arguments come from the env registry (UCCL_EP_TRANSPORT, UCCL_EP_FABRIC_PROVIDER,
     UCCL_EP_NUM_PROXY_THREADS, UCCL_EP_MAX_INFLIGHT, UCCL_EP_TIMEOUT_S, UCCL_EP_JOB_TOKEN,
-    UCCL_EP_FAULT). ``cpus`` (a CPU list) or ``numa_node`` pins the proxy threads (the GPU
-    runtime passes its device's NUMA node). ``store`` replaces the group's Store (e.g. a TCPStore
-    shared by the job); ``external_region`` registers caller-owned memory of ``region_bytes``
-    instead of allocating it; ``ipc_copy="kernel"`` makes the ipc transport queue its copies in a
+    UCCL_EP_FAULT, UCCL_EP_NIC_MODEL: a NIC's line rate, latency and reordering around the
+    transport's traffic to other nodes, uccl_ep.proxy.nic_model). ``cpus`` (a CPU list) or
+    ``numa_node`` pins the proxy threads (the GPU runtime passes its device's NUMA node).
+    ``store`` replaces the group's Store (e.g. a TCPStore shared by the job); ``external_region``
+    registers caller-owned memory of ``region_bytes`` instead of allocating it; ``ipc_copy="kernel"`` makes the ipc transport queue its copies in a
     descriptor ring for the caller's GPU copy kernel (``copy_rings()``). Returns the native ``uccl_ep._C.Proxy`` (call ``stop()`` when done).
     """
     C = native()
@@ -192,6 +176,8 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
     if timeout_s <= 0:
         raise InvalidArgument("timeout_s", "a positive number of seconds", timeout_s)
     ranks_per_node = ranks_per_node or world
+    model = parse_nic_model(nic_model if nic_model is not None else env.get("UCCL_EP_NIC_MODEL"),
+                            "nic_model" if nic_model is not None else "UCCL_EP_NIC_MODEL")
     store = store if store is not None else _store_of(group)
     with _lock:
         n = _sequence.get(id(group), 0)
@@ -217,6 +203,7 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
         fault_opts = parse_fault_spec(fault if fault is not None else env.get("UCCL_EP_FAULT"))
         if fault_opts and not name.startswith("fault:"):
             name = "fault:" + name
+        name = decorate_with_nic_model(name, model)
         config = dict(rank=rank, num_ranks=world, ranks_per_node=ranks_per_node,
                       num_threads=int(num_threads or env.get("UCCL_EP_NUM_PROXY_THREADS")),
                       fifos_per_thread=fifos_per_thread, fifo_capacity=fifo_capacity, num_counters=num_counters,
@@ -225,8 +212,9 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       token_digest=token_digest(token),
                       max_inflight=int(max_inflight or env.get("UCCL_EP_MAX_INFLIGHT")), timeout_s=timeout_s,
                       heartbeat_s=heartbeat_s, idle_sleep_ns=idle_sleep_ns(),
-                      domains=resolve_domains(str(env.get("UCCL_EP_FABRIC_DOMAINS") or ""), rank % ranks_per_node,
-                                              provider or env.get("UCCL_EP_FABRIC_PROVIDER") or ""),
+                      domains=resolve_domains(str(env.get("UCCL_EP_FABRIC_DOMAINS")), rank % ranks_per_node,
+                                              provider or env.get("UCCL_EP_FABRIC_PROVIDER") or "")
+                      if "fabric" in name else "",
                       check_remote_bounds=check_remote_bounds,
                       cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)

@@ -1,0 +1,286 @@
+// `nic:<parameters>:<inner>` decorator: makes any transport cost what a NIC costs, so the proxy
+// protocols can be measured against a line rate on machines that have no such NIC.
+//
+// Parameters (comma-separated key=value, the canonical form uccl_ep.proxy.nic_model writes; named
+// presets are resolved there):
+//   bw=<bytes/s>     line rate of one NIC (> 0)
+//   lat_us=<us>      one-way latency added to every message, payload or not (>= 0)
+//   reorder=<p>      probability a message is delayed by a uniform extra in [0, window_us] (0..1)
+//   window_us=<us>   the reordering window (>= 0)
+//   nics=<n>         NICs per rank; proxy thread t sends on NIC t mod n (as fabric stripes threads)
+//   seed=<n>         seeds the reordering (mixed with rank and thread), so a run can be replayed
+//
+// The model, per message: it occupies its NIC's link for len / bw (a serialized link, one per
+// (rank, NIC) and shared by the proxy threads on that NIC, so the threads together never exceed
+// the line rate), arrives lat_us after it left the link, plus the reordering extra. It is posted
+// to the inner transport only then, so the inner transport's contract holds unchanged: the
+// immediate is delivered after the write's bytes are visible, and a local completion means the
+// source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node) pass
+// straight through: no NIC carries them. With reorder > 0 writes overtake each other (to one peer too) within the
+// window, as on EFA's SRD, and local completions are released out of order the same way.
+// Every held message is released at its time; nothing is dropped or duplicated.
+//
+// NOTES: the sending side carries the whole cost (link, latency, reordering); the receiving NIC's
+// link is not modelled, so incast above the line rate (several senders into one NIC) is not
+// slowed down. The link's schedule is taken when a write is posted, so a proxy thread that polls
+// late releases late but never lets later writes exceed the rate.
+#include <errno.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <random>
+#include <sstream>
+#include <unordered_map>
+
+#include "transport/transport.h"
+
+namespace uccl_ep {
+namespace transport {
+
+namespace {
+
+struct Params {
+  double bw = 0;          // bytes/s
+  double lat_ns = 0;
+  double reorder = 0;
+  double window_ns = 0;
+  uint32_t nics = 1;
+  uint64_t seed = 0;
+};
+
+Params parse(const std::string& spec) {
+  Params p;
+  bool have_bw = false;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) throw TransportError("nic model: '" + item + "' is not key=value (in '" + spec + "')");
+    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    double x = 0;
+    try {
+      size_t used = 0;
+      x = std::stod(v, &used);
+      if (used != v.size()) throw std::invalid_argument(v);
+    } catch (const std::exception&) {
+      throw TransportError("nic model: " + k + "='" + v + "' is not a number");
+    }
+    auto need = [&](bool ok, const char* what) {
+      if (!ok) throw TransportError("nic model: " + k + "=" + v + ": expected " + what);
+    };
+    if (k == "bw") need(x > 0, "bytes/s > 0"), p.bw = x, have_bw = true;
+    else if (k == "lat_us") need(x >= 0, "microseconds >= 0"), p.lat_ns = x * 1e3;
+    else if (k == "reorder") need(x >= 0 && x <= 1, "a probability in [0, 1]"), p.reorder = x;
+    else if (k == "window_us") need(x >= 0, "microseconds >= 0"), p.window_ns = x * 1e3;
+    else if (k == "nics") need(x >= 1 && x <= 64 && x == double(uint32_t(x)), "an integer in [1, 64]"), p.nics = uint32_t(x);
+    else if (k == "seed") need(x >= 0 && x == double(uint64_t(x)), "an integer >= 0"), p.seed = uint64_t(x);
+    else throw TransportError("nic model: unknown parameter '" + k + "' (bw, lat_us, reorder, window_us, nics, seed)");
+  }
+  if (!have_bw) throw TransportError("nic model: bw=<bytes/s> is required (in '" + spec + "')");
+  return p;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One NIC's send link: the time its last reserved byte leaves. Shared by the proxy threads of a
+// rank that use this NIC (each thread's endpoint is a separate Transport).
+struct Link {
+  std::atomic<int64_t> free_ns{0};
+  // Reserves `dur` ns of the link from `now` on; returns when the message has left it.
+  int64_t reserve(int64_t now, int64_t dur) {
+    // relaxed: the CAS orders reservations among themselves; nothing else is published through it.
+    int64_t cur = free_ns.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t end = std::max(cur, now) + dur;
+      if (free_ns.compare_exchange_weak(cur, end, std::memory_order_relaxed)) return end;
+    }
+  }
+};
+
+std::shared_ptr<Link> link_for(const std::string& key) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<Link>> links;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = links.begin(); it != links.end();) it = it->second.expired() ? links.erase(it) : std::next(it);
+  std::weak_ptr<Link>& slot = links[key];
+  std::shared_ptr<Link> l = slot.lock();
+  if (!l) slot = l = std::make_shared<Link>();
+  return l;
+}
+
+class NicModelTransport final : public Transport {
+ public:
+  NicModelTransport(std::unique_ptr<Transport> inner, const std::string& spec, const Options& opt)
+      : inner_(std::move(inner)),
+        spec_(spec),
+        p_(parse(spec)),
+        opt_(opt),
+        rng_(p_.seed * 0x9E3779B97F4A7C15ull + uint64_t(opt.rank) * 1000003ull + uint64_t(opt.thread_index)),
+        link_(link_for(opt.job_key + "/r" + std::to_string(opt.rank) + "/nic" +
+                       std::to_string(uint32_t(opt.thread_index) % p_.nics))) {}
+
+  std::string name() const override { return "nic:" + spec_ + ":" + inner_->name(); }
+  std::string device() const override { return inner_->device(); }
+  Caps caps() const override {
+    Caps c = inner_->caps();
+    if (p_.reorder > 0) c.ordered = false;
+    return c;
+  }
+  void register_region(void* base, uint64_t bytes) override { inner_->register_region(base, bytes); }
+  Bytes local_address() override { return inner_->local_address(); }
+  Bytes region_key() override { return inner_->region_key(); }
+  void connect(const std::vector<Bytes>& a, const std::vector<Bytes>& k, const std::vector<uint64_t>& b) override {
+    inner_->connect(a, k, b);
+  }
+  void finalize_setup() override { inner_->finalize_setup(); }
+  void shutdown() override { inner_->shutdown(); }
+  std::vector<uint64_t> copy_ring() const override { return inner_->copy_ring(); }
+  std::vector<std::pair<std::string, uint64_t>> counters() const override {
+    // relaxed: statistics only.
+    std::vector<std::pair<std::string, uint64_t>> c = {
+        {"nic_model_writes", writes_.load(std::memory_order_relaxed)},
+        {"nic_model_bytes", bytes_.load(std::memory_order_relaxed)},
+        {"nic_model_wait_ns", wait_ns_.load(std::memory_order_relaxed)},
+        {"nic_model_overtaken", overtaken_.load(std::memory_order_relaxed)},
+        {"nic_model_held_completions", held_completions_.load(std::memory_order_relaxed)}};
+    for (auto& kv : inner_->counters()) c.push_back(std::move(kv));
+    return c;
+  }
+
+  PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
+                   uint64_t ctx, std::string* error) override {
+    // Back-pressure: held plus posted-not-completed stays within what the inner endpoint takes.
+    if (outstanding_ >= std::max<uint32_t>(opt_.max_outstanding, 16)) return PostResult::kAgain;
+    if (same_node(peer)) {
+      const PostResult r = inner_->write(peer, local_off, remote_off, len, has_imm, imm, ctx, error);
+      if (r == PostResult::kOk) ++outstanding_;
+      return r;
+    }
+    const int64_t now = now_ns();
+    const int64_t left = link_->reserve(now, int64_t(double(len) * 1e9 / p_.bw));
+    const int64_t extra = chance(p_.reorder) ? int64_t(std::uniform_real_distribution<double>(0, p_.window_ns)(rng_)) : 0;
+    const int64_t due = left + int64_t(p_.lat_ns) + extra;
+    held_.push(Msg{due, next_seq_++, peer, local_off, remote_off, len, has_imm, imm, ctx});
+    ++modeled_[ctx];
+    ++outstanding_;
+    // relaxed: statistics (also below).
+    writes_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(len, std::memory_order_relaxed);
+    wait_ns_.fetch_add(uint64_t(due - now), std::memory_order_relaxed);
+    return PostResult::kOk;
+  }
+
+  size_t poll(std::vector<Completion>& out, size_t max) override {
+    const int64_t now = now_ns();
+    release_writes(now);
+    size_t n = 0;
+    buf_.clear();
+    inner_->poll(buf_, max);
+    for (Completion& c : buf_) {
+      if (c.kind == Completion::kLocalDone || c.kind == Completion::kLocalError) {
+        if (outstanding_ > 0) --outstanding_;
+        if (take_modeled(c.ctx) && chance(p_.reorder)) {
+          held_completions_.fetch_add(1, std::memory_order_relaxed);
+          const int64_t extra = int64_t(std::uniform_real_distribution<double>(0, p_.window_ns)(rng_));
+          done_.push(Done{now + extra, next_seq_++, std::move(c)});
+          continue;
+        }
+      }
+      out.push_back(std::move(c));
+      ++n;
+    }
+    while (n < max && !done_.empty() && done_.top().due <= now) {
+      out.push_back(done_.top().c);
+      done_.pop();
+      ++n;
+    }
+    return n;
+  }
+
+ private:
+  struct Msg {
+    int64_t due;
+    uint64_t seq;
+    int peer;
+    uint64_t local_off, remote_off, len;
+    bool has_imm;
+    uint32_t imm;
+    uint64_t ctx;
+    bool operator>(const Msg& o) const { return due != o.due ? due > o.due : seq > o.seq; }
+  };
+  struct Done {
+    int64_t due;
+    uint64_t seq;
+    Completion c;
+    bool operator>(const Done& o) const { return due != o.due ? due > o.due : seq > o.seq; }
+  };
+
+  bool take_modeled(uint64_t ctx) {
+    auto it = modeled_.find(ctx);
+    if (it == modeled_.end()) return false;
+    if (--it->second == 0) modeled_.erase(it);
+    return true;
+  }
+
+  bool same_node(int peer) const {
+    const int rpn = std::max(1, opt_.ranks_per_node);
+    return peer >= 0 && peer / rpn == opt_.rank / rpn;
+  }
+
+  bool chance(double p) { return p > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+
+  // Posts every message whose time has come, earliest first; stops at the first the inner
+  // endpoint cannot take yet (it is retried at the next poll, so the order of release holds).
+  void release_writes(int64_t now) {
+    while (!held_.empty() && held_.top().due <= now) {
+      const Msg& m = held_.top();
+      std::string err;
+      const PostResult r = inner_->write(m.peer, m.local_off, m.remote_off, m.len, m.has_imm, m.imm, m.ctx, &err);
+      if (r == PostResult::kAgain) return;
+      if (m.seq < released_seq_) overtaken_.fetch_add(1, std::memory_order_relaxed);
+      released_seq_ = std::max(released_seq_, m.seq);
+      if (r == PostResult::kError) {
+        // Reported through the normal completion path, so the proxy sees one completion per write.
+        --outstanding_;
+        take_modeled(m.ctx);
+        done_.push(Done{now, next_seq_++, {Completion::kLocalError, m.peer, 0, m.ctx, EIO, err}});
+      }
+      held_.pop();
+    }
+  }
+
+  std::unique_ptr<Transport> inner_;
+  std::string spec_;
+  Params p_;
+  Options opt_;
+  std::mt19937_64 rng_;
+  std::shared_ptr<Link> link_;
+  uint64_t next_seq_ = 1;
+  uint64_t released_seq_ = 0;
+  uint32_t outstanding_ = 0;
+  std::priority_queue<Msg, std::vector<Msg>, std::greater<Msg>> held_;
+  std::priority_queue<Done, std::vector<Done>, std::greater<Done>> done_;
+  std::vector<Completion> buf_;
+  // ctx -> modeled writes with it not yet completed (control messages all share one ctx)
+  std::unordered_map<uint64_t, uint32_t> modeled_;
+  std::atomic<uint64_t> writes_{0}, bytes_{0}, wait_ns_{0}, overtaken_{0}, held_completions_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_nic_model(std::unique_ptr<Transport> inner, const std::string& spec,
+                                          const Options& options) {
+  return std::make_unique<NicModelTransport>(std::move(inner), spec, options);
+}
+
+void check_nic_model(const std::string& spec) { (void)parse(spec); }
+
+}  // namespace transport
+}  // namespace uccl_ep
