@@ -6,6 +6,7 @@ low-latency dispatch made by the real LowLatencyEngine, with a kernel the JIT co
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import struct
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,6 +55,7 @@ def _calls(log: Path) -> list[list[str]]:
 
 SELECT = """
 import json
+import re
 from uccl_ep import _C
 ok, why = _C.cuda.select_runtime({which!r})
 print(json.dumps({{"ok": ok, "why": why, "name": _C.cuda.runtime_name(), "again": _C.cuda.available(),
@@ -212,3 +215,44 @@ def test_one_low_latency_dispatch_call_sequence(tmp_path):
     q = dict(zip(recv_f, struct.unpack(f"<{len(recv_f)}Q", bytes.fromhex(recv[10]))))
     assert (q["recv_x"], q["recv_count"], q["error"], q["num_local_experts"]) == (
         out["recv_x"], out["count"], out["error"], 4)
+
+
+def test_rocm_torch_selects_the_hip_path_with_hipcc(tmp_path, monkeypatch):
+    """Under a ROCm torch (torch.version.hip) the cuda executor asks for the HIP runtime and hipcc, and
+    says which is missing; with both it can serve (backend="auto" then picks it first)."""
+    import torch
+
+    from uccl_ep.cuda import executor, runtime
+    from uccl_ep.topology import Topology
+    monkeypatch.setattr(torch.version, "hip", "7.2.0")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(runtime, "driver_unavailable_reason", lambda: None)
+    monkeypatch.delenv("UCCL_EP_FORCE_PROXY", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert runtime.torch_gpu_runtime() == "hip"
+    ctx = SimpleNamespace(num_ranks=8, topology=Topology(8, 8), low_latency_mode=False,
+                          allow_nvlink_for_low_latency_mode=True, options={})
+    monkeypatch.setenv("UCCL_EP_HIPCC", str(tmp_path / "rocm" / "bin" / "hipcc"))
+    why = executor.unavailable_reason(ctx)
+    assert why is not None and "hipcc" in why and "UCCL_EP_HIPCC" in why and "nvcc" not in why, why
+    monkeypatch.setenv("UCCL_EP_HIPCC", str(hip_toolchain.hipcc_wrapper(tmp_path / "bin")))
+    assert executor.unavailable_reason(ctx) is None
+
+
+# Literal warp-size arithmetic on thread indices (a warp is 64 lanes on AMD): kernels use kWarpSize.
+_WARP_32 = re.compile(r"\b(tid|threadIdx\.x|lane|n)\s*(\+\s*31\s*\))?\s*[/%]\s*32\b|\[\s*\w+\s*/\s*32\s*\]")
+
+
+def test_kernels_use_the_warp_size_not_32():
+    from uccl_ep.cuda import jit
+    hits = []
+    for path in sorted(jit.kernel_dir().rglob("*.cu*")):
+        if path.name == "arch.cuh":
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("//", 1)[0]
+            if _WARP_32.search(code):
+                hits.append(f"{path.name}:{no}: {line.strip()}")
+    assert not hits, "\n".join(hits)
