@@ -2,7 +2,9 @@
 # GPU toolchains for the kernel compile checks (no GPU needed, nothing runs on a device):
 #   - nvcc 13.0 from PyPI into the venv (matches the CUDA 13.0 driver of the GPU machine), used
 #     by uccl_ep's JIT and by core/tests/cpu/test_kernels_compile.py for sm_90 / sm_100;
-#   - Debian's hipcc 5.2 (+ HIP headers and AMDGPU device libraries) for the gfx90a check.
+#   - Debian's clang 22 + lld 22 (bookworm-security; the AMDGPU backend knows gfx90a, gfx942 and
+#     gfx950) with Debian's HIP 5.2 headers and AMDGPU device libraries, for the gfx90a / gfx942 /
+#     gfx950 checks (flags that bridge the two: core/tests/cpu/hip_toolchain.py).
 # Idempotent: each part checks whether it is already installed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +24,7 @@ then
   "$VPY" -m pip install -q "${NVCC_PKGS[@]}"
 fi
 
-HIP_PKGS=(hipcc libamdhip64-dev rocm-device-libs)
+HIP_PKGS=(clang-22 lld-22 libamdhip64-dev rocm-device-libs)
 missing=()
 for p in "${HIP_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

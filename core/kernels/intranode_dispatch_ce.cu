@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
     return peers[j] + uint64_t(p.region_base) + uint64_t(ce_region_slot(me, j)) * uint64_t(p.region_bytes);
   };
   __shared__ int s_pre[kRanks];            // positions before this batch, per destination
-  __shared__ int s_wcnt[kBatch / 32][kRanks];
+  __shared__ int s_wcnt[kBatch / kWarpSize][kRanks];  // per warp (wavefront on AMD)
   __shared__ int s_idx[kBatch][kRanks];    // token's position toward j, -1 if not routed there
   __shared__ int s_total[kRanks];          // this batch's tokens per destination
 
@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
         if (lane == 0 && j < R && v != 0) atomicAdd(&s_pre[j], v);
       }
     }
-    // b. positions inside the batch (warps 0..7 hold 32 tokens each)
+    // b. positions inside the batch (each warp holds kWarpSize tokens)
     int in_bits = 0;
     if (tid < kBatch) {
       const int t = b0 + tid;
@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
         const bool in = j < R && tid < n && in_rank[int64_t(t) * R + j];
         const uint64_t m = warp_ballot(in);
         if (in) in_bits |= 1 << j;
-        if (lane == 0 && j < R) s_wcnt[tid / 32][j] = popc64(m);
+        if (lane == 0 && j < R) s_wcnt[tid / kWarpSize][j] = popc64(m);
         s_idx[tid][j] = in ? popc64(m & lanemask_lt()) : -1;
       }
     }
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
         int idx = -1;
         if ((in_bits >> j) & 1) {
           idx = s_pre[j];
-          for (int w = 0; w < tid / 32; ++w) idx += s_wcnt[w][j];
+          for (int w = 0; w < tid / kWarpSize; ++w) idx += s_wcnt[w][j];
           idx += s_idx[tid][j];
         }
         s_idx[tid][j] = idx;
@@ -202,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch_ce(const
     if (tid < kRanks) {
       int total = 0;
       if (tid < R)
-        for (int w = 0; w < (n + 31) / 32; ++w) total += s_wcnt[w][tid];
+        for (int w = 0; w < (n + kWarpSize - 1) / kWarpSize; ++w) total += s_wcnt[w][tid];
       s_total[tid] = total;
     }
     __syncthreads();

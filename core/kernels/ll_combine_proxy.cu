@@ -128,13 +128,15 @@ extern "C" __global__ void __launch_bounds__(256)
       if (pushed && dma != nullptr && count > 0) atomicAdd(dma, (unsigned long long)(count * row_bytes));
       if (pushed) stamp_dma_push(p.dma_pushed, p.num_proxy_threads, fifo);
     }
-    if (blockIdx.x == 0)
-      for (int j = tid; j < R; j += blockDim.x)
+    if (blockIdx.x == 0) {
+      for (int j = tid; j < R; j += blockDim.x) {
         if (j == int(p.rank) && !is_masked(p.masked, j))
           signal_own_region(p.self_counter, p.signal_total);  // y was complete before this kernel
         else if (!is_masked(p.masked, j))
           push_op_signal(fifo_of(p, j), j, uint32_t(p.counter), E_loc, int(p.signal_total), uint64_t(p.timeout_ns), err,
                          PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
+      }
+    }
     return;
   }
 

@@ -246,14 +246,18 @@ _VARS: list[Var] = [
         used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_JIT_CACHE_DIR", "str", "~/.cache/uccl_ep/jit",
         "Where JIT-compiled kernels are cached (keyed by a hash of sources, headers, flags, arch "
-        "and nvcc version; published by atomic rename, safe on shared file systems).",
+        "and compiler version; published by atomic rename, safe on shared file systems).",
         used_by="JIT"),
     Var("UCCL_EP_CUDA_ARCH", "str", "",
-        "Target arch for the JIT, e.g. `sm_90a`, `sm_100a`. Empty = the current device's.",
-        used_by="JIT"),
+        "Target arch for the JIT, e.g. `sm_90a`, `sm_100a`, or `gfx942` / `gfx950` on AMD. Empty = the "
+        "current device's.", used_by="JIT"),
     Var("UCCL_EP_NVCC", "str", "",
         "Path of nvcc. Empty = `$CUDA_HOME/bin/nvcc`, then `nvcc` on PATH, then the "
         "`nvidia-cuda-nvcc` pip package.", used_by="JIT"),
+    Var("UCCL_EP_HIPCC", "str", "",
+        "Path of the HIP compiler for AMD GPUs (hipcc, or a clang with the AMDGPU backend and HIP headers). "
+        "Empty = `$ROCM_PATH/bin/hipcc` (`$HIP_PATH`), then `/opt/rocm/bin/hipcc`, then `hipcc` on PATH.",
+        used_by="JIT"),
     Var("UCCL_EP_JOB_TOKEN", "str", "",
         "Per-job secret checked at bootstrap; a peer with another token is refused. Empty = "
         "derived from the process group's store at Buffer construction.", used_by="bootstrap"),

@@ -1,4 +1,4 @@
-// Bindings of the lazy CUDA driver runtime: `uccl_ep._C.cuda`.
+// Bindings of the lazy GPU runtime (CUDA driver or HIP runtime): `uccl_ep._C.cuda`.
 //
 // NOTES: pointers, streams, modules and functions cross as Python ints; kernel parameters as
 // one bytes object (the kernel's by-value parameter struct, packed by uccl_ep.cuda.params).
@@ -20,7 +20,7 @@ namespace cu = uccl_ep::runtime::cu;
 namespace uccl_ep::bindings {
 
 void register_runtime(nb::module_& parent) {
-  nb::module_ m = parent.def_submodule("cuda", "lazy CUDA driver API (libcuda loaded at first use)");
+  nb::module_ m = parent.def_submodule("cuda", "lazy GPU runtime: libcuda or libamdhip64, loaded at first use");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -33,7 +33,23 @@ void register_runtime(nb::module_& parent) {
     std::string why;
     bool ok = cu::available(&why);
     return std::make_tuple(ok, why);
-  }, "(ok, why): whether libcuda loads and cuInit succeeds.");
+  }, "(ok, why): whether the chosen GPU runtime (auto-chosen if none was) loads and initialises.");
+  m.def("select_runtime", [](const std::string& which) {
+    std::string why;
+    bool ok = cu::select_runtime(which, &why);
+    return std::make_tuple(ok, why);
+  }, nb::arg("which"), "(ok, why) after choosing 'cuda', 'hip' or 'auto' for this process (once; see cuda_driver.h).");
+  m.def("runtime_name", &cu::runtime_name, "'cuda', 'hip', or '' while none is chosen and usable.");
+  m.def("probe_runtime", [](const std::string& which) {
+    cu::RuntimeProbe p = cu::probe_runtime(which);
+    nb::dict d;
+    d["loadable"] = p.loadable;
+    d["usable"] = p.usable;
+    d["path"] = p.path;
+    d["why"] = p.why;
+    d["version"] = p.version;
+    return d;
+  }, nb::arg("which"), "What loading 'cuda' or 'hip' found: loadable, usable, path, why, version.");
   m.def("driver_version", &cu::driver_version);
   m.def("device_count", &cu::device_count);
   m.def("device_attribute", &cu::device_attribute, nb::arg("device"), nb::arg("attr"));

@@ -1,9 +1,10 @@
-// Lazy CUDA driver API: the few driver entry points uccl_ep uses, resolved with dlsym from
-// libcuda the first time one is needed (see dynlib.h). No cuda.h at build time: the handful of
-// types and constants below are the driver ABI's, written out once here.
+// Lazy GPU runtime: the few entry points uccl_ep uses, resolved with dlsym from libcuda (the CUDA
+// driver) or libamdhip64 (the HIP runtime) the first time one is needed (see dynlib.h, gpu_api.h).
+// No cuda.h or hip headers at build time: the handful of types and constants below are the CUDA
+// driver ABI's, written out once here; the HIP loader (hip_api.cc) maps them onto HIP's.
 //
-// NOTES: everything that launches or allocates first makes the device's primary context
-// current on the calling thread, the same context the CUDA runtime (and so torch) uses, so
+// NOTES: everything that launches or allocates first makes the device current on the calling
+// thread: its primary context on CUDA, hipSetDevice on HIP; either is the one torch uses, so
 // pointers and streams cross between torch and uccl_ep freely.
 #pragma once
 
@@ -69,19 +70,38 @@ constexpr int kMemoryTypeHost = 1;
 constexpr int kMemoryTypeDevice = 2;
 constexpr int kErrorNotReady = 600;
 
-// Raised for any failing driver call: "<call>: <CUDA_ERROR_NAME> (<description>)".
+// Raised for any failing runtime call: "<call>: <CUDA_ERROR_NAME or hipErrorName> (<description>)".
 class DriverError : public std::runtime_error {
  public:
   DriverError(const std::string& msg, int code) : std::runtime_error(msg), code(code) {}
   int code;
 };
-// Raised when libcuda cannot be loaded or lacks a needed entry point.
+// Raised when the GPU runtime cannot be loaded, lacks a needed entry point or finds no device.
 class DriverMissing : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// True when libcuda loads and cuInit succeeds; `why` says what failed otherwise.
+// Picks the runtime behind every function below: "cuda", "hip", or "auto" (CUDA when libcuda
+// loads and initialises, else HIP). Returns whether it is usable, with `why` otherwise. The choice
+// is made once per process: naming the other runtime after one was chosen by name, or after one
+// is in use, throws std::logic_error; a named runtime that fails stays failed (nothing falls back
+// to the other one). After "auto" found neither usable, naming one reports that one's reason.
+bool select_runtime(const std::string& which, std::string* why = nullptr);
+// The runtime in use ("cuda" / "hip"), or "" while none is chosen or usable.
+std::string runtime_name();
+
+// What loading one runtime found, independent of the choice above (for `uccl-ep doctor`).
+struct RuntimeProbe {
+  bool loadable = false;  // the library dlopen'ed
+  bool usable = false;    // ... had every entry point, initialised and found a device
+  std::string path;       // the soname or path that loaded
+  std::string why;        // why it is not usable
+  int version = 0;        // driver (CUDA) / runtime (HIP) version as the library reports it
+};
+RuntimeProbe probe_runtime(const std::string& which);
+
+// True when the chosen runtime (auto-chosen if none was) is usable; `why` says what failed otherwise.
 bool available(std::string* why = nullptr);
 int driver_version();
 int device_count();

@@ -1,6 +1,7 @@
 #include "runtime/dynlib.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdint>
 #include <map>
@@ -12,7 +13,7 @@ namespace uccl_ep::runtime {
 const std::vector<std::string>& candidate_sonames(const std::string& name) {
   static const std::map<std::string, std::vector<std::string>> kCandidates = {
       {"cuda", {"libcuda.so.1", "libcuda.so"}},
-      {"hip", {"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"}},
+      {"hip", {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"}},
       {"fabric", {"libfabric.so.1", "libfabric.so"}},
       {"ibverbs", {"libibverbs.so.1", "libibverbs.so"}},
   };
@@ -30,6 +31,25 @@ struct Cached {
 };
 std::mutex g_mutex;
 std::map<std::string, Cached> g_cache;
+
+// The path of a loaded object whose file name starts with `prefix`, or "".
+std::string loaded_object(const std::string& prefix) {
+  struct Search {
+    const std::string* prefix;
+    std::string found;
+  } s{&prefix, {}};
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* arg) -> int {
+        auto* s = static_cast<Search*>(arg);
+        const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+        const std::string base = path.substr(path.find_last_of('/') + 1);
+        if (base.compare(0, s->prefix->size(), *s->prefix) != 0) return 0;
+        s->found = path;
+        return 1;
+      },
+      &s);
+  return s.found;
+}
 }  // namespace
 
 void* open_library(const std::string& name, std::string* error_out, std::string* path_out) {
@@ -37,7 +57,16 @@ void* open_library(const std::string& name, std::string* error_out, std::string*
   Cached& c = g_cache[name];
   if (!c.tried) {
     c.tried = true;
+    if (name == "hip") {
+      // NOTES: HIP is a user-space runtime with per-process state (devices, streams, IPC maps):
+      // use the copy already in the process (a ROCm torch loads its own libamdhip64) rather than
+      // a second one, whose streams and pointers would not be torch's.
+      const std::string path = loaded_object("libamdhip64.so");
+      if (!path.empty()) c.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+      if (c.handle != nullptr) c.path = path;
+    }
     for (const auto& soname : candidate_sonames(name)) {
+      if (c.handle != nullptr) break;
       // NOTES: RTLD_LOCAL keeps our copy's symbols from interposing on a framework's own
       // libfabric/libcuda; RTLD_NOW surfaces missing symbols here, not mid-transfer.
       void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -48,7 +77,7 @@ void* open_library(const std::string& name, std::string* error_out, std::string*
         break;
       }
       const char* e = dlerror();
-      c.error = e != nullptr ? e : ("cannot load " + soname);
+      c.error += (c.error.empty() ? "" : "; ") + (e != nullptr ? std::string(e) : "cannot load " + soname);
     }
   }
   if (error_out != nullptr) *error_out = c.error;
@@ -78,6 +107,13 @@ LibraryProbe probe_library(const std::string& name) {
       p.version = std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
     }
     (void)cu_init;  // NOTES: probing never initialises the driver; that is the runtime's job.
+  } else if (name == "hip") {
+    using ver_fn = int (*)(int*);
+    auto hip_ver = reinterpret_cast<ver_fn>(dlsym(h, "hipRuntimeGetVersion"));
+    int v = 0;
+    if (hip_ver != nullptr && hip_ver(&v) == 0) {
+      p.version = std::to_string(v / 10000000) + "." + std::to_string(v / 100000 % 100);
+    }
   }
   return p;
 }

@@ -22,7 +22,8 @@ struct LibraryProbe {
 // Candidate sonames tried in order for each short name.
 const std::vector<std::string>& candidate_sonames(const std::string& name);
 
-// dlopen (RTLD_NOW | RTLD_LOCAL) the first loadable candidate; returns the handle or nullptr.
+// dlopen (RTLD_NOW | RTLD_LOCAL) the first loadable candidate (for "hip", a libamdhip64 already in
+// the process first); returns the handle or nullptr, with every candidate's dlerror() in *error_out.
 // The handle is cached for the life of the process; callers never dlclose it.
 void* open_library(const std::string& name, std::string* error_out = nullptr,
                    std::string* path_out = nullptr);

@@ -1,7 +1,8 @@
-"""Every kernel compiles for sm_90a and sm_100a (PyPI nvcc) and for gfx90a (Debian's hipcc) through
-the one warp/wavefront abstraction header, and the kernel parameter ABI agrees with the Python
-packer. Nothing runs on a device. The toolchains come from ci/setup.d/20-gpu-toolchain.sh; where
-they are absent the tests skip, except under CI, where that is a failure."""
+"""Every kernel compiles for sm_90a and sm_100a (PyPI nvcc) and for gfx90a, gfx942 (MI300X) and gfx950
+(MI355X) (Debian's clang 22, hip_toolchain.py) through the one warp/wavefront abstraction header,
+and the kernel parameter ABI agrees with the Python packer. Nothing runs on a device. The toolchains
+come from ci/setup.d/20-gpu-toolchain.sh; where they are absent the tests skip, except under CI,
+where that is a failure."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
+
+import hip_toolchain
 
 from uccl_ep.cuda import ht_variants, jit, runtime
 
@@ -51,13 +56,41 @@ def test_nvcc_sm90_sm100(source, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+def _hip_build(source: str, archs: tuple[str, ...], tmp_path) -> tuple[dict[str, bytes], str]:
+    """Device code objects of core/kernels/<source> for `archs` (one clang call) and the compiler's
+    stderr. NOTES: cached under ~/.cache/uccl_ep/ci-hip by the JIT's key (source, every header it
+    includes, flags, targets, compiler version), with the stderr kept beside the code objects, so a
+    rerun on the same machine re-checks the same outputs without recompiling."""
+    clang = _tool_or_skip("clang-22 with Debian's HIP headers", hip_toolchain.clang())
+    src = jit.kernel_dir() / source
+    flags = ["-x", "hip", "-std=c++17", "-O3", *(f"--offload-arch={a}" for a in archs), "--offload-device-only",
+             "--no-gpu-bundle-output", "-DNDEBUG", *hip_toolchain.compat_flags()]
+    key = jit.cache_key(src, jit.include_closure(src, [jit.include_dir()]), flags, "+".join(archs),
+                        jit.compiler_version(Path(clang)))
+    cache = Path(os.path.expanduser("~/.cache/uccl_ep/ci-hip"))
+    entry = cache / f"{src.stem}-{key}"
+    if not entry.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
+        res = subprocess.run([clang, *flags, f"-I{jit.include_dir()}", str(src)], capture_output=True, text=True,
+                             timeout=600, cwd=build)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (build / "stderr.txt").write_text(res.stderr)
+        try:
+            build.rename(entry)  # atomic publish; a racing run's identical entry wins
+        except OSError:
+            shutil.rmtree(build, ignore_errors=True)
+    objects = {a: p.read_bytes() for a in archs for p in entry.glob(f"{src.stem}-hip-amdgcn-amd-amdhsa-{a}.*")}
+    return objects, (entry / "stderr.txt").read_text()
+
+
 @pytest.mark.parametrize("source", [k for k in KERNELS if k not in CUDA_ONLY])
-def test_hipcc_gfx90a(source, tmp_path):
-    hipcc = _tool_or_skip("hipcc", shutil.which("hipcc"))
-    cmd = [hipcc, "-std=c++17", "-x", "hip", "--offload-arch=gfx90a", "-O3", f"-I{jit.include_dir()}", "-c",
-           str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_hip_gfx90a_gfx942_gfx950(source, tmp_path):
+    """Each kernel builds for MI200, MI300X and MI355X without a single compiler warning, and each code
+    object is an AMDGPU ELF naming its target (EF_AMDGPU_MACH)."""
+    objects, stderr = _hip_build(source, tuple(hip_toolchain.TARGETS), tmp_path)
+    assert "warning" not in stderr, stderr[-3000:]
+    assert {a: hip_toolchain.elf_mach(img) for a, img in objects.items()} == hip_toolchain.TARGETS
 
 
 def test_param_abi_sizes_match_the_packer(tmp_path):
@@ -160,6 +193,39 @@ def test_device_batch_push_fences_once(tmp_path):
     assert split.count("st.release.sys.global.u64") == 3 and "st.relaxed.sys.global.v2.u64" not in split
 
 
+# On AMD the commit is two 8-byte stores: word0 relaxed, then word1 (the commit bit) with release at
+# system scope; the proxy's tail is read with acquire at system scope. What the AMDGPU memory model
+# lowers them to (LLVM AMDGPUUsage, memory model for GFX90A / GFX942): write back L2, wait, store
+# (sc0 sc1 = system coherence on gfx942/gfx950); load, wait, invalidate.
+_AMD_ORDERING = {
+    "gfx90a": (r"global_store_dwordx2 (v\[\d+:\d+\]), v\[\d+:\d+\], off\s+buffer_wbl2\s+s_waitcnt vmcnt\(0\)\s+"
+               r"global_store_dwordx2 \1, v\[\d+:\d+\], off offset:8\s",
+               r"global_load_dwordx2 [^\n]* glc\s+s_waitcnt vmcnt\(0\)\s+buffer_invl2\s+buffer_wbinvl1_vol"),
+    "gfx942": (r"global_store_dwordx2 (v\[\d+:\d+\]), v\[\d+:\d+\], off sc0 sc1\s+buffer_wbl2 sc0 sc1\s+"
+               r"s_waitcnt vmcnt\(0\)\s+global_store_dwordx2 \1, v\[\d+:\d+\], off offset:8 sc0 sc1",
+               r"global_load_dwordx2 [^\n]* sc0 sc1\s+s_waitcnt vmcnt\(0\)\s+buffer_inv sc0 sc1"),
+}
+_AMD_ORDERING["gfx950"] = _AMD_ORDERING["gfx942"]
+
+
+@pytest.mark.parametrize("arch", sorted(_AMD_ORDERING))
+def test_device_push_on_amd_releases_the_commit_at_system_scope(arch, tmp_path):
+    clang = _tool_or_skip("clang-22 with Debian's HIP headers", hip_toolchain.clang())
+    from uccl_ep.proxy import native
+    src, out = tmp_path / "push.hip", tmp_path / "push.s"
+    src.write_text(_PUSH_PROBE % native().FIFO_LAYOUT_BYTES)
+    res = subprocess.run([clang, "-x", "hip", "-std=c++17", "-O3", f"--offload-arch={arch}", "--offload-device-only",
+                          "-S", *hip_toolchain.compat_flags(), f"-I{jit.include_dir()}", str(src), "-o", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr[-3000:]
+    asm = out.read_text()
+    body = asm[asm.index("probe_push:"):asm.index(".Lfunc_end0")]
+    release, acquire = _AMD_ORDERING[arch]
+    assert len(re.findall(release, body)) == 1, body[-3000:]
+    assert re.search(acquire, body), "the full-ring path acquires the proxy's tail at system scope"
+    assert "s_trap" not in body, "a full ring ends in the error word, never a trap"
+
+
 @pytest.mark.parametrize("parts", [2, 4])
 def test_ll_proxy_send_kernels_build_with_parts(parts, tmp_path):
     """The send kernels of UCCL_EP_LL_PROXY_PARTS (an experiment: compile-time UCCL_EP_LL_PARTS) build
@@ -242,12 +308,13 @@ def test_ht_variant_smem_matches_header(variant, tmp_path):
     assert ht_variants.smem_bytes(variant, 512) <= 227 * 1024
 
 
-def test_hipcc_refuses_cuda_only_variants_with_a_reason(tmp_path):
-    hipcc = _tool_or_skip("hipcc", shutil.which("hipcc"))
+def test_hip_refuses_cuda_only_variants_with_a_reason(tmp_path):
+    clang = _tool_or_skip("clang-22 with Debian's HIP headers", hip_toolchain.clang())
     assert CUDA_ONLY, "no bulk variant registered"
     for source in sorted(CUDA_ONLY):
-        res = subprocess.run([hipcc, "-std=c++17", "-x", "hip", "--offload-arch=gfx90a", "-O3",
-                              f"-I{jit.include_dir()}", "-c", str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
+        res = subprocess.run([clang, "-std=c++17", "-x", "hip", "--offload-arch=gfx942", "--offload-device-only", "-O3",
+                              *hip_toolchain.compat_flags(), f"-I{jit.include_dir()}", "-c",
+                              str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode != 0 and "CUDA-only" in res.stderr, (source, res.stderr[-2000:])
 

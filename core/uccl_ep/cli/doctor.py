@@ -107,8 +107,32 @@ def _compilers() -> dict[str, Any]:
     if nvcc:
         out = _cmd([nvcc, "--version"])
         found["nvcc_version"] = out.strip().splitlines()[-1] if out else None
-    found["hipcc"] = shutil.which("hipcc")
+    try:
+        from ..cuda.jit import compiler_version, find_hipcc
+        hipcc = find_hipcc()
+        found["hipcc"] = str(hipcc)
+        found["hipcc_version"] = compiler_version(hipcc).splitlines()[0]
+    except Exception as e:  # noqa: BLE001 - doctor reports, never fails
+        found["hipcc"] = None
+        found["hipcc_why"] = str(e)
     return found
+
+
+def _gpu_runtimes() -> dict[str, Any]:
+    """Which GPU runtime uccl_ep would use (the one torch was built for) and what loading each found."""
+    from .. import _C
+    out: dict[str, Any] = {}
+    try:
+        from ..cuda.runtime import torch_gpu_runtime
+        out["torch_uses"] = torch_gpu_runtime()
+    except Exception as e:  # noqa: BLE001 - doctor reports, never fails
+        out["torch_uses"] = f"? ({e})"
+    for name in ("cuda", "hip"):
+        try:
+            out[name] = dict(_C.cuda.probe_runtime(name))
+        except Exception as e:  # noqa: BLE001
+            out[name] = {"loadable": False, "usable": False, "path": "", "why": str(e), "version": 0}
+    return out
 
 
 def _plugins() -> dict[str, Any]:
@@ -145,6 +169,7 @@ def collect() -> dict[str, Any]:
         report["torch"] = None
     report["cuda_driver"] = dict(_C.probe_library("cuda"))
     report["hip_runtime"] = dict(_C.probe_library("hip"))
+    report["gpu_runtimes"] = _gpu_runtimes()
     report["gpus"] = _gpus()
     report["libfabric"] = _libfabric()
     report["rdma_devices"] = _rdma_devices()
@@ -159,16 +184,26 @@ def collect() -> dict[str, Any]:
 def _verdict(r: dict[str, Any]) -> list[str]:
     lines = []
     gpus = r["gpus"]["count"]
+    rt = r["gpu_runtimes"]
+    for name in ("cuda", "hip"):
+        p = rt[name]
+        lines.append(f"{name.upper()} runtime: {p['path']} found and usable." if p["usable"] else
+                     f"{name.upper()} runtime absent: {p['why']}")
+    if rt["torch_uses"] == "hip":
+        lines.append("ROCm torch: the cuda backend runs on the HIP runtime (kernels compiled by hipcc for the "
+                     "device's gfx target; compiled and loader-tested, not yet run on an AMD GPU: docs/amd.md).")
+        if not r["compilers"]["hipcc"]:
+            lines.append("No hipcc found: install ROCm's hipcc or set UCCL_EP_HIPCC before the first GPU call.")
     if gpus == 0:
-        lines.append("No CUDA GPU: Buffers run CPU tensors on the host executor (or the reference); good for "
+        lines.append("No GPU: Buffers run CPU tensors on the host executor (or the reference); good for "
                      "tests and CI, not for serving.")
     else:
-        lines.append(f"{gpus} CUDA GPU(s): the cuda backend runs kernels (JIT-compiled on first use).")
+        lines.append(f"{gpus} GPU(s): the cuda backend runs kernels (JIT-compiled on first use).")
         if gpus > 1:
             full = all(all(row) for row in (r["gpus"]["peer_access"] or [[False]]))
             lines.append("Peer access between all GPUs: intranode traffic goes over NVLink/P2P stores." if full else
                          "Not every GPU pair has peer access: those pairs go through the proxy.")
-        if not r["compilers"]["nvcc"]:
+        if rt["torch_uses"] != "hip" and not r["compilers"]["nvcc"]:
             lines.append("No nvcc found: install it with `pip install nvidia-cuda-nvcc` (or set UCCL_EP_NVCC / "
                          "CUDA_HOME) before the first GPU call.")
     rdma = r["rdma_devices"]
@@ -212,10 +247,12 @@ def run(args) -> int:
                                     f"{d['sms']} SMs)" for d in g["devices"]) or "none")
     if g.get("peer_access") is not None:
         table.add_row("peer access / NVLink", f"{g['peer_access']} / nvlink={g.get('nvlink')}")
-    drv = report["cuda_driver"]
-    table.add_row("CUDA driver", f"{drv['path']} {drv['version']}" if drv["loadable"] else "not loadable")
-    hip = report["hip_runtime"]
-    table.add_row("HIP runtime", hip["path"] if hip["loadable"] else "not loadable")
+    rt = report["gpu_runtimes"]
+    for name, label in (("cuda", "CUDA driver"), ("hip", "HIP runtime")):
+        p = rt[name]
+        table.add_row(label, f"{p['path']} (version {p['version']}): usable" if p["usable"] else
+                      f"absent: {p['why']}")
+    table.add_row("GPU runtime torch uses", rt["torch_uses"])
     fab = report["libfabric"]
     table.add_row("libfabric", f"{fab['path']} {fab['version']}; providers: {', '.join(fab['providers']) or '?'}"
                   if fab["loadable"] else f"not loadable ({fab['error']})")
@@ -229,7 +266,7 @@ def run(args) -> int:
     table.add_row("RDMA devices", ", ".join(report["rdma_devices"]) or "none")
     c = report["compilers"]
     table.add_row("nvcc", f"{c['nvcc']} ({c.get('nvcc_version')})" if c["nvcc"] else "not found")
-    table.add_row("hipcc", c["hipcc"] or "not found")
+    table.add_row("hipcc", f"{c['hipcc']} ({c.get('hipcc_version')})" if c["hipcc"] else f"not found ({c.get('hipcc_why')})")
     table.add_row("backends", ", ".join(report["backends_registered"]))
     for name, p in report["plugins"].items():
         table.add_row(f"{name} plugin", f"{p.get('status')}; entry points: {p.get('entry_points') or 'none'}")

@@ -53,8 +53,9 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     if not multi_host and ctx.num_ranks > _MAX_NVLINK_RANKS:
         return f"{ctx.num_ranks} ranks on one host; NVLink kernels support at most {_MAX_NVLINK_RANKS}"
     try:
-        from .jit import find_nvcc
-        find_nvcc()
+        from .jit import find_hipcc, find_nvcc
+        from .runtime import torch_gpu_runtime
+        find_hipcc() if torch_gpu_runtime() == "hip" else find_nvcc()
     except Exception as e:  # noqa: BLE001 - the reason is reported, auto falls back
         return str(e)
     return None

@@ -1,14 +1,18 @@
-"""JIT compilation of uccl_ep's CUDA kernels (core/kernels/*.cu, shipped as package data).
+"""JIT compilation of uccl_ep's kernels (core/kernels/*.cu, shipped as package data) for NVIDIA
+(nvcc -> cubin) and AMD (hipcc or clang -> HIP code object).
 
 Contract:
 - nvcc is found through ``UCCL_EP_NVCC``, then ``$CUDA_HOME/bin/nvcc``, then ``nvcc`` on PATH,
-  then the ``nvidia-cuda-nvcc`` pip package; when none exists, `MissingDependency` says what to
-  install;
-- the target arch comes from ``UCCL_EP_CUDA_ARCH`` or the device (9.0 -> sm_90a, 10.0 -> sm_100a);
-- a compiled cubin is cached under ``UCCL_EP_JIT_CACHE_DIR`` by a key that hashes the source,
-  every header it includes (recursively, by content), the flags, the arch and nvcc's version;
+  then the ``nvidia-cuda-nvcc`` pip package; hipcc through ``UCCL_EP_HIPCC``, then
+  ``$ROCM_PATH/bin/hipcc`` (``$HIP_PATH``, ``/opt/rocm``), then ``hipcc`` on PATH. When none
+  exists, `MissingDependency` says what to install;
+- the target arch comes from ``UCCL_EP_CUDA_ARCH`` or the device (9.0 -> sm_90a, 10.0 -> sm_100a;
+  an AMD device's gfx name, e.g. gfx942, without its sramecc/xnack features);
+- a compiled code object is cached under ``UCCL_EP_JIT_CACHE_DIR`` by a key that hashes the
+  source, every header it includes (recursively, by content), the flags, the arch and the
+  compiler's version;
 - a result is published by an atomic rename of a fully written, fsync'ed temporary file, so ranks
-  racing on a shared file system all end up loading one complete cubin; a per-key lock file
+  racing on a shared file system all end up loading one complete code object; a per-key lock file
   (bounded wait) keeps them from compiling the same thing twice.
 """
 
@@ -30,12 +34,17 @@ from typing import Iterable, Sequence
 from .. import env
 from ..errors import MissingDependency
 
-__all__ = ["kernel_dir", "include_dir", "find_nvcc", "nvcc_version", "include_closure", "cache_key",
-           "compile_cubin", "default_flags", "arch_for_capability"]
+__all__ = ["kernel_dir", "include_dir", "find_nvcc", "find_hipcc", "find_compiler", "compiler_version", "nvcc_version",
+           "include_closure", "cache_key", "compile_cubin", "default_flags", "arch_for_capability", "arch_for_gcn",
+           "is_hip_arch"]
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 _NVCC_HINT = ("install nvcc (pip install nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm nvidia-cuda-cccl "
               "nvidia-cuda-runtime, matching your driver's CUDA major version), or set UCCL_EP_NVCC / CUDA_HOME")
+
+
+_HIPCC_HINT = ("install ROCm 6.0+ (its hipcc; the rocm/pytorch images have it), or set UCCL_EP_HIPCC to hipcc or "
+               "to a clang with the AMDGPU backend and HIP headers")
 
 
 def kernel_dir() -> Path:
@@ -84,19 +93,59 @@ def find_nvcc() -> Path:
     raise MissingDependency(f"uccl_ep's CUDA kernels need nvcc at first use and none was found ({where}); {_NVCC_HINT}")
 
 
+def _hipcc_candidates() -> list[tuple[str, Path]]:
+    explicit = env.get("UCCL_EP_HIPCC")
+    if explicit:
+        return [("UCCL_EP_HIPCC", Path(explicit))]
+    cands: list[tuple[str, Path]] = []
+    for var in ("ROCM_PATH", "HIP_PATH"):
+        if os.environ.get(var):
+            cands.append((var, Path(os.environ[var]) / "bin" / "hipcc"))
+    cands.append(("/opt/rocm", Path("/opt/rocm/bin/hipcc")))
+    which = shutil.which("hipcc")
+    if which:
+        cands.append(("PATH", Path(which)))
+    return cands
+
+
+def find_hipcc() -> Path:
+    """The HIP compiler to use, or `MissingDependency` naming every place looked at."""
+    tried = []
+    for source, path in _hipcc_candidates():
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        tried.append(f"{source}: {path}")
+    raise MissingDependency(f"uccl_ep's HIP kernels need hipcc at first use and none was found ({'; '.join(tried)}); "
+                            f"{_HIPCC_HINT}")
+
+
+def is_hip_arch(arch: str) -> bool:
+    return arch.startswith("gfx")
+
+
+def find_compiler(arch: str) -> Path:
+    """hipcc for a gfx target, nvcc otherwise."""
+    return find_hipcc() if is_hip_arch(arch) else find_nvcc()
+
+
 @functools.lru_cache(maxsize=8)
-def _nvcc_version_cached(path: str, mtime_ns: int) -> str:
+def _version_cached(path: str, mtime_ns: int) -> str:
+    hint = _HIPCC_HINT if "hip" in Path(path).name or "clang" in Path(path).name else _NVCC_HINT
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise MissingDependency(f"nvcc at {path} does not run ({e}); {_NVCC_HINT}") from None
+        raise MissingDependency(f"compiler at {path} does not run ({e}); {hint}") from None
     if out.returncode != 0:
-        raise MissingDependency(f"nvcc at {path} failed: {out.stderr.strip()[:500]}; {_NVCC_HINT}")
+        raise MissingDependency(f"compiler at {path} failed: {out.stderr.strip()[:500]}; {hint}")
     return out.stdout.strip()
 
 
-def nvcc_version(nvcc: Path) -> str:
-    return _nvcc_version_cached(str(nvcc), nvcc.stat().st_mtime_ns)
+def compiler_version(compiler: Path) -> str:
+    """`compiler --version` (cached per path and modification time): part of every cache key."""
+    return _version_cached(str(compiler), compiler.stat().st_mtime_ns)
+
+
+nvcc_version = compiler_version
 
 
 def include_closure(source: Path, include_dirs: Sequence[Path]) -> list[Path]:
@@ -140,7 +189,22 @@ def arch_for_capability(major: int, minor: int) -> str:
     return f"sm_{major}{minor}"
 
 
+def arch_for_gcn(gcn_arch_name: str) -> str:
+    """The offload target of an AMD device from its gcnArchName ("gfx942:sramecc+:xnack-" -> "gfx942").
+
+    NOTES: a code object built without target features loads whatever the device's sramecc / xnack
+    modes are, so one cache entry serves every MI300X."""
+    arch = gcn_arch_name.split(":", 1)[0].strip()
+    if not re.fullmatch(r"gfx[0-9a-f]+", arch):
+        raise MissingDependency(f"unrecognised AMD GPU arch name {gcn_arch_name!r}; set UCCL_EP_CUDA_ARCH (e.g. gfx942)")
+    return arch
+
+
 def default_flags(arch: str) -> list[str]:
+    if is_hip_arch(arch):
+        # NOTES: device-only, unbundled: the output is the ELF code object hipModuleLoadData takes.
+        return ["-std=c++17", "-O3", "-x", "hip", f"--offload-arch={arch}", "--offload-device-only",
+                "--no-gpu-bundle-output", "-DNDEBUG"]
     return ["-std=c++17", "-O3", "-lineinfo", "--cubin", f"-arch={arch}", "-DNDEBUG"]
 
 
@@ -171,18 +235,20 @@ def _lock(path: Path, timeout_s: float):
 
 def compile_cubin(source_name: str, arch: str, extra_flags: Sequence[str] = (), nvcc: Path | None = None,
                   cache_dir: Path | None = None, timeout_s: float = 600.0) -> Path:
-    """Compile core/kernels/<source_name> for ``arch`` (cached); return the cubin path."""
+    """Compile core/kernels/<source_name> for ``arch`` (cached); return the code object's path: a
+    cubin for sm_*, a HIP code object (.hsaco) for gfx*. ``nvcc``: the compiler to use (hipcc or
+    clang for a gfx target); default `find_compiler(arch)`."""
     source = kernel_dir() / source_name
     if not source.is_file():
         raise MissingDependency(f"kernel source {source} is missing (broken install?)")
-    nvcc = nvcc or find_nvcc()
+    compiler = nvcc or find_compiler(arch)
     inc = include_dir()
     flags = default_flags(arch) + [f"-I{inc}"] + list(extra_flags)
     key = cache_key(source, include_closure(source, [inc]), [f for f in flags if not f.startswith("-I")], arch,
-                    nvcc_version(nvcc))
+                    compiler_version(compiler))
     cache = cache_dir or _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    out = cache / f"{source.stem}-{arch}-{key}.cubin"
+    out = cache / f"{source.stem}-{arch}-{key}.{'hsaco' if is_hip_arch(arch) else 'cubin'}"
     if out.is_file():
         return out
     fd = _lock(cache / f".{out.name}.lock", timeout_s)
@@ -191,14 +257,14 @@ def compile_cubin(source_name: str, arch: str, extra_flags: Sequence[str] = (), 
             return out
         with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
             tmp_out = Path(tmp) / out.name
-            cmd = [str(nvcc), *flags, str(source), "-o", str(tmp_out)]
+            cmd = [str(compiler), *flags, str(source), "-o", str(tmp_out)]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                raise MissingDependency(f"nvcc did not finish {source_name} in {timeout_s:.0f}s: {' '.join(cmd)}") \
-                    from None
+                raise MissingDependency(f"{compiler.name} did not finish {source_name} in {timeout_s:.0f}s: "
+                                        f"{' '.join(cmd)}") from None
             if res.returncode != 0 or not tmp_out.is_file():
-                raise RuntimeError(f"nvcc failed on {source_name} ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+                raise RuntimeError(f"{compiler.name} failed on {source_name} ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
             with open(tmp_out, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp_out, out)  # atomic publish

@@ -1,8 +1,9 @@
 """Device runtime for the CUDA executor: the lazy driver, loaded kernels, launches, memory.
 
-Everything goes through `uccl_ep._C.cuda` (libcuda via dlopen); torch is used only for tensors
-and the current stream. Kernels take one parameter struct (core/kernels/include/uccl_ep/
-kernel_abi.h) that `pack_params` builds from the header's own field list.
+Everything goes through `uccl_ep._C.cuda`: libcuda, or libamdhip64 under a ROCm torch (both by
+dlopen, behind one interface: core/csrc/runtime/cuda_driver.h); torch is used only for tensors and
+the current stream. Kernels take one parameter struct (core/kernels/include/uccl_ep/kernel_abi.h)
+that `pack_params` builds from the header's own field list.
 """
 
 from __future__ import annotations
@@ -20,14 +21,29 @@ from .. import env
 from ..errors import MissingDependency
 from . import jit
 
-__all__ = ["driver", "driver_unavailable_reason", "Kernel", "load_kernel", "pack_params", "param_fields",
+__all__ = ["driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "param_fields",
            "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch"]
 
 
+def torch_gpu_runtime() -> str:
+    """The GPU runtime torch was built for: "hip" (ROCm torch), "cuda", or "auto" (a CPU-only torch)."""
+    if getattr(torch.version, "hip", None):
+        return "hip"
+    return "cuda" if torch.version.cuda else "auto"
+
+
+def _select(native) -> tuple[bool, str]:
+    """Choose the runtime torch uses (once per process; the native side refuses a switch).
+
+    NOTES: named, never guessed: a ROCm torch gets the HIP runtime or an error saying why not, not
+    libcuda because one happens to be installed."""
+    return native.select_runtime(torch_gpu_runtime())
+
+
 def driver():
-    """`uccl_ep._C.cuda`, or MissingDependency when libcuda cannot be used."""
+    """`uccl_ep._C.cuda` bound to torch's GPU runtime, or MissingDependency when it cannot be used."""
     from .. import _C
-    ok, why = _C.cuda.available()
+    ok, why = _select(_C.cuda)
     if not ok:
         raise MissingDependency(why)
     return _C.cuda
@@ -38,7 +54,7 @@ def driver_unavailable_reason() -> str | None:
         from .. import _C
     except ImportError as e:  # pragma: no cover - broken build
         return f"native module missing: {e}"
-    ok, why = _C.cuda.available()
+    ok, why = _select(_C.cuda)
     return None if ok else why
 
 
@@ -109,6 +125,8 @@ def device_arch(device: int) -> str:
     if forced:
         return forced
     drv = driver()
+    if drv.runtime_name() == "hip":
+        return jit.arch_for_gcn(torch.cuda.get_device_properties(device).gcnArchName)
     return jit.arch_for_capability(drv.device_attribute(device, drv.ATTR_CC_MAJOR),
                                    drv.device_attribute(device, drv.ATTR_CC_MINOR))
 
@@ -129,8 +147,8 @@ def load_kernel(device: int, source: str, name: str, defines: tuple[str, ...] = 
             return k
         mod = _modules.get((device, source, arch, defines))
         if mod is None:
-            cubin = jit.compile_cubin(source, arch, extra_flags=[f"-D{d}" for d in defines])
-            mod = driver().module_load(device, cubin.read_bytes())
+            image = jit.compile_cubin(source, arch, extra_flags=[f"-D{d}" for d in defines])
+            mod = driver().module_load(device, image.read_bytes())
             _modules[(device, source, arch, defines)] = mod
         k = Kernel(device, driver().module_function(mod, name), name)
         _kernels[(device, source, name, defines)] = k

@@ -44,16 +44,13 @@ UCCL_DEVICE void poll_pause() { pause_ns(200); }
 // The commit store: word0 and word1 (commit bit included) as one 16-byte store with release
 // semantics at system scope.
 UCCL_DEVICE void store_command(TransferCmd* slot, uint64_t word0, uint64_t word1) {
-#if UCCL_EP_HIP
-  // NOTES: HIP has no 128-bit release store: word0 relaxed first, then word1 (which carries the
-  // commit bit) with release; the proxy acquires word1 and only then reads word0, so it never
-  // sees a committed slot with a stale word0.
-  __hip_atomic_store(&slot->word0, word0, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
-  __hip_atomic_store(&slot->word1, word1, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
-#elif defined(UCCL_EP_FIFO_SPLIT_STORE)
-  // Same two-store publication for platforms where a 16-byte PCIe write may reach the CPU torn.
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(&slot->word0), "l"(word0) : "memory");
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(&slot->word1), "l"(word1) : "memory");
+#if UCCL_EP_HIP || defined(UCCL_EP_FIFO_SPLIT_STORE)
+  // NOTES: HIP has no 16-byte release store, and some platforms deliver a 16-byte PCIe write to the
+  // CPU torn (UCCL_EP_FIFO_SPLIT_STORE): word0 relaxed first, then word1 (which carries the commit
+  // bit) with release; the proxy acquires word1 and only then reads word0, so it never sees a
+  // committed slot with a stale word0.
+  st_relaxed_sys(&slot->word0, word0);
+  st_release_sys(&slot->word1, word1);
 #else
   // release (sys): every write this thread made -- and every write it observed through the
   // caller's fence -- is visible to the CPU and its copy engines before the command is.
@@ -61,7 +58,7 @@ UCCL_DEVICE void store_command(TransferCmd* slot, uint64_t word0, uint64_t word1
   // the CPU (x86 and Grace root complexes deliver it whole), so the proxy, which acquires word1
   // and then reads word0, sees both halves of the same command; build with
   // -DUCCL_EP_FIFO_SPLIT_STORE where that does not hold.
-  asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(word0), "l"(word1) : "memory");
+  st16_release_sys(slot, word0, word1);
 #endif
 }
 
@@ -136,7 +133,7 @@ UCCL_DEVICE bool fifo_push_batch(const FifoLayout& f, const TransferCmd* cmds, i
   for (int i = 0; i < n; ++i) {  // after fence_release_sys above
     TransferCmd* slot = f.slots + fifo::slot_of(first + uint64_t(i), f.capacity);
     const uint64_t w1 = fifo::committed_word1(cmds[i].word1, first + uint64_t(i), f.capacity_log2);
-    asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(cmds[i].word0), "l"(w1) : "memory");
+    st16_relaxed_sys(slot, cmds[i].word0, w1);
   }
 #endif
   return true;

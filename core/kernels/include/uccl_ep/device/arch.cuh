@@ -161,6 +161,20 @@ UCCL_DEVICE void st_release_sys(int* p, int v) {
 #endif
 }
 
+// 16-byte stores at system scope of {w0, w1} to 16-byte aligned p (the proxy FIFO's commit: the
+// reader acquires w1, then reads w0). CUDA only: HIP has no 16-byte store with an ordering, so
+// fifo_device.cuh publishes w0 with st_relaxed_sys and then w1 with st_release_sys there.
+#if UCCL_EP_CUDA
+// Release: what this thread wrote (and observed through a fence) is visible before {w0, w1}.
+UCCL_DEVICE void st16_release_sys(void* p, uint64_t w0, uint64_t w1) {
+  asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
+}
+// Strong, unordered (after fence_release_sys, which orders it).
+UCCL_DEVICE void st16_relaxed_sys(void* p, uint64_t w0, uint64_t w1) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(w0), "l"(w1) : "memory");
+}
+#endif
+
 // ---- memory order at GPU scope (words only this GPU's threads share) ---------------------------
 UCCL_DEVICE uint64_t ld_relaxed_gpu(const uint64_t* p) {  // e.g. a FIFO's cached tail
 #if UCCL_EP_HIP
@@ -205,7 +219,7 @@ UCCL_DEVICE void fence_system() { __threadfence_system(); }
 // several stores (fifo_push_batch).
 UCCL_DEVICE void fence_release_sys() {
 #if UCCL_EP_HIP
-  __atomic_thread_fence(__ATOMIC_RELEASE);
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "");  // "": system scope (gfx942: buffer_wbl2 sc0 sc1)
 #else
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 #endif

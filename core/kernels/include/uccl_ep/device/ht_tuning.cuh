@@ -52,7 +52,8 @@ namespace uccl_ep::dev {
 constexpr int kRanks = UCCL_EP_RANKS;
 static_assert(kRanks >= 1 && kRanks <= kHTMaxRanks, "UCCL_EP_RANKS out of range");
 constexpr int kHTThreads = UCCL_EP_HT_THREADS;
-static_assert(kHTThreads % 32 == 0 && kHTThreads / 32 <= kHTMaxWarps, "UCCL_EP_HT_THREADS: whole warps, <= kHTMaxWarps");
+static_assert(kHTThreads % kWarpSize == 0 && kHTThreads / kWarpSize <= kHTMaxWarps,
+              "UCCL_EP_HT_THREADS: whole warps (wavefronts on AMD), <= kHTMaxWarps");
 constexpr int kPublishEvery = UCCL_EP_HT_PUBLISH_EVERY;
 constexpr int kHeadSlack = UCCL_EP_HT_HEAD_SLACK;
 constexpr int kCombineUnroll = UCCL_EP_HT_COMBINE_UNROLL;
