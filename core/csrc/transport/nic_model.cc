@@ -72,13 +72,28 @@ Params parse(const std::string& spec) {
     auto need = [&](bool ok, const char* what) {
       if (!ok) throw TransportError("nic model: " + k + "=" + v + ": expected " + what);
     };
-    if (k == "bw") need(x > 0, "bytes/s > 0"), p.bw = x, have_bw = true;
-    else if (k == "lat_us") need(x >= 0, "microseconds >= 0"), p.lat_ns = x * 1e3;
-    else if (k == "reorder") need(x >= 0 && x <= 1, "a probability in [0, 1]"), p.reorder = x;
-    else if (k == "window_us") need(x >= 0, "microseconds >= 0"), p.window_ns = x * 1e3;
-    else if (k == "nics") need(x >= 1 && x <= 64 && x == double(uint32_t(x)), "an integer in [1, 64]"), p.nics = uint32_t(x);
-    else if (k == "seed") need(x >= 0 && x == double(uint64_t(x)), "an integer >= 0"), p.seed = uint64_t(x);
-    else throw TransportError("nic model: unknown parameter '" + k + "' (bw, lat_us, reorder, window_us, nics, seed)");
+    if (k == "bw") {
+      need(x > 0, "bytes/s > 0");
+      p.bw = x;
+      have_bw = true;
+    } else if (k == "lat_us") {
+      need(x >= 0, "microseconds >= 0");
+      p.lat_ns = x * 1e3;
+    } else if (k == "reorder") {
+      need(x >= 0 && x <= 1, "a probability in [0, 1]");
+      p.reorder = x;
+    } else if (k == "window_us") {
+      need(x >= 0, "microseconds >= 0");
+      p.window_ns = x * 1e3;
+    } else if (k == "nics") {
+      need(x >= 1 && x <= 64 && x == double(uint32_t(x)), "an integer in [1, 64]");
+      p.nics = uint32_t(x);
+    } else if (k == "seed") {
+      need(x >= 0 && x < 9.2e18 && x == double(uint64_t(x)), "an integer >= 0");
+      p.seed = uint64_t(x);
+    } else {
+      throw TransportError("nic model: unknown parameter '" + k + "' (bw, lat_us, reorder, window_us, nics, seed)");
+    }
   }
   if (!have_bw) throw TransportError("nic model: bw=<bytes/s> is required (in '" + spec + "')");
   return p;

@@ -118,6 +118,8 @@ class State:
         self.seen = mem(addr + off["seen"], 16 * R, np.int64).reshape(2, R)
         self.send_pos = mem(addr + off["send_pos"], 8 * R * Rg, np.uint64).reshape(R, Rg)   # [peer][ring id]
         self.recv_pos = mem(addr + off["recv_pos"], 8 * R * Rg, np.uint64).reshape(R, Rg)
+        self.self_tail = mem(addr + off["self_tail"], 8 * Rg, np.uint64)   # [ring id]: the own stream's TAIL
+        self.self_head = mem(addr + off["self_head"], 8 * Rg, np.uint64)   # and its HEAD (device words)
 
 
 class DmaRole:
@@ -304,6 +306,17 @@ class _Kernels:
         st.op[0] += 1
 
     # -- the ring streams (device/internode_ring.cuh) ----------------------------------------------
+    # The stream to the rank itself never enters the proxy: it is staged into the own receive ring
+    # and counted in HTProxyState's self_tail / self_head (staging_slot, wait_tail, return_credit).
+    def _tail(self, p, st, src, ring) -> int:
+        return int(st.self_tail[ring]) if src == p["rank"] else self.proxy.counter(src, ring)
+
+    def _credit(self, p, st, src, ring, consumed: int, n: int) -> None:
+        if src == p["rank"]:
+            st.self_head[ring] = consumed
+        else:
+            self.proxy.push(ring % p["num_fifos"], *C.encode_atomic(src, p["head_base"] + ring, n, False), 10.0)
+
     def _send(self, p, st, dst, c, n, stage, hooks=None):
         S, msg, ring = p["ring_slots"], p["msg_bytes"], p["first_ring"] + c
         base = int(st.send_pos[dst, ring])
@@ -311,7 +324,7 @@ class _Kernels:
         while k0 < n:
             pos = base + k0
             while pos - credit >= S:
-                credit = self.proxy.counter(dst, p["head_base"] + ring)
+                credit = int(st.self_head[ring]) if dst == p["rank"] else self.proxy.counter(dst, p["head_base"] + ring)
                 if pos - credit >= S:
                     yield False
             k1 = k0 + min(n - k0, p["chunk"], S - pos % S, S - (pos - credit),
@@ -320,10 +333,13 @@ class _Kernels:
                 yield from hooks.prepare(k0, k1, base)
             stage(k0, k1, base)
             slot0 = pos % S
-            src = plan_slot(p["send_base"], dst, c, p["num_channels"], S, slot0, msg)
-            to = plan_slot(p["recv_base"], p["rank"], c, p["num_channels"], S, slot0, msg)
-            self._push_write(ring % p["num_fifos"], C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0),
-                             (k1 - k0) * msg)
+            if dst == p["rank"]:
+                st.self_tail[ring] = base + k1
+            else:
+                src = plan_slot(p["send_base"], dst, c, p["num_channels"], S, slot0, msg)
+                to = plan_slot(p["recv_base"], p["rank"], c, p["num_channels"], S, slot0, msg)
+                self._push_write(ring % p["num_fifos"],
+                                 C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0), (k1 - k0) * msg)
             if hooks:
                 hooks.finish(k0, k1, base)
             k0 = k1
@@ -338,7 +354,7 @@ class _Kernels:
         while k0 < n:
             pos = base + k0
             while tail <= pos:
-                tail = self.proxy.counter(src, ring)
+                tail = self._tail(p, st, src, ring)
                 if tail <= pos:
                     yield False
             k1 = k0 + min(n - k0, tail - pos, hooks.max_round if hooks else n)
@@ -349,8 +365,7 @@ class _Kernels:
                 hooks.finish(k0, k1, base)
             consumed = base + k1
             if consumed - credited >= lazy or k1 == n:
-                self.proxy.push(ring % p["num_fifos"], *C.encode_atomic(src, p["head_base"] + ring,
-                                                                          consumed - credited, False), 10.0)
+                self._credit(p, st, src, ring, consumed, consumed - credited)
                 credited = consumed
             k0 = k1
             yield True
@@ -359,6 +374,8 @@ class _Kernels:
 
     def _slot(self, p, base_key, peer, c, pos) -> np.ndarray:
         S, msg = p["ring_slots"], p["msg_bytes"]
+        if base_key == "send_base" and peer == p["rank"]:  # the own stream stages into its receive ring
+            base_key = "recv_base"
         return mem(p["region"] + plan_slot(p[base_key], peer, c, p["num_channels"], S, pos % S, msg), msg)
 
     # -- internode_dispatch.cu ---------------------------------------------------------------------
@@ -448,7 +465,7 @@ class _Kernels:
                             continue
                         pos = base[j] + int(head[t, j]) - (int(send_prefix[j, c - 1]) if c else 0)
                         while tail[j] <= pos:
-                            tail[j] = self.proxy.counter(j, p["first_ring"] + c)
+                            tail[j] = self._tail(p, st, j, p["first_ring"] + c)
                             if tail[j] <= pos:
                                 yield False
                         m = self._slot(p, "recv_base", j, c, pos)
@@ -460,9 +477,7 @@ class _Kernels:
                 for j in range(R):
                     consumed[j] += int(in_rank[tb:min(tb + B, t1), j].sum())
                     if consumed[j] - credited[j] > 0 and (consumed[j] - credited[j] >= lazy or tb + B >= t1):
-                        self.proxy.push((p["first_ring"] + c) % p["num_fifos"],
-                                        *C.encode_atomic(j, p["head_base"] + p["first_ring"] + c,
-                                                         consumed[j] - credited[j], False), 10.0)
+                        self._credit(p, st, j, p["first_ring"] + c, base[j] + consumed[j], consumed[j] - credited[j])
                         credited[j] = consumed[j]
                 yield True
             for j in range(R):

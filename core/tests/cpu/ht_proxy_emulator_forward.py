@@ -258,7 +258,7 @@ class ForwardKernels:
                             continue
                         pos = base[n] + int(head[t, n]) - (int(nsp[n, c - 1]) if c else 0)
                         while tail[n] <= pos:
-                            tail[n] = self.proxy.counter(rails[n], ring)
+                            tail[n] = self._tail(p, st, rails[n], ring)
                             if tail[n] <= pos:
                                 yield False
                         m = self._slot(p, "recv_base", rails[n], c, pos)
@@ -270,8 +270,7 @@ class ForwardKernels:
                 for n in range(N):
                     consumed[n] += int((head[tb:min(tb + B, t1), n] >= 0).sum())
                     if consumed[n] - credited[n] > 0 and (consumed[n] - credited[n] >= lazy or tb + B >= t1):
-                        self.proxy.push(ring % p["num_fifos"], *C.encode_atomic(
-                            rails[n], p["head_base"] + ring, consumed[n] - credited[n], False), 10.0)
+                        self._credit(p, st, rails[n], ring, base[n] + consumed[n], consumed[n] - credited[n])
                         credited[n] = consumed[n]
                 yield True
             for n in range(N):

@@ -45,12 +45,14 @@ def test_decorate_wraps_what_reaches_other_nodes():
     assert decorate("fault:loop", m) == f"fault:nic:{m.spec()}:loop"
     assert decorate("loop", None) == "loop"
     assert transport_unavailable_reason(decorate("loop", m)) is None
+    assert transport_unavailable_reason(decorate("fault:loop", m)) is None
 
 
 @pytest.mark.parametrize("spec,key", [
     ("bw=-5", "bw"), ("bw=fast", "bw"), ("lat_us=3", "bw"), ("efa-400g,lat_us=-1", "lat_us"),
     ("efa-400g,reorder=2", "reorder"), ("efa-400g,nics=0", "nics"), ("efa-400g,nics=1.5", "nics"),
-    ("efa-400g,window_us=x", "window_us"), ("efa-400g,seed=-1", "seed")])
+    ("efa-400g,window_us=x", "window_us"), ("efa-400g,seed=-1", "seed"), ("bw=inf", "bw"),
+    ("efa-400g,lat_us=nan", "lat_us")])
 def test_bad_parameter_names_it(spec, key):
     with pytest.raises(InvalidArgument, match=f"UCCL_EP_NIC_MODEL \\({key}\\)"):
         parse_nic_model(spec)
@@ -93,7 +95,8 @@ def _rate_worker(rank, world, cases):
                 n, seconds = p.run_load(p.num_fifos, writes // p.num_fifos, dst=1, write_bytes=WRITE, src_off=0,
                                         dst_off=SLOTS * WRITE, slots=SLOTS, fence=True, timeout_s=60.0)
                 c = dict(p.transport_counters())
-                out.append((p.transport_name, writes * WRITE / seconds, c.get("nic_model_bytes", 0)))
+                out.append((p.transport_name, writes * WRITE / seconds, c.get("nic_model_bytes", 0),
+                            c.get("nic_model_overtaken", 0)))
             dist.barrier()
         finally:
             p.stop()
@@ -119,6 +122,7 @@ def test_rate_is_capped_per_nic_shared_by_its_threads():
     assert 1.6 * cap < two <= 2.04 * cap, two
     assert rows[1][0].startswith("nic:bw=100000000,") and rows[1][0].endswith(":loop")
     assert rows[1][2] == 512 * WRITE                   # every byte went through the model
+    assert all(r[3] == 0 for r in rows)                # reorder=0: released in posting order
 
 
 def _pingpong_worker(rank, world, models, rounds):

@@ -50,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rdma-recv", type=int, default=0,
                    help="Config.num_max_rdma_chunked_recv_tokens of normal-mode ops (ring depth in tokens)")
     p.add_argument("--nic-model", default="", metavar="SPEC",
-                   help="put a NIC model around the proxy transport's traffic to other nodes (UCCL_EP_NIC_MODEL): a "
+                   help="put a NIC model around the proxy transport's traffic to other nodes (default: "
+                        "UCCL_EP_NIC_MODEL): a "
                         "preset (efa-400g, efa-200g, cx7-400g), key=value pairs (bw=<bytes/s>, lat_us, reorder, "
                         "window_us, nics, seed) or a preset with overrides (efa-200g,nics=2); internode rows then add "
                         "the GB/s through the model and its share of the cap (bw x nics)")
@@ -90,11 +91,13 @@ def _apply_nic_model(args) -> None:
 
 
 def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
+    from .. import env
     from ..bench.ep import BenchSpec, spec_to_dict
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
                      check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy,
                      nodes=getattr(args, "nodes", 0), rdma_chunk=getattr(args, "rdma_chunk", 0),
-                     rdma_recv=getattr(args, "rdma_recv", 0), nic_model=getattr(args, "nic_model", "") or "")
+                     rdma_recv=getattr(args, "rdma_recv", 0),
+                     nic_model=getattr(args, "nic_model", "") or str(env.get("UCCL_EP_NIC_MODEL")))
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:

@@ -3,16 +3,20 @@ protocol (uccl_ep/host/ht.py, ht_internode.py) carried out by GPU warps (interno
 internode_dispatch.cu, internode_combine.cu; device/internode_ring.cuh).
 
 Used when the group spans several nodes (topology.is_internode) or ``UCCL_EP_FORCE_PROXY=1``.
-On one host the transport is ``ipc`` (the sending proxy copies into the receiver's NVL buffer,
-then hands over the immediate, exactly like an RDMA write with immediate), so 2 GPUs with
-``UCCL_EP_RANKS_PER_NODE=1`` act as 2 nodes.
+On one host the transport is ``ipc``, so 2 GPUs with ``UCCL_EP_RANKS_PER_NODE=1`` act as 2 nodes:
+the proxy posts each Write as a descriptor into its copy ring (dma_ring.h), as it would hand a work
+request to a NIC, and the kernels' own copy role (device/ht_dma.cuh: extra blocks at the end of each
+grid) copies it into the receiver's region; the proxy then delivers the immediate to the receiving
+proxy, as an RDMA write with immediate. ``UCCL_EP_IPC_COPY=cuda`` makes the proxy copy through the
+driver instead (and needs CUDA_MODULE_LOADING=EAGER, proxy_path.warn_lazy_module_loading).
 
 Per op:
   notify    a meta record (fresh dispatch) or a bare handshake (cached dispatch, combine) to every
             rank: counted Write + fenced Atomic on META(parity); the CPU waits for the receive
             counts only for a fresh dispatch without num_worst_tokens
   dispatch  per (peer, channel) ring streams of the host executor's packed rows: staged, one
-            ordered Write per round (TAIL(ring)), credits back with Atomic HEAD(ring)
+            ordered Write per round (TAIL(ring)), credits back with Atomic HEAD(ring); the stream
+            to the rank itself stays on the GPU (staged into its own receive ring, device counters)
   combine   the rows back along the same streams (BF16 row + weights), reduced at the source in
             rank order, fp32, biases first (bit-exact with uccl_ep.refs)
 
@@ -23,18 +27,9 @@ the LL proxy path's plumbing (proxy_path.py), reused as is.
 Topologies: one rank per node (ranks_per_node = 1, or a forced proxy on one host, where every
 rank is treated as its own node and the handle is the intranode 6-tuple): the kernels above;
 several ranks per node: internode_forward_*.cu (each token crosses to a node once, the rank of
-its rail forwards it to the node's other ranks over the area-1 rings -- on one host the ipc copy
-engine, i.e. NVLink -- and combine reduces inside the node first, in fp32), driven by
-ht_internode_forward.py.
-
-Status: compiled (sm_90a, sm_100a, gfx90a), the host orchestration tested on CPU with the
-kernels emulated through real proxies (core/tests/cpu/test_ht_internode_proxy_path.py); on 2 x H200
-with one rank per node, and on 4 x H200 also as 2 nodes x 2, it matches the reference in every
-option combination, skewed routing and num_worst_tokens included
-(core/tests/gpu/test_cuda_ht_internode.py), and runs two orders of magnitude below NCCL on that
-one-host stand-in (docs/benchmarks.md). Between hosts the transport is ipc+fabric
-(gpu_transport.py; not yet run on a NIC). With ipc it needs CUDA_MODULE_LOADING=EAGER
-(proxy_path.warn_lazy_module_loading).
+its rail forwards it to the node's other ranks over the area-1 rings, and combine reduces inside
+the node first, in fp32), driven by ht_internode_forward.py. Between hosts the transport is
+ipc+fabric (gpu_transport.py): node mates over ipc, other nodes over the NIC.
 """
 
 from __future__ import annotations

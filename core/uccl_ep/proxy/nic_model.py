@@ -20,6 +20,7 @@ vendors quote), not measurements.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..errors import InvalidArgument
@@ -61,9 +62,12 @@ class NicModel:
 
 def _number(argument: str, key: str, text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise InvalidArgument(f"{argument} ({key})", _KEYS[key], repr(text)) from None
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{argument} ({key})", _KEYS[key], repr(text))
+    return value
 
 
 def parse_nic_model(spec: str | None, argument: str = "UCCL_EP_NIC_MODEL") -> NicModel | None:
