@@ -8,6 +8,7 @@ events follow shared/reference/deepep-api.md; see docs/api.md for the user-facin
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Optional, Union
 
 import torch
@@ -18,11 +19,12 @@ from .backends import BufferContext, create_executor
 from .buffer_low_latency import LowLatencyMixin
 from .config import (NUM_BUFFER_ALIGNMENT_BYTES, Config, combine_config_table, dispatch_config_table,
                      low_latency_rdma_size_hint)
-from .errors import InvalidArgument, LimitExceeded, Unsupported
+from .errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, Unsupported
 from .events import EventHandle, EventOverlap
+from .group_store import exchange_hostnames
 from .handles import NormalHandle
 from .proxy.limits import check_protocol_limits
-from .topology import detect_topology, local_hostname
+from .topology import detect_topology
 from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
                        split_fp8_tuple)
 
@@ -96,18 +98,16 @@ class Buffer(LowLatencyMixin):
             gpu_timeout_s = env.get("UCCL_EP_GPU_TIMEOUT_S")
         if ranks_per_node is None:
             ranks_per_node = env.get("UCCL_EP_RANKS_PER_NODE")
-        if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-            raise InvalidArgument("timeout_s", "a positive number of seconds", repr(timeout_s))
-        if not isinstance(gpu_timeout_s, (int, float)) or gpu_timeout_s <= 0:
-            raise InvalidArgument("gpu_timeout_s", "a positive number of seconds", repr(gpu_timeout_s))
+        for name, value in (("timeout_s", timeout_s), ("gpu_timeout_s", gpu_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise InvalidArgument(name, "a finite positive number of seconds", repr(value))
         check_int("ranks_per_node", ranks_per_node, minimum=0)
         if num_proxy_threads is None:
             num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
         check_int("num_proxy_threads", num_proxy_threads, minimum=1)
         # The TransferCmd / immediate field widths bound ranks and region sizes (issue 3).
         check_protocol_limits(self.group_size, num_rdma_bytes=self.num_rdma_bytes, num_nvl_bytes=self.num_nvl_bytes)
-        hostnames = [None] * self.group_size
-        dist.all_gather_object(hostnames, local_hostname(), group=group)
+        hostnames = exchange_hostnames(group, float(timeout_s))
         self.topology = detect_topology(hostnames, ranks_per_node)
         if backend == "auto":
             backend = env.get("UCCL_EP_BACKEND")
@@ -198,9 +198,15 @@ class Buffer(LowLatencyMixin):
                                   hint="buffers built without it are released when garbage-collected")
         if self._destroyed:
             return
-        self._executor.barrier()
-        self._executor.destroy()
-        self._destroyed = True
+        try:
+            self._executor.barrier()
+        except (PeerFailure, Timeout) as e:
+            # NOTES: destroy is also the first step of recovering from a failed peer (docs/api.md,
+            # "Shrink and recovery"): the local resources are released all the same.
+            logger.warning("uccl_ep.Buffer rank %d: destroy() without the final barrier (%s)", self.rank, e)
+        finally:
+            self._executor.destroy()
+            self._destroyed = True
 
     def _check_alive(self) -> None:
         if getattr(self, "_destroyed", True):

@@ -58,10 +58,12 @@ def _entry(rank: int, world: int, port: int, backend: str, env: dict, pg_timeout
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 180.0, backend: str = "gloo",
-              env: dict | None = None, pg_timeout_s: float = 60.0, on_idle: Callable[[], None] | None = None) -> list:
+              env: dict | None = None, pg_timeout_s: float = 60.0, on_idle: Callable[[], None] | None = None,
+              may_die: tuple = ()) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` processes; return the per-rank results.
 
     ``on_idle`` is called about once a second while waiting (e.g. to drain a progress queue).
+    Ranks in ``may_die`` may end without reporting (a test that kills them): their result is None.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -91,6 +93,8 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 180.0, ba
                     on_idle()
                 if all(not p.is_alive() for p in procs) and results.empty():
                     break
+                if all(r in got or (r in may_die and not procs[r].is_alive()) for r in range(world)):
+                    break
     finally:
         for p in procs:
             p.join(timeout=0.5)
@@ -98,7 +102,7 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 180.0, ba
                 p.kill()
                 p.join(timeout=5)
     errors = {r: v for r, (s, v) in got.items() if s == "error"}
-    missing = [r for r in range(world) if r not in got]
+    missing = [r for r in range(world) if r not in got and r not in may_die]
     if errors or missing:
         story = []
         for r, tb in sorted(errors.items()):
@@ -107,4 +111,4 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 180.0, ba
             code = procs[r].exitcode
             story.append(f"--- rank {r} did not report (exit code {code}; timeout {timeout_s}s or crash)")
         raise RankFailure("\n".join(story))
-    return [got[r][1] for r in range(world)]
+    return [got[r][1] if r in got else None for r in range(world)]

@@ -75,6 +75,9 @@ class HostExecutor(Executor):
         # Counter values already accounted for, per (source, counter): counters only grow.
         self.seen = np.zeros((self.num_ranks, NUM_COUNTERS), dtype=np.int64)
         self.excluded = [False] * self.num_ranks  # mirrors Proxy.set_excluded (LL shrink masks)
+        self.lost: set[int] = set()  # peers masked because they missed a signal (shrink mode)
+        if ctx.enable_shrink:  # from the start: a peer that dies before the first op is masked, not fatal
+            ll._sync_exclusions(self, set())
         self.ht_ops = 0
         self._ll_buffer_idx = 0
         self._raw_buffers: dict[bool, torch.Tensor] = {}
@@ -86,8 +89,14 @@ class HostExecutor(Executor):
         return parity
 
     def barrier(self) -> None:
+        if self.ctx.enable_shrink:  # masked peers left out, missing ones masked (ll.masked_barrier)
+            ll.masked_barrier(self, self._masked(), "barrier")
+            return
         idx = self.proxy.push(0, *self.C.encode_barrier(False), self.timeout_s)
         self.proxy.wait_completion(0, idx, self.timeout_s, "barrier")
+
+    def _masked(self) -> set:
+        return getattr(self.owner, "_masked_ranks", set())
 
     # ---- normal mode -------------------------------------------------------------------------------
     def _ht(self):
@@ -129,8 +138,8 @@ class HostExecutor(Executor):
         return ll.combine_send_view(self, self._ll_buffer_idx, handle)
 
     def clean_low_latency_buffer(self, num_max, hidden, num_experts):
-        self.barrier()
         lay = ll.LowLatencyLayout(num_max, hidden, self.num_ranks, num_experts, self.shared_bytes)
+        self.barrier()
         self.region[:lay.total_bytes].zero_()
         self.barrier()
 

@@ -5,6 +5,7 @@ Counters (per source rank, see csrc/executor/ring_engine.h for the ring part):
     [512, 1024)         ring HEAD(r): credits returned by the receiver of ring r
     1024, 1025          META(parity): HT op handshake (parity = op count % 2)
     [1026, 1030)        LL_CTRL(set, phase): per-op LL control signal (num_max, "I mask you")
+    1030                LL_SYNC: shrink mode's barrier (clean_low_latency_buffer, destroy)
     [1088, +4*1024)     LL(set, phase, local expert): fenced count signals
 
 Region (per rank):
@@ -16,13 +17,14 @@ Region (per rank):
 from __future__ import annotations
 
 __all__ = ["align16", "RING_HEAD_BASE", "MAX_RINGS", "META_COUNTER", "LL_CTRL_BASE", "LL_COUNTER_BASE",
-           "LL_MAX_LOCAL_EXPERTS", "NUM_COUNTERS", "ll_counter", "ll_ctrl_counter", "meta_slot_bytes", "MetaLayout",
+           "LL_MAX_LOCAL_EXPERTS", "LL_SYNC_COUNTER", "NUM_COUNTERS", "ll_counter", "ll_ctrl_counter", "meta_slot_bytes", "MetaLayout",
            "region_plan"]
 
 MAX_RINGS = 512
 RING_HEAD_BASE = 512
 META_COUNTER = (1024, 1025)
 LL_CTRL_BASE = 1026
+LL_SYNC_COUNTER = 1030
 LL_COUNTER_BASE = 1088
 LL_MAX_LOCAL_EXPERTS = 1024
 NUM_COUNTERS = LL_COUNTER_BASE + 4 * LL_MAX_LOCAL_EXPERTS

@@ -23,15 +23,15 @@ import time
 import numpy as np
 import torch
 
-from ..errors import InvalidArgument, LimitExceeded, PeerFailure, PeerProtocolError
+from ..errors import InvalidArgument, LimitExceeded, PeerFailure, PeerProtocolError, Timeout
 from ..handles import LowLatencyHandle
 from ..proxy import check_protocol_limits
 from ..refs.fp8 import pack_ue8m0, per_token_cast_to_fp8
-from ..refs.low_latency import LowLatencyPlan
+from ..refs.low_latency import LowLatencyPlan, check_distinct_experts
 from .ht_common import plain
-from .layout import LL_MAX_LOCAL_EXPERTS, align16, ll_counter, ll_ctrl_counter
+from .layout import LL_MAX_LOCAL_EXPERTS, LL_SYNC_COUNTER, align16, ll_counter, ll_ctrl_counter
 
-__all__ = ["LowLatencyLayout", "dispatch", "combine", "combine_send_view"]
+__all__ = ["LowLatencyLayout", "dispatch", "combine", "combine_send_view", "masked_barrier"]
 
 _HEADER = 16
 _MAX_CTRL_NUM_MAX = (32767 - 2) // 2   # control value 1 + 2 * num_max + flag fits an int16
@@ -72,20 +72,27 @@ def _view(ex, offset: int, nbytes: int) -> torch.Tensor:
     return ex.region[offset:offset + nbytes]
 
 
-def _wait_signals(ex, srcs: np.ndarray, counters: np.ndarray, phase: str, skippable=frozenset()) -> np.ndarray:
+def _wait_signals(ex, srcs: np.ndarray, counters: np.ndarray, phase: str, skippable=frozenset(),
+                  mask_missing: set | None = None) -> np.ndarray:
     """Wait for one signal per (src, counter); return how much each added (counters only grow).
+
     A PeerFailure of a source in `skippable` (an excluded peer found dead) drops that source: its
-    entries come back as -1."""
+    entries come back as -1. With `mask_missing` (shrink mode) every source that fails or misses the
+    deadline is dropped the same way and added to it (DeepEP: a timed-out wait masks the rank); one
+    deadline covers the whole set, so several silent peers cost one timeout, not one each."""
     prev = ex.seen[srcs, counters].copy()
     todo = np.ones(srcs.size, dtype=bool)
+    deadline = time.monotonic() + ex.timeout_s
     while True:
         idx = np.nonzero(todo)[0]
         try:
             ex.C.wait_counters(ex.proxy, srcs[idx].astype(np.int32), counters[idx].astype(np.int32),
-                               (prev[idx] + 1).astype(np.int64), ex.timeout_s, phase)
+                               (prev[idx] + 1).astype(np.int64), max(deadline - time.monotonic(), 1e-3), phase)
             break
-        except PeerFailure as e:
-            if e.peer not in skippable:
+        except (PeerFailure, Timeout) as e:
+            if mask_missing is not None and e.peer is not None and e.peer >= 0:
+                mask_missing.add(int(e.peer))
+            elif not (isinstance(e, PeerFailure) and e.peer in skippable):
                 raise
             todo &= srcs != e.peer
     now = ex.counters.numpy()[srcs, counters]
@@ -94,12 +101,31 @@ def _wait_signals(ex, srcs: np.ndarray, counters: np.ndarray, phase: str, skippa
 
 
 def _sync_exclusions(ex, masked: set) -> None:
-    """Masked peers are excluded in the proxy (their death marks them dead, not us failed)."""
+    """Peers whose death must not fail this rank's proxy are excluded there (marked dead instead):
+    masked peers, and in shrink mode every peer (any of them may fail and be masked)."""
+    shrink = ex.ctx.enable_shrink
     for j in range(ex.num_ranks):
-        want = j in masked
+        want = j != ex.rank and (shrink or j in masked)
         if ex.excluded[j] != want:
             ex.proxy.set_excluded(j, want)
             ex.excluded[j] = want
+
+
+def masked_barrier(ex, masked: set, phase: str) -> None:
+    """Shrink mode's barrier: every unmasked peer, one unfenced Atomic on LL_SYNC each way; a peer
+    that misses it within the timeout (or died) is masked (DeepEP's clean_low_latency_buffer with
+    enable_shrink). Masked peers are not waited for."""
+    R, me = ex.num_ranks, ex.rank
+    _sync_exclusions(ex, masked)
+    live = np.array([j for j in range(R) if j != me and j not in masked], dtype=np.int64)
+    if live.size == 0:
+        return
+    none = np.zeros(0, dtype=np.int64)
+    _push(ex, (none, none, none, none), [(live.astype(np.int32), np.full(live.size, LL_SYNC_COUNTER, dtype=np.int32),
+                                         np.ones(live.size, dtype=np.int32), np.zeros(live.size, dtype=np.uint8))], 0)
+    missing: set = set()
+    _wait_signals(ex, live, np.full(live.size, LL_SYNC_COUNTER), phase, mask_missing=missing)
+    masked.update(missing)
 
 
 def _control_atomics(ex, set_idx: int, phase: int, num_max: int, send_masked: set, shrink: bool):
@@ -130,9 +156,14 @@ def _receive_counts(ex, set_idx: int, phase: int, num_max: int, send_masked: set
     """Control signals, then count signals: returns (n [R, E_loc] writes per (source, local
     expert) to use, recv_masked, masked_by). Sources in recv_masked contribute n = 0."""
     R, me = ex.num_ranks, ex.rank
-    srcs = np.array([j for j in range(R) if not ex.proxy.peer_dead(j)], dtype=np.int64)
+    # shrink mode: a source that misses a signal is masked (mask_missing), not waited for again
+    missing: set | None = set() if ex.ctx.enable_shrink else None
+    # Masked peers that are alive still send their signals (waited for: the counters stay exact);
+    # peers masked because they missed one (ex.lost) are not waited for while they stay masked.
+    srcs = np.array([j for j in range(R) if not ex.proxy.peer_dead(j) and not (j in ex.lost and j in send_masked)],
+                    dtype=np.int64)
     ctrl = _wait_signals(ex, srcs, np.full(srcs.size, ll_ctrl_counter(set_idx, phase)), f"{what} control",
-                         skippable=frozenset(send_masked))
+                         skippable=frozenset(send_masked), mask_missing=missing)
     dead = {j for j in range(R) if j not in set(srcs.tolist())} | set(srcs[ctrl < 0].tolist())
     masked_by, sends_me = set(), []
     for j, v in zip(srcs.tolist(), ctrl.tolist()):
@@ -150,11 +181,14 @@ def _receive_counts(ex, set_idx: int, phase: int, num_max: int, send_masked: set
     # counters must stay exact); only those outside recv_masked are used.
     senders = np.repeat(np.array(sends_me, dtype=np.int64), E_loc)
     locs = np.tile(np.arange(E_loc), len(sends_me))
-    got = _wait_signals(ex, senders, ll_counter(set_idx, phase, 0) + locs, f"{what} recv", frozenset(send_masked))
+    got = _wait_signals(ex, senders, ll_counter(set_idx, phase, 0) + locs, f"{what} recv", frozenset(send_masked),
+                        mask_missing=missing)
     n = torch.zeros(R, E_loc, dtype=torch.int64)
     ok = got >= 0
     n[torch.from_numpy(senders[ok]), torch.from_numpy(locs[ok])] = torch.from_numpy(got[ok] - 1)
-    dead |= set(senders[~ok].tolist())
+    dead |= set(senders[~ok].tolist()) | (missing or set())
+    dead |= {j for j in ex.lost if j in send_masked}
+    ex.lost.update(missing or ())
     recv_masked = set(send_masked) | masked_by | dead
     for j in recv_masked:
         n[j] = 0
@@ -169,6 +203,7 @@ def dispatch(ex, set_idx, x, topk_idx, num_max, num_experts, use_fp8, round_scal
     E_loc = lay.num_local
     msg = lay.dispatch_msg
     shrink = ex.ctx.enable_shrink
+    check_distinct_experts("topk_idx", topk_idx)
     send_masked = set(masked)
     _sync_exclusions(ex, send_masked)
 
@@ -197,6 +232,9 @@ def dispatch(ex, set_idx, x, topk_idx, num_max, num_experts, use_fp8, round_scal
     per_expert = torch.bincount(exp, minlength=num_experts)
     slot = torch.arange(exp.numel()) - (torch.cumsum(per_expert, 0) - per_expert)[exp]
     e_loc = exp % E_loc
+    if slot.numel() and int(slot.max()) >= num_max:  # never past a slab (distinct experts keep slot < T)
+        raise LimitExceeded("topk_idx", "selections of one expert by this rank (num_max_dispatch_tokens_per_rank)",
+                            int(slot.max()) + 1, num_max)
     recv0 = lay.recv(set_idx)
     writes = ((exp // E_loc).numpy(), (lay.send(set_idx) + tok * msg).numpy(),
               (recv0 + ((e_loc * R + me) * num_max + slot) * msg).numpy(), (ll_counter(set_idx, 0, 0) + e_loc).numpy())
@@ -282,6 +320,7 @@ def combine(ex, set_idx, y, topk_idx, topk_weights, handle, masked, out, combine
     lay = LowLatencyLayout(num_max, H, R, E, ex.shared_bytes)
     E_loc, msg = lay.num_local, lay.combine_msg
     T = topk_idx.shape[0]
+    check_distinct_experts("topk_idx", topk_idx)
     send_masked = set(masked)
     _sync_exclusions(ex, send_masked)
 

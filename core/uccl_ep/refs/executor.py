@@ -22,7 +22,7 @@ class ReferenceExecutor(Executor):
 
     def __init__(self, ctx: BufferContext, owner: object) -> None:
         super().__init__(ctx, owner)
-        self.comm = GroupComm(ctx.group)
+        self.comm = GroupComm(ctx.group, ctx.timeout_s)
         self._raw_buffers: dict[bool, torch.Tensor] = {}
         # Two alternating LL combine send buffers (DeepEP's ping-pong sets), made on first use.
         self._ll_combine_buffers: dict[int, torch.Tensor] = {}
@@ -77,10 +77,17 @@ class ReferenceExecutor(Executor):
     def get_next_low_latency_combine_buffer(self, handle):
         return self._combine_buffer(handle, self._ll_buffer_idx)
 
+    def _masked(self) -> set[int]:
+        return getattr(self.owner, "_masked_ranks", set())
+
     def clean_low_latency_buffer(self, num_max, hidden, num_experts):
         for buf in self._ll_combine_buffers.values():
             buf.zero_()
-        self.comm.barrier()
+        # NOTES: in shrink mode this barrier leaves masked ranks out and masks a rank that misses it
+        # (DeepEP's clean_low_latency_buffer with enable_shrink does the same).
+        masked = self._masked()
+        self.comm.barrier("clean_low_latency_buffer", skip=set(masked),
+                          on_missing=low_latency.shrink_masker(self.ctx.enable_shrink, masked, self.comm))
 
     # raw buffers, lifetime ---------------------------------------------------------------------
     def get_local_buffer_tensor(self, use_rdma_buffer):
@@ -95,8 +102,9 @@ class ReferenceExecutor(Executor):
         return raw
 
     def barrier(self):
-        self.comm.barrier()
+        self.comm.barrier("barrier", skip=set(self._masked()) if self.ctx.enable_shrink else ())
 
     def destroy(self):
+        self.comm.close()
         self._raw_buffers.clear()
         self._ll_combine_buffers.clear()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,26 +25,59 @@ from .comm import GroupComm
 from .fp8 import pack_ue8m0, per_token_cast_to_fp8
 from .packing import pack_rows, unpack_rows
 
-__all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_control"]
+__all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_control", "check_distinct_experts", "shrink_masker"]
 
 
-def exchange_control(comm: GroupComm, masked: set[int], num_max: int, shrink: bool) -> set[int]:
-    """Tell every peer this rank's ``num_max`` and whether this rank masks it; check the peers'
-    ``num_max`` agree and return the peers that mask this rank.
+def check_distinct_experts(name: str, topk_idx: torch.Tensor) -> None:
+    """Refuse a top-k row that selects one expert twice (-1 may repeat).
+
+    NOTES: DeepEP routes a token to each selected expert once; a low-latency slab holds
+    ``num_max_dispatch_tokens_per_rank`` rows per (expert, source), so a repeated selection would
+    need more slots than a slab has. Refused on the sender, before anything is sent."""
+    if topk_idx.dim() != 2 or topk_idx.shape[1] < 2 or topk_idx.numel() == 0:
+        return
+    s = topk_idx.sort(dim=1).values
+    dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    if bool(dup.any()):
+        row = int(torch.nonzero(dup.any(1)).flatten()[0])
+        expert = int(s[row, 1:][dup[row]][0])
+        raise InvalidArgument(name, "distinct expert ids in each row (a token selects an expert at most once; "
+                              "-1 may repeat)", f"expert {expert} more than once in row {row}")
+
+
+def shrink_masker(shrink: bool, masked: set[int], comm: GroupComm) -> Callable[[int, BaseException], bool] | None:
+    """In shrink mode, a peer that misses an exchange (Timeout: it stalled or stopped calling;
+    PeerFailure: it died) is masked -- added to the Buffer's live mask, announced to the peers --
+    instead of failing the op (DeepEP: a timed-out wait masks the rank). None otherwise."""
+    if not shrink:
+        return None
+
+    def mask(peer: int, error: BaseException) -> bool:
+        masked.add(peer)
+        comm.publish_skips(masked)
+        return True
+    return mask
+
+
+def exchange_control(comm: GroupComm, masked: set[int], num_max: int, shrink: bool, phase: str) -> set[int]:
+    """Tell every unmasked peer this rank's ``num_max``, check theirs agree, and return the peers
+    that mask this rank (and, in shrink mode, those that missed the exchange, masked now).
 
     NOTES: in DeepEP a rank that masks a peer stops sending to it, and the peer, waiting in vain,
-    times out and masks it back (shrink mode). The reference has no timeouts inside a collective,
-    so the flag carries that discovery explicitly; the outcome is the same.
+    times out and masks it back (shrink mode). Here the masking rank publishes its mask, so the
+    peer learns it without waiting for its timeout; the outcome is the same.
     """
-    rows = [torch.tensor([[num_max, 1 if (shrink and r in masked) else 0]], dtype=torch.int64)
-            for r in range(comm.size)]
-    got = comm.exchange_rows(rows, torch.device("cpu"))
+    before = set(masked)
+    comm.publish_skips(masked)
+    rows = [torch.tensor([[num_max]], dtype=torch.int64) for _ in range(comm.size)]
+    got = comm.exchange_rows(rows, torch.device("cpu"), f"{phase} (control)", skip=before,
+                             on_missing=shrink_masker(shrink, masked, comm), learn_skips=shrink)
     for j, row in enumerate(got):
-        if int(row[0, 0]) != num_max:
+        if row.shape[0] and int(row[0, 0]) != num_max:
             raise InvalidArgument("num_max_dispatch_tokens_per_rank",
                                   f"the same value on every rank (rank {comm.rank} has {num_max})",
                                   f"{int(row[0, 0])} on rank {j}")
-    return {j for j, row in enumerate(got) if int(row[0, 1]) == 1}
+    return (comm.skipped_by() | set(masked)) - before
 
 
 @dataclass
@@ -67,10 +101,10 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
     num_tokens, hidden = x.shape
     num_local = num_experts // num_ranks
     slab_rows = num_ranks * num_max
-    send_masked = set(masked)
-    masked_by = exchange_control(comm, send_masked, num_max, shrink)
-    recv_masked = send_masked | masked_by
+    check_distinct_experts("topk_idx", topk_idx)
+    masked_by = exchange_control(comm, masked, num_max, shrink, "low_latency_dispatch")
     masked.update(masked_by)  # the live mask of the Buffer learns who cut this rank off
+    send_masked = set(masked)
 
     if use_fp8:
         q, scale_inv = per_token_cast_to_fp8(x, round_scale=round_scale)
@@ -95,7 +129,10 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
         header = torch.stack([sel_e.to(torch.int32), sel_t.to(torch.int32)], 1)
         per_dest.append(pack_rows([header] + [c[sel_t] for c in payload_cols]))
     t0 = time.perf_counter_ns()
-    received = comm.exchange_rows(per_dest, device)
+    received = comm.exchange_rows(per_dest, device, "low_latency_dispatch", skip=send_masked,
+                                  on_missing=shrink_masker(shrink, masked, comm), learn_skips=shrink)
+    masked.update(comm.skipped_by())
+    recv_masked = set(masked)
     waited_ns = time.perf_counter_ns() - t0
 
     specs = [(torch.int32, (2,))] + [(c.dtype, tuple(c.shape[1:])) for c in payload_cols]
@@ -162,10 +199,9 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
     src_info, layout_range, num_max, hidden, num_experts = handle
     num_local = num_experts // num_ranks
     num_tokens = topk_idx.shape[0]
+    check_distinct_experts("topk_idx", topk_idx)
+    masked.update(exchange_control(comm, masked, num_max, shrink, "low_latency_combine"))
     send_masked = set(masked)
-    masked_by = exchange_control(comm, send_masked, num_max, shrink)
-    recv_masked = send_masked | masked_by
-    masked.update(masked_by)
 
     # Expert side: send each source rank its rows back, tagged with (global expert, token).
     per_dest = []
@@ -187,7 +223,10 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
         row = torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=y.dtype, device=device)
         per_dest.append(pack_rows([tag, row]))
     t0 = time.perf_counter_ns()
-    received = comm.exchange_rows(per_dest, device)
+    received = comm.exchange_rows(per_dest, device, "low_latency_combine", skip=send_masked,
+                                  on_missing=shrink_masker(shrink, masked, comm), learn_skips=shrink)
+    masked.update(comm.skipped_by())
+    recv_masked = set(masked)
     waited_ns = time.perf_counter_ns() - t0
     specs = [(torch.int32, (2,)), (y.dtype, (hidden,))]
     decoded = [unpack_rows(blob, specs, blob.shape[0]) for blob in received]

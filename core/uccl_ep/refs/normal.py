@@ -71,7 +71,7 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
     experts_per_rank = num_experts // num_ranks
 
     # Every rank's send counts -> counts[i][j] = tokens i sends to j.
-    counts = comm.all_gather_int64(num_tokens_per_rank.to(torch.int64), device).cpu()
+    counts = comm.all_gather_int64(num_tokens_per_rank.to(torch.int64), device, "dispatch (counts)").cpu()
     rank_prefix = counts.cumsum(0).to(torch.int32)                      # [R, R] inclusive over sources
     send_idx = [torch.nonzero(is_token_in_rank[:, r], as_tuple=False).flatten() for r in range(num_ranks)]
 
@@ -87,7 +87,7 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
     for r in range(num_ranks):
         ntpe = num_tokens_per_expert[r * experts_per_rank:(r + 1) * experts_per_rank].to(torch.int64).cpu()
         meta.append(torch.cat([ntpe, channel_prefix[r].cpu(), node_channel_counts[topo.node_of(r)].cpu()]).view(1, -1))
-    recv_meta = [m.view(-1) for m in comm.exchange_rows(meta, torch.device("cpu"))]
+    recv_meta = [m.view(-1) for m in comm.exchange_rows(meta, torch.device("cpu"), "dispatch (metadata)")]
 
     # Payload rows: x bytes | scales | topk idx | topk weights | source index | node bitmask.
     my_nodes_mask = []
@@ -106,7 +106,7 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
             cols.extend([topk_idx[sel], topk_weights[sel]])
         cols.extend([sel.to(torch.int32).view(-1, 1), my_nodes_mask[r][sel].view(-1, 1)])
         per_dest.append(pack_rows(cols))
-    received = comm.exchange_rows(per_dest, device)
+    received = comm.exchange_rows(per_dest, device, "dispatch")
     recv_counts = [int(t.shape[0]) for t in received]
     num_recv = sum(recv_counts)
     blob = torch.cat(received) if received else torch.empty(0, 0, dtype=torch.uint8, device=device)
@@ -215,7 +215,7 @@ def _internode_handle_items(comm, topo, device, counts, recv_counts, recv_meta, 
             head = send_head[:, dst].cpu()[sel]
             rows[:, g] = torch.where(head >= 0, head + base, head)
         per_dest.append(rows)
-    got = comm.exchange_rows(per_dest, torch.device("cpu"))
+    got = comm.exchange_rows(per_dest, torch.device("cpu"), "dispatch (internode handle)")
     send_nvl_head = (torch.cat(got) if got else torch.zeros(0, gpn, dtype=torch.int32)).to(device)
     return (is_token_in_rank, rdma_channel_prefix.to(device), channel_prefix.to(torch.int32).to(device),
             recv_rdma_channel.cumsum(1).to(torch.int32).to(device), recv_rdma_rank_prefix_sum.to(device),
@@ -230,7 +230,7 @@ def cached_dispatch(comm: GroupComm, x: torch.Tensor, x_scales: torch.Tensor | N
         raise InvalidArgument("x", f"{plan.num_tokens} rows (the token count of the dispatch that made `handle`)",
                               x.shape[0])
     cols_of = lambda sel: [x[sel]] + ([x_scales[sel]] if x_scales is not None else [])  # noqa: E731
-    received = comm.exchange_rows([pack_rows(cols_of(sel)) for sel in plan.send_idx], x.device)
+    received = comm.exchange_rows([pack_rows(cols_of(sel)) for sel in plan.send_idx], x.device, "cached_dispatch")
     blob = torch.cat(received)
     specs = [(x.dtype, tuple(x.shape[1:]))] + ([(x_scales.dtype, tuple(x_scales.shape[1:]))] if x_scales is not None else [])
     parts = unpack_rows(blob, specs, plan.num_recv)
@@ -256,7 +256,7 @@ def combine(comm: GroupComm, x: torch.Tensor, handle: NormalHandle, topk_weights
         if topk_weights is not None:
             cols.append(topk_weights[bounds[i]:bounds[i + 1]])
         back.append(pack_rows(cols))
-    received = comm.exchange_rows(back, device)
+    received = comm.exchange_rows(back, device, "combine")
     specs = [(x.dtype, tuple(x.shape[1:]))] + ([(topk_weights.dtype, tuple(topk_weights.shape[1:]))]
                                                if topk_weights is not None else [])
     acc = torch.zeros(plan.num_tokens, *x.shape[1:], dtype=torch.float32, device=device)
