@@ -324,16 +324,30 @@ def test_bad_commands_fail_the_proxy_with_protocol_errors(transport):
         stop_all(ps)
 
 
-def test_receiver_side_bounds_check():
-    ps = make_group(2, check_remote_bounds=False)
+RECEIVER_CHECKED = [("loop", 2), ("fault:loop", 2), ("ipc", 2), ("fault:ipc", 2)] + (
+    [] if transport_unavailable_reason("fabric") else
+    [("fabric", 2), ("fault:fabric", 2), ("ipc+fabric", 1), ("ipc+fabric", 2)])
+
+
+@pytest.mark.parametrize("transport,ranks_per_node", RECEIVER_CHECKED)
+def test_receiver_names_the_writer_of_an_out_of_bounds_write(transport, ranks_per_node):
+    """With the proxy's own (sender-side) check off, every transport refuses a write outside the
+    receiver's region as a whole, and the receiver raises PeerProtocolError naming the writer at
+    once (fabric used to drop it in the provider: a plain Timeout after the full wait)."""
+    ps = make_group(2, transport, check_remote_bounds=False, ranks_per_node=ranks_per_node, timeout_s=20.0)
     try:
-        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)
-        # the target refuses the range and reports the peer; the sender learns it too
-        with pytest.raises(PeerProtocolError, match="outside this rank's region"):
-            ps[1].wait_counter(0, 0, 1, 5.0, "oob at target")
+        before = ps[1].region().copy()
+        ps[0].push(0, *C.encode_counted_write(1, 0, 4096, 64, 1), 5.0)      # lands
+        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)  # 48 bytes past the end
+        t0 = time.monotonic()
+        with pytest.raises(PeerProtocolError, match="outside this rank's region") as e:
+            ps[1].wait_counter(0, 0, 1, 15.0, "oob at target")
+        assert e.value.peer == 0 and e.value.rank == 1
+        assert time.monotonic() - t0 < 5.0
         with pytest.raises(PeerProtocolError, match="refused"):
-            ps[0].wait_counter(1, 0, 1, 5.0, "oob at sender")
-        assert ps[1].region()[(1 << 20) - 16:].sum() == 0
+            ps[0].wait_counter(1, 0, 1, 15.0, "oob at sender")
+        after = ps[1].region()
+        assert np.array_equal(after[(1 << 20) - 4096:], before[(1 << 20) - 4096:])  # not a byte past 1 MiB - 4 KiB
     finally:
         stop_all(ps)
 
