@@ -15,7 +15,6 @@ nb::object errors() { return nb::module_::import_("uccl_ep.errors"); }
   throw nb::python_error();
 }
 
-std::string text_of(nb::handle v) { return nb::cast<std::string>(nb::repr(v)); }
 
 // v as a Python int (a new reference), or an InvalidArgument naming `name`.
 nb::object as_int(nb::handle v, const char* name, const std::string& expected) {
@@ -34,6 +33,20 @@ std::string range_text(int64_t lo, int64_t hi) {
 }
 
 }  // namespace
+
+std::string text_of(nb::handle v) {
+  PyObject* r = PyObject_Repr(v.ptr());
+  if (r == nullptr) {
+    PyErr_Clear();
+    return Py_TYPE(v.ptr())->tp_name;
+  }
+  Py_ssize_t n = 0;
+  const char* c = PyUnicode_AsUTF8AndSize(r, &n);
+  std::string out = c != nullptr ? std::string(c, size_t(n)) : std::string(Py_TYPE(v.ptr())->tp_name);
+  if (c == nullptr) PyErr_Clear();
+  Py_DECREF(r);
+  return out.size() > 200 ? out.substr(0, 200) + "..." : out;
+}
 
 void raise_invalid(const std::string& argument, const std::string& expected, const std::string& got) {
   raise_object(errors().attr("InvalidArgument")(argument, expected, got));

@@ -45,15 +45,16 @@ template <typename T>
 using Vec = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 const char* dtype_name_of(int code, int bits);
+// str(v) (repr for non-str objects whose str fails).
+std::string text_of(nb::handle v);
 
 template <typename T>
 Vec<T> vec_arg(nb::handle v, const char* name) {
   Vec<T> out;
   if (!nb::try_cast(v, out, false)) {
-    std::string got = nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr())))));
+    std::string got = Py_TYPE(v.ptr())->tp_name;
     if (nb::hasattr(v, "dtype") && nb::hasattr(v, "shape"))
-      got = "an array of dtype " + nb::cast<std::string>(nb::str(v.attr("dtype"))) + " and shape " +
-            nb::cast<std::string>(nb::str(v.attr("shape")));
+      got = "an array of dtype " + text_of(v.attr("dtype")) + " and shape " + text_of(v.attr("shape"));
     raise_invalid(name, std::string("a 1-D C-contiguous CPU array of ") + dtype_name_of(int(nb::dtype<T>().code),
                                                                                          int(nb::dtype<T>().bits)),
                   got);

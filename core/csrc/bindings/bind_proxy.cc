@@ -111,7 +111,7 @@ bool host_range_writable(uint64_t addr, uint64_t bytes) {
 }
 
 proxy::ProxyConfig config_from(nb::handle h) {
-  if (!nb::isinstance<nb::dict>(h)) raise_invalid("config", "a dict of proxy options", nb::cast<std::string>(nb::repr(h)));
+  if (!nb::isinstance<nb::dict>(h)) raise_invalid("config", "a dict of proxy options", text_of(h));
   nb::dict d = nb::borrow<nb::dict>(h);
   static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
                                 "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport", "ipc_copy",
@@ -119,7 +119,7 @@ proxy::ProxyConfig config_from(nb::handle h) {
                                 "idle_sleep_ns", "check_remote_bounds", "cpus", "fault_seed", "fault_reorder",
                                 "fault_max_delay", "fault_tear", "fault_max_pieces"};
   for (auto item : d) {
-    if (!nb::isinstance<nb::str>(item.first)) raise_invalid("config", "option names of type str", nb::cast<std::string>(nb::repr(item.first)));
+    if (!nb::isinstance<nb::str>(item.first)) raise_invalid("config", "option names of type str", text_of(item.first));
     const std::string k = nb::cast<std::string>(item.first);
     bool ok = false;
     for (const char* kk : known) ok |= k == kk;
@@ -144,10 +144,10 @@ proxy::ProxyConfig config_from(nb::handle h) {
     nb::handle v = d[k];
     const std::string expected = "a finite number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     if (PyBool_Check(v.ptr()) || !(PyFloat_Check(v.ptr()) || PyIndex_Check(v.ptr())))
-      raise_invalid(k, expected, nb::cast<std::string>(nb::repr(v)));
+      raise_invalid(k, expected, text_of(v));
     const double x = PyFloat_AsDouble(v.ptr());
     if (PyErr_Occurred()) PyErr_Clear();
-    if (!std::isfinite(x) || x < lo || x > hi) raise_invalid(k, expected, nb::cast<std::string>(nb::repr(v)));
+    if (!std::isfinite(x) || x < lo || x > hi) raise_invalid(k, expected, text_of(v));
     field = x;
   };
   i32("rank", c.rank);
@@ -247,7 +247,7 @@ void register_proxy(nb::module_& m) {
       })
       .def("connect", [](proxy::Proxy& p, nb::handle infos) {
         if (!nb::isinstance<nb::list>(infos) && !nb::isinstance<nb::tuple>(infos))
-          raise_invalid("infos", "a list of every rank's local_info() bytes", nb::cast<std::string>(nb::repr(infos)));
+          raise_invalid("infos", "a list of every rank's local_info() bytes", text_of(infos));
         std::vector<std::vector<uint8_t>> v;
         size_t i = 0;
         for (nb::handle b : infos) {
@@ -289,7 +289,7 @@ void register_proxy(nb::module_& m) {
             Cmds cmds;
             if (!nb::try_cast(cmds_h, cmds, false) || cmds.shape(1) != 2)
               raise_invalid("commands", "a C-contiguous uint64 array of shape [n, 2] on the CPU",
-                            nb::cast<std::string>(nb::repr(cmds_h)).substr(0, 200));
+                            text_of(cmds_h).substr(0, 200));
             const double timeout = timeout_arg(t, "timeout_s");
             const uint64_t* w = cmds.data();
             const size_t n = cmds.shape(0);
