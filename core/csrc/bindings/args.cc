@@ -2,6 +2,7 @@
 
 #include <math.h>
 
+#include "proxy/proxy.h"
 #include "uccl_ep/protocol.h"
 
 namespace uccl_ep::bindings {
@@ -119,6 +120,13 @@ bool bool_arg(nb::handle v, const char* name) {
 std::string str_arg(nb::handle v, const char* name) {
   if (v.ptr() == nullptr || !PyUnicode_Check(v.ptr())) raise_invalid(name, "a str", text_of(v));
   return nb::cast<std::string>(v);
+}
+
+proxy::Proxy& proxy_arg(nb::handle v, const char* name) {
+  proxy::Proxy* p = nullptr;
+  if (v.ptr() == nullptr || !nb::try_cast(v, p, false) || p == nullptr)
+    raise_invalid(name, "a uccl_ep._C.Proxy", text_of(v));
+  return *p;
 }
 
 const char* dtype_name_of(int code, int bits) {

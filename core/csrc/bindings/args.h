@@ -15,9 +15,16 @@
 
 #include <string>
 
+namespace uccl_ep::proxy {
+class Proxy;
+}
+
 namespace uccl_ep::bindings {
 
 namespace nb = nanobind;
+
+// A uccl_ep._C.Proxy (InvalidArgument naming `name` otherwise).
+proxy::Proxy& proxy_arg(nb::handle v, const char* name = "proxy");
 
 // Raise uccl_ep.errors.InvalidArgument(argument, expected, got).
 [[noreturn]] void raise_invalid(const std::string& argument, const std::string& expected, const std::string& got);

@@ -52,7 +52,8 @@ void each_in(const Vec<T>& v, const char* name, int64_t lo, int64_t hi) {
 
 void register_executor(nb::module_& m) {
   nb::class_<executor::RingEngine>(m, "RingEngine", "HT message streams through ring buffers in the proxy region.")
-      .def(nb::init<proxy::Proxy&>(), nb::arg("proxy"), nb::keep_alive<1, 2>())
+      .def("__init__", [](executor::RingEngine* e, nb::handle p) { new (e) executor::RingEngine(proxy_arg(p)); },
+           nb::arg("proxy").none(), nb::keep_alive<1, 2>())
       .def(
           "run_phase",
           [](executor::RingEngine& eng, nb::handle spec_h, nb::handle table_h, nb::handle out_h, nb::handle send_dst_h,
@@ -113,15 +114,16 @@ void register_executor(nb::module_& m) {
             nb::gil_scoped_release g;
             eng.run_phase(s, table.data(), table.shape(0), out.data(), out.shape(0), sends, recvs);
           },
-          nb::arg("spec"), nb::arg("table"), nb::arg("out"), nb::arg("send_dst"), nb::arg("send_ring"),
-          nb::arg("send_start"), nb::arg("send_count"), nb::arg("send_rows"), nb::arg("recv_src"), nb::arg("recv_ring"),
-          nb::arg("recv_out_row"), nb::arg("recv_count"));
+          nb::arg("spec").none(), nb::arg("table").none(), nb::arg("out").none(), nb::arg("send_dst").none(), nb::arg("send_ring").none(),
+          nb::arg("send_start").none(), nb::arg("send_count").none(), nb::arg("send_rows").none(), nb::arg("recv_src").none(), nb::arg("recv_ring").none(),
+          nb::arg("recv_out_row").none(), nb::arg("recv_count").none());
 
   m.def(
       "push_counted",
-      [](proxy::Proxy& p, nb::handle dst_h, nb::handle src_off_h, nb::handle dst_off_h, nb::handle counter_h,
+      [](nb::handle proxy_h, nb::handle dst_h, nb::handle src_off_h, nb::handle dst_off_h, nb::handle counter_h,
          nb::handle len_h, nb::handle atomic_dst_h, nb::handle atomic_counter_h, nb::handle atomic_value_h,
          nb::handle atomic_fenced_h, nb::handle threads_h, nb::handle timeout_h) {
+        proxy::Proxy& p = proxy_arg(proxy_h);
         const Vec<int32_t> dst = vec_arg<int32_t>(dst_h, "dst"), counter = vec_arg<int32_t>(counter_h, "counter");
         const Vec<int64_t> src_off = vec_arg<int64_t>(src_off_h, "src_off"), dst_off = vec_arg<int64_t>(dst_off_h, "dst_off");
         const Vec<int32_t> atomic_dst = vec_arg<int32_t>(atomic_dst_h, "atomic_dst"),
@@ -155,14 +157,15 @@ void register_executor(nb::module_& m) {
         nb::gil_scoped_release g;
         executor::push_counted(p, w, a, threads, timeout_s);
       },
-      nb::arg("proxy"), nb::arg("dst"), nb::arg("src_off"), nb::arg("dst_off"), nb::arg("counter"), nb::arg("len"),
-      nb::arg("atomic_dst"), nb::arg("atomic_counter"), nb::arg("atomic_value"), nb::arg("atomic_fenced"),
-      nb::arg("threads"), nb::arg("timeout_s"),
+      nb::arg("proxy").none(), nb::arg("dst").none(), nb::arg("src_off").none(), nb::arg("dst_off").none(), nb::arg("counter").none(), nb::arg("len").none(),
+      nb::arg("atomic_dst").none(), nb::arg("atomic_counter").none(), nb::arg("atomic_value").none(), nb::arg("atomic_fenced").none(),
+      nb::arg("threads").none(), nb::arg("timeout_s").none(),
       "LL sends: counted writes, then the atomics (fenced: value = writes + 1), each to FIFO counter % num_fifos.");
   m.def(
       "wait_counters",
-      [](proxy::Proxy& p, nb::handle src_h, nb::handle counter_h, nb::handle target_h, nb::handle timeout_h,
+      [](nb::handle proxy_h, nb::handle src_h, nb::handle counter_h, nb::handle target_h, nb::handle timeout_h,
          nb::handle phase_h) {
+        proxy::Proxy& p = proxy_arg(proxy_h);
         const Vec<int32_t> src = vec_arg<int32_t>(src_h, "src"), counter = vec_arg<int32_t>(counter_h, "counter");
         const Vec<int64_t> target = vec_arg<int64_t>(target_h, "target");
         const double timeout_s = timeout_arg(timeout_h, "timeout_s");
@@ -173,7 +176,7 @@ void register_executor(nb::module_& m) {
         nb::gil_scoped_release g;
         executor::wait_counters(p, src.data(), counter.data(), target.data(), src.shape(0), timeout_s, phase);
       },
-      nb::arg("proxy"), nb::arg("src"), nb::arg("counter"), nb::arg("target"), nb::arg("timeout_s"), nb::arg("phase"));
+      nb::arg("proxy").none(), nb::arg("src").none(), nb::arg("counter").none(), nb::arg("target").none(), nb::arg("timeout_s").none(), nb::arg("phase").none());
 }
 
 }  // namespace uccl_ep::bindings

@@ -21,7 +21,8 @@ namespace {
 
 uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
-nb::dict fifo_layout(proxy::Proxy& p, nb::handle index_h) {
+nb::dict fifo_layout(nb::handle proxy_h, nb::handle index_h) {
+  proxy::Proxy& p = proxy_arg(proxy_h);
   const int index = int(int_arg(index_h, "index", 0, p.num_fifos() - 1));
   const fifo::FifoLayout& f = p.fifo(index).layout();
   nb::dict d;
@@ -69,26 +70,27 @@ nb::bytes pack_fifo_layout(nb::handle slots_h, nb::handle head_h, nb::handle tai
 }  // namespace
 
 void register_ipc(nb::module_& m) {
-  m.def("proxy_fifo_layout", &fifo_layout, nb::arg("proxy"), nb::arg("index"),
+  m.def("proxy_fifo_layout", &fifo_layout, nb::arg("proxy").none(), nb::arg("index").none(),
         "Host addresses of one FIFO of a Proxy (slots, head, tail, tail_cache, completed, status).");
-  m.def("proxy_counters_address", [](proxy::Proxy& p) {
+  m.def("proxy_counters_address", [](nb::handle h) {
+    proxy::Proxy& p = proxy_arg(h);
     const proxy::ProxyConfig& c = p.config();
     return nb::make_tuple(addr(p.counters()), uint64_t(c.num_ranks) * c.num_counters * sizeof(int64_t));
-  }, nb::arg("proxy"), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
-  m.def("proxy_region_address", [](proxy::Proxy& p) { return addr(p.region()); }, nb::arg("proxy"));
-  m.def("pack_fifo_layout", &pack_fifo_layout, nb::arg("slots"), nb::arg("head"), nb::arg("tail"),
-        nb::arg("tail_cache"), nb::arg("completed"), nb::arg("status"), nb::arg("capacity"), nb::arg("capacity_log2"));
+  }, nb::arg("proxy").none(), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
+  m.def("proxy_region_address", [](nb::handle h) { return addr(proxy_arg(h).region()); }, nb::arg("proxy").none());
+  m.def("pack_fifo_layout", &pack_fifo_layout, nb::arg("slots").none(), nb::arg("head").none(), nb::arg("tail").none(),
+        nb::arg("tail_cache").none(), nb::arg("completed").none(), nb::arg("status").none(), nb::arg("capacity").none(), nb::arg("capacity_log2").none());
   m.attr("FIFO_LAYOUT_BYTES") = sizeof(fifo::FifoLayout);
 
   nb::module_ c = nb::cast<nb::module_>(m.attr("cuda"));
   c.def("host_register", [](int device, uint64_t ptr, size_t bytes) {
     return static_cast<uint64_t>(cu::host_register(device, reinterpret_cast<void*>(ptr), bytes));
-  }, nb::arg("device"), nb::arg("ptr"), nb::arg("bytes"),
+  }, nb::arg("device").none(), nb::arg("ptr").none(), nb::arg("bytes").none(),
      "Page-lock existing host memory and map it for the device; returns the device address of ptr.");
   c.def("host_unregister", [](int device, uint64_t ptr) { cu::host_unregister(device, reinterpret_cast<void*>(ptr)); });
   c.def("host_device_pointer", [](int device, uint64_t ptr) {
     return static_cast<uint64_t>(cu::host_device_pointer(device, reinterpret_cast<void*>(ptr)));
-  }, nb::arg("device"), nb::arg("ptr"), "Device address of a byte of registered host memory.");
+  }, nb::arg("device").none(), nb::arg("ptr").none(), "Device address of a byte of registered host memory.");
   c.def("pointer_memory_type", [](uint64_t ptr) { return cu::pointer_memory_type(ptr); });
   c.attr("MEMORY_TYPE_DEVICE") = cu::kMemoryTypeDevice;
   c.attr("MEMORY_TYPE_HOST") = cu::kMemoryTypeHost;
