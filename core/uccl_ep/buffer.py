@@ -17,8 +17,8 @@ import torch.distributed as dist
 from . import env
 from .backends import BufferContext, create_executor
 from .buffer_low_latency import LowLatencyMixin
-from .config import (NUM_BUFFER_ALIGNMENT_BYTES, Config, combine_config_table, dispatch_config_table,
-                     low_latency_rdma_size_hint)
+from .config import (NUM_BUFFER_ALIGNMENT_BYTES, NUM_MAX_LOCAL_EXPERTS, Config, combine_config_table,
+                     dispatch_config_table, low_latency_rdma_size_hint)
 from .errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, Unsupported
 from .events import EventHandle, EventOverlap
 from .group_store import exchange_hostnames
@@ -26,7 +26,7 @@ from .handles import NormalHandle
 from .proxy.limits import check_protocol_limits
 from .topology import detect_topology
 from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
-                       split_fp8_tuple)
+                       exclusive, split_fp8_tuple)
 
 __all__ = ["Buffer", "topk_idx_t"]
 
@@ -51,6 +51,10 @@ class Buffer(LowLatencyMixin):
 
     Extra keyword arguments that other DeepEP forks accept are tolerated when they ask for
     nothing (None/False/0) and refused with `Unsupported` otherwise.
+
+    A Buffer is not thread-safe: one call at a time (a call while another thread is inside one is
+    refused with `InvalidArgument`); use one Buffer per thread. Handles are accepted only by the
+    Buffer that returned them, unmodified.
     """
 
     #: SMs used by normal-mode kernels; global to all buffers (DeepEP semantics).
@@ -102,9 +106,10 @@ class Buffer(LowLatencyMixin):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise InvalidArgument(name, "a finite positive number of seconds", repr(value))
         check_int("ranks_per_node", ranks_per_node, minimum=0)
+        explicit_threads = num_proxy_threads is not None
         if num_proxy_threads is None:
             num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
-        check_int("num_proxy_threads", num_proxy_threads, minimum=1)
+        check_int("num_proxy_threads", num_proxy_threads, minimum=1, maximum=64, what="proxy threads per rank")
         # The TransferCmd / immediate field widths bound ranks and region sizes (issue 3).
         check_protocol_limits(self.group_size, num_rdma_bytes=self.num_rdma_bytes, num_nvl_bytes=self.num_nvl_bytes)
         hostnames = exchange_hostnames(group, float(timeout_s))
@@ -117,7 +122,7 @@ class Buffer(LowLatencyMixin):
                             allow_nvlink_for_low_latency_mode=self.allow_nvlink_for_low_latency_mode,
                             enable_shrink=self.enable_shrink, num_qps_per_rank=self.num_qps_per_rank,
                             timeout_s=float(timeout_s), gpu_timeout_s=float(gpu_timeout_s),
-                            options={"num_proxy_threads": int(num_proxy_threads)})
+                            options={"num_proxy_threads": int(num_proxy_threads) if explicit_threads else None})
         self._executor = create_executor(backend, ctx, self)
         self.backend = self._executor.name
         self._comm_stream = None
@@ -168,6 +173,7 @@ class Buffer(LowLatencyMixin):
             self._comm_stream = torch.cuda.Stream(priority=-1)
         return self._comm_stream
 
+    @exclusive
     def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
                                 use_rdma_buffer: bool = False) -> torch.Tensor:
         """A raw view of this rank's NVL (or RDMA) buffer, starting at byte ``offset``."""
@@ -191,6 +197,7 @@ class Buffer(LowLatencyMixin):
     # ----------------------------------------------------------------------------------------------
     # lifetime
     # ----------------------------------------------------------------------------------------------
+    @exclusive
     def destroy(self) -> None:
         """Release resources now. Requires ``explicitly_destroy=True`` (DeepEP semantics)."""
         if not self.explicitly_destroy:
@@ -227,6 +234,7 @@ class Buffer(LowLatencyMixin):
     # ----------------------------------------------------------------------------------------------
     # normal mode
     # ----------------------------------------------------------------------------------------------
+    @exclusive
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event=None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """-> (num_tokens_per_rank [R] i32, num_tokens_per_rdma_rank [N] i32 | None,
@@ -245,7 +253,21 @@ class Buffer(LowLatencyMixin):
         check_int("num_experts", num_experts, minimum=1)
         if num_experts % self.group_size != 0:
             raise InvalidArgument("num_experts", f"a multiple of the group size {self.group_size}", num_experts)
+        if num_experts // self.group_size > NUM_MAX_LOCAL_EXPERTS:
+            raise LimitExceeded("num_experts", f"experts per rank ({self.group_size} ranks)",
+                                num_experts // self.group_size, NUM_MAX_LOCAL_EXPERTS)
         return num_experts
+
+    def _issue_handle(self, handle):
+        """Record a handle this Buffer returns: only such handles, unmodified, are accepted back."""
+        if handle is not None:
+            # NOTES: the seal lives on the plan (only this Buffer's executor made it): a handle built
+            # by hand has no sealed plan, one with items replaced does not match the seal.
+            try:
+                object.__setattr__(handle.plan, "_uccl_ep_seal", (id(self), tuple(id(item) for item in handle)))
+            except (AttributeError, TypeError):  # a plan without attributes (None, slots): owner check only
+                pass
+        return handle
 
     def _check_nvl_capacity(self, x: torch.Tensor, config: Config) -> None:
         check_protocol_limits(self.group_size, num_channels=config.num_channels,
@@ -266,6 +288,7 @@ class Buffer(LowLatencyMixin):
             if need_rdma > self.num_rdma_bytes:
                 raise LimitExceeded("num_rdma_bytes", "bytes of the RDMA buffer", need_rdma, self.num_rdma_bytes)
 
+    @exclusive
     def dispatch(self, x: Union[torch.Tensor, tuple], handle: Optional[tuple] = None,
                  num_tokens_per_rank: Optional[torch.Tensor] = None,
                  num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
@@ -283,6 +306,8 @@ class Buffer(LowLatencyMixin):
         self._check_alive()
         self._check_events(previous_event, async_finish, allocate_on_comm_stream)
         data, scales = split_fp8_tuple("x", x)
+        if data.shape[1] == 0:
+            raise InvalidArgument("x", "a hidden size (x.shape[1]) >= 1", "hidden 0")
         if (data.shape[1] * data.element_size()) % 16 != 0:
             raise InvalidArgument("x", "rows of a multiple of 16 bytes (hidden x element size)",
                                   f"hidden {data.shape[1]} x {data.element_size()} B")
@@ -339,8 +364,9 @@ class Buffer(LowLatencyMixin):
                 expert_alignment, num_worst_tokens, config)
         recv = (recv_x, recv_scales) if scales is not None else recv_x
         event = scope.finish((recv_x, recv_scales, recv_topk_idx, recv_topk_weights))
-        return recv, recv_topk_idx, recv_topk_weights, counts, new_handle, event
+        return recv, recv_topk_idx, recv_topk_weights, counts, self._issue_handle(new_handle), event
 
+    @exclusive
     def combine(self, x: torch.Tensor, handle: tuple, topk_weights: Optional[torch.Tensor] = None,
                 bias: Union[torch.Tensor, tuple, None] = None, config: Optional[Config] = None,
                 previous_event=None, async_finish: bool = False, allocate_on_comm_stream: bool = False):
@@ -352,6 +378,8 @@ class Buffer(LowLatencyMixin):
         self._check_events(previous_event, async_finish, allocate_on_comm_stream)
         self._check_handle(handle, NormalHandle, "combine")
         check_tensor("x", x, dtypes=_COMBINE_DTYPES, ndim=2)
+        if x.shape[1] == 0:
+            raise InvalidArgument("x", "a hidden size (x.shape[1]) >= 1", "hidden 0")
         if config is None:
             config = Buffer.get_combine_config(self.group_size)
         elif not isinstance(config, Config):
@@ -387,3 +415,8 @@ class Buffer(LowLatencyMixin):
                                   hint="normal and low-latency handles are not interchangeable")
         if handle.owner is not self:
             raise InvalidArgument("handle", "a handle made by this Buffer", "a handle from another Buffer")
+        sealable = hasattr(handle.plan, "__dict__")
+        if handle.plan is None or sealable and getattr(handle.plan, "_uccl_ep_seal", None) != (id(self), tuple(id(item) for item in handle)):
+            raise InvalidArgument("handle", f"a handle returned by this Buffer's "
+                                  f"{'dispatch' if kind is NormalHandle else 'low_latency_dispatch'}, unmodified",
+                                  "a handle this Buffer did not return (built by hand, or with items replaced)")

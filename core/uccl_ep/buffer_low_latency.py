@@ -13,7 +13,7 @@ from .errors import InvalidArgument, LimitExceeded
 from .events import EventHandle, EventOverlap
 from .handles import LowLatencyHandle
 from .proxy.limits import check_protocol_limits
-from .validate import check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range
+from .validate import check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range, exclusive
 
 __all__ = ["LowLatencyMixin"]
 
@@ -44,12 +44,28 @@ class LowLatencyMixin:
             raise InvalidArgument("async_finish", "False when return_recv_hook=True (the hook is the receive phase)",
                                   True)
         if return_recv_hook:
-            return EventOverlap(None, extra_tensors=tensors), finish
+            return EventOverlap(None, extra_tensors=tensors), self._one_shot_hook(finish)
         finish(follows_send=True)  # right after the send phase, on the same stream
         if async_finish:
             return EventOverlap(EventHandle(), extra_tensors=tensors), None
         return EventOverlap(None), None
 
+    def _one_shot_hook(self, finish):
+        """The recv hook: completes one receive. A second call would wait for signals that already
+        came (counters only grow) until the timeout, so it is refused at once."""
+        state = {"called": False}
+
+        @exclusive
+        def hook(buffer=self):
+            if state["called"]:
+                raise InvalidArgument("hook", "one call per recv hook (each hook completes one receive)",
+                                      "a second call")
+            state["called"] = True
+            return finish()
+
+        return lambda: hook(self)
+
+    @exclusive
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
                              dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
@@ -70,8 +86,8 @@ class LowLatencyMixin:
         num_max = check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, minimum=1)
         if num_tokens > num_max:
             raise LimitExceeded("x", "tokens per rank (num_max_dispatch_tokens_per_rank)", num_tokens, num_max)
-        if hidden % 128 != 0:
-            raise InvalidArgument("x", "hidden (x.shape[1]) a multiple of 128", hidden)
+        if hidden == 0 or hidden % 128 != 0:
+            raise InvalidArgument("x", "hidden (x.shape[1]) a positive multiple of 128", hidden)
         self._check_num_experts(num_experts)
         if num_experts // R > NUM_MAX_LOCAL_EXPERTS:
             raise LimitExceeded("num_experts", "experts per rank", num_experts // R, NUM_MAX_LOCAL_EXPERTS)
@@ -101,8 +117,9 @@ class LowLatencyMixin:
             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
         tensors = (x, topk_idx, *(recv_x if isinstance(recv_x, tuple) else (recv_x,)), recv_count)
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, tensors)
-        return recv_x, recv_count, handle, event, hook
+        return recv_x, recv_count, self._issue_handle(handle), event, hook
 
+    @exclusive
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                             handle: tuple, use_logfmt: bool = False, zero_copy: bool = False,
                             async_finish: bool = False, return_recv_hook: bool = False,
@@ -142,12 +159,14 @@ class LowLatencyMixin:
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, (x, topk_idx, topk_weights, combined))
         return combined, event, hook
 
+    @exclusive
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
         """BF16 view [E_loc, R*T, H] of the buffer the next combine sends from (for zero_copy)."""
         self._check_ll_mode("get_next_low_latency_combine_buffer")
         self._check_handle(handle, LowLatencyHandle, "get_next_low_latency_combine_buffer")
         return self._executor.get_next_low_latency_combine_buffer(handle)
 
+    @exclusive
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Reset both low-latency buffer sets (required after normal-mode use of the same buffer)."""
         self._check_ll_mode("clean_low_latency_buffer")
@@ -163,6 +182,7 @@ class LowLatencyMixin:
         if not self.enable_shrink:
             raise InvalidArgument("enable_shrink", f"True on the Buffer to call {op}", False)
 
+    @exclusive
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
         """Mask (``mask=True``) or unmask a rank: this rank then neither sends to it nor waits for it."""
         self._check_shrink("low_latency_update_mask_buffer")
@@ -174,6 +194,7 @@ class LowLatencyMixin:
         else:
             self._masked_ranks.discard(rank_to_mask)
 
+    @exclusive
     def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
         """Write 1 for masked ranks and 0 otherwise into ``mask_status`` [R] int32."""
         self._check_shrink("low_latency_query_mask_buffer")
@@ -183,6 +204,7 @@ class LowLatencyMixin:
             status[r] = 1
         mask_status.copy_(status)
 
+    @exclusive
     def low_latency_clean_mask_buffer(self) -> None:
         """Unmask every rank."""
         self._check_shrink("low_latency_clean_mask_buffer")

@@ -259,8 +259,10 @@ _VARS: list[Var] = [
         "Empty = `$ROCM_PATH/bin/hipcc` (`$HIP_PATH`), then `/opt/rocm/bin/hipcc`, then `hipcc` on PATH.",
         used_by="JIT"),
     Var("UCCL_EP_JOB_TOKEN", "str", "",
-        "Per-job secret checked at bootstrap; a peer with another token is refused. Empty = "
-        "derived from the process group's store at Buffer construction.", used_by="bootstrap"),
+        "Per-job secret: at bootstrap every rank proves it holds it (HMAC-SHA256 over fresh nonces and "
+        "its endpoint record), so a rank without it is refused with PeerProtocolError. Empty = a random "
+        "session string rank 0 writes into the store: it separates jobs and sessions but authenticates "
+        "nothing (docs/troubleshooting.md, \"Job token\").", used_by="bootstrap"),
     Var("UCCL_EP_FAULT", "str", "",
         "Fault injection around the proxy transport, for tests: comma-separated `reorder=<p>` (probability a "
         "write or completion is held back and reordered), `delay=<polls>` (longest hold), `tear=<p>` "

@@ -4,23 +4,56 @@ data are on the host or the executor syncs anyway, so no check adds a GPU sync t
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import functools
+import math
+import threading
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from .errors import InvalidArgument, Unsupported
+from .errors import InvalidArgument, LimitExceeded, Unsupported
 
 __all__ = [
     "check_int",
     "check_bool",
+    "check_seconds",
     "check_tensor",
     "check_topk_ids_in_range",
     "split_fp8_tuple",
     "check_extra_kwargs",
+    "exclusive",
+    "FP8_DTYPES",
 ]
 
+#: dtypes of the FP8 half of an ``(x, scales)`` pair (e4m3; the fnuz variant on AMD).
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
 
-def check_int(name: str, value: Any, minimum: int | None = None, multiple_of: int | None = None) -> int:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def exclusive(method: F) -> F:
+    """One call at a time per Buffer: a call while another thread is inside one of the Buffer's
+    methods is refused with `InvalidArgument` (a Buffer's buffers, counters and handles are
+    shared state; two interleaved ops would compute offsets from each other's half-updated
+    state). The same thread may nest calls."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        lock = self.__dict__.setdefault("_op_lock", threading.RLock())
+        if not lock.acquire(blocking=False):
+            raise InvalidArgument("self", "one call at a time on a Buffer (it is not thread-safe: use one Buffer "
+                                  "per thread, or serialize the calls)",
+                                  f"{method.__name__}() while another thread is inside a call on it")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            lock.release()
+
+    return wrapper  # type: ignore[return-value]
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, multiple_of: int | None = None,
+              maximum: int | None = None, what: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         # numpy / torch scalar ints are fine
         try:
@@ -33,9 +66,18 @@ def check_int(name: str, value: Any, minimum: int | None = None, multiple_of: in
             raise InvalidArgument(name, "an int", f"{type(value).__name__} {value!r}") from None
     if minimum is not None and value < minimum:
         raise InvalidArgument(name, f"an int >= {minimum}", value)
+    if maximum is not None and value > maximum:
+        raise LimitExceeded(name, what or "the value", value, maximum)
     if multiple_of is not None and value % multiple_of != 0:
         raise InvalidArgument(name, f"a multiple of {multiple_of}", value)
     return value
+
+
+def check_seconds(name: str, value: Any) -> float:
+    """A finite, positive number of seconds (every wait is bounded: NaN and inf are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidArgument(name, "a finite positive number of seconds", repr(value))
+    return float(value)
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -54,6 +96,10 @@ def check_tensor(name: str, t: Any, *, dtypes: Iterable[torch.dtype] | None = No
     """Check one tensor argument; ``None`` entries in ``shape`` match any size."""
     if not isinstance(t, torch.Tensor):
         raise InvalidArgument(name, "a torch.Tensor", type(t).__name__)
+    if t.device.type == "meta":
+        raise InvalidArgument(name, "a tensor with data (cpu or a GPU)", "a meta-device tensor")
+    if t.layout != torch.strided:
+        raise InvalidArgument(name, "a dense (strided) tensor", f"layout {t.layout}")
     if dtypes is not None:
         allowed = tuple(dtypes)
         if t.dtype not in allowed:
@@ -89,7 +135,9 @@ def split_fp8_tuple(name: str, x: Any) -> tuple[torch.Tensor, torch.Tensor | Non
         if len(x) != 2:
             raise InvalidArgument(name, "a tensor or a (fp8 data, scales) pair", f"a sequence of length {len(x)}")
         data, scales = x
-        check_tensor(name + "[0]", data, ndim=2)
+        # NOTES: the pair means "already FP8": a BF16 first half would be moved as FP8 bytes of half
+        # the row width and the scales applied to them.
+        check_tensor(name + "[0]", data, dtypes=FP8_DTYPES, ndim=2)
         check_tensor(name + "[1]", scales, dtypes=(torch.float32, torch.int32), ndim=2, contiguous=False)
         if scales.shape[0] != data.shape[0]:
             raise InvalidArgument(name + "[1]", f"{data.shape[0]} rows (one scale row per token)", scales.shape[0])

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "bindings/args.h"
 #include "bindings/register.h"
 #include "proxy/proxy.h"
 #include "runtime/cuda_driver.h"
@@ -20,8 +21,9 @@ namespace {
 
 uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
-nb::dict fifo_layout(proxy::Proxy& p, int index) {
-  if (index < 0 || index >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
+nb::dict fifo_layout(nb::handle proxy_h, nb::handle index_h) {
+  proxy::Proxy& p = proxy_arg(proxy_h);
+  const int index = int(int_arg(index_h, "index", 0, p.num_fifos() - 1));
   const fifo::FifoLayout& f = p.fifo(index).layout();
   nb::dict d;
   d["slots"] = addr(f.slots);
@@ -38,8 +40,19 @@ nb::dict fifo_layout(proxy::Proxy& p, int index) {
 
 // One FifoLayout as kernels read it (the struct of fifo_layout.h, packed by the compiler that
 // also compiles the proxy, so Python never restates its layout).
-nb::bytes pack_fifo_layout(uint64_t slots, uint64_t head, uint64_t tail, uint64_t tail_cache, uint64_t completed,
-                           uint64_t status, uint32_t capacity, uint32_t capacity_log2) {
+nb::bytes pack_fifo_layout(nb::handle slots_h, nb::handle head_h, nb::handle tail_h, nb::handle tail_cache_h,
+                           nb::handle completed_h, nb::handle status_h, nb::handle capacity_h, nb::handle log2_h) {
+  const uint64_t kAddr = ~uint64_t(0);
+  const uint64_t slots = u64_arg(slots_h, "slots", kAddr), head = u64_arg(head_h, "head", kAddr),
+                 tail = u64_arg(tail_h, "tail", kAddr), tail_cache = u64_arg(tail_cache_h, "tail_cache", kAddr),
+                 completed = u64_arg(completed_h, "completed", kAddr), status = u64_arg(status_h, "status", kAddr);
+  const uint32_t capacity_log2 = uint32_t(int_arg(log2_h, "capacity_log2", 1, fifo::kMaxCapacityLog2));
+  const uint64_t capacity = u64_arg(capacity_h, "capacity", uint64_t(1) << fifo::kMaxCapacityLog2, "FIFO slots");
+  if (capacity != (uint64_t(1) << capacity_log2))
+    raise_invalid("capacity", "2 ** capacity_log2 (" + std::to_string(uint64_t(1) << capacity_log2) + ")",
+                  std::to_string(capacity));
+  for (uint64_t a : {slots, head, tail, tail_cache, completed, status})
+    if (a == 0 || a % 8) raise_invalid("address", "non-null 8-byte-aligned addresses of the FIFO words", std::to_string(a));
   fifo::FifoLayout f{};
   f.slots = reinterpret_cast<protocol::TransferCmd*>(slots);
   f.head = reinterpret_cast<uint64_t*>(head);
@@ -47,7 +60,7 @@ nb::bytes pack_fifo_layout(uint64_t slots, uint64_t head, uint64_t tail, uint64_
   f.tail_cache = reinterpret_cast<uint64_t*>(tail_cache);
   f.completed = reinterpret_cast<uint64_t*>(completed);
   f.status = reinterpret_cast<uint64_t*>(status);
-  f.capacity = capacity;
+  f.capacity = uint32_t(capacity);
   f.capacity_log2 = capacity_log2;
   char raw[sizeof f];
   std::memcpy(raw, &f, sizeof f);
@@ -57,26 +70,27 @@ nb::bytes pack_fifo_layout(uint64_t slots, uint64_t head, uint64_t tail, uint64_
 }  // namespace
 
 void register_ipc(nb::module_& m) {
-  m.def("proxy_fifo_layout", &fifo_layout, nb::arg("proxy"), nb::arg("index"),
+  m.def("proxy_fifo_layout", &fifo_layout, nb::arg("proxy").none(), nb::arg("index").none(),
         "Host addresses of one FIFO of a Proxy (slots, head, tail, tail_cache, completed, status).");
-  m.def("proxy_counters_address", [](proxy::Proxy& p) {
+  m.def("proxy_counters_address", [](nb::handle h) {
+    proxy::Proxy& p = proxy_arg(h);
     const proxy::ProxyConfig& c = p.config();
     return nb::make_tuple(addr(p.counters()), uint64_t(c.num_ranks) * c.num_counters * sizeof(int64_t));
-  }, nb::arg("proxy"), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
-  m.def("proxy_region_address", [](proxy::Proxy& p) { return addr(p.region()); }, nb::arg("proxy"));
-  m.def("pack_fifo_layout", &pack_fifo_layout, nb::arg("slots"), nb::arg("head"), nb::arg("tail"),
-        nb::arg("tail_cache"), nb::arg("completed"), nb::arg("status"), nb::arg("capacity"), nb::arg("capacity_log2"));
+  }, nb::arg("proxy").none(), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
+  m.def("proxy_region_address", [](nb::handle h) { return addr(proxy_arg(h).region()); }, nb::arg("proxy").none());
+  m.def("pack_fifo_layout", &pack_fifo_layout, nb::arg("slots").none(), nb::arg("head").none(), nb::arg("tail").none(),
+        nb::arg("tail_cache").none(), nb::arg("completed").none(), nb::arg("status").none(), nb::arg("capacity").none(), nb::arg("capacity_log2").none());
   m.attr("FIFO_LAYOUT_BYTES") = sizeof(fifo::FifoLayout);
 
   nb::module_ c = nb::cast<nb::module_>(m.attr("cuda"));
   c.def("host_register", [](int device, uint64_t ptr, size_t bytes) {
     return static_cast<uint64_t>(cu::host_register(device, reinterpret_cast<void*>(ptr), bytes));
-  }, nb::arg("device"), nb::arg("ptr"), nb::arg("bytes"),
+  }, nb::arg("device").none(), nb::arg("ptr").none(), nb::arg("bytes").none(),
      "Page-lock existing host memory and map it for the device; returns the device address of ptr.");
   c.def("host_unregister", [](int device, uint64_t ptr) { cu::host_unregister(device, reinterpret_cast<void*>(ptr)); });
   c.def("host_device_pointer", [](int device, uint64_t ptr) {
     return static_cast<uint64_t>(cu::host_device_pointer(device, reinterpret_cast<void*>(ptr)));
-  }, nb::arg("device"), nb::arg("ptr"), "Device address of a byte of registered host memory.");
+  }, nb::arg("device").none(), nb::arg("ptr").none(), "Device address of a byte of registered host memory.");
   c.def("pointer_memory_type", [](uint64_t ptr) { return cu::pointer_memory_type(ptr); });
   c.attr("MEMORY_TYPE_DEVICE") = cu::kMemoryTypeDevice;
   c.attr("MEMORY_TYPE_HOST") = cu::kMemoryTypeHost;

@@ -1,21 +1,28 @@
-// Bindings of the protocol headers, the host FIFO and the proxy (uccl_ep._C).
+// Bindings of the proxy and the transport table (uccl_ep._C); the protocol encoders are in
+// bind_protocol.cc, the host FIFO and the receiver in bind_fifo.cc.
 //
 // NOTES: every call that can wait releases the GIL; errors of the native core (EpError) become
 // the matching uccl_ep.errors class, constructed by Python so messages and attributes are the
-// same as errors raised in Python.
+// same as errors raised in Python. Every argument is checked (bindings/args.h) before native code
+// sees it: an index out of range here would read or write outside the proxy's arrays.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <stdio.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "bindings/args.h"
 #include "bindings/register.h"
 #include "fifo/fifo_host.h"
-#include "fifo/fifo_stress.h"
 #include "proxy/errors.h"
 #include "proxy/proxy.h"
 #include "proxy/proxy_bench.h"
-#include "proxy/receiver.h"
+#include "runtime/cuda_driver.h"
 #include "transport/transport.h"
 #include "uccl_ep/fifo_layout.h"
 #include "uccl_ep/immediate.h"
@@ -28,8 +35,6 @@ namespace uccl_ep::bindings {
 namespace {
 
 using protocol::TransferCmd;
-using U64Array = nb::ndarray<nb::numpy, uint64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using I64Input = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 void translate(const std::exception_ptr& p, void*) {
   try {
@@ -60,10 +65,20 @@ void translate(const std::exception_ptr& p, void*) {
         exc = errors.attr("Unsupported")(std::string(e.what()));
         break;
       case ErrorKind::kInvalidArgument: {
+        // Native details read "<argument>: expected <what>[, got <value>]"; InvalidArgument adds
+        // its own "expected" and "got", so they are split off here instead of repeated.
         const std::string& d = i.detail;
-        const size_t colon = d.find(':');
-        exc = errors.attr("InvalidArgument")(colon == std::string::npos ? std::string("argument") : d.substr(0, colon),
-                                             colon == std::string::npos ? d : d.substr(colon + 2));
+        const size_t colon = d.find(": ");
+        std::string argument = colon == std::string::npos ? std::string("argument") : d.substr(0, colon);
+        std::string rest = colon == std::string::npos ? d : d.substr(colon + 2);
+        if (rest.rfind("expected ", 0) == 0) rest = rest.substr(9);
+        const size_t got_at = rest.rfind(", got ");
+        nb::object got = nb::none();
+        if (got_at != std::string::npos) {
+          got = nb::str(rest.substr(got_at + 6).c_str());
+          rest = rest.substr(0, got_at);
+        }
+        exc = errors.attr("InvalidArgument")(argument, rest, got);
         break;
       }
     }
@@ -71,101 +86,133 @@ void translate(const std::exception_ptr& p, void*) {
   }
 }
 
-nb::tuple words(const TransferCmd& c) { return nb::make_tuple(c.word0, c.word1); }
-
-void check_offsets(uint64_t soff, uint64_t doff) {
-  if (soff % protocol::kOffsetUnitBytes || doff % protocol::kOffsetUnitBytes)
-    throw_error(ErrorKind::kInvalidArgument, -1, -1, "", "offset: expected multiples of " +
-                std::to_string(protocol::kOffsetUnitBytes) + " bytes, got src " + std::to_string(soff) + ", dst " +
-                std::to_string(doff));
-}
-TransferCmd cmd_of(uint64_t w0, uint64_t w1) { return TransferCmd{w0, w1}; }
-
-nb::dict protocol_limits() {
-  nb::dict d;
-  d["protocol_version"] = UCCL_EP_PROTOCOL_VERSION;
-  d["cmd_bytes"] = sizeof(TransferCmd);
-  d["max_ranks"] = protocol::limits::kMaxRanks;
-  d["max_write_bytes"] = protocol::limits::kMaxWriteBytes;
-  d["max_region_bytes"] = protocol::limits::kMaxRegionBytes;
-  d["offset_unit_bytes"] = protocol::kOffsetUnitBytes;
-  d["max_counters"] = protocol::limits::kMaxCounters;
-  d["max_increment"] = protocol::limits::kMaxIncrement;
-  d["max_atomic_value"] = protocol::limits::kMaxAtomicValue;
-  d["min_atomic_value"] = protocol::limits::kMinAtomicValue;
-  d["max_fenced_count"] = protocol::limits::kMaxFencedCount;
-  d["max_ordered_counters"] = imm::limits::kMaxOrderedCounters;
-  d["seq_modulus"] = imm::limits::kSeqModulus;
-  d["max_ordered_in_flight"] = imm::limits::kMaxOrderedInFlight;
-  d["epoch_modulus"] = imm::limits::kEpochModulus;
-  d["max_fifo_capacity"] = uint64_t(1) << fifo::kMaxCapacityLog2;
-  return d;
-}
-
-// Batch encoder for tests and benchmarks: every argument an int64 array of the same length.
-U64Array encode_writes(I64Input dst, I64Input src_off, I64Input dst_off, I64Input len, I64Input counter,
-                       I64Input increment, bool ordered) {
-  const size_t n = dst.shape(0);
-  for (const auto* a : {&src_off, &dst_off, &len, &counter, &increment})
-    if (a->shape(0) != n) throw std::invalid_argument("encode_writes: arrays of different lengths");
-  auto* out = new uint64_t[2 * n];
-  for (size_t i = 0; i < n; ++i) check_offsets(uint64_t(src_off(i)), uint64_t(dst_off(i)));
-  for (size_t i = 0; i < n; ++i) {
-    const TransferCmd c = ordered ? protocol::make_ordered_write(uint32_t(dst(i)), uint64_t(src_off(i)), uint64_t(dst_off(i)),
-                                                                 uint32_t(len(i)), uint32_t(counter(i)), uint32_t(increment(i)))
-                                  : protocol::make_counted_write(uint32_t(dst(i)), uint64_t(src_off(i)), uint64_t(dst_off(i)),
-                                                                 uint32_t(len(i)), uint32_t(counter(i)));
-    out[2 * i] = c.word0;
-    out[2 * i + 1] = c.word1;
+// Whether [addr, addr + bytes) lies in readable and writable mappings of this process.
+bool host_range_writable(uint64_t addr, uint64_t bytes) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (f == nullptr) return true;  // cannot tell: leave it to the caller's contract
+  uint64_t at = addr;
+  const uint64_t end = addr + bytes;
+  char line[512];
+  std::vector<std::pair<uint64_t, uint64_t>> rw;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long lo = 0, hi = 0;
+    char perms[8] = {0};
+    if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) == 3 && perms[0] == 'r' && perms[1] == 'w')
+      rw.emplace_back(lo, hi);
   }
-  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint64_t*>(p); });
-  return U64Array(out, {n, 2}, owner);
+  fclose(f);
+  std::sort(rw.begin(), rw.end());
+  for (const auto& [lo, hi] : rw) {
+    if (lo > at) break;
+    if (hi > at) at = hi;
+    if (at >= end) return true;
+  }
+  return at >= end;
 }
 
-proxy::ProxyConfig config_from(const nb::dict& d) {
-  proxy::ProxyConfig c;
-  auto get = [&](const char* k, auto& field) {
-    if (d.contains(k)) field = nb::cast<std::decay_t<decltype(field)>>(d[k]);
-  };
-  get("rank", c.rank);
-  get("num_ranks", c.num_ranks);
-  get("ranks_per_node", c.ranks_per_node);
-  get("num_threads", c.num_threads);
-  get("fifos_per_thread", c.fifos_per_thread);
-  get("fifo_capacity", c.fifo_capacity);
-  get("num_counters", c.num_counters);
-  get("region_bytes", c.region_bytes);
-  get("external_region", c.external_region);
-  get("transport", c.transport);
-  get("ipc_copy", c.ipc_copy);
-  get("provider", c.provider);
-  get("domains", c.domains);
-  get("token_digest", c.token_digest);
-  get("max_inflight", c.max_inflight);
-  get("timeout_s", c.timeout_s);
-  get("heartbeat_s", c.heartbeat_s);
-  get("idle_sleep_ns", c.idle_sleep_ns);
-  get("check_remote_bounds", c.check_remote_bounds);
-  get("cpus", c.cpus);
-  get("fault_seed", c.fault_seed);
-  get("fault_reorder", c.fault_reorder);
-  get("fault_max_delay", c.fault_max_delay);
-  get("fault_tear", c.fault_tear);
-  get("fault_max_pieces", c.fault_max_pieces);
+proxy::ProxyConfig config_from(nb::handle h) {
+  if (!nb::isinstance<nb::dict>(h)) raise_invalid("config", "a dict of proxy options", text_of(h));
+  nb::dict d = nb::borrow<nb::dict>(h);
+  static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
+                                "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport", "ipc_copy",
+                                "provider", "domains", "token_digest", "max_inflight", "timeout_s", "heartbeat_s",
+                                "idle_sleep_ns", "check_remote_bounds", "cpus", "fault_seed", "fault_reorder",
+                                "fault_max_delay", "fault_tear", "fault_max_pieces"};
   for (auto item : d) {
+    if (!nb::isinstance<nb::str>(item.first)) raise_invalid("config", "option names of type str", text_of(item.first));
     const std::string k = nb::cast<std::string>(item.first);
-    static const char* known[] = {"rank", "num_ranks", "ranks_per_node", "num_threads", "fifos_per_thread",
-                                  "fifo_capacity", "num_counters", "region_bytes", "external_region", "transport", "ipc_copy",
-                                  "provider", "domains",
-                                  "token_digest", "max_inflight", "timeout_s", "heartbeat_s", "idle_sleep_ns",
-                                  "check_remote_bounds",
-                                  "cpus", "fault_seed", "fault_reorder", "fault_max_delay", "fault_tear",
-                                  "fault_max_pieces"};
     bool ok = false;
     for (const char* kk : known) ok |= k == kk;
-    if (!ok) throw_error(ErrorKind::kInvalidArgument, -1, -1, "", "config: unknown proxy option '" + k + "'");
+    if (!ok) raise_invalid("config", "known proxy options", "unknown proxy option '" + k + "'");
+  }
+  proxy::ProxyConfig c;
+  constexpr int64_t kInt = (int64_t(1) << 31) - 1;
+  auto i32 = [&](const char* k, int& field) {
+    if (d.contains(k)) field = int(int_arg(d[k], k, -kInt - 1, kInt));
+  };
+  auto u32 = [&](const char* k, uint32_t& field) {
+    if (d.contains(k)) field = uint32_t(u64_arg(d[k], k, 0xFFFFFFFFull));
+  };
+  auto u64 = [&](const char* k, uint64_t& field) {
+    if (d.contains(k)) field = u64_arg(d[k], k, ~uint64_t(0));
+  };
+  auto str = [&](const char* k, std::string& field) {
+    if (d.contains(k)) field = str_arg(d[k], k);
+  };
+  auto real = [&](const char* k, double& field, double lo, double hi) {
+    if (!d.contains(k)) return;
+    nb::handle v = d[k];
+    const std::string expected = "a finite number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    if (PyBool_Check(v.ptr()) || !(PyFloat_Check(v.ptr()) || PyIndex_Check(v.ptr())))
+      raise_invalid(k, expected, text_of(v));
+    const double x = PyFloat_AsDouble(v.ptr());
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (!std::isfinite(x) || x < lo || x > hi) raise_invalid(k, expected, text_of(v));
+    field = x;
+  };
+  i32("rank", c.rank);
+  i32("num_ranks", c.num_ranks);
+  i32("ranks_per_node", c.ranks_per_node);
+  i32("num_threads", c.num_threads);
+  i32("fifos_per_thread", c.fifos_per_thread);
+  u32("fifo_capacity", c.fifo_capacity);
+  u32("num_counters", c.num_counters);
+  u64("region_bytes", c.region_bytes);
+  u64("external_region", c.external_region);
+  str("transport", c.transport);
+  str("ipc_copy", c.ipc_copy);
+  str("provider", c.provider);
+  str("domains", c.domains);
+  str("token_digest", c.token_digest);
+  u32("max_inflight", c.max_inflight);
+  if (d.contains("timeout_s")) c.timeout_s = timeout_arg(d["timeout_s"], "timeout_s");
+  real("heartbeat_s", c.heartbeat_s, 0.0, 3600.0);
+  if (d.contains("idle_sleep_ns")) c.idle_sleep_ns = int_arg(d["idle_sleep_ns"], "idle_sleep_ns", -1, 1000000000);
+  if (d.contains("check_remote_bounds")) c.check_remote_bounds = bool_arg(d["check_remote_bounds"], "check_remote_bounds");
+  str("cpus", c.cpus);
+  u64("fault_seed", c.fault_seed);
+  real("fault_reorder", c.fault_reorder, 0.0, 1.0);
+  if (d.contains("fault_max_delay"))
+    c.fault_max_delay = uint32_t(u64_arg(d["fault_max_delay"], "fault_max_delay", 1u << 20, "polls a write may be held"));
+  real("fault_tear", c.fault_tear, 0.0, 1.0);
+  if (d.contains("fault_max_pieces"))
+    c.fault_max_pieces = uint32_t(int_arg(d["fault_max_pieces"], "fault_max_pieces", 2, 64, "pieces of a torn write"));
+  if (c.fifo_capacity < fifo::kMinCapacity || (c.fifo_capacity & (c.fifo_capacity - 1)) != 0 ||
+      c.fifo_capacity > (uint32_t(1) << fifo::kMaxCapacityLog2))
+    raise_invalid("fifo_capacity", "a power of two in [" + std::to_string(fifo::kMinCapacity) + ", " +
+                                       std::to_string(uint32_t(1) << fifo::kMaxCapacityLog2) + "]",
+                  std::to_string(c.fifo_capacity));
+  if (c.external_region != 0) {
+    // NOTES: a forged address would be written by peers' transfers; accept only memory this
+    // process maps read-write (or CUDA device memory, which the driver vouches for).
+    const bool device = runtime::cu::available(nullptr) &&
+                        runtime::cu::pointer_memory_type(c.external_region) == runtime::cu::kMemoryTypeDevice;
+    if (!device && (c.region_bytes == 0 || c.external_region + c.region_bytes < c.external_region ||
+                    !host_range_writable(c.external_region, c.region_bytes)))
+      raise_invalid("external_region", "the address of region_bytes of memory this process maps read-write (or CUDA "
+                                       "device memory)",
+                    std::to_string(c.external_region) + " with region_bytes " + std::to_string(c.region_bytes));
   }
   return c;
+}
+
+int fifo_arg(const proxy::Proxy& p, nb::handle v) {
+  return int(int_arg(v, "fifo", 0, p.num_fifos() - 1));
+}
+int rank_arg(const proxy::Proxy& p, nb::handle v, const char* name) {
+  return int(int_arg(v, name, 0, p.config().num_ranks - 1));
+}
+uint32_t counter_arg(const proxy::Proxy& p, nb::handle v) {
+  return uint32_t(int_arg(v, "counter", 0, int64_t(p.config().num_counters) - 1));
+}
+uint64_t pushed_index_arg(proxy::Proxy& p, int f, nb::handle v) {
+  const uint64_t idx = u64_arg(v, "index", ~uint64_t(0));
+  // NOTES: an index that was never pushed would be waited for until the timeout: refuse at once.
+  const uint64_t reserved = p.fifo(f).reserved();
+  if (idx >= reserved)
+    raise_invalid("index", "an index pushed into fifo " + std::to_string(f) + " (< " + std::to_string(reserved) + ")",
+                  std::to_string(idx));
+  return idx;
 }
 
 }  // namespace
@@ -174,151 +221,47 @@ void register_proxy(nb::module_& m) {
   nb::register_exception_translator(&translate, nullptr);
 
   m.def("transport_backends", &transport::backend_names, "Names in the transport table (csrc/transport/registry.cc).");
-  m.def("transport_unavailable_reason", &transport::unavailable_reason, nb::arg("name"),
-        "'' when the transport can be created on this machine, else why not.");
-  m.def("fabric_domain_pci", &transport::fabric_domain_pci, nb::arg("provider") = "",
-        "(NIC name, PCI address or '') of a provider's domains usable by the fabric transport.");
-  m.def("fabric_domains", &transport::fabric_domains, nb::arg("provider") = "",
-        "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
+  m.def("transport_unavailable_reason", [](nb::handle name) { return transport::unavailable_reason(str_arg(name, "name")); },
+        nb::arg("name").none(), "'' when the transport can be created on this machine, else why not.");
+  m.def("fabric_domain_pci", [](nb::handle prov) { return transport::fabric_domain_pci(str_arg(prov, "provider")); },
+        nb::arg("provider").none() = "", "(NIC name, PCI address or '') of a provider's domains usable by the fabric transport.");
+  m.def("fabric_domains", [](nb::handle prov) { return transport::fabric_domains(str_arg(prov, "provider")); },
+        nb::arg("provider").none() = "", "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
   m.def(
       "fabric_probe",
-      [](const std::string& provider, const std::string& domain, int hmem_cuda_device) {
+      [](nb::handle provider, nb::handle domain, nb::handle device) {
+        const std::string prov = str_arg(provider, "provider"), dom = str_arg(domain, "domain");
+        const int dev = int(int_arg(device, "hmem_cuda_device", -1, 1023));
         std::string why;
-        std::string name = transport::fabric_probe(provider, domain, hmem_cuda_device, &why);
+        std::string name = transport::fabric_probe(prov, dom, dev, &why);
         return std::make_pair(name, why);
       },
-      nb::arg("provider") = "", nb::arg("domain") = "", nb::arg("hmem_cuda_device") = -1,
+      nb::arg("provider").none() = "", nb::arg("domain").none() = "", nb::arg("hmem_cuda_device").none() = -1,
       "(endpoint name, '') if the fabric transport opens here for a host region (or, with hmem_cuda_device >= 0, "
       "one in that GPU's memory: FI_HMEM), else ('', why). Registers and connects nothing.");
-  m.def("protocol_limits", &protocol_limits, "Limits implied by the TransferCmd and immediate field widths.");
-  m.def("encode_counted_write", [](uint32_t dst, uint64_t soff, uint64_t doff, uint32_t len, uint32_t counter) {
-    check_offsets(soff, doff);
-    return words(protocol::make_counted_write(dst, soff, doff, len, counter));
-  });
-  m.def("encode_ordered_write", [](uint32_t dst, uint64_t soff, uint64_t doff, uint32_t len, uint32_t counter,
-                                   uint32_t inc) {
-    check_offsets(soff, doff);
-    return words(protocol::make_ordered_write(dst, soff, doff, len, counter, inc));
-  });
-  m.def("encode_atomic", [](uint32_t dst, uint32_t counter, int32_t value, bool fenced) {
-    return words(protocol::make_atomic(dst, counter, value, fenced));
-  });
-  m.def("encode_quiet", [](bool whole_thread) { return words(protocol::make_quiet(whole_thread)); });
-  m.def("encode_barrier", [](bool rail) { return words(protocol::make_barrier(rail)); });
-  m.def("encode_writes", &encode_writes, nb::arg("dst"), nb::arg("src_off"), nb::arg("dst_off"), nb::arg("len"),
-        nb::arg("counter"), nb::arg("increment"), nb::arg("ordered"));
-  m.def("decode_cmd", [](uint64_t w0, uint64_t w1) {
-    const TransferCmd c = cmd_of(w0, w1);
-    nb::dict d;
-    d["type"] = protocol::cmd_type(c);
-    d["flag"] = protocol::cmd_flag(c);
-    d["dst_rank"] = protocol::cmd_dst_rank(c);
-    d["len"] = protocol::cmd_len(c);
-    d["value"] = protocol::cmd_value(c);
-    d["counter"] = protocol::cmd_counter(c);
-    d["increment"] = protocol::cmd_increment(c);
-    d["src_off"] = protocol::cmd_src_off(c);
-    d["dst_off"] = protocol::cmd_dst_off(c);
-    d["reserved_clear"] = protocol::cmd_reserved_clear(c);
-    return d;
-  });
-  m.def("imm_counted", [](uint32_t c) { return imm::counted(c); });
-  m.def("imm_ordered", [](uint32_t c, uint32_t seq, uint32_t inc) { return imm::ordered(c, seq, inc); });
-  m.def("imm_atomic", [](uint32_t c, int32_t v, bool fenced) { return imm::atomic(c, v, fenced); });
-  m.def("imm_control", [](uint32_t op, uint32_t arg) { return imm::control(op, arg); });
-  m.def("imm_decode", [](uint32_t v) {
-    nb::dict d;
-    d["kind"] = imm::kind(v);
-    d["counter"] = imm::counter(v);
-    d["seq"] = imm::seq(v);
-    d["increment"] = imm::increment(v);
-    d["value"] = imm::value(v);
-    d["fenced"] = imm::fenced(v);
-    d["op"] = imm::op(v);
-    d["arg"] = imm::arg(v);
-    d["well_formed"] = imm::well_formed(v);
-    return d;
-  });
-
-  m.def(
-      "fifo_stress",
-      [](uint32_t capacity, int producers, uint64_t per_producer, double timeout_s, long slow_consumer_ns) {
-        fifo::StressResult r;
-        {
-          nb::gil_scoped_release g;
-          r = fifo::run_stress(capacity, producers, per_producer, timeout_s, slow_consumer_ns);
-        }
-        nb::dict d;
-        d["pushed"] = r.pushed;
-        d["consumed"] = r.consumed;
-        d["out_of_order"] = r.out_of_order;
-        d["corrupt"] = r.corrupt;
-        d["timeouts"] = r.timeouts;
-        d["seconds"] = r.seconds;
-        return d;
-      },
-      nb::arg("capacity"), nb::arg("producers"), nb::arg("per_producer"), nb::arg("timeout_s") = 60.0,
-      nb::arg("slow_consumer_ns") = 0, "Multi-producer stress of one HostFifo with a checking consumer thread.");
-
-  nb::class_<fifo::HostFifo>(m, "HostFifo", "One proxy FIFO's host half (tests and benchmarks drive it directly).")
-      .def(nb::init<uint32_t>(), nb::arg("capacity"))
-      .def_prop_ro("capacity", &fifo::HostFifo::capacity)
-      .def(
-          "push",
-          [](fifo::HostFifo& f, uint64_t w0, uint64_t w1, double timeout_s) -> nb::object {
-            uint64_t idx = 0;
-            fifo::PushStatus st;
-            {
-              nb::gil_scoped_release g;
-              st = f.push(cmd_of(w0, w1), timeout_s, &idx);
-            }
-            if (st == fifo::PushStatus::kOk) return nb::cast(idx);
-            return nb::none();
-          },
-          nb::arg("word0"), nb::arg("word1"), nb::arg("timeout_s"), "Returns the index, or None on timeout/stop.")
-      .def("peek", [](const fifo::HostFifo& f) -> nb::object {
-        TransferCmd c;
-        if (!f.peek(&c)) return nb::none();
-        return words(c);
-      })
-      .def("pop", &fifo::HostFifo::pop)
-      .def_prop_ro("consumer_index", &fifo::HostFifo::consumer_index)
-      .def("publish_completed", &fifo::HostFifo::publish_completed)
-      .def("check_completion", &fifo::HostFifo::check_completion)
-      .def("set_status", &fifo::HostFifo::set_status)
-      .def_prop_ro("reserved", &fifo::HostFifo::reserved);
-
-  // A Receiver with its own counters, fed by hand: unit tests of the ordering / fence logic.
-  struct OwnedReceiver {
-    std::vector<int64_t> counters;
-    proxy::Receiver receiver;
-    OwnedReceiver(int ranks, uint32_t c)
-        : counters(size_t(ranks) * c, 0), receiver(ranks, c, counters.data()) {}
-  };
-  nb::class_<OwnedReceiver>(m, "Receiver", "The receiver semantics of one proxy thread, driven directly (tests).")
-      .def(nb::init<int, uint32_t>(), nb::arg("num_ranks"), nb::arg("num_counters"))
-      .def("on_imm", [](OwnedReceiver& r, int src, uint32_t imm) { return r.receiver.on_imm(src, imm); },
-           "Applies one immediate; returns '' or the protocol violation.")
-      .def("counters", [](OwnedReceiver& r) {
-        const size_t c = r.counters.size();
-        return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(r.counters.data(), {c}, nb::find(&r));
-      });
-
   nb::class_<proxy::Proxy>(m, "Proxy", "The CPU proxy of one rank (see csrc/proxy/proxy.h).")
-      .def("__init__", [](proxy::Proxy* p, const nb::dict& cfg) { new (p) proxy::Proxy(config_from(cfg)); })
+      .def("__init__", [](proxy::Proxy* p, nb::handle cfg) { new (p) proxy::Proxy(config_from(cfg)); }, nb::arg("config").none())
       .def("local_info", [](const proxy::Proxy& p) {
         const std::vector<uint8_t> b = p.local_info();
         return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
       })
-      .def("connect", [](proxy::Proxy& p, const std::vector<nb::bytes>& infos) {
+      .def("connect", [](proxy::Proxy& p, nb::handle infos) {
+        if (!nb::isinstance<nb::list>(infos) && !nb::isinstance<nb::tuple>(infos))
+          raise_invalid("infos", "a list of every rank's local_info() bytes", text_of(infos));
         std::vector<std::vector<uint8_t>> v;
-        for (const nb::bytes& b : infos) {
-          const auto* s = static_cast<const uint8_t*>(b.data());
-          v.emplace_back(s, s + b.size());
+        size_t i = 0;
+        for (nb::handle b : infos) {
+          if (!nb::isinstance<nb::bytes>(b))
+            raise_invalid("infos[" + std::to_string(i) + "]", "bytes from Proxy.local_info()",
+                          std::string(Py_TYPE(b.ptr())->tp_name));
+          const nb::bytes bb = nb::borrow<nb::bytes>(b);
+          const auto* s = static_cast<const uint8_t*>(bb.data());
+          v.emplace_back(s, s + bb.size());
+          ++i;
         }
         nb::gil_scoped_release g;
         p.connect(v);
-      })
+      }, nb::arg("infos").none())
       .def("finalize_setup", &proxy::Proxy::finalize_setup)
       .def("start", &proxy::Proxy::start)
       .def("stop", &proxy::Proxy::stop, nb::call_guard<nb::gil_scoped_release>())
@@ -333,25 +276,39 @@ void register_proxy(nb::module_& m) {
         for (const auto& [name, value] : p.transport_counters()) d[name.c_str()] = value;
         return d;
       }, "Named transport event counts summed over threads (e.g. the fault decorator's).")
-      .def("push", [](proxy::Proxy& p, int f, uint64_t w0, uint64_t w1, double t) {
+      .def("push", [](proxy::Proxy& p, nb::handle f, nb::handle w0, nb::handle w1, nb::handle t) {
+            const int fifo = fifo_arg(p, f);
+            const TransferCmd c{u64_arg(w0, "word0", ~uint64_t(0)), u64_arg(w1, "word1", ~uint64_t(0))};
+            const double timeout = timeout_arg(t, "timeout_s");
             nb::gil_scoped_release g;
-            return p.push(f, cmd_of(w0, w1), t);
-          }, nb::arg("fifo"), nb::arg("word0"), nb::arg("word1"), nb::arg("timeout_s"))
-      .def("push_batch", [](proxy::Proxy& p, int f, nb::ndarray<const uint64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> cmds,
-                            double t) {
-            if (cmds.shape(1) != 2) throw std::invalid_argument("push_batch: expected commands of shape [n, 2]");
+            return p.push(fifo, c, timeout);
+          }, nb::arg("fifo").none(), nb::arg("word0").none(), nb::arg("word1").none(), nb::arg("timeout_s").none())
+      .def("push_batch", [](proxy::Proxy& p, nb::handle f, nb::handle cmds_h, nb::handle t) {
+            const int fifo = fifo_arg(p, f);
+            using Cmds = nb::ndarray<const uint64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+            Cmds cmds;
+            if (!nb::try_cast(cmds_h, cmds, false) || cmds.shape(1) != 2)
+              raise_invalid("commands", "a C-contiguous uint64 array of shape [n, 2] on the CPU",
+                            text_of(cmds_h).substr(0, 200));
+            const double timeout = timeout_arg(t, "timeout_s");
             const uint64_t* w = cmds.data();
             const size_t n = cmds.shape(0);
+            if (n == 0) raise_invalid("commands", "at least one row", "an empty array");
             uint64_t last = 0;
             nb::gil_scoped_release g;
-            for (size_t i = 0; i < n; ++i) last = p.push(f, cmd_of(w[2 * i], w[2 * i + 1]), t);
+            for (size_t i = 0; i < n; ++i) last = p.push(fifo, TransferCmd{w[2 * i], w[2 * i + 1]}, timeout);
             return last;
-          }, nb::arg("fifo"), nb::arg("commands"), nb::arg("timeout_s"), "Pushes rows in order; returns the last index.")
-      .def("wait_completion", &proxy::Proxy::wait_completion, nb::arg("fifo"), nb::arg("index"), nb::arg("timeout_s"),
-           nb::arg("phase"), nb::call_guard<nb::gil_scoped_release>())
-      .def("fifo_layout", [](proxy::Proxy& p, int f) {
-        if (f < 0 || f >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
-        const fifo::HostFifo& q = p.fifo(f);
+          }, nb::arg("fifo").none(), nb::arg("commands").none(), nb::arg("timeout_s").none(), "Pushes rows in order; returns the last index.")
+      .def("wait_completion", [](proxy::Proxy& p, nb::handle f, nb::handle idx, nb::handle t, nb::handle phase) {
+            const int fifo = fifo_arg(p, f);
+            const uint64_t index = pushed_index_arg(p, fifo, idx);
+            const double timeout = timeout_arg(t, "timeout_s");
+            const std::string ph = str_arg(phase, "phase");
+            nb::gil_scoped_release g;
+            p.wait_completion(fifo, index, timeout, ph);
+          }, nb::arg("fifo").none(), nb::arg("index").none(), nb::arg("timeout_s").none(), nb::arg("phase").none())
+      .def("fifo_layout", [](proxy::Proxy& p, nb::handle fh) {
+        const fifo::HostFifo& q = p.fifo(fifo_arg(p, fh));
         const fifo::FifoLayout& l = q.layout();
         auto addr = [](const void* ptr) { return uint64_t(reinterpret_cast<uintptr_t>(ptr)); };
         nb::dict d;
@@ -366,7 +323,7 @@ void register_proxy(nb::module_& m) {
         d["capacity"] = l.capacity;
         d["capacity_log2"] = l.capacity_log2;
         return d;
-      }, nb::arg("fifo"),
+      }, nb::arg("fifo").none(),
       "Addresses of one FIFO (fifo_layout.h) for a GPU runtime: register `memory` (mapped) and hand "
       "kernels a FifoLayout with device-side head/tail_cache.")
       .def("copy_rings", [](const proxy::Proxy& p) {
@@ -385,13 +342,23 @@ void register_proxy(nb::module_& m) {
         return out;
       }, "Per proxy thread, the copy ring (dma_ring.h) its ipc endpoint waits on: {memory, memory_bytes, "
          "capacity}, or None (every backend but ipc with ipc_copy='kernel'). Register `memory` for the device.")
-      .def("check_completion", [](proxy::Proxy& p, int f, uint64_t idx) {
-        if (f < 0 || f >= p.num_fifos()) throw std::out_of_range("fifo index out of range");
-        return p.fifo(f).check_completion(idx);
-      }, nb::arg("fifo"), nb::arg("index"))
-      .def("counter", &proxy::Proxy::counter)
-      .def("wait_counter", &proxy::Proxy::wait_counter, nb::arg("src"), nb::arg("counter"), nb::arg("target"),
-           nb::arg("timeout_s"), nb::arg("phase"), nb::call_guard<nb::gil_scoped_release>())
+      .def("check_completion", [](proxy::Proxy& p, nb::handle fh, nb::handle idx) {
+        const int f = fifo_arg(p, fh);
+        return p.fifo(f).check_completion(u64_arg(idx, "index", ~uint64_t(0)));
+      }, nb::arg("fifo").none(), nb::arg("index").none())
+      .def("counter", [](proxy::Proxy& p, nb::handle src, nb::handle c) {
+        return p.counter(rank_arg(p, src, "src"), counter_arg(p, c));
+      }, nb::arg("src").none(), nb::arg("counter").none())
+      .def("wait_counter", [](proxy::Proxy& p, nb::handle src, nb::handle c, nb::handle target, nb::handle t,
+                              nb::handle phase) {
+            const int s = rank_arg(p, src, "src");
+            const uint32_t ctr = counter_arg(p, c);
+            const int64_t tgt = int_arg(target, "target", INT64_MIN, INT64_MAX);
+            const double timeout = timeout_arg(t, "timeout_s");
+            const std::string ph = str_arg(phase, "phase");
+            nb::gil_scoped_release g;
+            return p.wait_counter(s, ctr, tgt, timeout, ph);
+          }, nb::arg("src").none(), nb::arg("counter").none(), nb::arg("target").none(), nb::arg("timeout_s").none(), nb::arg("phase").none())
       .def("reset_counters", &proxy::Proxy::reset_counters)
       .def("counters", [](proxy::Proxy& p) {
         const proxy::ProxyConfig& c = p.config();
@@ -403,18 +370,25 @@ void register_proxy(nb::module_& m) {
       }, "uint8 view of this rank's registered region (owned by the proxy).")
       .def(
           "run_load",
-          [](proxy::Proxy& p, int producers, uint64_t per_producer, int dst, uint32_t write_bytes, uint64_t src_off,
-             uint64_t dst_off, uint32_t slots, bool fence, double timeout_s) {
+          [](proxy::Proxy& p, nb::handle producers, nb::handle per_producer, nb::handle dst, nb::handle write_bytes,
+             nb::handle src_off, nb::handle dst_off, nb::handle slots, nb::handle fence, nb::handle timeout_s) {
             proxy::LoadSpec s;
-            s.producers = producers;
-            s.per_producer = per_producer;
-            s.dst = dst;
-            s.write_bytes = write_bytes;
-            s.src_off = src_off;
-            s.dst_off = dst_off;
-            s.slots = slots < 1 ? 1 : slots;
-            s.fence = fence;
-            s.timeout_s = timeout_s;
+            s.producers = int(int_arg(producers, "producers", 1, 256, "producer threads"));
+            s.per_producer = u64_arg(per_producer, "per_producer", uint64_t(1) << 32, "commands per producer");
+            s.dst = int(int_arg(dst, "dst", -1, p.config().num_ranks - 1));
+            s.write_bytes = uint32_t(u64_arg(write_bytes, "write_bytes", protocol::limits::kMaxWriteBytes,
+                                             "bytes of one write (24-bit len field)"));
+            s.src_off = offset_arg(src_off, "src_off");
+            s.dst_off = offset_arg(dst_off, "dst_off");
+            s.slots = uint32_t(int_arg(slots, "slots", 1, int64_t(1) << 24));
+            s.fence = bool_arg(fence, "fence");
+            s.timeout_s = timeout_arg(timeout_s, "timeout_s");
+            if (s.slots > 1 && s.write_bytes % protocol::kOffsetUnitBytes)
+              raise_invalid("write_bytes", "a multiple of 16 when slots > 1 (slot offsets travel in 16-byte units)",
+                            std::to_string(s.write_bytes));
+            if (s.dst_off + uint64_t(s.slots) * s.write_bytes > protocol::limits::kMaxRegionBytes)
+              raise_invalid("slots", "dst_off + slots * write_bytes within the 32 GiB an offset field addresses",
+                            std::to_string(s.slots));
             proxy::LoadResult r;
             {
               nb::gil_scoped_release g;
@@ -422,13 +396,16 @@ void register_proxy(nb::module_& m) {
             }
             return nb::make_tuple(r.commands, r.seconds);
           },
-          nb::arg("producers"), nb::arg("per_producer"), nb::arg("dst") = -1, nb::arg("write_bytes") = 0,
-          nb::arg("src_off") = 0, nb::arg("dst_off") = 0, nb::arg("slots") = 1, nb::arg("fence") = false,
-          nb::arg("timeout_s") = 60.0,
+          nb::arg("producers").none(), nb::arg("per_producer").none(), nb::arg("dst").none() = -1, nb::arg("write_bytes").none() = 0,
+          nb::arg("src_off").none() = 0, nb::arg("dst_off").none() = 0, nb::arg("slots").none() = 1, nb::arg("fence").none() = false,
+          nb::arg("timeout_s").none() = 60.0,
           "Host threads push commands into the FIFOs and wait for completion; returns (commands, seconds).")
-      .def("set_excluded", &proxy::Proxy::set_excluded, nb::arg("peer"), nb::arg("excluded"),
+      .def("set_excluded", [](proxy::Proxy& p, nb::handle peer, nb::handle on) {
+            p.set_excluded(rank_arg(p, peer, "peer"), bool_arg(on, "excluded"));
+          }, nb::arg("peer").none(), nb::arg("excluded").none(),
            "Shrink mode: an excluded peer's failure marks it dead instead of failing the proxy.")
-      .def("peer_dead", &proxy::Proxy::dead, nb::arg("peer"))
+      .def("peer_dead", [](const proxy::Proxy& p, nb::handle peer) { return p.dead(rank_arg(p, peer, "peer")); },
+           nb::arg("peer").none())
       .def_prop_ro("failed", &proxy::Proxy::failed)
       .def("raise_if_failed", &proxy::Proxy::throw_if_failed);
 }

@@ -3,7 +3,8 @@
 // NOTES: pointers, streams, modules and functions cross as Python ints; kernel parameters as
 // one bytes object (the kernel's by-value parameter struct, packed by uccl_ep.cuda.params).
 // Driver failures raise RuntimeError("<call>: <CUDA_ERROR_NAME> (...)"); a missing driver
-// raises ImportError, which uccl_ep.cuda turns into MissingDependency.
+// raises uccl_ep.errors.MissingDependency (an ImportError). Addresses are the caller's: this module
+// is the raw driver layer under uccl_ep.cuda, which owns every pointer it passes.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "bindings/args.h"
 #include "bindings/register.h"
 #include "runtime/cuda_driver.h"
 
@@ -25,7 +27,9 @@ void register_runtime(nb::module_& parent) {
     try {
       std::rethrow_exception(p);
     } catch (const cu::DriverMissing& e) {
-      PyErr_SetString(PyExc_ImportError, e.what());
+      // MissingDependency is an ImportError: callers that catch ImportError keep working.
+      nb::object exc = nb::module_::import_("uccl_ep.errors").attr("MissingDependency")(std::string(e.what()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
     }
   });
 
@@ -72,6 +76,9 @@ void register_runtime(nb::module_& parent) {
     cu::memset_d8(device, ptr, static_cast<unsigned char>(value), bytes, reinterpret_cast<cu::CUstream>(stream));
   });
   m.def("memcpy_dtoh", [](int device, uint64_t src, size_t bytes) {
+    cu::use_device(device);  // the driver first: no host buffer for a call that cannot run
+    if (bytes > (size_t(1) << 34))
+      raise_invalid("bytes", "at most 16 GiB per copy into a Python bytes object", std::to_string(bytes));
     std::string out(bytes, '\0');
     cu::memcpy_dtoh(device, out.data(), src, bytes);
     return nb::bytes(out.data(), out.size());

@@ -3,6 +3,8 @@
 namespace uccl_ep::bindings {
 
 void register_runtime(nanobind::module_& m);
+void register_protocol(nanobind::module_& m);
+void register_fifo(nanobind::module_& m);
 void register_proxy(nanobind::module_& m);
 void register_executor(nanobind::module_& m);
 void register_ipc(nanobind::module_& m);
@@ -12,6 +14,8 @@ void register_ipc(nanobind::module_& m);
 void register_all(nanobind::module_& m) {
   register_runtime(m);
   register_proxy(m);
+  register_protocol(m);
+  register_fifo(m);
   register_executor(m);
   register_ipc(m);
 }

@@ -211,6 +211,7 @@ std::vector<uint8_t> Proxy::local_info() const {
 
 void Proxy::connect(const std::vector<std::vector<uint8_t>>& infos) {
   const int R = config_.num_ranks;
+  if (connected_) invalid("connect: expected one call (this proxy is already connected)");
   if (int(infos.size()) != R) invalid("connect: expected " + std::to_string(R) + " endpoint records, got " + std::to_string(infos.size()));
   const bootstrap::EndpointInfo mine = bootstrap::parse(local_info());
   std::vector<bootstrap::EndpointInfo> peers;
@@ -252,6 +253,7 @@ void Proxy::finalize_setup() {
 
 void Proxy::start() {
   if (!connected_) invalid("Proxy.start() before connect()");
+  if (stopped_) throw_error(ErrorKind::kAborted, config_.rank, -1, "start", "Proxy.start() after stop()");
   if (started_) return;
   const int64_t now = now_ns();
   // relaxed: the threads start after these stores (thread creation orders them).

@@ -16,8 +16,14 @@
 //   fi_addr is mapped back to the rank (AV index = rank).
 // - rxm connects lazily and needs progress on both sides: the first write returns -FI_EAGAIN
 //   until polls on both endpoints complete the handshake.
-// - a write outside the target MR completes *successfully* at the initiator (the target drops it
-//   with a log line), so the proxy bounds-checks every write before posting it.
+// - a write outside the target MR completes *successfully* at the initiator, while the target's
+//   provider drops it with a log line and tears down the connection (later writes on it vanish
+//   too; measured on tcp;ofi_rxm 1.17); efa reports it only to the initiator. The receiver's
+//   provider is what checks the range against the registered region, and the application never
+//   hears of it. So such a write is never posted: the endpoint checks every write against the
+//   peer's region (known from connect) and instead sends the peer a refusal notice, a zero-length
+//   write whose CQ data the receiving endpoint turns into kRemoteError naming the writer (and the
+//   offset, where the CQ data has room for it); the writer gets kLocalError(EFAULT).
 // - a write to a dead peer completes once (into the socket buffer), then fails with
 //   FI_ENOTCONN-class errors: the proxy turns those into PeerFailure.
 #include <algorithm>
@@ -27,6 +33,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include <deque>
 #include <vector>
 
 #include "runtime/dynlib.h"
@@ -89,6 +96,12 @@ std::string fi_err(const char* what, long rc) {
 
 // NOTES: efa first (production), then verbs through rxm (IB/RoCE), then tcp (anything with IP).
 const char* const kDefaultProviders[] = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
+
+// Refusal notice (see the top of the file). 8-byte CQ data: bit 63 set, source rank + 1 in bits
+// [32, 63), the refused offset in 16-byte units in the low 32 bits. 4-byte CQ data: this value,
+// a control immediate with op 63 that the proxy never sends (immediate.h ops end well below).
+constexpr uint64_t kNoticeBit = uint64_t(1) << 63;
+constexpr uint32_t kNoticeImm = 0xFFFFFFFFu;
 
 uint64_t fnv1a(const std::string& s, uint64_t salt) {
   uint64_t h = 1469598103934665603ull ^ salt;
@@ -160,7 +173,7 @@ class FabricTransport final : public Transport {
   Caps caps() const override {
     Caps c;
     c.ordered = (info_->tx_attr->msg_order & FI_ORDER_WAW) != 0;
-    c.remote_bounds_checked = false;
+    c.remote_bounds_checked = true;  // the provider at the target; reported by refusal notices
     c.max_write_bytes = info_->ep_attr->max_msg_size;
     c.max_outstanding = uint32_t(ops_.size());
     return c;
@@ -237,16 +250,28 @@ class FabricTransport final : public Transport {
 
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string* error) override {
-    const Peer& p = peers_.at(size_t(peer));
+    if (peer < 0 || size_t(peer) >= peers_.size()) {
+      if (error) *error = "fabric: no such peer " + std::to_string(peer);
+      return PostResult::kError;
+    }
+    const Peer& p = peers_[size_t(peer)];
     if (!p.served) {
       if (error) *error = "fabric: rank " + std::to_string(peer) + " is not reached through fabric (same node)";
       return PostResult::kError;
     }
+    if (local_off > region_bytes_ || len > region_bytes_ - local_off) {
+      if (error)
+        *error = "fabric: source range [" + std::to_string(local_off) + ", +" + std::to_string(len) +
+                 ") is outside this rank's region of " + std::to_string(region_bytes_) + " bytes";
+      return PostResult::kError;
+    }
+    if (remote_off > p.bytes || len > p.bytes - remote_off) return refuse(peer, remote_off, len, ctx);
     if (free_.empty()) return PostResult::kAgain;
     const uint32_t slot = free_.back();
     Op& op = ops_[slot];
     op.ctx = ctx;
     op.peer = peer;
+    op.notice = false;
     // NOTES: a zero-length write still passes a valid local address (shm hangs on NULL).
     void* src = region_ + local_off;
     const uint64_t data = source_in_data_ ? (uint64_t(opt_.rank + 1) << 32) | imm : imm;
@@ -265,6 +290,12 @@ class FabricTransport final : public Transport {
     fi_cq_data_entry entries[32];
     fi_addr_t sources[32];
     size_t n = 0;
+    post_notices();
+    while (n < max && !refused_.empty()) {
+      out.push_back(std::move(refused_.front()));
+      refused_.pop_front();
+      ++n;
+    }
     while (n < max) {
       const size_t want = std::min<size_t>(32, max - n);
       ssize_t got = fi_cq_readfrom(cq_, entries, want, sources);
@@ -281,20 +312,26 @@ class FabricTransport final : public Transport {
         const fi_cq_data_entry& e = entries[i];
         if (e.flags & FI_REMOTE_CQ_DATA) {
           int src = -1;
+          bool notice = false;
           if (source_in_data_) {
-            const uint64_t tag = e.data >> 32;
+            const uint64_t tag = (e.data & ~kNoticeBit) >> 32;
             src = tag >= 1 && tag <= peers_.size() ? int(tag - 1) : -1;
+            notice = (e.data & kNoticeBit) != 0;
           } else if (sources[i] < rank_of_.size()) {
             src = rank_of_[size_t(sources[i])];
+            notice = uint32_t(e.data) == kNoticeImm;
           }
           if (src < 0)
             out.push_back({Completion::kRemoteError, -1, 0, 0, EPROTO, "write with immediate from an address outside the group"});
+          else if (notice)
+            out.push_back({Completion::kRemoteError, src, 0, 0, EFAULT, notice_text(src, e.data)});
           else
             out.push_back({Completion::kRemoteImm, src, uint32_t(e.data & 0xFFFFFFFFu), 0, 0, {}});
         } else if (e.op_context != nullptr) {
           Op* op = static_cast<Op*>(e.op_context);
-          out.push_back({Completion::kLocalDone, op->peer, 0, op->ctx, 0, {}});
           free_.push_back(uint32_t(op - ops_.data()));
+          if (op->notice) continue;  // our own refusal notice: the writer was told at posting
+          out.push_back({Completion::kLocalDone, op->peer, 0, op->ctx, 0, {}});
         }
         ++n;
       }
@@ -315,7 +352,48 @@ class FabricTransport final : public Transport {
     fi_context2 fi_ctx;  // provider scratch (FI_CONTEXT / FI_CONTEXT2 modes); must stay first
     uint64_t ctx;
     int peer;
+    bool notice;         // a refusal notice (no user completion)
   };
+
+  // A write outside the peer's region: the writer gets kLocalError(EFAULT) from the next poll, the
+  // peer a refusal notice naming this rank (posted now if an op slot is free; the provider orders
+  // it like any write, so it never overtakes earlier writes on an ordered endpoint).
+  PostResult refuse(int peer, uint64_t remote_off, uint64_t len, uint64_t ctx) {
+    const Peer& p = peers_[size_t(peer)];
+    refused_.push_back({Completion::kLocalError, peer, 0, ctx, EFAULT,
+                        "rank " + std::to_string(peer) + " refused the write: target range [" + std::to_string(remote_off) +
+                            ", +" + std::to_string(len) + ") is outside its region of " + std::to_string(p.bytes) +
+                            " bytes (checked by the fabric endpoint before posting)"});
+    const uint64_t units = std::min<uint64_t>(remote_off / 16, 0x7FFFFFFFull);
+    notices_.push_back({peer, source_in_data_ ? kNoticeBit | (uint64_t(opt_.rank + 1) << 32) | units : kNoticeImm});
+    post_notices();
+    return PostResult::kOk;
+  }
+
+  // Posts pending refusal notices; a provider that is still connecting (-FI_EAGAIN) gets them on a
+  // later poll.
+  void post_notices() {
+    while (!notices_.empty() && !free_.empty()) {
+      const auto [peer, data] = notices_.front();
+      const Peer& p = peers_[size_t(peer)];
+      Op& op = ops_[free_.back()];
+      op.ctx = 0;
+      op.peer = peer;
+      op.notice = true;
+      const ssize_t rc = fi_writedata(ep_, region_, 0, desc_, data, p.addr, p.base, p.key, &op.fi_ctx);
+      if (rc == -FI_EAGAIN) return;
+      free_.pop_back();
+      notices_.pop_front();
+      if (rc != 0) free_.push_back(uint32_t(&op - ops_.data()));  // the writer was told; the peer's wait bounds it
+    }
+  }
+
+  std::string notice_text(int src, uint64_t data) const {
+    std::string at;
+    if (source_in_data_) at = " at byte offset " + std::to_string((data & 0x7FFFFFFFull) * 16);
+    return "rank " + std::to_string(src) + " addressed a write" + at + " outside this rank's region of " +
+           std::to_string(region_bytes_) + " bytes (refused by its fabric endpoint; nothing was written)";
+  }
 
   size_t read_error(std::vector<Completion>& out) {
     fi_cq_err_entry err{};
@@ -325,8 +403,9 @@ class FabricTransport final : public Transport {
     std::string detail = std::string(api().strerror(err.err)) + (prov ? std::string(" / ") + prov : "");
     if (err.op_context != nullptr && !(err.flags & FI_REMOTE_CQ_DATA)) {
       Op* op = static_cast<Op*>(err.op_context);
-      out.push_back({Completion::kLocalError, op->peer, 0, op->ctx, err.err, detail});
       free_.push_back(uint32_t(op - ops_.data()));
+      if (op->notice) return 0;  // a refusal notice that did not arrive: the writer already knows
+      out.push_back({Completion::kLocalError, op->peer, 0, op->ctx, err.err, detail});
     } else {
       out.push_back({Completion::kRemoteError, -1, 0, 0, err.err, "incoming transfer failed: " + detail});
     }
@@ -439,6 +518,8 @@ class FabricTransport final : public Transport {
   bool source_in_data_ = false;  // upper 32 bits of the CQ data carry the writer's rank + 1
   std::vector<Op> ops_;
   std::vector<uint32_t> free_;
+  std::deque<Completion> refused_;  // writes refused at posting, reported by the next poll
+  std::deque<std::pair<int, uint64_t>> notices_;  // refusal notices not yet posted: (peer, CQ data)
 };
 
 }  // namespace

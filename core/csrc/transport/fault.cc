@@ -7,7 +7,9 @@
 //   last piece, posted only after every other piece completed (like a NIC that places bytes out
 //   of order but reports the immediate once all of them landed);
 // - it never drops or duplicates a completion: every held item is released within
-//   fault_max_delay polls of becoming eligible.
+//   fault_max_delay polls of becoming eligible;
+// - a write outside the peer's region goes to the inner transport whole (never torn), so the
+//   inner transport's range check refuses all of it and names the writer at the receiver.
 // Seeded (Options::fault_seed, mixed with rank and thread) so a failing run can be replayed.
 #include <errno.h>
 
@@ -43,6 +45,7 @@ class FaultTransport final : public Transport {
   Bytes region_key() override { return inner_->region_key(); }
   void connect(const std::vector<Bytes>& a, const std::vector<Bytes>& k, const std::vector<uint64_t>& b) override {
     inner_->connect(a, k, b);
+    peer_bytes_ = b;
   }
   void finalize_setup() override { inner_->finalize_setup(); }
   std::vector<uint64_t> copy_ring() const override { return inner_->copy_ring(); }
@@ -65,7 +68,12 @@ class FaultTransport final : public Transport {
     Op& op = ops_[op_id];
     op.user_ctx = ctx;
     op.peer = peer;
-    if (len >= 32 && chance(opt_.fault_tear) && opt_.fault_max_pieces >= 2) {
+    // NOTES: a write outside the peer's region is never torn: a piece of it could fall inside
+    // (or wrap around to offset 0) and land, where the whole write must be refused by the inner
+    // transport's check.
+    const bool in_bounds = size_t(peer) < peer_bytes_.size() && remote_off <= peer_bytes_[size_t(peer)] &&
+                           len <= peer_bytes_[size_t(peer)] - remote_off;
+    if (in_bounds && len >= 32 && chance(opt_.fault_tear) && opt_.fault_max_pieces >= 2) {
       // Cut points on 16-byte boundaries keep every piece's offsets aligned like the original.
       const uint32_t pieces = 2 + uint32_t(rng_() % (opt_.fault_max_pieces - 1));
       std::vector<uint64_t> cuts{0, len};
@@ -214,6 +222,7 @@ class FaultTransport final : public Transport {
   std::vector<Piece> held_out_;
   std::vector<Held> held_in_;
   std::vector<Completion> inner_buf_;
+  std::vector<uint64_t> peer_bytes_;  // each peer's region (connect)
   std::atomic<uint64_t> held_writes_{0}, torn_writes_{0}, pieces_{0}, held_completions_{0};
 };
 

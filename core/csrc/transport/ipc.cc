@@ -10,8 +10,9 @@
 // Per peer, operations stay in posting order (copies complete in order on the peer's stream or
 // the host worker's queue; records are appended in order), so Caps::ordered holds. A full inbox
 // (a slow or dead receiver) holds back only the records for that receiver. The sender checks
-// both ranges before copying (a copy cannot be refused after the fact), and the receiver checks
-// every record's range against its region again.
+// both ranges before copying (a copy cannot be refused after the fact) and still appends the record
+// of a write outside the receiver's region, without bytes; the receiver checks every record's range
+// against its region and names the writer.
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -240,6 +241,12 @@ class IpcTransport final : public Transport {
       // Posted and failed, as a NIC reports a remote access error: the proxy sees it in poll().
       failed_.push_back({Completion::kLocalError, peer, 0, ctx, EFAULT, bad});
       ++outstanding_;
+      // The receiver gets the record too, without bytes (nothing is copied): its own range check
+      // refuses it and names this rank instead of waiting for a write that never comes.
+      if (remote_off > p.bytes || len > p.bytes - remote_off) {
+        if (p.pending.empty()) active_.push_back(peer);
+        p.pending.push_back({0, remote_off, len, imm, has_imm, p.submitted, now_ns(), true});
+      }
       return PostResult::kOk;
     }
     const int64_t posted_ns = now_ns();
@@ -254,7 +261,7 @@ class IpcTransport final : public Transport {
     if (p.pending.empty()) active_.push_back(peer);
     posted_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
     // A write without bytes (control message) waits behind the copies before it: order per peer.
-    p.pending.push_back({ctx, remote_off, len, imm, has_imm, p.submitted, posted_ns});
+    p.pending.push_back({ctx, remote_off, len, imm, has_imm, p.submitted, posted_ns, false});
     ++outstanding_;
     return PostResult::kOk;
   }
@@ -302,6 +309,7 @@ class IpcTransport final : public Transport {
     bool has_imm;
     int64_t after;  // deliverable once this many copies to the peer completed
     int64_t posted_ns;  // steady clock at posting (diagnostics: post -> delivery time)
+    bool refused;       // the record of a refused write: delivered for the receiver's check only
   };
   struct Peer {
     std::unique_ptr<ShmObject> inbox_shm, region_shm;
@@ -354,15 +362,22 @@ class IpcTransport final : public Transport {
       std::string err;
       const int64_t done = engine_->completed(peer, &err);
       if (done < 0) {  // the copy engine failed: every op to this peer fails with it
-        for (const Op& op : p.pending) out.push_back({Completion::kLocalError, peer, 0, op.ctx, EIO, err});
-        n += p.pending.size();
-        outstanding_ -= uint32_t(p.pending.size());
+        for (const Op& op : p.pending) {
+          if (op.refused) continue;
+          out.push_back({Completion::kLocalError, peer, 0, op.ctx, EIO, err});
+          ++n;
+          --outstanding_;
+        }
         p.pending.clear();
       }
       while (!p.pending.empty() && p.pending.front().after <= done && n < max) {
         if (!append(p, p.pending.front())) {
           inbox_full_.fetch_add(1, std::memory_order_relaxed);
           break;  // this receiver is behind; the others still go
+        }
+        if (p.pending.front().refused) {  // reported to the writer at posting (failed_)
+          p.pending.pop_front();
+          continue;
         }
         out.push_back({Completion::kLocalDone, peer, 0, p.pending.front().ctx, 0, {}});
         deliver_ns_.fetch_add(uint64_t(now_ns() - p.pending.front().posted_ns), std::memory_order_relaxed);

@@ -50,6 +50,22 @@ std::unique_ptr<ShmObject> ShmObject::create(const std::string& name, size_t byt
     shm_unlink(name.c_str());
     throw TransportError(msg + " (is /dev/shm large enough?)");
   }
+  // NOTES: the free-space check above sees only pages already touched: two regions that each fit
+  // would both pass it and the second would SIGBUS once written. Reserving the pages now makes
+  // every object count against /dev/shm at creation, so the one that does not fit fails here.
+  if (bytes > 0) {
+    const int rc = posix_fallocate(fd, 0, off_t(bytes));
+    if (rc == ENOSPC || rc == EFBIG) {
+      struct statvfs now {};
+      const uint64_t free_now = statvfs("/dev/shm", &now) == 0 ? uint64_t(now.f_bavail) * now.f_frsize : 0;
+      close(fd);
+      shm_unlink(name.c_str());
+      throw TransportError("/dev/shm cannot hold shared memory '" + name + "' of " + std::to_string(bytes) +
+                           " bytes: " + std::to_string(free_now) + " bytes are free once the regions already "
+                           "created on this host are counted (enlarge /dev/shm, e.g. docker --shm-size, or use "
+                           "smaller buffers)");
+    }
+  }
   void* p = nullptr;
   try {
     p = map_fd(fd, bytes, name);

@@ -324,16 +324,30 @@ def test_bad_commands_fail_the_proxy_with_protocol_errors(transport):
         stop_all(ps)
 
 
-def test_receiver_side_bounds_check():
-    ps = make_group(2, check_remote_bounds=False)
+RECEIVER_CHECKED = [("loop", 2), ("fault:loop", 2), ("ipc", 2), ("fault:ipc", 2)] + (
+    [] if transport_unavailable_reason("fabric") else
+    [("fabric", 2), ("fault:fabric", 2), ("ipc+fabric", 1), ("ipc+fabric", 2)])
+
+
+@pytest.mark.parametrize("transport,ranks_per_node", RECEIVER_CHECKED)
+def test_receiver_names_the_writer_of_an_out_of_bounds_write(transport, ranks_per_node):
+    """With the proxy's own (sender-side) check off, every transport refuses a write outside the
+    receiver's region as a whole, and the receiver raises PeerProtocolError naming the writer at
+    once (fabric used to drop it in the provider: a plain Timeout after the full wait)."""
+    ps = make_group(2, transport, check_remote_bounds=False, ranks_per_node=ranks_per_node, timeout_s=20.0)
     try:
-        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)
-        # the target refuses the range and reports the peer; the sender learns it too
-        with pytest.raises(PeerProtocolError, match="outside this rank's region"):
-            ps[1].wait_counter(0, 0, 1, 5.0, "oob at target")
+        before = ps[1].region().copy()
+        ps[0].push(0, *C.encode_counted_write(1, 0, 4096, 64, 1), 5.0)      # lands
+        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 16, 64, 0), 5.0)  # 48 bytes past the end
+        t0 = time.monotonic()
+        with pytest.raises(PeerProtocolError, match="outside this rank's region") as e:
+            ps[1].wait_counter(0, 0, 1, 15.0, "oob at target")
+        assert e.value.peer == 0 and e.value.rank == 1
+        assert time.monotonic() - t0 < 5.0
         with pytest.raises(PeerProtocolError, match="refused"):
-            ps[0].wait_counter(1, 0, 1, 5.0, "oob at sender")
-        assert ps[1].region()[(1 << 20) - 16:].sum() == 0
+            ps[0].wait_counter(1, 0, 1, 15.0, "oob at sender")
+        after = ps[1].region()
+        assert np.array_equal(after[(1 << 20) - 4096:], before[(1 << 20) - 4096:])  # not a byte past 1 MiB - 4 KiB
     finally:
         stop_all(ps)
 
@@ -395,3 +409,97 @@ def test_check_protocol_limits_says_which_limit_and_by_how_much():
         check_protocol_limits(2, ring_tokens=2048)
     with pytest.raises(LimitExceeded, match="chunk_tokens"):
         check_protocol_limits(2, chunk_tokens=600)
+
+
+# --------------------------------------------------------------------------------------------------
+# the bindings check their arguments (each of these crashed, read out of bounds or truncated)
+# --------------------------------------------------------------------------------------------------
+def test_proxy_indices_are_checked():
+    ps = make_group(2)
+    try:
+        for src, c in ((10**6, 0), (0, 10**9), (-5, 0), (0, -1), (2, 0), (0, 32)):
+            with pytest.raises(InvalidArgument, match="src|counter"):
+                ps[0].counter(src, c)
+        for peer in (10**9, -1, 2):
+            with pytest.raises(InvalidArgument, match="peer"):
+                ps[0].peer_dead(peer)
+        with pytest.raises(InvalidArgument, match="timeout_s"):
+            ps[0].wait_counter(1, 0, 1, float("nan"), "nan")
+        with pytest.raises(InvalidArgument, match="index"):  # never pushed: would wait for itself
+            ps[0].wait_completion(0, 10**6, 5.0, "never pushed")
+        with pytest.raises(InvalidArgument, match="connect"):
+            ps[0].connect([ps[0].local_info(), ps[1].local_info()])
+        assert ps[0].counter(1, 31) == 0 and not ps[0].peer_dead(1)
+    finally:
+        stop_all(ps)
+
+
+def test_encoders_refuse_values_that_do_not_fit_their_field():
+    with pytest.raises(LimitExceeded, match="24-bit len") as e:
+        C.encode_counted_write(1, 0, 0, (1 << 24) + 64, 0)
+    assert e.value.limit == (1 << 24) - 1 and e.value.needed == (1 << 24) + 64
+    with pytest.raises(LimitExceeded, match="12-bit dst_rank"):
+        C.encode_counted_write(4097, 0, 0, 16, 0)
+    with pytest.raises(LimitExceeded, match="31-bit"):
+        C.encode_counted_write(1, 1 << 40, 0, 16, 0)
+    with pytest.raises(LimitExceeded, match="13-bit counter"):
+        C.encode_atomic(1, 8192, 1, False)
+    with pytest.raises(LimitExceeded, match="16-bit"):
+        C.encode_atomic(1, 0, 1 << 15, False)
+    with pytest.raises(InvalidArgument, match="value"):
+        C.encode_atomic(1, 0, -(1 << 15) - 1, False)
+    with pytest.raises(LimitExceeded, match="10-bit counter"):
+        C.encode_ordered_write(1, 0, 0, 16, 1024, 1)
+    with pytest.raises(LimitExceeded, match="9-bit increment"):
+        C.encode_ordered_write(1, 0, 0, 16, 0, 512)
+    with pytest.raises(InvalidArgument, match="dst"):
+        C.encode_counted_write(-1, 0, 0, 16, 0)
+    with pytest.raises(InvalidArgument, match="len"):
+        C.encode_counted_write(1, 0, 0, "16", 0)
+    with pytest.raises(InvalidArgument, match="counter"):
+        C.imm_counted(1.0)
+
+
+def test_push_counted_checks_every_value():
+    ps = make_group(2)
+    try:
+        i32 = lambda *v: np.array(v, dtype=np.int32)  # noqa: E731
+        i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+        none = (i32(), i32(), i32(), np.array([], dtype=np.uint8))
+        for kw, match in ((dict(src_off=i64(1 << 40)), "src_off"), (dict(dst=i32(2)), "dst"),
+                          (dict(counter=i32(32)), "counter"), (dict(dst_off=i64(8)), "multiples of 16"),
+                          (dict(src_off=i64(1 << 20)), "src_off")):
+            args = dict(dst=i32(1), src_off=i64(0), dst_off=i64(0), counter=i32(0))
+            args.update(kw)
+            with pytest.raises(InvalidArgument, match=match):
+                C.push_counted(ps[0], args["dst"], args["src_off"], args["dst_off"], args["counter"], 64, *none, 1, 5.0)
+        with pytest.raises(InvalidArgument, match="dst"):
+            C.push_counted(ps[0], np.array([1], dtype=np.int64), i64(0), i64(0), i32(0), 64, *none, 1, 5.0)
+        assert ps[0].commands_posted == 0  # nothing half-pushed
+    finally:
+        stop_all(ps)
+
+
+def test_shm_capacity_counts_every_region(tmp_path):
+    """Two regions that each fit /dev/shm but not together: the second is refused at creation
+    (it used to be created and SIGBUS when written). Runs in a private mount namespace with a
+    64 MiB /dev/shm."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare to mount a small private /dev/shm")
+    script = tmp_path / "two_regions.py"
+    script.write_text(
+        "from uccl_ep.proxy import native\nfrom uccl_ep.errors import Unsupported\nC = native()\n"
+        "cfg = dict(num_threads=1, region_bytes=40 << 20, transport='loop', token_digest='ab' * 32)\n"
+        "a = C.Proxy(cfg)\n"
+        "try:\n    C.Proxy(cfg)\n    print('SECOND CREATED')\n"
+        "except Unsupported as e:\n    print('REFUSED', e)\n")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m is not permitted here")
+    out = subprocess.run(["unshare", "-m", "sh", "-c",
+                          f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {sys.executable} {script}"],
+                         capture_output=True, text=True, timeout=120)
+    assert "REFUSED" in out.stdout and "/dev/shm" in out.stdout, out.stdout + out.stderr

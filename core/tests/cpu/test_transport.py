@@ -186,6 +186,49 @@ def test_bootstrap_over_an_explicit_store():
     assert run_ranks(_store_worker, 2, timeout_s=120) == [(5, True), (5, True)]
 
 
+def _secret_worker(rank, world):
+    """Round 1: both ranks hold the secret and connect. Round 2: rank 1 does not hold it but reads
+    rank 0's endpoint record from the store and presents its token digest as its own (what any
+    store client can do): the proofs expose it."""
+    import re
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from uccl_ep import proxy
+    from uccl_ep.errors import PeerProtocolError
+    from uccl_ep.proxy import bootstrap
+    C = proxy.native()
+    p = proxy.start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport="loop", token="s3cret",
+                          timeout_s=20)
+    try:
+        p.push(0, *C.encode_atomic(1 - rank, 2, 7, False), 5.0)
+        first = int(p.wait_counter(1 - rank, 2, 7, 10.0, "with the secret"))
+    finally:
+        p.stop()
+    if rank == 1:
+        store = c10d._get_default_store()
+
+        def stolen(_token):
+            store.wait(["uccl_ep/proxy/1/ep/0"])
+            return re.search(rb"[0-9a-f]{64}", store.get("uccl_ep/proxy/1/ep/0")).group().decode()
+        bootstrap.token_digest = stolen
+    try:
+        p = proxy.start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport="loop",
+                              token="s3cret" if rank == 0 else "a-guess", timeout_s=20)
+        p.stop()
+        return first, "connected"
+    except PeerProtocolError as e:
+        return first, (e.peer, str(e))
+
+
+def test_job_secret_is_proven_not_presented():
+    (f0, r0), (f1, r1) = run_ranks(_secret_worker, 2, timeout_s=120)
+    assert f0 == f1 == 7
+    assert r0 != "connected" and r0[0] == 1 and "proof" in r0[1] and "rank 1 presented" in r0[1], r0
+    assert r1 != "connected" and r1[0] == 0 and "proof" in r1[1], r1
+
+
 def test_wrong_job_token_is_refused():
     out = run_ranks(_token_worker, 3, timeout_s=120)
     for rank, (kind, msg) in enumerate(out):

@@ -42,6 +42,8 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
 
 
 def _proxy_threads(ctx: BufferContext) -> int:
+    if ctx.options and ctx.options.get("num_proxy_threads"):  # Buffer(num_proxy_threads=...)
+        return int(ctx.options["num_proxy_threads"])
     if env.is_set("UCCL_EP_NUM_PROXY_THREADS"):
         return int(env.get("UCCL_EP_NUM_PROXY_THREADS"))
     # NOTES: every local rank runs its own proxy; more threads than cores only adds contention.

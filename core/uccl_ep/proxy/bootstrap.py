@@ -1,11 +1,21 @@
 """Bootstrap of the proxies of a process group over its torch.distributed Store.
 
 Three rounds, each bounded by the timeout and naming the rank that is missing:
-1. host names (to pick `loop` for one host, `fabric` across hosts when the transport is `auto`);
+1. host names and a fresh random nonce per rank (to pick `loop` for one host, `fabric` across
+   hosts when the transport is `auto`; the nonces are the challenges of step 2);
 2. endpoint records (`Proxy.local_info()`: token digest, settings, per-thread addresses and
    region keys); every rank checks every record, so a rank with another job token is refused
-   by all of them with `PeerProtocolError`;
+   by all of them with `PeerProtocolError`. With a job secret configured (``token=`` or
+   UCCL_EP_JOB_TOKEN) each record comes with a proof: HMAC-SHA256, keyed by the secret, over this
+   bootstrap's nonces of every rank, the rank and its record. Every rank verifies every proof
+   before it connects, so a store client without the secret can neither join nor substitute a
+   rank's record, and an old proof does not verify against fresh nonces;
 3. "connected" marks, after which shared-memory names are unlinked and the threads start.
+
+What the default (no secret) protects: ranks of different sessions or jobs that share a store by
+mistake never connect (the token is a random session string rank 0 writes into the store). It
+authenticates nothing: any client of the store reads the session string. See
+docs/troubleshooting.md ("Job token") for what a secret adds and what it does not.
 
 A rank that fails during setup publishes its error under ``.../error/<rank>`` so the others
 raise `PeerFailure` naming it at once instead of waiting for their timeout.
@@ -14,6 +24,7 @@ raise `PeerFailure` naming it at once instead of waiting for their timeout.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 import socket
@@ -24,7 +35,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .. import env
-from ..errors import InvalidArgument, MissingDependency, PeerFailure, Timeout, Unsupported
+from ..errors import InvalidArgument, MissingDependency, PeerFailure, PeerProtocolError, Timeout, Unsupported
 from .nic_model import decorate as decorate_with_nic_model, parse_nic_model
 from .nics import domains_for_local_rank, resolve_domains  # noqa: F401 - domains_for_local_rank: re-exported
 
@@ -46,6 +57,25 @@ def native():
 def token_digest(token: str) -> str:
     """Hex digest published in place of the job token (the token itself never leaves the rank)."""
     return hashlib.sha256(("uccl_ep-job-token:" + token).encode()).hexdigest()
+
+
+def _proof(secret: str, prefix: str, rank: int, nonces: list[bytes], record: bytes) -> bytes:
+    """HMAC-SHA256 of (prefix, rank, every rank's nonce, the record) keyed by the job secret."""
+    msg = b"\0".join([b"uccl_ep-bootstrap-proof-v1", prefix.encode(), str(rank).encode(), *nonces,
+                      hashlib.sha256(record).digest()])
+    return hmac.new(hashlib.sha256(b"uccl_ep-job-secret:" + secret.encode()).digest(), msg, hashlib.sha256).digest()
+
+
+def _check_proofs(secret: str, prefix: str, rank: int, nonces: list[bytes], records: list[bytes],
+                  proofs: list[bytes]) -> None:
+    """PeerProtocolError naming the first rank whose proof does not verify with our secret."""
+    for r, (record, proof) in enumerate(zip(records, proofs)):
+        if r != rank and not hmac.compare_digest(_proof(secret, prefix, r, nonces, record), proof):
+            err = PeerProtocolError(f"rank {rank}: rank {r} presented a different job token: its proof (HMAC-SHA256 "
+                                    "over this bootstrap's nonces and its endpoint record) does not verify with this "
+                                    "rank's secret (another job, or UCCL_EP_JOB_TOKEN differs between ranks)")
+            err.rank, err.peer, err.phase = rank, r, "bootstrap (job token)"
+            raise err
 
 
 def transport_unavailable_reason(name: str) -> str | None:
@@ -189,9 +219,25 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
         if rank == 0:
             store.set(f"{prefix}/session/0", secrets.token_hex(16))
         session = _wait_all(store, prefix, "session", rank, 1, deadline, started, "bootstrap (session)")[0].decode()
-        token = token if token is not None else (env.get("UCCL_EP_JOB_TOKEN") or session)
+        secret = token if token is not None else (env.get("UCCL_EP_JOB_TOKEN") or None)
+        if secret is not None and (not isinstance(secret, str) or not secret):
+            raise InvalidArgument("token", "a non-empty str (the job secret)", repr(secret))
+        # With a secret, the published digest is bound to this session (it names shared objects and
+        # must agree between ranks) and gives a store reader nothing to replay; the proofs decide.
+        token = session if secret is None else hmac.new(secret.encode(), b"uccl_ep-job-id:" + session.encode(),
+                                                         hashlib.sha256).hexdigest()
         store.set(f"{prefix}/host/{rank}", socket.gethostname())
+        mode = b"secret:" if secret is not None else b"session:"
+        store.set(f"{prefix}/nonce/{rank}", mode + secrets.token_bytes(32))
         hosts = _wait_all(store, prefix, "host", rank, world, deadline, started, "bootstrap (host names)")
+        nonces = _wait_all(store, prefix, "nonce", rank, world, deadline, started, "bootstrap (nonces)")
+        for r, nonce in enumerate(nonces):
+            if not nonce.startswith(mode):
+                err = PeerProtocolError(f"rank {rank}: rank {r} presented a different job token: it "
+                                        f"{'has no' if secret is not None else 'has a'} job secret "
+                                        f"(token= / UCCL_EP_JOB_TOKEN) and this rank {'has' if secret else 'has none'}")
+                err.rank, err.peer, err.phase = rank, r, "bootstrap (job token)"
+                raise err
 
         name = transport or env.get("UCCL_EP_TRANSPORT")
         if name == "auto":
@@ -219,8 +265,14 @@ def start_proxy(group, *, region_bytes: int, num_counters: int, transport: str |
                       cpus=cpus or numa_cpus(numa_node), external_region=int(external_region), **fault_opts)
         proxy = C.Proxy(config)
         try:
-            store.set(f"{prefix}/ep/{rank}", proxy.local_info())
+            record = proxy.local_info()
+            if secret is not None:
+                store.set(f"{prefix}/proof/{rank}", _proof(secret, prefix, rank, nonces, record))
+            store.set(f"{prefix}/ep/{rank}", record)
             infos = _wait_all(store, prefix, "ep", rank, world, deadline, started, "bootstrap (endpoint records)")
+            if secret is not None:
+                proofs = _wait_all(store, prefix, "proof", rank, world, deadline, started, "bootstrap (proofs)")
+                _check_proofs(secret, prefix, rank, nonces, infos, proofs)
             proxy.connect(infos)
             store.set(f"{prefix}/connected/{rank}", b"1")
             _wait_all(store, prefix, "connected", rank, world, deadline, started, "bootstrap (connect)")
