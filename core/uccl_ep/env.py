@@ -73,7 +73,9 @@ _VARS: list[Var] = [
     Var("UCCL_EP_BACKEND", "choice", "auto",
         "Executor behind `uccl_ep.Buffer` when the constructor says `backend=\"auto\"`: "
         "`reference` (pure torch over torch.distributed), `host` (CPU threads through the proxy), "
-        "`cuda` (GPU kernels). `auto` picks the fastest one available for the tensors' device.",
+        "`cuda` (GPU kernels). `auto` picks the fastest one available for the tensors' device; GPU tensors "
+        "never get a CPU executor, and when `auto` cannot give them `cuda` it warns once (reason and fix, "
+        "`uccl-ep doctor`). A named backend that cannot serve a Buffer is an error, never a fallback.",
         choices=("auto", "reference", "host", "cuda"), used_by="Buffer"),
     Var("UCCL_EP_TIMEOUT_S", "float", 100.0,
         "Bound of every host-side wait (CPU spin on counters, proxy drain, bootstrap); on expiry "
@@ -261,7 +263,9 @@ _VARS: list[Var] = [
         "(probability a write is split into pieces landing in random order), `pieces=<n>`, `seed=<n>`. "
         "Empty = off. Never drops or duplicates completions.", used_by="proxy"),
     Var("UCCL_EP_LOG_LEVEL", "choice", "warning",
-        "Log level of the `uccl_ep` logger.",
+        "Level of the `uccl_ep` logger (standard `logging`; the framework plugins log below it as "
+        "`uccl_ep.sglang`, `uccl_ep.vllm`, ...). Unset: `warning`, records go to the application's logging "
+        "setup. Set: uccl_ep also prints its records to stderr itself (once, not through the root logger).",
         choices=("debug", "info", "warning", "error"), used_by="logging"),
     Var("UCCL_EP_MEGATRON_ALLOW_UNTESTED", "bool", False,
         "Let the uccl-ep-megatron hook install on a megatron-core release series it was not tested "
