@@ -25,7 +25,7 @@ from . import support
 
 __all__ = ["register", "add_uccl_choice", "alias_uccl_to_deepep", "check_combination", "UCCL"]
 
-logger = logging.getLogger("uccl_ep_sglang")
+logger = logging.getLogger("uccl_ep.sglang")  # below uccl_ep: UCCL_EP_LOG_LEVEL applies
 
 UCCL = "uccl"
 _BACKEND_FLAGS = ("--moe-a2a-backend", "--speculative-moe-a2a-backend")

@@ -30,7 +30,7 @@ from . import support
 
 __all__ = ["register", "select_backend", "UCCL_BACKENDS"]
 
-logger = logging.getLogger("uccl_ep_vllm")
+logger = logging.getLogger("uccl_ep.vllm")  # below uccl_ep: UCCL_EP_LOG_LEVEL applies
 
 UCCL_BACKENDS = tuple(support.BACKENDS)
 _RAY_COPY = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
