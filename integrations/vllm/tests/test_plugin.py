@@ -3,6 +3,7 @@ the DeepEP path each value selects, errors, plugin_status()."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -131,9 +132,14 @@ def test_plugin_status_is_cheap_and_complete():
                               "uccl_high_throughput": "deepep_high_throughput"}
 
 
-def test_vllm_deepep_prepare_finalize_run_on_uccl_ep_cpu():
+@pytest.mark.parametrize("backend", ["host", "reference"])
+def test_vllm_deepep_prepare_finalize_run_on_uccl_ep_cpu(backend, executor_summary):
+    # host: the real queue -> proxy -> transport path under vLLM's calls; reference: the oracle run.
+    # Both are checked against an independent torch MoE inside the driver.
     proc = subprocess.run([sys.executable, str(PLUGIN_ROOT / "gpu" / "drive_deepep_prepare_finalize.py"),
-                           "--device", "cpu", "--timeout", "240"], capture_output=True, text=True, timeout=300,
-                          cwd=str(REPO))
+                           "--device", "cpu", "--backend", backend, "--timeout", "240"], capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert '"vllm_deepep_prepare_finalize": "PASS"' in proc.stdout
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["vllm_deepep_prepare_finalize"] == "PASS" and summary["executors"] == [backend]
+    executor_summary.append(f"vLLM DeepEP HT/LL prepare/finalize driver ({', '.join(summary['modes'])}): {backend}")
