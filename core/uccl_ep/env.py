@@ -267,10 +267,6 @@ _VARS: list[Var] = [
         "`uccl_ep.sglang`, `uccl_ep.vllm`, ...). Unset: `warning`, records go to the application's logging "
         "setup. Set: uccl_ep also prints its records to stderr itself (once, not through the root logger).",
         choices=("debug", "info", "warning", "error"), used_by="logging"),
-    Var("UCCL_EP_MEGATRON_ALLOW_UNTESTED", "bool", False,
-        "Let the uccl-ep-megatron hook install on a megatron-core release series it was not tested "
-        "with (supported: 0.19.x). Argument `install(allow_untested=True)` / launcher flag "
-        "`--uccl-allow-untested-megatron`.", used_by="uccl-ep-megatron"),
     Var("UCCL_EP_RECIPES_DIR", "str", "",
         "Extra folder searched for launch recipes by name (after `--recipes-dir`, before "
         "`./recipes` and the source checkout's `recipes/`). CLI flag `uccl-ep launch --recipes-dir`.",
@@ -280,18 +276,11 @@ _VARS: list[Var] = [
         "plugin when `--moe-a2a-backend uccl` is resolved (scheduler processes inherit it); setting "
         "it by hand with `--moe-a2a-backend deepep` selects uccl_ep the same way.",
         used_by="uccl-ep-sglang plugin"),
-    Var("UCCL_EP_SGLANG_ALLOW_UNTESTED", "bool", False,
-        "Let `--moe-a2a-backend uccl` run on an SGLang newer than the newest tested release "
-        "(0.5.23); releases before 0.5.11 have no plugin system and are always refused.",
-        used_by="uccl-ep-sglang plugin"),
     Var("UCCL_EP_VLLM", "bool", False,
         "Make `deep_ep` mean uccl_ep for vLLM's DeepEP managers and prepare/finalize classes in this "
         "process. Set to 1 by the uccl-ep-vllm plugin when `--all2all-backend uccl_*` is chosen "
         "(engine-core and worker processes inherit it; it is added to VLLM_RAY_EXTRA_ENV_VARS_TO_COPY "
         "for Ray); setting it by hand with `--all2all-backend deepep_*` selects uccl_ep the same way.",
-        used_by="uccl-ep-vllm plugin"),
-    Var("UCCL_EP_VLLM_ALLOW_UNTESTED", "bool", False,
-        "Let `--all2all-backend uccl_*` run on a vLLM release other than the tested one (0.33.0).",
         used_by="uccl-ep-vllm plugin"),
 ]
 

@@ -42,8 +42,8 @@ def _load(name, path):
     return module
 
 
-def _dispatcher_worker(rank, world, seed, backend):
-    cpu_shims.add_paths()  # spawned ranks do not run conftest (typing.override on 3.11)
+def _dispatcher_worker(rank, world, seed, backend, src=cpu_shims.MEGATRON_SRC):
+    cpu_shims.add_paths(src)  # spawned ranks do not run conftest (typing.override on 3.11)
     import torch
 
     import uccl_ep
@@ -69,20 +69,25 @@ def _dispatcher_worker(rank, world, seed, backend):
     buf = dispatch._buffer
     assert isinstance(buf, uccl_ep.Buffer) and buf.backend == backend and uccl_ep.Buffer.num_sms == 24
     assert "deep_ep" not in sys.modules, "the uccl backend must not need deep_ep"
-    return [r["manager"] for r in results]
+    from megatron.core import package_info
+
+    return {"managers": [r["manager"] for r in results], "megatron_core": package_info.__version__}
 
 
-@pytest.mark.parametrize("backend", ["host", "reference"])
-def test_uccl_backend_from_real_argv_exact(backend, executor_summary):
+@pytest.mark.parametrize("backend,version", [("host", "0.19.2"), ("reference", "0.19.2"), ("host", "0.19.0")])
+def test_uccl_backend_from_real_argv_exact(backend, version, executor_summary):
     # host: the real queue -> proxy -> transport path under Megatron's flex dispatcher; reference:
-    # the oracle run. Both are checked against the independent per-expert expectation.
+    # the oracle run. Both are checked against the independent per-expert expectation. 0.19.0 and
+    # 0.19.2 are the oldest and newest release of the tested window.
+    src = cpu_shims.MEGATRON_SRC if version == "0.19.2" else cpu_shims.MEGATRON_SRC_OLDEST
     seed = random.SystemRandom().randrange(1 << 30)
     try:
-        managers = run_ranks(_dispatcher_worker, 2, seed, backend, timeout_s=180)
+        out = run_ranks(_dispatcher_worker, 2, seed, backend, src, timeout_s=180)
     except AssertionError as exc:
         raise AssertionError(f"seed {seed}: {exc}") from None
-    assert managers == [["UcclManager"] * 2] * 2
-    executor_summary.append(f"Megatron-Core MoEFlexTokenDispatcher (flex/uccl, fwd + bwd): {backend}")
+    assert [r["managers"] for r in out] == [["UcclManager"] * 2] * 2
+    assert [r["megatron_core"].split("+")[0] for r in out] == [version] * 2
+    executor_summary.append(f"Megatron-Core {version} MoEFlexTokenDispatcher (flex/uccl, fwd + bwd): {backend}")
 
 
 TINY = ["--device", "cpu", "--precision", "fp32", "--clip-grad", "0", "--num-layers", "2", "--hidden-size", "64",

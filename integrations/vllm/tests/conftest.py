@@ -19,7 +19,7 @@ REPO = PLUGIN_ROOT.parent.parent
 
 def run_py(code: str, *, env=None, timeout=240) -> dict:
     full_env = {k: v for k, v in os.environ.items()
-                if k not in ("UCCL_EP_VLLM", "UCCL_EP_VLLM_ALLOW_UNTESTED", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY",
+                if k not in ("UCCL_EP_VLLM", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY",
                              "VLLM_PLUGINS", "VLLM_DEEPEPLL_NVFP4_DISPATCH")}
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
