@@ -3,7 +3,9 @@
 # uccl-ep-megatron and uccl-ep-primus distributions into the venv in editable mode (their
 # console scripts and metadata are under test). deep-ep-uccl is NOT installed: it owns the import
 # name `deep_ep`, which would change what other areas' tests see; its tests use PYTHONPATH.
-# Megatron-Core 0.19.2 itself is unpacked by ci/setup.sh --test (.cache/megatron-core-0.19.2).
+# Megatron-Core 0.19.2 (newest of the tested window) is unpacked by ci/setup.sh --test
+# (.cache/megatron-core-0.19.2); the oldest, 0.19.0, is unpacked here the same way (its wheel says
+# Python >= 3.12, the sources run on 3.11) for integrations/megatron/tests' oldest-release run.
 # Idempotent: reinstalls only when a pyproject.toml changed or the import fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,3 +24,20 @@ for dist in megatron:uccl_ep_megatron primus:uccl_ep_primus; do
     touch "$stamp"
   fi
 done
+
+if [[ ${WANT_TEST:-1} == 1 ]]; then
+  MC_OLD=.cache/megatron-core-0.19.0
+  if [[ ! -d $MC_OLD/megatron ]]; then
+    log "fetch: megatron-core 0.19.0 sources (oldest of the tested window)"
+    mkdir -p .cache/wheels "$MC_OLD"
+    "$VPY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .cache/wheels megatron-core==0.19.0
+    "$VPY" - <<'PY'
+import glob, zipfile
+whl = sorted(glob.glob(".cache/wheels/megatron_core-0.19.0-*.whl"))[-1]
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        if name.startswith("megatron/") and name.endswith(".py"):
+            z.extract(name, ".cache/megatron-core-0.19.0")
+PY
+  fi
+fi

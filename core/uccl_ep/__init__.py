@@ -9,7 +9,7 @@ Importing this package touches no GPU, no NIC and no compiler.
 """
 
 from ._version import __version__
-from . import env, errors
+from . import env, errors, log
 from .buffer import Buffer, topk_idx_t
 from .config import Config
 from .events import EventHandle, EventOverlap
@@ -19,3 +19,5 @@ __all__ = ["__version__", "Buffer", "Config", "EventHandle", "EventOverlap", "to
            "get_low_latency_rdma_size_hint"]
 
 get_low_latency_rdma_size_hint = Buffer.get_low_latency_rdma_size_hint
+
+log.configure()

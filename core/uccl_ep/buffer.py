@@ -23,6 +23,7 @@ from .errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, Unsupp
 from .events import EventHandle, EventOverlap
 from .group_store import exchange_hostnames
 from .handles import NormalHandle
+from .log import get_logger
 from .proxy.limits import check_protocol_limits
 from .topology import detect_topology
 from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
@@ -30,7 +31,7 @@ from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, 
 
 __all__ = ["Buffer", "topk_idx_t"]
 
-logger = logging.getLogger("uccl_ep")
+logger = get_logger(__name__)
 
 #: dtype of top-k expert ids (DeepEP's default 64-bit build).
 topk_idx_t = torch.int64
@@ -128,8 +129,9 @@ class Buffer(LowLatencyMixin):
         self._comm_stream = None
         self._init_low_latency_state()
         self._destroyed = False
-        logger.debug("uccl_ep.Buffer rank %d/%d backend=%s topology=%s", self.rank, self.group_size,
-                     self.backend, self.topology)
+        logger.info("Buffer rank %d/%d: backend=%s topology=%s nvl=%d rdma=%d low_latency=%s", self.rank,
+                    self.group_size, self.backend, self.topology, self.num_nvl_bytes, self.num_rdma_bytes,
+                    self.low_latency_mode)
 
     # ----------------------------------------------------------------------------------------------
     # statics and sizing

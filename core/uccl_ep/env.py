@@ -73,7 +73,9 @@ _VARS: list[Var] = [
     Var("UCCL_EP_BACKEND", "choice", "auto",
         "Executor behind `uccl_ep.Buffer` when the constructor says `backend=\"auto\"`: "
         "`reference` (pure torch over torch.distributed), `host` (CPU threads through the proxy), "
-        "`cuda` (GPU kernels). `auto` picks the fastest one available for the tensors' device.",
+        "`cuda` (GPU kernels). `auto` picks the fastest one available for the tensors' device; GPU tensors "
+        "never get a CPU executor, and when `auto` cannot give them `cuda` it warns once (reason and fix, "
+        "`uccl-ep doctor`). A named backend that cannot serve a Buffer is an error, never a fallback.",
         choices=("auto", "reference", "host", "cuda"), used_by="Buffer"),
     Var("UCCL_EP_TIMEOUT_S", "float", 100.0,
         "Bound of every host-side wait (CPU spin on counters, proxy drain, bootstrap); on expiry "
@@ -277,12 +279,10 @@ _VARS: list[Var] = [
         "(`efa-200g,nics=2` for a p5en GPU). Empty or `off` = no model. `uccl-ep bench --nic-model` sets it.",
         used_by="proxy"),
     Var("UCCL_EP_LOG_LEVEL", "choice", "warning",
-        "Log level of the `uccl_ep` logger.",
+        "Level of the `uccl_ep` logger (standard `logging`; the framework plugins log below it as "
+        "`uccl_ep.sglang`, `uccl_ep.vllm`, ...). Unset: `warning`, records go to the application's logging "
+        "setup. Set: uccl_ep also prints its records to stderr itself (once, not through the root logger).",
         choices=("debug", "info", "warning", "error"), used_by="logging"),
-    Var("UCCL_EP_MEGATRON_ALLOW_UNTESTED", "bool", False,
-        "Let the uccl-ep-megatron hook install on a megatron-core release series it was not tested "
-        "with (supported: 0.19.x). Argument `install(allow_untested=True)` / launcher flag "
-        "`--uccl-allow-untested-megatron`.", used_by="uccl-ep-megatron"),
     Var("UCCL_EP_RECIPES_DIR", "str", "",
         "Extra folder searched for launch recipes by name (after `--recipes-dir`, before "
         "`./recipes` and the source checkout's `recipes/`). CLI flag `uccl-ep launch --recipes-dir`.",
@@ -292,18 +292,11 @@ _VARS: list[Var] = [
         "plugin when `--moe-a2a-backend uccl` is resolved (scheduler processes inherit it); setting "
         "it by hand with `--moe-a2a-backend deepep` selects uccl_ep the same way.",
         used_by="uccl-ep-sglang plugin"),
-    Var("UCCL_EP_SGLANG_ALLOW_UNTESTED", "bool", False,
-        "Let `--moe-a2a-backend uccl` run on an SGLang newer than the newest tested release "
-        "(0.5.23); releases before 0.5.11 have no plugin system and are always refused.",
-        used_by="uccl-ep-sglang plugin"),
     Var("UCCL_EP_VLLM", "bool", False,
         "Make `deep_ep` mean uccl_ep for vLLM's DeepEP managers and prepare/finalize classes in this "
         "process. Set to 1 by the uccl-ep-vllm plugin when `--all2all-backend uccl_*` is chosen "
         "(engine-core and worker processes inherit it; it is added to VLLM_RAY_EXTRA_ENV_VARS_TO_COPY "
         "for Ray); setting it by hand with `--all2all-backend deepep_*` selects uccl_ep the same way.",
-        used_by="uccl-ep-vllm plugin"),
-    Var("UCCL_EP_VLLM_ALLOW_UNTESTED", "bool", False,
-        "Let `--all2all-backend uccl_*` run on a vLLM release other than the tested one (0.33.0).",
         used_by="uccl-ep-vllm plugin"),
 ]
 

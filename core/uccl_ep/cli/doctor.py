@@ -160,7 +160,7 @@ def _plugins() -> dict[str, Any]:
 
 def collect() -> dict[str, Any]:
     from .. import __version__, _C, env
-    from ..backends import _REGISTRY
+    from ..backends import _REGISTRY, available_here
     report: dict[str, Any] = {"uccl_ep": {"version": __version__, "build": dict(_C.build_info())}}
     try:
         import torch
@@ -175,6 +175,8 @@ def collect() -> dict[str, Any]:
     report["rdma_devices"] = _rdma_devices()
     report["compilers"] = _compilers()
     report["backends_registered"] = sorted(_REGISTRY)
+    # NOTES: what this machine can run (not just what is registered): name -> None, or why not
+    report["backends_available"] = {name: why for name, why in available_here().items()}
     report["plugins"] = _plugins()
     report["env_set"] = {k: v for k, v in env.snapshot().items() if env.is_set(k)}
     report["verdict"] = _verdict(report)
@@ -194,6 +196,10 @@ def _verdict(r: dict[str, Any]) -> list[str]:
                      "device's gfx target; compiled and loader-tested, not yet run on an AMD GPU: docs/amd.md).")
         if not r["compilers"]["hipcc"]:
             lines.append("No hipcc found: install ROCm's hipcc or set UCCL_EP_HIPCC before the first GPU call.")
+    cuda_why = r.get("backends_available", {}).get("cuda")
+    if gpus and cuda_why:
+        lines.append(f"GPU tensors will NOT get the fast CUDA-kernel path here ({cuda_why}); backend=\"auto\" falls "
+                     "back to the reference executor with a warning, UCCL_EP_BACKEND=cuda makes it an error.")
     if gpus == 0:
         lines.append("No GPU: Buffers run CPU tensors on the host executor (or the reference); good for "
                      "tests and CI, not for serving.")
@@ -267,7 +273,11 @@ def run(args) -> int:
     c = report["compilers"]
     table.add_row("nvcc", f"{c['nvcc']} ({c.get('nvcc_version')})" if c["nvcc"] else "not found")
     table.add_row("hipcc", f"{c['hipcc']} ({c.get('hipcc_version')})" if c["hipcc"] else f"not found ({c.get('hipcc_why')})")
-    table.add_row("backends", ", ".join(report["backends_registered"]))
+    avail = report["backends_available"]
+    table.add_row("backends available here", ", ".join(n for n, why in avail.items() if why is None) or "none")
+    for name, why in avail.items():
+        if why is not None:
+            table.add_row(f"backend {name}", f"unavailable: {why}")
     for name, p in report["plugins"].items():
         table.add_row(f"{name} plugin", f"{p.get('status')}; entry points: {p.get('entry_points') or 'none'}")
     table.add_row("env (set)", ", ".join(f"{k}={v}" for k, v in report["env_set"].items()) or "none")

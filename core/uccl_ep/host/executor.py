@@ -16,28 +16,47 @@ import torch
 
 from .. import env
 from ..backends import BufferContext, Executor
+from ..errors import InvalidArgument
 from ..proxy import check_protocol_limits, native, start_proxy
 from . import ht, ll
 from .layout import NUM_COUNTERS, region_plan
 
-__all__ = ["HostExecutor", "unavailable_reason"]
+__all__ = ["HostExecutor", "unavailable_reason", "machine_unavailable_reason"]
 
 
-def unavailable_reason(ctx: BufferContext) -> str | None:
-    """None when the host executor can serve ``ctx``, else why not."""
+def machine_unavailable_reason() -> str | None:
+    """None when this machine can run the host executor (native module with its engine, and the
+    transport UCCL_EP_TRANSPORT names, if any, usable), else why not."""
     try:
         C = native()
     except Exception as e:  # noqa: BLE001 - MissingDependency and friends
         return f"native module unavailable: {e}"
     if not hasattr(C, "RingEngine"):
         return "native module built without the host executor"
-    if torch.cuda.is_available() and "nccl" in str(torch.distributed.get_backend(ctx.group)).lower():
-        return "the group is NCCL (GPU tensors); the host executor serves CPU tensors"
     name = env.get("UCCL_EP_TRANSPORT")
     if name != "auto":
         reason = C.transport_unavailable_reason(name)
         if reason:
             return f"transport '{name}' unavailable: {reason}"
+    return None
+
+
+def _require_cpu(op: str, name: str, tensor: torch.Tensor) -> None:
+    # NOTES: the host executor reads and writes tensor memory from host threads; a CUDA tensor's
+    # pointer is not host memory, so it must never get here (backend="auto" does not route GPU
+    # tensors to this executor; an explicit backend="host" with GPU tensors is the caller's error).
+    if tensor.device.type != "cpu":
+        raise InvalidArgument(f"{op}: {name}", "a CPU tensor (the host executor serves CPU tensors; GPU tensors "
+                              "need backend='cuda' or 'reference')", f"a tensor on {tensor.device}")
+
+
+def unavailable_reason(ctx: BufferContext) -> str | None:
+    """None when the host executor can serve ``ctx``, else why not."""
+    why = machine_unavailable_reason()
+    if why:
+        return why
+    if torch.cuda.is_available() and "nccl" in str(torch.distributed.get_backend(ctx.group)).lower():
+        return "the group is NCCL (GPU tensors); the host executor serves CPU tensors"
     return None
 
 
@@ -108,23 +127,28 @@ class HostExecutor(Executor):
         return ht
 
     def get_dispatch_layout(self, topk_idx, num_experts):
+        _require_cpu("get_dispatch_layout", "topk_idx", topk_idx)
         from ..refs.normal import dispatch_layout
         return dispatch_layout(topk_idx, num_experts, self.topology)
 
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                  num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
+        _require_cpu("dispatch", "x", x)
         return self._ht().dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                             num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
 
     def cached_dispatch(self, x, x_scales, handle, config):
+        _require_cpu("dispatch", "x", x)
         return self._ht().cached_dispatch(self, x, x_scales, handle, config)
 
     def combine(self, x, handle, topk_weights, biases, config):
+        _require_cpu("combine", "x", x)
         return self._ht().combine(self, x, handle, topk_weights, biases, config)
 
     # ---- low-latency mode --------------------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
                              masked, cumulative_stats, wait_stats):
+        _require_cpu("low_latency_dispatch", "x", x)
         set_idx = self._ll_buffer_idx
         self._ll_buffer_idx ^= 1
         return ll.dispatch(self, set_idx, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
@@ -132,6 +156,7 @@ class HostExecutor(Executor):
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
                             recv_follows=False):
+        _require_cpu("low_latency_combine", "x", x)
         set_idx = self._ll_buffer_idx
         self._ll_buffer_idx ^= 1
         return ll.combine(self, set_idx, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy)

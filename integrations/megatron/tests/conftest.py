@@ -39,3 +39,19 @@ def subprocess_env(tmp_path_factory):
                                          env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONWARNINGS"] = "ignore"
     return env
+
+
+_EXECUTORS: list = []
+
+
+@pytest.fixture
+def executor_summary() -> list:
+    """Tests append "what ran: executor" lines; pytest prints them in its summary."""
+    return _EXECUTORS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _EXECUTORS:
+        terminalreporter.write_sep("-", "uccl_ep executors that ran under Megatron-Core / Primus-Turbo")
+        for line in _EXECUTORS:
+            terminalreporter.write_line(line)

@@ -30,16 +30,21 @@ import typing
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MEGATRON_SRC = os.path.join(REPO, ".cache", "megatron-core-0.19.2")
+#: the oldest release of the tested window (ci/setup.d/30-megatron.sh)
+MEGATRON_SRC_OLDEST = os.path.join(REPO, ".cache", "megatron-core-0.19.0")
 INTEGRATION = os.path.abspath(os.path.join(HERE, ".."))
 
 
-def add_paths() -> None:
-    """Megatron-Core 0.19.2 sources (unpacked by ci/setup.sh --test) and this integration."""
-    if not os.path.isdir(os.path.join(MEGATRON_SRC, "megatron", "core")):
-        raise RuntimeError(f"Megatron-Core 0.19.2 sources missing at {MEGATRON_SRC}: run `ci/setup.sh --test`")
-    for path in (INTEGRATION, MEGATRON_SRC, HERE):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+def add_paths(src: str = MEGATRON_SRC) -> None:
+    """Megatron-Core sources (0.19.2 by default; unpacked by ci/setup.sh --test) and this integration.
+    ``src`` goes before any other megatron-core tree on sys.path (spawned ranks inherit the parent's)."""
+    if not os.path.isdir(os.path.join(src, "megatron", "core")):
+        raise RuntimeError(f"Megatron-Core sources missing at {src}: run `ci/setup.sh --test`")
+    sys.path[:] = [p for p in sys.path if os.path.basename(p).split("-")[:2] != ["megatron", "core"] or p == src]
+    for path in (INTEGRATION, src, HERE):
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
     if not hasattr(typing, "override"):
         import typing_extensions
 

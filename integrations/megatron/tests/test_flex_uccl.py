@@ -19,6 +19,7 @@ import random
 import sys
 
 import cpu_shims
+import pytest
 
 from uccl_ep.spawn import run_ranks
 
@@ -28,7 +29,7 @@ COMPARE = os.path.join(cpu_shims.INTEGRATION, "gpu", "compare_runs.py")
 
 ARGV = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--num-experts", "8",
         "--moe-router-topk", "3", "--expert-model-parallel-size", "2", "--moe-router-dtype", "fp32",
-        "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "uccl", "--uccl-backend", "reference",
+        "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "uccl", "--uccl-backend", "{backend}",
         "--uccl-timeout-s", "60", "--uccl-num-sms", "24", "--use-cpu-initialization", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "1", "--disable-bias-linear",
         "--moe-expert-capacity-factor", "8.0"]
@@ -41,8 +42,8 @@ def _load(name, path):
     return module
 
 
-def _dispatcher_worker(rank, world, seed):
-    cpu_shims.add_paths()  # spawned ranks do not run conftest (typing.override on 3.11)
+def _dispatcher_worker(rank, world, seed, backend, src=cpu_shims.MEGATRON_SRC):
+    cpu_shims.add_paths(src)  # spawned ranks do not run conftest (typing.override on 3.11)
     import torch
 
     import uccl_ep
@@ -54,7 +55,7 @@ def _dispatcher_worker(rank, world, seed):
     from megatron.core import parallel_state as ps
     from megatron.training import arguments
 
-    sys.argv = ["pretrain_gpt.py", *ARGV]
+    sys.argv = ["pretrain_gpt.py", *(a.format(backend=backend) for a in ARGV)]
     args = arguments.parse_args()
     arguments.validate_args(args)
     cfg = arguments.core_transformer_config_from_args(args)
@@ -66,18 +67,27 @@ def _dispatcher_worker(rank, world, seed):
     results = [check_flex_round_trip(rank, world, seed + i, cfg, num_tokens=n, drop_fraction=f)
                for i, (n, f) in enumerate([(19, 0.0), (14, 0.4)])]
     buf = dispatch._buffer
-    assert isinstance(buf, uccl_ep.Buffer) and buf.backend == "reference" and uccl_ep.Buffer.num_sms == 24
+    assert isinstance(buf, uccl_ep.Buffer) and buf.backend == backend and uccl_ep.Buffer.num_sms == 24
     assert "deep_ep" not in sys.modules, "the uccl backend must not need deep_ep"
-    return [r["manager"] for r in results]
+    from megatron.core import package_info
+
+    return {"managers": [r["manager"] for r in results], "megatron_core": package_info.__version__}
 
 
-def test_uccl_backend_from_real_argv_exact():
+@pytest.mark.parametrize("backend,version", [("host", "0.19.2"), ("reference", "0.19.2"), ("host", "0.19.0")])
+def test_uccl_backend_from_real_argv_exact(backend, version, executor_summary):
+    # host: the real queue -> proxy -> transport path under Megatron's flex dispatcher; reference:
+    # the oracle run. Both are checked against the independent per-expert expectation. 0.19.0 and
+    # 0.19.2 are the oldest and newest release of the tested window.
+    src = cpu_shims.MEGATRON_SRC if version == "0.19.2" else cpu_shims.MEGATRON_SRC_OLDEST
     seed = random.SystemRandom().randrange(1 << 30)
     try:
-        managers = run_ranks(_dispatcher_worker, 2, seed, timeout_s=180)
+        out = run_ranks(_dispatcher_worker, 2, seed, backend, src, timeout_s=180)
     except AssertionError as exc:
         raise AssertionError(f"seed {seed}: {exc}") from None
-    assert managers == [["UcclManager"] * 2] * 2
+    assert [r["managers"] for r in out] == [["UcclManager"] * 2] * 2
+    assert [r["megatron_core"].split("+")[0] for r in out] == [version] * 2
+    executor_summary.append(f"Megatron-Core {version} MoEFlexTokenDispatcher (flex/uccl, fwd + bwd): {backend}")
 
 
 TINY = ["--device", "cpu", "--precision", "fp32", "--clip-grad", "0", "--num-layers", "2", "--hidden-size", "64",
@@ -99,11 +109,16 @@ def _train_worker(rank, world, out_dir):
         summaries[name] = example.main(TINY + extra + ["--output-json", os.path.join(out_dir, name + ".json")])
         ps.destroy_model_parallel()
         dist.barrier()
-    return {k: v["losses"] for k, v in summaries.items()}
+    from uccl_ep_megatron import dispatch
+
+    return {"losses": {k: v["losses"] for k, v in summaries.items()}, "executor": dispatch._buffer.backend}
 
 
-def test_example_training_loop_uccl_matches_allgather(tmp_path):
-    losses = run_ranks(_train_worker, 2, str(tmp_path), timeout_s=300)
+def test_example_training_loop_uccl_matches_allgather(tmp_path, executor_summary):
+    out = run_ranks(_train_worker, 2, str(tmp_path), timeout_s=300)
+    assert [r["executor"] for r in out] == ["host", "host"], "backend=auto on CPU tensors is the host executor"
+    executor_summary.append("Megatron training loop (train_moe_gpt.py, 5 steps, flex/uccl vs allgather): host")
+    losses = [r["losses"] for r in out]
     assert losses[0] == losses[1], "every rank reports the DP-averaged loss"
     uccl, ref = losses[0]["uccl"], losses[0]["allgather"]
     assert len(uccl) == 5 and uccl[-1] < uccl[0], uccl

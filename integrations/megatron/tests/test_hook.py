@@ -137,17 +137,26 @@ def test_settings_api_validates():
         settings.reset()
 
 
-def test_version_pin(monkeypatch):
+def test_version_window_warns_not_refuses(monkeypatch):
+    import logging
+
     import uccl_ep_megatron
     from megatron.core import package_info
+    from uccl_ep import log
     from uccl_ep_megatron.versions import check_megatron_core_version
 
-    assert check_megatron_core_version() == (0, 19, 2)
-    monkeypatch.setattr(package_info, "MINOR", 21)
-    monkeypatch.delenv("UCCL_EP_MEGATRON_ALLOW_UNTESTED", raising=False)
-    with pytest.raises(Unsupported, match=r"megatron-core 0\.21\.2 is not supported.*0\.19\.x"):
-        uccl_ep_megatron.install()
-    assert not uccl_ep_megatron.is_installed()
-    assert check_megatron_core_version(allow_untested=True) == (0, 21, 2)
-    monkeypatch.setenv("UCCL_EP_MEGATRON_ALLOW_UNTESTED", "1")
-    assert check_megatron_core_version() == (0, 21, 2)
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage()) if r.levelno >= logging.WARNING else None
+    logging.getLogger("uccl_ep.megatron").addHandler(handler)
+    try:
+        log.reset_warn_once()
+        assert check_megatron_core_version() == (0, 19, 2) and records == []
+        uccl_ep_megatron.uninstall()
+        monkeypatch.setattr(package_info, "MINOR", 21)
+        uccl_ep_megatron.install()  # outside the window: installs, with one warning
+        assert uccl_ep_megatron.is_installed()
+        assert len(records) == 1 and "0.21.2" in records[0] and "0.19.0..0.19.2" in records[0]
+    finally:
+        logging.getLogger("uccl_ep.megatron").removeHandler(handler)
+

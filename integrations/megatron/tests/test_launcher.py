@@ -67,7 +67,8 @@ def test_check_and_info(subprocess_env):
     proc = launch(subprocess_env, "info")
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert info["megatron_core"] == "0.19.2" and info["megatron_core_supported"] and info["tested"] == ["0.19.2"]
+    assert info["megatron_core"] == "0.19.2" and info["megatron_core_in_tested_window"]
+    assert info["tested"] == ["0.19.0", "0.19.2"] and info["tested_window"] == "0.19.0..0.19.2"
 
 
 def test_usage_errors(subprocess_env, tmp_path):

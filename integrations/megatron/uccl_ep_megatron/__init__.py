@@ -9,32 +9,29 @@ Three ways in, all ending in `install()` before Megatron parses its arguments:
   ``TransformerConfig(..., moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="uccl")``,
   with knobs from ``uccl_ep_megatron.configure(timeout_s=..., backend=...)``.
 
-Supported megatron-core: 0.19.x (tested 0.19.2); see `versions`.
+Tested megatron-core window: 0.19.0..0.19.2 (other releases install with a warning); see `versions`.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .config_patch import BACKEND_NAME
 from .settings import UcclSettings, configure, current
-from .versions import SUPPORTED_SERIES, TESTED_VERSIONS
+from .versions import TESTED_VERSIONS, TESTED_WINDOW
 
 __version__ = "0.1.0"
 __all__ = ["install", "uninstall", "is_installed", "configure", "current", "UcclSettings", "BACKEND_NAME",
-           "SUPPORTED_SERIES", "TESTED_VERSIONS", "__version__"]
+           "TESTED_WINDOW", "TESTED_VERSIONS", "__version__"]
 
 _installed = False
 
 
-def install(allow_untested: Optional[bool] = None) -> None:
+def install() -> None:
     """Install the hook into the imported megatron-core (idempotent).
 
     Adds "uccl" to TransformerConfig.moe_flex_dispatcher_backend (and so to Megatron's
     ``--moe-flex-dispatcher-backend`` choices), routes the flex dispatcher's "uccl" backend to
     uccl_ep.Buffer, and adds the ``--uccl-*`` flags to Megatron's parser when megatron.training
-    is present. Raises `uccl_ep.errors.Unsupported` on an untested megatron-core series unless
-    ``allow_untested`` (or UCCL_EP_MEGATRON_ALLOW_UNTESTED=1).
+    is present. Warns (once) on a megatron-core outside the tested window.
     """
     global _installed
     if _installed:
@@ -44,7 +41,7 @@ def install(allow_untested: Optional[bool] = None) -> None:
     from .manager import patch_flex_dispatcher
     from .versions import check_megatron_core_version
 
-    check_megatron_core_version(allow_untested)
+    check_megatron_core_version()
     patch_transformer_config()
     patch_flex_dispatcher()
     patch_megatron_arguments()

@@ -80,8 +80,6 @@ def add_uccl_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                        help="ranks per NVLink domain in the EP group; 0 = detect from host names")
     group.add_argument("--uccl-num-sms", type=_even_sms, default=None, metavar="N",
                        help="SMs for normal-mode kernels; same as --moe-flex-dispatcher-num-sms (default 20)")
-    group.add_argument("--uccl-allow-untested-megatron", action="store_true",
-                       help="install the hook on a megatron-core series it was not tested with (launcher)")
     return parser
 
 

@@ -24,7 +24,6 @@ from uccl_ep.errors import InvalidArgument, MissingDependency, Unsupported
 
 USAGE = __doc__.split("\n\n")[1]
 _CONFIG_ERRORS = (InvalidArgument, Unsupported, MissingDependency)
-_ALLOW_FLAG = "--uccl-allow-untested-megatron"
 
 
 def _fail(message: str) -> int:
@@ -40,7 +39,7 @@ def _install(argv: Sequence[str]) -> None:
     from . import install
 
     _installing = True
-    install(allow_untested=True if _ALLOW_FLAG in argv else None)
+    install()
     _installing = False
 
 
@@ -86,14 +85,13 @@ def _check(argv: list[str]) -> int:
 
 def _info() -> int:
     from . import __version__
-    from .versions import SUPPORTED_SERIES, TESTED_VERSIONS, megatron_core_version
+    from .versions import TESTED_VERSIONS, in_tested_window, megatron_core_version, window_text
 
-    info = {"uccl_ep_megatron": __version__, "supported": [f"{a}.{b}.x" for a, b in SUPPORTED_SERIES],
-            "tested": list(TESTED_VERSIONS)}
+    info = {"uccl_ep_megatron": __version__, "tested_window": window_text(), "tested": list(TESTED_VERSIONS)}
     try:
         version = megatron_core_version()
         info["megatron_core"] = ".".join(map(str, version))
-        info["megatron_core_supported"] = version[:2] in SUPPORTED_SERIES
+        info["megatron_core_in_tested_window"] = in_tested_window(version)
     except MissingDependency as exc:
         info["megatron_core"] = None
         info["error"] = str(exc)

@@ -1,4 +1,5 @@
-"""``python -m uccl_ep_primus SCRIPT [ARGS...]``: register the backend, then run SCRIPT as __main__."""
+"""``python -m uccl_ep_primus SCRIPT [ARGS...]``: register the backend with Primus-Turbo, check that its
+selection picks uccl_ep (`uccl_ep_primus.activate`), then run SCRIPT as __main__."""
 
 import os
 import runpy
@@ -6,7 +7,7 @@ import sys
 
 from uccl_ep.errors import MissingDependency, Unsupported
 
-from . import register
+from . import activate
 
 
 def main(argv=None) -> int:
@@ -15,7 +16,7 @@ def main(argv=None) -> int:
         print(__doc__)
         return 0 if argv else 2
     try:
-        register()
+        activate()
     except (MissingDependency, Unsupported) as exc:
         print(f"uccl-ep-primus: error: {exc}", file=sys.stderr)
         return 2

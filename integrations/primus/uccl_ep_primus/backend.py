@@ -4,7 +4,8 @@ Primus-Turbo (primus_turbo/pytorch/kernels/moe/moe_dispatch_combine_impl.py) loo
 by name in its registry and calls, per MoE layer:
 
     backend.init_buffer(group, hidden_size=, num_experts=, num_topk=, seqlen=, fp8_dispatch=, config=)
-        (older releases: init_buffer(group, hidden_bytes, config))
+        (before a fresh dispatch; the earlier registry calls init_buffer(group, hidden_bytes, config)
+        positionally before every dispatch and combine)
     backend.dispatch(x, handle=None, topk_idx=, token_weights=, num_experts=, async_finish=,
                      allocate_on_comm_stream=, num_worst_tokens=, config=)
         -> (recv_x, recv_topk_idx, recv_topk_weights, tokens_per_expert, handle)

@@ -1,5 +1,6 @@
-"""``import uccl_ep_primus.enable`` registers uccl_ep as Primus-Turbo's "UCCL" EP backend."""
+"""``import uccl_ep_primus.enable``: register uccl_ep with Primus-Turbo and check that Primus-Turbo's
+own selection picks it (`uccl_ep_primus.activate`); raises, naming the cause, when it would not."""
 
-from . import register
+from . import activate
 
-register()
+activate()

@@ -13,7 +13,8 @@ Per rank (2 by default, one process each):
      compared with a torch reference of the whole MoE.
 
     python drive_deepep_dispatcher.py --device cuda          # GPU machine, 2 GPUs (NCCL group)
-    python drive_deepep_dispatcher.py --device cpu           # CPU (CI): gloo group, reference executor
+    python drive_deepep_dispatcher.py --device cpu           # CPU (CI): gloo group, host executor
+    python drive_deepep_dispatcher.py --device cpu --backend reference   # the semantic oracle
 
 Set as SGLang itself would on an SM90 GPU with DeepGEMM: `deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM`
 (normal-mode combine refuses to run without it; it also makes dispatch align experts to 128).
@@ -22,7 +23,9 @@ The server args come from `prepare_server_args([... "--moe-a2a-backend", "uccl" 
 publish in each rank (model dir: a tiny Qwen3-MoE config.json), as in a scheduler process. SGLang
 0.5.19+ (runtime_context API); the older releases are covered by the CPU resolution tests.
 CPU runs only: `torch.cuda.get_device_properties` (SM count for a log line) answers a constant.
-Not exercised: FP8 dispatch, two-batch overlap, CUDA graphs, DeepGEMM itself. Prints one JSON line
+Two-batch overlap (`--enable-two-batch-overlap`): SGLang's MaybeTboDeepEPDispatcher with two
+sub-batches whose stages are offset as SGLang's TBO schedule offsets them (one sub-batch's dispatch
+in flight with the other's combine), low-latency and auto mode. Not exercised: FP8 dispatch, CUDA graphs, DeepGEMM itself. Prints one JSON line
 per rank and a PASS/FAIL line; exits non-zero on any mismatch.
 """
 
@@ -42,12 +45,15 @@ DEEPEP_CONFIG = ('{"normal_dispatch": {"num_sms": 24, "num_max_nvl_chunked_send_
                  '"num_max_rdma_chunked_recv_tokens": 128}, "normal_combine": {"num_sms": 24, '
                  '"num_max_nvl_chunked_send_tokens": 6, "num_max_nvl_chunked_recv_tokens": 256, '
                  '"num_max_rdma_chunked_send_tokens": 6, "num_max_rdma_chunked_recv_tokens": 128}}')
-# (deepep_mode, batch kinds run in order: True = extend/prefill batch, False = decode batch, config)
+# (deepep_mode, batch kinds run in order: True = extend/prefill batch, False = decode batch, config,
+#  two-batch overlap)
 SCENARIOS = (
-    ("normal", (True,), ""),
-    ("normal", (True,), DEEPEP_CONFIG),
-    ("low_latency", (False, False), ""),
-    ("auto", (True, False, True, False), ""),
+    ("normal", (True,), "", False),
+    ("normal", (True,), DEEPEP_CONFIG, False),
+    ("low_latency", (False, False), "", False),
+    ("auto", (True, False, True, False), "", False),
+    ("low_latency", (False, False), "", True),
+    ("auto", (True, False), "", True),
 )
 
 
@@ -81,13 +87,12 @@ def _run_batch(dispatcher, is_extend: bool, rank, world, x, w, ids, scales, num_
         return _dispatch_experts_combine(dispatcher, is_extend, rank, x, w, ids, scales, num_local)
 
 
-def _dispatch_experts_combine(dispatcher, is_extend, rank, x, w, ids, scales, num_local):
+def _apply_experts(out, is_extend, mode, rank, scales, num_local):
+    """The MoE experts on one dispatch output, as SGLang's DeepGEMM runners lay it out."""
     import torch
     from sglang.srt.layers.moe.token_dispatcher.deepep import DeepEPLLCombineInput, DeepEPNormalCombineInput
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    out = dispatcher.dispatch(x, StandardTopKOutput(w, ids, None))
-    if is_extend or dispatcher.deepep_mode.value == "normal":
+    if is_extend or mode == "normal":
         # normal: rows are received tokens, topk_ids are local expert ids (-1 = not here)
         y = torch.tanh(out.hidden_states.float())
         fused = torch.zeros_like(y)
@@ -95,15 +100,54 @@ def _dispatch_experts_combine(dispatcher, is_extend, rank, x, w, ids, scales, nu
             lid = out.topk_ids[:, k].long()
             a = scales[(rank * num_local + lid.clamp(min=0))]
             fused += torch.where((lid >= 0).unsqueeze(1), out.topk_weights[:, k:k + 1] * y * a, 0.0)
-        combined = dispatcher.combine(DeepEPNormalCombineInput(fused.to(torch.bfloat16), out.topk_ids,
-                                                               out.topk_weights))
-    else:
-        y = torch.zeros_like(out.hidden_states)
-        for e in range(num_local):
-            n = int(out.masked_m[e])
-            y[e, :n] = (torch.tanh(out.hidden_states[e, :n].float()) * scales[rank * num_local + e]).to(y.dtype)
-        combined = dispatcher.combine(DeepEPLLCombineInput(y, out.topk_ids, out.topk_weights))
-    return combined
+        return DeepEPNormalCombineInput(fused.to(torch.bfloat16), out.topk_ids, out.topk_weights)
+    y = torch.zeros_like(out.hidden_states)
+    for e in range(num_local):
+        n = int(out.masked_m[e])
+        y[e, :n] = (torch.tanh(out.hidden_states[e, :n].float()) * scales[rank * num_local + e]).to(y.dtype)
+    return DeepEPLLCombineInput(y, out.topk_ids, out.topk_weights)
+
+
+def _dispatch_experts_combine(dispatcher, is_extend, rank, x, w, ids, scales, num_local):
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    out = dispatcher.dispatch(x, StandardTopKOutput(w, ids, None))
+    return dispatcher.combine(_apply_experts(out, is_extend, dispatcher.deepep_mode.value, rank, scales, num_local))
+
+
+def _run_tbo_batch(dispatcher, mode, is_extend, rank, x, w, ids, scales, num_local):
+    """Two-batch overlap as SGLang's TBO schedule runs it: the batch split in two sub-batches on one
+    MaybeTboDeepEPDispatcher (two inner DeepEP dispatchers, one buffer), their stages offset the way
+    the TBO operation strategies offset them (sub-batch 1 starts when sub-batch 0 has sent its
+    combine), so sub-batch 1's dispatch is in flight together with sub-batch 0's combine.
+
+    NOTES: the order matters: like DeepEP's, the low-latency buffer has two sets that dispatch and
+    combine share, so at most two ops may be in flight; SGLang's schedule keeps to that (a third
+    op before the first's receive would let a fast peer overwrite rows not yet read)."""
+    import torch
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.runtime_context import get_forward
+
+    half = x.shape[0] // 2
+    parts = [(x[:half], w[:half], ids[:half]), (x[half:], w[half:], ids[half:])]
+
+    def dispatch_a(i):
+        xi, wi, ii = parts[i]
+        dispatcher.dispatch_a(hidden_states=xi, topk_output=StandardTopKOutput(wi, ii, None), tbo_subbatch_index=i)
+
+    def experts_combine_a(i):
+        out = dispatcher.dispatch_b(tbo_subbatch_index=i)
+        dispatcher.combine_a(combine_input=_apply_experts(out, is_extend, mode, rank, scales, num_local),
+                             tbo_subbatch_index=i)
+
+    with get_forward().scoped(is_extend_in_batch=is_extend):
+        dispatch_a(0)
+        experts_combine_a(0)
+        dispatch_a(1)                                     # in flight with sub-batch 0's combine
+        y0 = dispatcher.combine_b(tbo_subbatch_index=0)
+        experts_combine_a(1)
+        y1 = dispatcher.combine_b(tbo_subbatch_index=1)
+    return torch.cat([y0, y1])
 
 
 def _reference(x, w, ids, scales):
@@ -153,20 +197,27 @@ def rank_main(rank: int, world: int, device_kind: str, tokens: int, hidden: int,
     res = {"plugin": how, "resolved_backend": resolved, "flag": os.environ.get("UCCL_EP_SGLANG"),
            "Buffer_is_uccl_ep": dm.Buffer is uccl_ep.Buffer, "Config_is_uccl_ep": dm.Config is uccl_ep.Config}
     step, ok = 0, res["Buffer_is_uccl_ep"] and res["Config_is_uccl_ep"]
-    for mode, batches, config in SCENARIOS:
+    from sglang.srt.batch_overlap.two_batch_overlap import MaybeTboDeepEPDispatcher
+
+    for mode, batches, config, tbo in SCENARIOS:
         get_resources().buffers.pop("deepep_ep_state", None)  # one process-wide buffer per scenario
         dm.DeepEPConfig._instance = None
         get_flags().moe.deepep_config = config
-        get_flags().moe.tbo_enabled = False
-        dispatcher = dm.DeepEPDispatcher(group=group, router_topk=topk, permute_fusion=True,
-                                         num_experts=num_experts, num_local_experts=num_local, hidden_size=hidden,
-                                         params_dtype=torch.bfloat16, deepep_mode=DeepEPMode(mode),
-                                         async_finish=True, return_recv_hook=True)
-        name = f"{mode}{'+config' if config else ''}"
+        get_flags().moe.tbo_enabled = tbo  # what --enable-two-batch-overlap resolves to
+        kwargs = dict(group=group, router_topk=topk, permute_fusion=True, num_experts=num_experts,
+                      num_local_experts=num_local, hidden_size=hidden, params_dtype=torch.bfloat16,
+                      deepep_mode=DeepEPMode(mode), async_finish=True, return_recv_hook=True)
+        dispatcher = MaybeTboDeepEPDispatcher(**kwargs) if tbo else dm.DeepEPDispatcher(**kwargs)
+        if tbo:
+            ok &= len(dispatcher._inners) == 2
+        name = f"{mode}{'+config' if config else ''}{'+tbo' if tbo else ''}"
         for is_extend in batches:
             step += 1
             x, w, ids = _tensors(rank, step, tokens, hidden, num_experts, topk, device)
-            got = _run_batch(dispatcher, is_extend, rank, world, x, w, ids, scales, num_local)
+            if tbo:
+                got = _run_tbo_batch(dispatcher, mode, is_extend, rank, x, w, ids, scales, num_local)
+            else:
+                got = _run_batch(dispatcher, is_extend, rank, world, x, w, ids, scales, num_local)
             ref = _reference(x, w, ids, scales)
             diff = calc_diff(got.float(), ref)
             max_abs = float((got.float() - ref).abs().max())
@@ -176,6 +227,7 @@ def rank_main(rank: int, world: int, device_kind: str, tokens: int, hidden: int,
             ok &= good
         buffer = get_resources().buffers["deepep_ep_state"].buffer
         res[f"{name}/buffer"] = f"{type(buffer).__module__}.{type(buffer).__name__} low_latency_mode={buffer.low_latency_mode}"
+        res.setdefault("executors", []).append(buffer.backend)
         ok &= isinstance(buffer, uccl_ep.Buffer)
         if config:
             cfg = dm.DeepEPConfig.get_instance()
@@ -198,14 +250,19 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--backend", choices=("auto", "host", "reference", "cuda"), default=None,
+                    help="uccl_ep executor (UCCL_EP_BACKEND); default: host on CPU, auto on CUDA")
     args = ap.parse_args(argv)
     from uccl_ep.spawn import run_ranks
 
     # NOTES: UCCL_EP_SGLANG is not preset: each rank resolves `--moe-a2a-backend uccl`, whose hook
     # sets it and swaps the dispatcher, exactly as the launcher + scheduler pair does.
     env = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(max(args.tokens, 1))}
-    if args.device == "cpu":
-        env["UCCL_EP_BACKEND"] = "reference"  # the framework contract, on the semantic ground truth
+    # NOTES: on CPU the host executor runs the real protocol (queue -> proxy -> transport) under
+    # SGLang's calls; `--backend reference` is the oracle run. The executor that served every buffer
+    # is reported and checked, so a fallback cannot pass unnoticed.
+    backend = args.backend or ("host" if args.device == "cpu" else "auto")
+    env["UCCL_EP_BACKEND"] = backend
     model_dir = tempfile.mkdtemp(prefix="tiny-moe-")
     shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_qwen3_moe_config.json"),
                 os.path.join(model_dir, "config.json"))
@@ -218,9 +275,11 @@ def main(argv=None) -> int:
         shutil.rmtree(model_dir, ignore_errors=True)
     for rank, res in enumerate(results):
         print(json.dumps({"rank": rank, **res}))
-    ok = all(r["ok"] for r in results)
+    executors = sorted({e for r in results for e in r.get("executors", [])})
+    ok = all(r["ok"] for r in results) and (backend == "auto" or executors == [backend])
     print(json.dumps({"sglang_deepep_dispatcher": "PASS" if ok else "FAIL", "device": args.device,
-                      "scenarios": [f"{m}{'+config' if c else ''}" for m, _, c in SCENARIOS],
+                      "executors": executors,
+                      "scenarios": [f"{m}{'+config' if c else ''}{'+tbo' if t else ''}" for m, _, c, t in SCENARIOS],
                       "seconds": round(time.time() - t0, 1)}))
     return 0 if ok else 1
 

@@ -48,3 +48,19 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture(params=VERSIONS, ids=[v for v, _ in VERSIONS])
 def sglang_version(request):
     return request.param
+
+
+_EXECUTORS: list = []
+
+
+@pytest.fixture
+def executor_summary() -> list:
+    """Tests append "what ran: executor" lines; pytest prints them in its summary."""
+    return _EXECUTORS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _EXECUTORS:
+        terminalreporter.write_sep("-", "uccl_ep executors that ran under SGLang")
+        for line in _EXECUTORS:
+            terminalreporter.write_line(line)

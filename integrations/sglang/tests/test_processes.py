@@ -3,8 +3,11 @@ DeepEP dispatcher classes driving uccl_ep on 2 CPU ranks."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 from conftest import PLUGIN_ROOT, REPO, run_py
 
@@ -72,8 +75,15 @@ def test_spawned_child_inherits_selection(model_dir):
     assert out == {"child_swapped": True}
 
 
-def test_sglang_deepep_dispatcher_runs_on_uccl_ep_cpu():
+@pytest.mark.parametrize("backend", ["host", "reference"])
+def test_sglang_deepep_dispatcher_runs_on_uccl_ep_cpu(backend, executor_summary):
+    # host: the real queue -> proxy -> transport path under SGLang's calls; reference: the oracle run.
+    # Both are checked against an independent torch MoE inside the driver.
     proc = subprocess.run([sys.executable, str(PLUGIN_ROOT / "gpu" / "drive_deepep_dispatcher.py"), "--device", "cpu",
-                           "--timeout", "240"], capture_output=True, text=True, timeout=300, cwd=str(REPO))
+                           "--backend", backend, "--timeout", "240"], capture_output=True, text=True, timeout=300,
+                          cwd=str(REPO))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert '"sglang_deepep_dispatcher": "PASS"' in proc.stdout
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["sglang_deepep_dispatcher"] == "PASS" and summary["executors"] == [backend]
+    assert {"low_latency+tbo", "auto+tbo"} <= set(summary["scenarios"])
+    executor_summary.append(f"SGLang DeepEPDispatcher driver ({', '.join(summary['scenarios'])}): {backend}")

@@ -21,7 +21,7 @@ def plugin_status() -> dict:
     """What `uccl-ep doctor` shows for SGLang. Reads package metadata and this process's state only.
 
     Keys: framework, plugin_version, framework_installed, framework_version, supported_range,
-    tested_versions, in_supported_range, entry_point_registered, flag_set (the process-wide
+    tested_window, tested_versions, in_supported_range (the plugin can load), in_tested_window, entry_point_registered, flag_set (the process-wide
     selection flag), dispatcher_swapped (this process's DeepEP dispatcher module already runs on
     uccl_ep), how_to_select, problems (list of human-readable strings, empty when all is well).
     """
@@ -30,13 +30,12 @@ def plugin_status() -> dict:
     if version is None:
         problems.append("sglang is not installed in this Python environment")
     elif not support.in_supported_range(version):
-        lo = ".".join(map(str, support.MIN_VERSION))
-        hi = ".".join(map(str, support.MAX_TESTED_VERSION))
-        problems.append(f"sglang {version} is outside the supported range {lo}..{hi}"
-                        + ("" if support.parse_version(version) < support.MIN_VERSION else
-                           f" (set {support.ALLOW_UNTESTED}=1 to try it)")
-                        + ("; before 0.5.11 use the deep_ep drop-in with --moe-a2a-backend deepep"
-                           if support.parse_version(version) < support.MIN_VERSION else ""))
+        problems.append(f"sglang {version} has no plugin system (needs >= "
+                        f"{'.'.join(map(str, support.MIN_VERSION))}); use the deep_ep drop-in with "
+                        "--moe-a2a-backend deepep")
+    elif not support.in_tested_window(version):
+        problems.append(f"sglang {version} is outside the tested window {support.window_text()}: "
+                        "--moe-a2a-backend uccl runs with a warning")
     registered = support.entry_point_registered()
     if not registered:
         problems.append("entry point `sglang.srt.plugins: uccl_ep` is not registered "
@@ -47,10 +46,11 @@ def plugin_status() -> dict:
         "plugin_version": __version__,
         "framework_installed": version is not None,
         "framework_version": version,
-        "supported_range": ">=%s,<=%s" % (".".join(map(str, support.MIN_VERSION)),
-                                          ".".join(map(str, support.MAX_TESTED_VERSION))),
+        "supported_range": ">=%s" % ".".join(map(str, support.MIN_VERSION)),
+        "tested_window": support.window_text(),
         "tested_versions": list(support.TESTED_VERSIONS),
         "in_supported_range": support.in_supported_range(version),
+        "in_tested_window": support.in_tested_window(version),
         "entry_point_registered": registered,
         "flag_set": support.dispatcher_active_flag(),
         "dispatcher_swapped": bool(module is not None and getattr(module, "__uccl_ep__", False)),

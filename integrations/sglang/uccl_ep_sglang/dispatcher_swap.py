@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["DISPATCHER_MODULE", "activate", "rebind", "is_rebound"]
 
-logger = logging.getLogger("uccl_ep_sglang")
+logger = logging.getLogger("uccl_ep.sglang")  # below uccl_ep: UCCL_EP_LOG_LEVEL applies
 
 DISPATCHER_MODULE = "sglang.srt.layers.moe.token_dispatcher.deepep"
 

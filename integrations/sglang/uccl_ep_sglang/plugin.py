@@ -25,7 +25,7 @@ from . import support
 
 __all__ = ["register", "add_uccl_choice", "alias_uccl_to_deepep", "check_combination", "UCCL"]
 
-logger = logging.getLogger("uccl_ep_sglang")
+logger = logging.getLogger("uccl_ep.sglang")  # below uccl_ep: UCCL_EP_LOG_LEVEL applies
 
 UCCL = "uccl"
 _BACKEND_FLAGS = ("--moe-a2a-backend", "--speculative-moe-a2a-backend")
@@ -68,16 +68,12 @@ def add_uccl_choice(result: Any, parser: Any, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-def _untested_version_error(version: str):
+def _too_old_error(version: str):
     from uccl_ep.errors import Unsupported
     lo = ".".join(map(str, support.MIN_VERSION))
-    hi = ".".join(map(str, support.MAX_TESTED_VERSION))
-    if support.parse_version(version) < support.MIN_VERSION:
-        return Unsupported(f"--moe-a2a-backend uccl needs sglang >= {lo} (plugin system); found sglang "
-                           f"{version}. Older versions: install the deep_ep drop-in (deep-ep-uccl) and "
-                           "use --moe-a2a-backend deepep (docs/sglang.md)")
-    return Unsupported(f"uccl-ep-sglang is tested with sglang {lo} to {hi}; found sglang {version}. "
-                       f"Set {support.ALLOW_UNTESTED}=1 to try it anyway, or install sglang=={hi}")
+    return Unsupported(f"--moe-a2a-backend uccl needs sglang >= {lo} (plugin system); found sglang "
+                       f"{version}. Older versions: install the deep_ep drop-in (deep-ep-uccl) and "
+                       "use --moe-a2a-backend deepep (docs/sglang.md)")
 
 
 def check_combination(values: dict) -> None:
@@ -119,12 +115,14 @@ def alias_uccl_to_deepep(self: Any, *args: Any, **kwargs: Any) -> None:
         return None
     version = support.installed_version() or "unknown"
     if not support.in_supported_range(version):
-        too_old = support.parse_version(version) < support.MIN_VERSION
-        if too_old or not support.untested_allowed():
-            raise _untested_version_error(version)
-        logger.warning("uccl_ep_sglang: sglang %s is newer than the newest tested (%s); %s=1 is set, "
-                       "trying anyway", version, ".".join(map(str, support.MAX_TESTED_VERSION)),
-                       support.ALLOW_UNTESTED)
+        raise _too_old_error(version)
+    if not support.in_tested_window(version):
+        # NOTES: a warning, not a refusal: the plugin hooks SGLang's public plugin API and DeepEP
+        # module names; a release outside the window most likely works, and a typed error names
+        # whatever does not.
+        logger.warning("uccl_ep_sglang: sglang %s is outside the tested window %s (CI runs %s); "
+                       "--moe-a2a-backend uccl is not verified on it", version, support.window_text(),
+                       " and ".join(sorted(support.TESTED_VERSIONS)))
     fields = ("device", "deepep_dispatcher_output_dtype", "enable_single_batch_overlap", *_BACKEND_FIELDS)
     check_combination({f: getattr(self, f) for f in fields if hasattr(self, f)})
     for field in chosen:

@@ -13,34 +13,34 @@ from typing import Optional
 
 __all__ = [
     "FLAG",
-    "ALLOW_UNTESTED",
     "MIN_VERSION",
-    "MAX_TESTED_VERSION",
+    "TESTED_WINDOW",
     "TESTED_VERSIONS",
     "ENTRY_POINT_GROUP",
     "installed_version",
     "parse_version",
     "in_supported_range",
+    "in_tested_window",
+    "window_text",
     "resolution_hook_target",
     "dispatcher_active_flag",
-    "untested_allowed",
 ]
 
 #: Set to "1" by the plugin when `uccl` was chosen; inherited by SGLang's scheduler processes,
 #: which then run the DeepEP dispatcher on uccl_ep. Setting it by hand with
 #: `--moe-a2a-backend deepep` selects uccl_ep the same way (registered in uccl_ep.env).
 FLAG = "UCCL_EP_SGLANG"
-#: "1" lets the plugin run on an SGLang newer than the newest tested one (uccl_ep.env).
-ALLOW_UNTESTED = "UCCL_EP_SGLANG_ALLOW_UNTESTED"
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "uccl_ep"
 
-#: The plugin system (`sglang.srt.plugins`, HookRegistry) first shipped in 0.5.11.
+#: The plugin system (`sglang.srt.plugins`, HookRegistry) first shipped in 0.5.11: older releases
+#: cannot load the plugin at all and are refused.
 MIN_VERSION = (0, 5, 11)
-#: Newest version CI runs the plugin tests against.
-MAX_TESTED_VERSION = (0, 5, 23)
-#: Versions whose wheels CI installs and tests (ci/setup.d/40-sglang.sh).
+#: The tested window: CI runs its oldest and newest release (ci/setup.d/40-sglang.sh); releases
+#: outside it (>= MIN_VERSION) run with a warning.
+TESTED_WINDOW = ((0, 5, 12), (0, 5, 23))
+#: Versions whose wheels CI installs and tests.
 TESTED_VERSIONS = ("0.5.23", "0.5.12")
 
 # NOTES: 0.5.19 split resolution out of construction (`ServerArgs.resolve_once`); 0.5.20 turned
@@ -65,14 +65,19 @@ def installed_version() -> Optional[str]:
         return None
 
 
-def untested_allowed(environ=None) -> bool:
-    raw = (os.environ if environ is None else environ).get(ALLOW_UNTESTED, "")
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
 def in_supported_range(version: Optional[str]) -> bool:
+    """The plugin can load (SGLang has the plugin system); the tested window is `in_tested_window`."""
     release = parse_version(version or "")
-    return bool(release) and MIN_VERSION <= release[:3] <= MAX_TESTED_VERSION
+    return bool(release) and release[:3] >= MIN_VERSION
+
+
+def in_tested_window(version: Optional[str]) -> bool:
+    release = parse_version(version or "")
+    return bool(release) and TESTED_WINDOW[0] <= release[:3] <= TESTED_WINDOW[1]
+
+
+def window_text() -> str:
+    return "..".join(".".join(map(str, v)) for v in TESTED_WINDOW)
 
 
 def resolution_hook_target(version: Optional[str]) -> str:

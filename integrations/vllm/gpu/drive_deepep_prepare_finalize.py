@@ -11,7 +11,8 @@ Per rank (2 by default, one process each):
      finalize (combine) returns the MoE output, compared with a torch reference of the whole MoE.
 
     python drive_deepep_prepare_finalize.py --device cuda            # GPU machine, 2 GPUs
-    python drive_deepep_prepare_finalize.py --device cpu --mode ht   # CPU (CI): gloo, reference executor
+    python drive_deepep_prepare_finalize.py --device cpu --mode ht   # CPU (CI): gloo, host executor
+    python drive_deepep_prepare_finalize.py --device cpu --backend reference   # the semantic oracle
 
 Not exercised: FP8 dispatch (needs a block-quantized FusedMoEQuantConfig and DeepGEMM experts),
 DBO micro-batching, CUDA graphs, the manager's __init__ (it reads vLLM's parallel state; the
@@ -119,6 +120,7 @@ def rank_main(rank: int, world: int, device_kind: str, modes: list, tokens: int,
         from vllm.model_executor.layers.fused_moe.prepare_finalize.deepep_ht import DeepEPHTPrepareAndFinalize
         buffer = _manager(DeepEPHTAll2AllManager, cpu_group).get_handle({})
         results["ht_buffer"] = type(buffer).__module__ + "." + type(buffer).__name__
+        results.setdefault("executors", []).append(buffer.backend)
         pf = DeepEPHTPrepareAndFinalize(buffer, num_dispatchers=world, dp_size=world,
                                         rank_expert_offset=rank * num_local)
         rx, _, meta, rids, rw = pf.prepare(x, w, ids, num_experts, None, False, QC)
@@ -141,6 +143,7 @@ def rank_main(rank: int, world: int, device_kind: str, modes: list, tokens: int,
         manager = _manager(DeepEPLLAll2AllManager, cpu_group)
         buffer = manager.get_handle(kwargs)
         results["ll_buffer"] = type(buffer).__module__ + "." + type(buffer).__name__
+        results.setdefault("executors", []).append(buffer.backend)
         pf = DeepEPLLPrepareAndFinalize(buffer, max_tokens_per_rank=tokens, num_dispatchers=world,
                                         use_fp8_dispatch=False)
         rx, _, meta, _, _ = pf.prepare(x, w, ids, num_experts, None, False, QC)
@@ -173,16 +176,19 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--backend", choices=("auto", "host", "reference", "cuda"), default=None,
+                    help="uccl_ep executor (UCCL_EP_BACKEND); default: host on CPU, auto on CUDA")
     args = ap.parse_args(argv)
     from uccl_ep.spawn import run_ranks
 
     modes = ["ht", "ll"] if args.mode == "both" else [args.mode]
     env = {"UCCL_EP_VLLM": "1"}
     if args.device == "cpu":
-        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = "64"  # the reference executor allocates it in host memory
-        # NOTES: CPU runs pin the reference executor (the semantic ground truth) so this test checks
-        # the framework contract, not whichever CPU executor `auto` picks while those are in progress.
-        env["UCCL_EP_BACKEND"] = "reference"
+        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = "64"  # CPU executors allocate it in host memory
+    # NOTES: on CPU the host executor runs the real protocol under vLLM's calls; `--backend reference`
+    # is the oracle run. The executor of every buffer is reported and checked.
+    backend = args.backend or ("host" if args.device == "cpu" else "auto")
+    env["UCCL_EP_BACKEND"] = backend
     t0 = time.time()
     results = run_ranks(rank_main, args.world, args.device, modes, args.tokens, args.hidden, args.experts,
                         args.topk, timeout_s=args.timeout, backend="nccl" if args.device == "cuda" else "gloo",
@@ -193,7 +199,10 @@ def main(argv=None) -> int:
             ok &= bool(res[mode]["ok"]) and res["deep_ep_is_uccl_ep"] and res[f"{mode}_buffer"] == "uccl_ep.buffer.Buffer"
         ok &= all(res.get(f"{mode}_counts_match", False) for mode in modes)
         print(json.dumps({"rank": rank, **res}))
+    executors = sorted({e for r in results for e in r.get("executors", [])})
+    ok &= backend == "auto" or executors == [backend]
     print(json.dumps({"vllm_deepep_prepare_finalize": "PASS" if ok else "FAIL", "modes": modes,
+                      "executors": executors,
                       "device": args.device, "seconds": round(time.time() - t0, 1)}))
     return 0 if ok else 1
 

@@ -28,8 +28,8 @@ def plugin_status() -> dict:
     if version is None:
         problems.append("vllm is not installed in this Python environment")
     elif not support.is_tested(version):
-        problems.append(f"vllm {version} is not a tested version ({', '.join(support.TESTED_VERSIONS)}); "
-                        f"the uccl_* backends refuse to start unless {support.ALLOW_UNTESTED}=1")
+        problems.append(f"vllm {version} is outside the tested window {support.window_text()}: the uccl_* "
+                        "backends run with a warning")
     registered = support.entry_point_registered()
     if not registered:
         problems.append("entry point `vllm.general_plugins: uccl_ep` is not registered "
@@ -40,6 +40,7 @@ def plugin_status() -> dict:
         "plugin_version": __version__,
         "framework_installed": version is not None,
         "framework_version": version,
+        "tested_window": support.window_text(),
         "tested_versions": list(support.TESTED_VERSIONS),
         "in_supported_range": support.is_tested(version),
         "entry_point_registered": registered,

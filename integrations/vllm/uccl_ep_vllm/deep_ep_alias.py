@@ -21,7 +21,7 @@ import types
 
 __all__ = ["install", "build_module"]
 
-logger = logging.getLogger("uccl_ep_vllm")
+logger = logging.getLogger("uccl_ep.vllm")  # below uccl_ep: UCCL_EP_LOG_LEVEL applies
 
 _PF = "vllm.model_executor.layers.fused_moe.prepare_finalize"
 _ALL2ALL_UTILS = "vllm.model_executor.layers.fused_moe.all2all_utils"

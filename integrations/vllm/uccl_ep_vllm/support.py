@@ -4,18 +4,17 @@ torch or CUDA import, so `plugin_status()` is cheap for `uccl-ep doctor`."""
 from __future__ import annotations
 
 import os
+import re
 from importlib import metadata
 from typing import Optional
 
-__all__ = ["FLAG", "ALLOW_UNTESTED", "BACKENDS", "TESTED_VERSIONS", "ENTRY_POINT_GROUP",
-           "installed_version", "is_tested", "untested_allowed", "flag_set", "entry_point_registered"]
+__all__ = ["FLAG", "BACKENDS", "TESTED_WINDOW", "TESTED_VERSIONS", "ENTRY_POINT_GROUP", "installed_version",
+           "is_tested", "window_text", "flag_set", "entry_point_registered"]
 
 #: Set to "1" by the plugin once a `uccl_*` backend is chosen; vLLM's engine-core and worker
 #: processes (started after the config exists) inherit it and put uccl_ep under vLLM's DeepEP
 #: managers. Setting it by hand with `--all2all-backend deepep_*` does the same (uccl_ep.env).
 FLAG = "UCCL_EP_VLLM"
-#: "1" lets the plugin run on a vLLM version it was not tested with (uccl_ep.env).
-ALLOW_UNTESTED = "UCCL_EP_VLLM_ALLOW_UNTESTED"
 
 #: The values `--all2all-backend` gains, and vLLM's DeepEP path each one runs through.
 BACKENDS = {
@@ -26,8 +25,11 @@ BACKENDS = {
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 
 # NOTES: vLLM has no all2all registry; the plugin patches ParallelConfig and the CLI kwargs and
-# relies on the DeepEP managers' and prepare/finalize classes' call shapes, all of which move
-# between 0.3x releases. So only versions CI has run are accepted (ci/setup.d/41-vllm.sh).
+# relies on the DeepEP managers' and prepare/finalize classes' call shapes, which move between
+# minor releases. The tested window is the 0.33 series (patch releases keep those shapes); CI runs
+# its oldest and newest release on PyPI (ci/setup.d/41-vllm.sh: 0.33.0 is both today). Releases
+# outside it run with a warning; whatever does not fit fails with a typed error where it is used.
+TESTED_WINDOW = ((0, 33, 0), (0, 33, 999))
 TESTED_VERSIONS = ("0.33.0",)
 
 
@@ -42,15 +44,20 @@ def _truthy(raw: str) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _release(version: str) -> tuple[int, ...]:
+    match = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version or "")
+    return tuple(int(p) for p in match.group(1).split(".")) if match else ()
+
+
 def is_tested(version: Optional[str]) -> bool:
-    if not version:
-        return False
-    # A local build suffix ("0.33.0+cu130") is the same release.
-    return version.split("+", 1)[0] in TESTED_VERSIONS
+    """In the tested window (a local build suffix, "0.33.0+cu130", is the same release)."""
+    release = _release(version or "")
+    return bool(release) and TESTED_WINDOW[0] <= release[:3] <= TESTED_WINDOW[1]
 
 
-def untested_allowed(environ=None) -> bool:
-    return _truthy((os.environ if environ is None else environ).get(ALLOW_UNTESTED, ""))
+def window_text() -> str:
+    lo, hi = TESTED_WINDOW
+    return f"{lo[0]}.{lo[1]}.x" if lo[:2] == hi[:2] else f"{'.'.join(map(str, lo))}..{'.'.join(map(str, hi))}"
 
 
 def flag_set(environ=None) -> bool:

@@ -1,1 +1,1 @@
-"""Test stand-in package (see moe_dispatch_combine_impl.py)."""
+"""Primus-Turbo stand-in (see primus_turbo_standin/README.md)."""

@@ -1,0 +1,1 @@
+"""Primus stand-in (see primus/cli/main.py)."""

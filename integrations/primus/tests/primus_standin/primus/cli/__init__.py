@@ -1,0 +1,1 @@
+"""Primus stand-in CLI."""

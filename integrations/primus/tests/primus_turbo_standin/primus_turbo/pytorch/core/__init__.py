@@ -1,0 +1,1 @@
+"""Primus-Turbo stand-in (see primus_turbo_standin/README.md)."""
