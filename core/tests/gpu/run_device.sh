@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode variants scale sweep tune
+# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode htproxy regress variants scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -156,6 +156,14 @@ for step in $STEPS; do
         timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes 2 --num-sms 24 --iters 30 \
           --warmup 5 --json "$OUT/ht_internode_2nodes_24.json" 2>&1 | tail -8
       fi ;;
+    regress)  # a bounded sweep of every GPU path's small tests (after changes outside the kernels: runtime,
+              # Buffer, backends): LL NVLink, LL proxy, HT intranode (ring and copy engines), HT through the proxy
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
+      start_budget ${REGRESS_BUDGET_S:-300}
+      PT="$PY -m pytest -x -q -p no:cacheprovider"
+      bounded 120 $PT core/tests/gpu/test_cuda_ll.py -k "small or mask or graph or timeout" 2>&1 | tee "$OUT/regress_ll.log" | tail -2
+      bounded 90 $PT core/tests/gpu/test_cuda_ll_proxy.py -k "small or graph" 2>&1 | tee "$OUT/regress_llproxy.log" | tail -2
+      bounded 120 $PT core/tests/gpu/test_cuda_ht.py -k "small" 2>&1 | tee "$OUT/regress_ht.log" | tail -2 ;;
     htproxy)  # normal mode through the proxy (GPUs as nodes, ipc copy role): small tests, then the bench rows
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${HTPROXY_BUDGET_S:-520}
