@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine call (2 x H200) that checks the integrations end to end and measures the proxy's
 # CPU side, writing logs and JSON to $OUT:
-#   1. Megatron-Core parity: alltoall vs flex + uccl, 20 bf16 steps (integrations/megatron/gpu)
+#   1. Megatron-Core parity: alltoall vs flex + uccl, 20 bf16 steps (integrations/megatron/gpu);
+#      step megatron-fusion: the same with --moe-permute-fusion
 #   2. SGLang's own DeepEPDispatcher on uccl_ep (needs .venv-sglang/gpu-bundle.tar.xz carried)
 #   3. vLLM's DeepEP prepare/finalize on uccl_ep (needs .venv-vllm/gpu-bundle.tar.xz carried)
 #   4. uccl-ep bench fifo / transport on this machine's CPUs; memcheck of a small LL case
@@ -21,6 +22,12 @@ for step in $STEPS; do
     megatron)
       OUT="$OUT/megatron" timeout 280 bash integrations/megatron/gpu/run_parity.sh 2>&1 | tail -15
       [[ ${PIPESTATUS[0]} == 0 ]] || echo "megatron parity: FAILED (see $OUT/megatron)" ;;
+    megatron-fusion)
+      # the same parity with --moe-permute-fusion (Megatron may refuse it without TransformerEngine:
+      # the first lines of the log say so)
+      OUT="$OUT/megatron-fusion" PARITY_EXTRA="--moe-permute-fusion" timeout 280 \
+        bash integrations/megatron/gpu/run_parity.sh 2>&1 | tail -15
+      [[ ${PIPESTATUS[0]} == 0 ]] || echo "megatron parity with --moe-permute-fusion: FAILED (see $OUT/megatron-fusion)" ;;
     sglang)
       B=/tmp/sgb; mkdir -p $B && tar -C $B -xJf .venv-sglang/gpu-bundle.tar.xz && \
       python3 -m pip install -q --no-index --no-deps --target $B/gpu-bundle/site $B/gpu-bundle/wheels/*.whl \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Framework integrations on CPU: Megatron-Core 0.19.2 (hook, launcher, flex dispatcher with
-# --moe-flex-dispatcher-backend uccl, the GPU example's training loop), Primus-Turbo's EP backend
-# registry, and the deep_ep drop-in. Runs in .venv (set up by ci/setup.sh --test + setup.d/30).
+# Framework integrations on CPU: Megatron-Core 0.19.2 and 0.19.0 (hook, launcher, flex dispatcher
+# with --moe-flex-dispatcher-backend uccl on the host executor + one reference oracle run, the GPU
+# example's training loop), Primus-Turbo's EP backend registry (both generations, a rendered Primus
+# recipe executed against the stand-ins), and the deep_ep drop-in. Runs in .venv (set up by
+# ci/setup.sh --test + setup.d/30). pytest's summary lists the executor of each framework run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VPY=${VPY:-$PWD/.venv/bin/python}

@@ -15,6 +15,8 @@ OUT=${OUT:-$ROOT/.cache/megatron-parity}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-20}
+# extra Megatron flags for both runs, e.g. PARITY_EXTRA="--moe-permute-fusion"
+read -r -a EXTRA <<< "${PARITY_EXTRA:-}"
 NPROC=${NPROC:-2}
 log() { printf '[parity] %s\n' "$*" | tee -a "$OUT/parity.log"; }
 
@@ -33,7 +35,7 @@ fi
 "$PY" -m uccl_ep_megatron info | tee -a "$OUT/parity.log"
 nvidia-smi -L >>"$OUT/parity.log" 2>&1 || true
 
-COMMON=(--train-iters "$STEPS" --expert-model-parallel-size "$NPROC")
+COMMON=(--train-iters "$STEPS" --expert-model-parallel-size "$NPROC" "${EXTRA[@]}")
 run() {  # name, then the command after torchrun's options
   local name=$1; shift
   log "run $name: $*"

@@ -24,8 +24,8 @@ publish in each rank (model dir: a tiny Qwen3-MoE config.json), as in a schedule
 0.5.19+ (runtime_context API); the older releases are covered by the CPU resolution tests.
 CPU runs only: `torch.cuda.get_device_properties` (SM count for a log line) answers a constant.
 Two-batch overlap (`--enable-two-batch-overlap`): SGLang's MaybeTboDeepEPDispatcher with two
-sub-batches whose stages are offset as SGLang's TBO schedule offsets them (one sub-batch's dispatch
-in flight with the other's combine), low-latency and auto mode. Not exercised: FP8 dispatch, CUDA graphs, DeepGEMM itself. Prints one JSON line
+sub-batches on one buffer, stages in the order of SGLang's TBO decode strategy, low-latency and auto
+mode. Not exercised: FP8 dispatch, CUDA graphs, DeepGEMM itself. Prints one JSON line
 per rank and a PASS/FAIL line; exits non-zero on any mismatch.
 """
 
@@ -117,37 +117,44 @@ def _dispatch_experts_combine(dispatcher, is_extend, rank, x, w, ids, scales, nu
 
 def _run_tbo_batch(dispatcher, mode, is_extend, rank, x, w, ids, scales, num_local):
     """Two-batch overlap as SGLang's TBO schedule runs it: the batch split in two sub-batches on one
-    MaybeTboDeepEPDispatcher (two inner DeepEP dispatchers, one buffer), their stages offset the way
-    the TBO operation strategies offset them (sub-batch 1 starts when sub-batch 0 has sent its
-    combine), so sub-batch 1's dispatch is in flight together with sub-batch 0's combine.
+    MaybeTboDeepEPDispatcher (two inner DeepEP dispatchers, one process-wide buffer), each stage
+    called with its `tbo_subbatch_index`, in the order of SGLang's decode strategy
+    (operations_strategy.py, `tbo_delta_stages=2`: sub-batch 1 runs two stages behind sub-batch 0).
 
-    NOTES: the order matters: like DeepEP's, the low-latency buffer has two sets that dispatch and
-    combine share, so at most two ops may be in flight; SGLang's schedule keeps to that (a third
-    op before the first's receive would let a fast peer overwrite rows not yet read)."""
+    NOTES: in that order the communication ops of the two sub-batches alternate (a's `_a` and `_b`
+    halves enclose the other sub-batch's compute, not its communication), which is what keeps at
+    most two low-latency ops in flight across ranks: the buffer's two sets are shared by dispatch
+    and combine, as in DeepEP. Issuing a third op before a peer has received the first lets that
+    peer's count signals and rows land on a set it has not read yet (a test order that did so failed
+    here intermittently, as it would with DeepEP)."""
     import torch
     from sglang.srt.layers.moe.topk import StandardTopKOutput
     from sglang.srt.runtime_context import get_forward
 
     half = x.shape[0] // 2
     parts = [(x[:half], w[:half], ids[:half]), (x[half:], w[half:], ids[half:])]
+    ys = [None, None]
 
-    def dispatch_a(i):
+    def stage_dispatch_a(i):
         xi, wi, ii = parts[i]
         dispatcher.dispatch_a(hidden_states=xi, topk_output=StandardTopKOutput(wi, ii, None), tbo_subbatch_index=i)
 
-    def experts_combine_a(i):
+    def stage_experts(i):
         out = dispatcher.dispatch_b(tbo_subbatch_index=i)
         dispatcher.combine_a(combine_input=_apply_experts(out, is_extend, mode, rank, scales, num_local),
                              tbo_subbatch_index=i)
 
+    def stage_combine_b(i):
+        ys[i] = dispatcher.combine_b(tbo_subbatch_index=i)
+
+    # one layer's MoE stages, sub-batch 1 two stages behind sub-batch 0 (its earlier stages are
+    # attention and gating, which have no communication here)
+    schedule = [(0, stage_dispatch_a), (0, stage_experts), (0, stage_combine_b),
+                (1, stage_dispatch_a), (1, stage_experts), (1, stage_combine_b)]
     with get_forward().scoped(is_extend_in_batch=is_extend):
-        dispatch_a(0)
-        experts_combine_a(0)
-        dispatch_a(1)                                     # in flight with sub-batch 0's combine
-        y0 = dispatcher.combine_b(tbo_subbatch_index=0)
-        experts_combine_a(1)
-        y1 = dispatcher.combine_b(tbo_subbatch_index=1)
-    return torch.cat([y0, y1])
+        for i, stage in schedule:
+            stage(i)
+    return torch.cat(ys)
 
 
 def _reference(x, w, ids, scales):

@@ -89,13 +89,25 @@ def _check(name, got, ref, results):
     results[name] = {"ok": ok, "calc_diff": diff, "max_abs": max_abs}
 
 
+_DROP_IN = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deep_ep"))
+
+
 def rank_main(rank: int, world: int, device_kind: str, modes: list, tokens: int, hidden: int,
-              num_experts: int, topk: int) -> dict:
+              num_experts: int, topk: int, route: str = "plugin") -> dict:
     import torch
     import torch.distributed as dist
     import uccl_ep
 
-    how = _load_plugin()
+    if route == "drop-in":
+        # NOTES: vLLM's own deepep_* backends with `deep_ep` = uccl-ep's drop-in (integrations/deep_ep),
+        # no uccl_* value and no alias: what a user without the plugin runs.
+        sys.path.insert(0, _DROP_IN)
+        import deep_ep
+        assert deep_ep.__file__.startswith(_DROP_IN), deep_ep.__file__
+        how = "deep_ep drop-in (--all2all-backend deepep_*)"
+        _load_plugin()
+    else:
+        how = _load_plugin()
     device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
     cpu_group = dist.new_group(list(range(world)), backend="gloo")
     import deep_ep
@@ -176,13 +188,16 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--route", choices=("plugin", "drop-in"), default="plugin",
+                    help="plugin: uccl_* value + deep_ep alias (UCCL_EP_VLLM=1); drop-in: deepep_* with the deep_ep "
+                         "drop-in package")
     ap.add_argument("--backend", choices=("auto", "host", "reference", "cuda"), default=None,
                     help="uccl_ep executor (UCCL_EP_BACKEND); default: host on CPU, auto on CUDA")
     args = ap.parse_args(argv)
     from uccl_ep.spawn import run_ranks
 
     modes = ["ht", "ll"] if args.mode == "both" else [args.mode]
-    env = {"UCCL_EP_VLLM": "1"}
+    env = {"UCCL_EP_VLLM": "1"} if args.route == "plugin" else {}
     if args.device == "cpu":
         env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = "64"  # CPU executors allocate it in host memory
     # NOTES: on CPU the host executor runs the real protocol under vLLM's calls; `--backend reference`
@@ -191,7 +206,7 @@ def main(argv=None) -> int:
     env["UCCL_EP_BACKEND"] = backend
     t0 = time.time()
     results = run_ranks(rank_main, args.world, args.device, modes, args.tokens, args.hidden, args.experts,
-                        args.topk, timeout_s=args.timeout, backend="nccl" if args.device == "cuda" else "gloo",
+                        args.topk, args.route, timeout_s=args.timeout, backend="nccl" if args.device == "cuda" else "gloo",
                         env=env)
     ok = True
     for rank, res in enumerate(results):
@@ -201,7 +216,7 @@ def main(argv=None) -> int:
         print(json.dumps({"rank": rank, **res}))
     executors = sorted({e for r in results for e in r.get("executors", [])})
     ok &= backend == "auto" or executors == [backend]
-    print(json.dumps({"vllm_deepep_prepare_finalize": "PASS" if ok else "FAIL", "modes": modes,
+    print(json.dumps({"vllm_deepep_prepare_finalize": "PASS" if ok else "FAIL", "modes": modes, "route": args.route,
                       "executors": executors,
                       "device": args.device, "seconds": round(time.time() - t0, 1)}))
     return 0 if ok else 1

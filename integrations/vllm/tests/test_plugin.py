@@ -151,3 +151,16 @@ def test_vllm_deepep_prepare_finalize_run_on_uccl_ep_cpu(backend, executor_summa
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["vllm_deepep_prepare_finalize"] == "PASS" and summary["executors"] == [backend]
     executor_summary.append(f"vLLM DeepEP HT/LL prepare/finalize driver ({', '.join(summary['modes'])}): {backend}")
+
+
+def test_vllm_deepep_backends_with_the_deep_ep_drop_in(executor_summary):
+    # vLLM's own deepep_* path, no uccl_* value, no alias: `deep_ep` is uccl-ep's drop-in package.
+    env = {k: v for k, v in __import__("os").environ.items() if k != "UCCL_EP_VLLM"}
+    proc = subprocess.run([sys.executable, str(PLUGIN_ROOT / "gpu" / "drive_deepep_prepare_finalize.py"),
+                           "--device", "cpu", "--route", "drop-in", "--timeout", "240"], capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO), env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["vllm_deepep_prepare_finalize"] == "PASS" and summary["route"] == "drop-in"
+    assert summary["executors"] == ["host"]
+    executor_summary.append("vLLM deepep_* prepare/finalize with the deep_ep drop-in (ht, ll): host")
