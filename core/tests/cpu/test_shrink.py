@@ -98,4 +98,4 @@ def test_failed_rank_is_masked(backend, world, mode):
         # DeepEP's bound: the survivor completes within 3 x the timeout; later calls do not wait
         assert first < 3 * TIMEOUT_S, (rank, first)
         assert later < TIMEOUT_S / 2, (rank, later)
-        assert destroy_s < TIMEOUT_S / 2, (rank, destroy_s)
+        assert destroy_s < TIMEOUT_S, (rank, destroy_s)
