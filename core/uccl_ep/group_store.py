@@ -265,8 +265,8 @@ class GroupStore:
         return self.exchange([payload] * self.size, phase, skip=skip, on_missing=on_missing)
 
     def barrier(self, phase: str, skip: Iterable[int] = (),
-                on_missing: Optional[Callable[[int, BaseException], bool]] = None) -> None:
-        self.exchange([b""] * self.size, phase, skip=skip, on_missing=on_missing)
+                on_missing: Optional[Callable[[int, BaseException], bool]] = None, learn_skips: bool = False) -> None:
+        self.exchange([b""] * self.size, phase, skip=skip, on_missing=on_missing, learn_skips=learn_skips)
 
 
 def exchange_hostnames(group, timeout_s: float) -> list[str]:
