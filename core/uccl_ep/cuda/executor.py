@@ -130,6 +130,11 @@ class CudaExecutor(Executor):
         self._ll = None
         self._ht = None
         self.host_barrier("Buffer() (buffers mapped)")
+        if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
+            # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while
+            # every rank constructs its Buffer (as DeepEP sets everything up in the constructor), not
+            # at the first low-latency call, which a rank that fails (shrink mode) never makes.
+            self._ll_engine()
 
     def _open_peers(self, mem: DeviceMemory | None, handles: list) -> list[int]:
         if mem is None:
