@@ -20,10 +20,14 @@
 // are in (the receive kernel starts early, see UCCL_EP_LL_PDL). Each (expert, token) row is
 // written at most once per op (top-k ids of a token are distinct), so the flag's tag says "this
 // op's row is here"; flags are never cleared (tags: see ll_dispatch.cu).
+// Shrink mode (device/shrink.cuh): masked ranks are read from the device mask when the kernels run;
+// a row whose wait expires masks its owner and is left out of the sum. A top-k row that repeats an
+// expert is refused (error word, InvalidArgument on the host) and the repeat counted once.
 // NOTES: zero_copy needs no special path here: the caller wrote the expert outputs into this
 // rank's registered send area, which is simply passed as `y`.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
+#include "uccl_ep/device/shrink.cuh"
 #include "uccl_ep/device/wait.cuh"
 
 using namespace uccl_ep;
@@ -43,6 +47,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
   const auto* lr = reinterpret_cast<const int64_t*>(p.layout_range);
   const uint32_t tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
   allow_dependent_launch();  // the receive kernel may start now: every block has read the op counter
+  const int64_t masked = block_mask_bits(p.mask, R);  // the mask now (shrink.cuh)
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(p.peer_recv);
   int* prefix = smem;
   int* first_row = smem + E + 1;
@@ -51,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
   for (int f0 = 0; f0 < E; f0 += blockDim.x) {  // f = e * R + j, the order of the work items
     const int f = f0 + tid;
     int cnt = 0;
-    if (f < E && !is_masked(p.masked, f % R)) {
+    if (f < E && !is_masked(masked, f % R)) {
       const int64_t packed = lr[f];
       cnt = int(packed & 0xffffffff);
       first_row[f] = int(packed >> 32);
@@ -94,24 +99,32 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
   const int K = int(p.num_topk);
   const int E_loc = int(p.num_local_experts);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const bool shrink = p.shrink != 0;
   if (tid == 0) s_tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
   __syncthreads();
   if (t < p.num_tokens) {
-    if (tid < K) {
-      int g = int(reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + tid]);
-      if (g >= 0 && is_masked(p.masked, g / E_loc)) g = -1;
+    if (warp_id() == 0) {  // K <= kMaxTopk <= the warp: lane k waits for the row of the token's k-th expert
+      const int lane = lane_id();
+      int g = lane < K ? int(reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + lane]) : -1;
+      if (repeats_lower_lane(g, lane, K)) {  // refused (the host raises InvalidArgument); counted once
+        duplicate_expert(err, kPhaseLLCombineRecv, int(p.rank), t, g);
+        g = -1;
+      }
+      if (g >= 0 && rank_masked(p.mask, g / E_loc)) g = -1;
       if (g >= 0) {
         const int owner = g / E_loc;
         uint64_t waited = 0;
         const uint64_t* flag = ll_flags(p.recv_area, p.flag_off) + int64_t(g) * p.num_max + t;
-        int64_t got = wait_tagged(flag, s_tag, uint64_t(p.timeout_ns), err, kPhaseLLCombineRecv, int(p.rank), owner,
-                                  g, &waited);
+        int64_t got = wait_tagged_peer(flag, s_tag, uint64_t(p.timeout_ns), err, kPhaseLLCombineRecv, int(p.rank),
+                                       owner, g, &waited, p.mask, shrink);
         if (p.wait_stats != 0)
           atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + owner, (unsigned long long)waited);
-        if (got < 0) g = -1;
+        if (got < 0) g = -1;  // timed out (shrink mode: the owner is masked, its rows dropped)
       }
-      s_expert[tid] = g;
-      s_weight[tid] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + tid];
+      if (lane < K) {
+        s_expert[lane] = g;
+        s_weight[lane] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + lane];
+      }
     }
     __syncthreads();
     const int64_t H = p.hidden;

@@ -68,13 +68,16 @@ extern "C" __global__ void __launch_bounds__(256)
   allow_dependent_launch();  // the copy kernel may start now (as in ll_dispatch_proxy_send)
   const int tid = threadIdx.x;
   const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
+  // the mask now (shrink.cuh), read from shared memory where used (this kernel is short of registers)
+  const unsigned long long* mask_bits = block_mask_bits_shared(p.mask, R);
+  const auto masked_now = [&](int j) { return is_masked(int64_t(*mask_bits), j); };
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
   const auto* lr = reinterpret_cast<const int64_t*>(p.layout_range);
   int* prefix = smem;
   int* scratch = smem + E_loc + 1;  // [2 * blockDim.x]
   int* first = scratch + 2 * blockDim.x;
   // Rows staged per (e, j); none for this rank when its receive kernel reads them in y (own_in_y).
-  const auto skipped = [&](int j) { return is_masked(p.masked, j) || (p.own_in_y && j == int(p.rank)); };
+  const auto skipped = [&](int j) { return masked_now(j) || (p.own_in_y && j == int(p.rank)); };
   auto count_of = [&](int e, int j) { return skipped(j) ? 0 : int(lr[int64_t(e) * R + j] & 0xffffffff); };
   int carry = 0;
   for (int e0 = 0; e0 < E_loc; e0 += blockDim.x) {
@@ -114,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256)
     // One Write per segment (empty ones too), straight from y; then the signal pairs.
     for (int s = blockIdx.x * int(blockDim.x) + tid; s < E; s += int(gridDim.x) * int(blockDim.x)) {
       const int e = s / R, j = s % R;
-      if (is_masked(p.masked, j) || j == int(p.rank)) continue;  // own rows: read in y by the receiver
+      if (masked_now(j) || j == int(p.rank)) continue;  // own rows: read in y by the receiver
       const int64_t packed = lr[int64_t(e) * R + j];
       const int64_t begin = packed >> 32, count = packed & 0xffffffff;
       const int fifo = fifo_for(j, int(p.num_fifos));
@@ -130,9 +133,9 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     if (blockIdx.x == 0) {
       for (int j = tid; j < R; j += blockDim.x) {
-        if (j == int(p.rank) && !is_masked(p.masked, j))
+        if (j == int(p.rank) && !masked_now(j))
           signal_own_region(p.self_counter, p.signal_total);  // y was complete before this kernel
-        else if (!is_masked(p.masked, j))
+        else if (!masked_now(j))
           push_op_signal(fifo_of(p, j), j, uint32_t(p.counter), E_loc, int(p.signal_total), uint64_t(p.timeout_ns), err,
                          PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
       }
@@ -189,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(256)
   // Sources with no rows still get their signal.
   if (blockIdx.x == 0)
     for (int j = tid; j < R; j += blockDim.x)
-      if (s_dest_rows[j] == 0 && !is_masked(p.masked, j)) publish_rows(p, j, 0);
+      if (s_dest_rows[j] == 0 && !masked_now(j)) publish_rows(p, j, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -207,12 +210,21 @@ extern "C" __global__ void __launch_bounds__(256)
   const auto* status = reinterpret_cast<const uint64_t*>(p.status);
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   const uint64_t timeout = uint64_t(p.timeout_ns);
-  if (tid < K) {
-    int g = t < p.num_tokens ? int(topk[int64_t(t) * K + tid]) : -1;
-    if (g >= E || (g >= 0 && is_masked(p.masked, g / E_loc))) g = -1;
-    s_expert[tid] = g;
-    s_slot[tid] = 0;
-    s_below[tid] = 0;
+  const bool shrink = p.shrink != 0;
+  const int64_t masked = block_mask_bits(p.mask, R);  // the mask now (shrink.cuh)
+  if (warp_id() == 0) {  // K <= kMaxTopk <= the warp: lane k takes the token's k-th expert
+    const int lane = lane_id();
+    int g = t < p.num_tokens && lane < K ? int(topk[int64_t(t) * K + lane]) : -1;
+    if (g >= E || (g >= 0 && is_masked(masked, g / E_loc))) g = -1;
+    if (repeats_lower_lane(g, lane, K)) {  // refused (the host raises InvalidArgument); counted once
+      duplicate_expert(err, kPhaseLLCombineRecv, int(p.rank), t, g);
+      g = -1;
+    }
+    if (lane < K) {
+      s_expert[lane] = g;
+      s_slot[lane] = 0;
+      s_below[lane] = 0;
+    }
   }
   __syncthreads();
   // For each selected expert g (owner o): t's slot in g = selections of g by earlier tokens; rows
@@ -239,12 +251,13 @@ extern "C" __global__ void __launch_bounds__(256)
   }
   if (tid < R) {  // then every owner's signal, read or not (see NOTES); this rank's own moves in device memory
     int ok = 0;
-    if (!is_masked(p.masked, tid)) {
+    if (!is_masked(masked, tid)) {
       uint64_t waited = 0;
-      ok = wait_counter_shared(counter_of(p.counters, p.num_counters, tid, p.counter),
-                               reinterpret_cast<uint64_t*>(p.counter_cache) + tid, reinterpret_cast<int*>(p.counter_lock) + tid,
-                               round_target(rounds, tid, p.signal_total), status, timeout, err, kPhaseLLCombineRecv,
-                               int(p.rank), tid, -1, &waited) >= 0;
+      ok = wait_counter_shared_peer(counter_of(p.counters, p.num_counters, tid, p.counter),
+                                    reinterpret_cast<uint64_t*>(p.counter_cache) + tid,
+                                    reinterpret_cast<int*>(p.counter_lock) + tid, round_target(rounds, tid, p.signal_total),
+                                    status, timeout, err, kPhaseLLCombineRecv, int(p.rank), tid, -1, &waited, p.mask,
+                                    shrink) >= 0;
       if (p.wait_stats != 0 && t < p.num_tokens)
         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
     }
@@ -257,7 +270,10 @@ extern "C" __global__ void __launch_bounds__(256)
     if (g >= 0) {
       const int owner = g / E_loc;
       const int64_t row_bytes = p.hidden * 2;
-      if (owner != int(p.rank)) {  // a peer's rows, in its recv region
+      if ((int64_t(s_below[tid]) + s_slot[tid] + 1) * row_bytes > p.region_bytes) {  // never read past a region
+        raise_error(err, kErrProtocol, kPhaseLLCombineRecv, int(p.rank), owner, g, 0);
+        g = -1;
+      } else if (owner != int(p.rank)) {  // a peer's rows, in its recv region
         row = reinterpret_cast<const uint8_t*>(p.recv_area) + int64_t(owner) * p.region_bytes +
               int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
       } else if (!p.zero_copy) {  // this rank's own, staged in its send region
@@ -305,5 +321,5 @@ extern "C" __global__ void __launch_bounds__(256)
     }
   }
   wait_overlapped_grids();  // the copy kernel is done before this op can complete (arch.cuh; PDL launch)
-  last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.masked);
+  last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.mask);
 }

@@ -23,6 +23,12 @@
 //   flag and copies the token it names into the caller's tensors: data rows, column-major scales
 //   (packed to UE8M0 if asked), src_info.
 //
+// Shrink mode (device/shrink.cuh): masked ranks are read from the device mask when the kernels run
+// (nothing is sent to them, nothing awaited from them); a count or flag whose wait expires masks
+// its source, whose rows are then dropped. A top-k row that repeats an expert is refused through the
+// error word (InvalidArgument on the host) and the repeat dropped; counts and flags never name a
+// slot past num_max, and the receiver refuses a count above it, so no write lands past a slab.
+//
 // NOTES: signals and flags are never cleared. A tag is "completed ops on this buffer set + 1":
 // every rank runs the same sequence of LL ops, so sender and receiver agree on it, a stale signal
 // or flag from an earlier use of the set (a dispatch's or a combine's: they share the flag area)
@@ -41,6 +47,7 @@
 // the per-expert slabs is a local copy it made anyway (it copied each slot's message before).
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
+#include "uccl_ep/device/shrink.cuh"
 #include "uccl_ep/device/wait.cuh"
 
 using namespace uccl_ep;
@@ -61,6 +68,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   const int t = blockIdx.x, tid = threadIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
   const int E_loc = E / R;
+  const int64_t masked = block_mask_bits(p.mask, R);  // the mask now (shrink.cuh)
   int* before = smem;
   int* total = smem + E;
   for (int i = tid; i < 2 * E; i += blockDim.x) smem[i] = 0;
@@ -79,9 +87,12 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
   __syncthreads();
   // Counts first (the histogram is complete): block b publishes experts e = b (mod grid).
   for (int e = blockIdx.x + int(gridDim.x) * tid; e < E; e += int(gridDim.x) * int(blockDim.x)) {
-    if (is_masked(p.masked, e / E_loc)) continue;
+    if (is_masked(masked, e / E_loc)) continue;
     auto* sig = reinterpret_cast<uint64_t*>(peer_signal[e / E_loc]);
-    st_relaxed_sys(sig + int64_t(e % E_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(total[e]));
+    // at most num_max: only a top-k row that repeats an expert selects it more often than T <= num_max
+    // times (refused below); the receiver's slab has num_max rows per source
+    const int count = total[e] < int(p.num_max) ? total[e] : int(p.num_max);
+    st_relaxed_sys(sig + int64_t(e % E_loc) * R + p.rank, (uint64_t(tag) << 32) | uint32_t(count));
   }
 
   if (t < T) {
@@ -90,9 +101,13 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
       int e = -1;
       if (lane < K) {
         e = int(topk[int64_t(t) * K + lane]);
-        if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
-        s_expert[lane] = e;
+        if (e < 0 || e >= E || is_masked(masked, e / E_loc)) e = -1;
       }
+      if (repeats_lower_lane(e, lane, K)) {  // refused (the host raises InvalidArgument); dropped here
+        duplicate_expert(reinterpret_cast<ErrorWord*>(p.error), kPhaseLLDispatchSend, int(p.rank), t, e);
+        e = -1;
+      }
+      if (lane < K) s_expert[lane] = e;
       // distinct owner ranks, in top-k order: a lane is first if no lower lane has its owner
       const int d = e < 0 ? -1 : e / E_loc;
       bool first = d >= 0;
@@ -142,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
       }
     }
     __syncthreads();
-    if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
+    if (tid < K && s_expert[tid] >= 0 && before[s_expert[tid]] < p.num_max) {  // one thread per selected expert
       const int e = s_expert[tid];
       uint64_t* flag = ll_flags(peer_recv[e / E_loc], p.flag_off) + (int64_t(e % E_loc) * R + p.rank) * p.num_max +
                        before[e];
@@ -160,16 +175,22 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
   const int R = int(p.num_ranks), tid = threadIdx.x;
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const bool shrink = p.shrink != 0;
+  const int64_t masked = block_mask_bits(p.mask, R);
   if (tid == 0) s_tag = *reinterpret_cast<const unsigned*>(p.seq) + 1u;
   __syncthreads();
 
   if (tid < R) {
     int n = 0;
-    if (!is_masked(p.masked, tid)) {
+    if (!is_masked(masked, tid)) {
       uint64_t waited = 0;
       const auto* sig = reinterpret_cast<const uint64_t*>(p.signal) + int64_t(e) * R + tid;
-      int64_t got = wait_tagged(sig, s_tag, uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank), tid,
-                                int(p.rank * p.num_local_experts + e), &waited);
+      int64_t got = wait_tagged_peer(sig, s_tag, uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank), tid,
+                                     int(p.rank * p.num_local_experts + e), &waited, p.mask, shrink);
+      if (got > p.num_max) {  // more than a slab holds: never lay out (or copy) past it
+        raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), tid, int(p.rank * p.num_local_experts + e), 0);
+        got = -1;
+      }
       n = got < 0 ? 0 : int(got);
       if (p.wait_stats != 0)
         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
@@ -201,12 +222,12 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
     while (row >= s_begin[j + 1]) ++j;
     const int i = row - s_begin[j];
     uint64_t waited = 0;
-    const int64_t got = wait_tagged(flags + (int64_t(e) * R + j) * p.num_max + i, s_tag, uint64_t(p.timeout_ns), err,
-                                    kPhaseLLDispatchRecv, int(p.rank), j, int(p.rank * p.num_local_experts + e),
-                                    &waited);
+    const int64_t got = wait_tagged_peer(flags + (int64_t(e) * R + j) * p.num_max + i, s_tag, uint64_t(p.timeout_ns),
+                                         err, kPhaseLLDispatchRecv, int(p.rank), j,
+                                         int(p.rank * p.num_local_experts + e), &waited, p.mask, shrink);
     if (p.wait_stats != 0 && lane_id() == 0)
       atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + j, (unsigned long long)waited);
-    if (got < 0) continue;  // timed out: the error word says so
+    if (got < 0) continue;  // timed out: the error word says so (shrink mode: the source is masked)
     if (got >= p.num_max) {  // a current tag with no valid token: never copy from a bad index
       if (lane_id() == 0)
         raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), j, int(p.rank * p.num_local_experts + e), 0);

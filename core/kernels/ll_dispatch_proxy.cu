@@ -83,6 +83,7 @@ extern "C" __global__ void __launch_bounds__(512)
   const int t = blockIdx.x, tid = threadIdx.x;
   const int R = int(p.num_ranks), K = int(p.num_topk), T = int(p.num_tokens), E = int(p.num_experts);
   const int E_loc = E / R;
+  const int64_t masked = block_mask_bits(p.mask, R);  // the mask now (shrink.cuh)
   int* before = smem;
   int* total = smem + E;
   int* first = smem + 2 * E;
@@ -92,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(512)
   const auto* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
   for (int i = tid; i < T * K; i += blockDim.x) {
     const int64_t e = topk[i];
-    if (e < 0 || e >= E || is_masked(p.masked, int(e) / E_loc)) continue;
+    if (e < 0 || e >= E || is_masked(masked, int(e) / E_loc)) continue;
     atomicAdd(total + e, 1);
     if (i / K < t) atomicAdd(before + e, 1);
   }
@@ -101,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(512)
 #pragma unroll 8
     for (int k = 0; k < K; ++k) {  // unrolled: the top-k loads in flight together
       const int64_t e = topk[int64_t(u) * K + k];
-      if (e >= 0 && e < E && !is_masked(p.masked, int(e) / E_loc)) dests |= uint64_t(1) << (int(e) / E_loc);
+      if (e >= 0 && e < E && !is_masked(masked, int(e) / E_loc)) dests |= uint64_t(1) << (int(e) / E_loc);
     }
     for (; dests != 0; dests &= dests - 1) {
       const int d = ffs64(dests) - 1;
@@ -126,15 +127,22 @@ extern "C" __global__ void __launch_bounds__(512)
   auto* stage = reinterpret_cast<uint8_t*>(p.send_area);
 
   if (t < T) {
-    if (tid < K) {
-      int e = int(topk[int64_t(t) * K + tid]);
-      if (e < 0 || e >= E || is_masked(p.masked, e / E_loc)) e = -1;
-      s_expert[tid] = e;
-      if (e >= 0) {  // the slot names the token and its row in the owner's region
-        const int owner = e / E_loc;
-        const int q = first[e] + before[e];
-        auto* index = reinterpret_cast<uint32_t*>(stage + int64_t(owner) * p.region_bytes + index_at(p.counts_bytes));
-        index[q] = uint32_t(t) | uint32_t(s_rows_before[owner]) << 16;  // num_max <= 65536 (proxy_path.py)
+    if (warp_id() == 0) {  // K <= kMaxTopk <= the warp: lane k takes the token's k-th expert
+      const int lane = lane_id();
+      int e = lane < K ? int(topk[int64_t(t) * K + lane]) : -1;
+      if (e < 0 || e >= E || is_masked(masked, e / E_loc)) e = -1;
+      if (repeats_lower_lane(e, lane, K)) {  // refused (the host raises InvalidArgument); dropped here
+        duplicate_expert(reinterpret_cast<ErrorWord*>(p.error), kPhaseLLDispatchSend, int(p.rank), t, e);
+        e = -1;
+      }
+      if (lane < K) {
+        s_expert[lane] = e;
+        const int q = e >= 0 ? first[e] + before[e] : 0;
+        if (e >= 0 && q < p.max_slots) {  // the slot names the token and its row in the owner's region
+          const int owner = e / E_loc;      // (q >= max_slots only with a repeated expert: never past the index)
+          auto* index = reinterpret_cast<uint32_t*>(stage + int64_t(owner) * p.region_bytes + index_at(p.counts_bytes));
+          index[q] = uint32_t(t) | uint32_t(s_rows_before[owner]) << 16;  // num_max <= 65536 (proxy_path.py)
+        }
       }
     }
     __syncthreads();
@@ -198,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(512)
   // Destinations that no token of this rank selects still get their (empty) region and signal.
   if (blockIdx.x == 0)
     for (int d = tid; d < R; d += blockDim.x)
-      if (s_dest_slots[d] == 0 && !is_masked(p.masked, d)) publish_region(p, d, 0, 0, total);
+      if (s_dest_slots[d] == 0 && !is_masked(masked, d)) publish_region(p, d, 0, 0, total);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -212,6 +220,8 @@ extern "C" __global__ void __launch_bounds__(256)
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
   const int expert = int(p.rank * p.num_local_experts + e);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);
+  const bool shrink = p.shrink != 0;
+  const int64_t masked = block_mask_bits(p.mask, R);
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
   const auto* rounds = reinterpret_cast<const int64_t*>(p.rounds);
   const int64_t payload0 = payload_at(p.counts_bytes, p.idx_bytes);
@@ -223,13 +233,13 @@ extern "C" __global__ void __launch_bounds__(256)
 
   if (tid < R) {  // this rank's own counter moves in device memory (counter_cache), the others' by the proxy
     int ok = 0;
-    if (!is_masked(p.masked, tid)) {
+    if (!is_masked(masked, tid)) {
       uint64_t waited = 0;
-      const int64_t got = wait_counter_shared(
+      const int64_t got = wait_counter_shared_peer(
           counter_of(p.counters, p.num_counters, tid, p.counter), reinterpret_cast<uint64_t*>(p.counter_cache) + tid,
           reinterpret_cast<int*>(p.counter_lock) + tid, round_target(rounds, tid, p.signal_total),
           reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank),
-          tid, expert, &waited);
+          tid, expert, &waited, p.mask, shrink);
       if (got >= 0) {
         if (load_region_slots(region_of(tid), p.max_slots) < 0)
           raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), tid, expert, 0);
@@ -313,5 +323,5 @@ extern "C" __global__ void __launch_bounds__(256)
     }
   }
   wait_overlapped_grids();  // the copy kernel is done before this op can complete (arch.cuh; PDL launch)
-  last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.masked);
+  last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.mask);
 }

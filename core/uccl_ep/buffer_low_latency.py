@@ -184,21 +184,33 @@ class LowLatencyMixin:
 
     @exclusive
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
-        """Mask (``mask=True``) or unmask a rank: this rank then neither sends to it nor waits for it."""
+        """Mask (``mask=True``) or unmask a rank: this rank then neither sends to it nor waits for it.
+
+        On the cuda backend the mask lives in device memory and the call is ordered on the current
+        stream (graph-capturable), as DeepEP's; the kernels also mask a rank whose wait expires."""
         self._check_shrink("low_latency_update_mask_buffer")
         check_int("rank_to_mask", rank_to_mask, minimum=0)
         if rank_to_mask >= self.group_size:
             raise InvalidArgument("rank_to_mask", f"a rank in [0, {self.group_size})", rank_to_mask)
+        check_bool("mask", mask)
         if mask:
             self._masked_ranks.add(rank_to_mask)
         else:
             self._masked_ranks.discard(rank_to_mask)
+        update = getattr(self._executor, "ll_mask_update", None)
+        if update is not None:
+            update(rank_to_mask, bool(mask))
 
     @exclusive
     def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
-        """Write 1 for masked ranks and 0 otherwise into ``mask_status`` [R] int32."""
+        """Write 1 for masked ranks and 0 otherwise into ``mask_status`` [R] int32: those masked by
+        this rank's calls and those found silent or dead (shrink mode)."""
         self._check_shrink("low_latency_query_mask_buffer")
         check_tensor("mask_status", mask_status, dtypes=(torch.int32,), shape=(self.group_size,))
+        query = getattr(self._executor, "ll_mask_query", None)
+        if query is not None:
+            query(mask_status)
+            return
         status = torch.zeros(self.group_size, dtype=torch.int32)
         for r in self._masked_ranks:
             status[r] = 1
@@ -206,6 +218,10 @@ class LowLatencyMixin:
 
     @exclusive
     def low_latency_clean_mask_buffer(self) -> None:
-        """Unmask every rank."""
+        """Unmask every rank. A rank masked because it failed is waited for again by the next op;
+        one that only stalled must be back in step (see docs/api.md, "Shrink and recovery")."""
         self._check_shrink("low_latency_clean_mask_buffer")
         self._masked_ranks.clear()
+        clean = getattr(self._executor, "ll_mask_clean", None)
+        if clean is not None:
+            clean()

@@ -46,6 +46,29 @@ def store_of(group):
         return c10d._get_default_store()
 
 
+def _raw_store(store):
+    """The Store under any PrefixStore wrappers."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+def _own_client(raw, timeout_s: float):
+    """A second connection to the TCPStore ``raw`` (None for other kinds of Store).
+
+    NOTES: the heartbeat must not queue behind this process's other users of the Store: a
+    blocking ``store.wait`` holds the client's lock for as long as it waits, and a rank whose
+    heartbeat stalls would be reported dead instead of stalled."""
+    if not isinstance(raw, dist.TCPStore):
+        return None
+    import datetime
+    try:
+        return dist.TCPStore(raw.host, raw.port, is_master=False, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)))
+    except Exception:  # noqa: BLE001 - e.g. a server bound to an address we cannot reach twice
+        return None
+
+
 def _group_key(group) -> str:
     name = getattr(group, "group_name", None)
     if not name:
@@ -89,20 +112,23 @@ class GroupStore:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.timeout_s = float(timeout_s)
-        self.store = store_of(group)
+        # Keys go to the Store under the group's wrappers, named by the group: the heartbeat's own
+        # connection (_own_client) reaches only the underlying Store.
+        self.store = _raw_store(store_of(group))
         key = (_group_key(group), name)
         with _lock:
             n = _instances.get(key, 0)
             _instances[key] = n + 1
-        self.prefix = f"uccl_ep/{name}/{n}"
+        self.prefix = f"uccl_ep/{key[0]}/{name}/{n}"
         self.op = 0
         self._hb_seen = [(-1, 0.0)] * self.size   # per peer: (heartbeat value, when it last changed)
         self._skipped_by: set[int] = set()
         self._stop = threading.Event()
         self._hb_key = f"{self.prefix}/hb/{self.rank}"
         self.store.add(self._hb_key, 1)
+        beat_store = _own_client(self.store, self.timeout_s) or self.store
         self._thread = threading.Thread(target=_beat, name=f"uccl_ep-heartbeat-{name}",
-                                        args=(self.store, self._hb_key,
+                                        args=(beat_store, self._hb_key,
                                               heartbeat_interval_s(self.timeout_s), self._stop), daemon=True)
         self._thread.start()
         self.publish_skips(())
@@ -115,6 +141,11 @@ class GroupStore:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
         self._thread = None
+        for key in (f"{self.prefix}/skip/{self.rank}",):
+            try:
+                self.store.delete_key(key)
+            except Exception:  # noqa: BLE001 - the Store may be gone already
+                pass
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
@@ -138,6 +169,8 @@ class GroupStore:
     # -- liveness ----------------------------------------------------------------------------------
     def _dead(self, peer: int, now: float) -> bool:
         value = int(self.store.add(f"{self.prefix}/hb/{peer}", 0))
+        if value == 0:  # the peer has not made its side yet (not dead: late)
+            return False
         last, since = self._hb_seen[peer]
         if value != last:
             self._hb_seen[peer] = (value, now)
@@ -232,8 +265,8 @@ class GroupStore:
         return self.exchange([payload] * self.size, phase, skip=skip, on_missing=on_missing)
 
     def barrier(self, phase: str, skip: Iterable[int] = (),
-                on_missing: Optional[Callable[[int, BaseException], bool]] = None) -> None:
-        self.exchange([b""] * self.size, phase, skip=skip, on_missing=on_missing)
+                on_missing: Optional[Callable[[int, BaseException], bool]] = None, learn_skips: bool = False) -> None:
+        self.exchange([b""] * self.size, phase, skip=skip, on_missing=on_missing, learn_skips=learn_skips)
 
 
 def exchange_hostnames(group, timeout_s: float) -> list[str]:

@@ -239,6 +239,9 @@ def _stress_worker(rank, world, iters, seed):
         n = int(torch.randint(0, T + 1, (1,), generator=g))
         x = torch.randn(n, H, generator=g).bfloat16()
         topk = torch.randint(-1, E, (n, K), generator=g)
+        if it % 2 == 0:  # low-latency: distinct experts per row (DeepEP's routing), some -1
+            topk = torch.rand(n, E, generator=g).topk(K, dim=1).indices
+            topk[torch.rand(n, K, generator=g) < 0.2] = -1
         w = torch.rand(n, K, generator=g)
         outs = []
         for buf in bufs:

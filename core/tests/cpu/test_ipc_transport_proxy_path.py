@@ -111,9 +111,10 @@ def engine(monkeypatch, request):
     T, H, E = 16, 512, 8
     nbytes = low_latency_rdma_size_hint(T, H, R, E)
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
-                          topology=Topology(R, 1))
+                          topology=Topology(R, 1), enable_shrink=False)
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000,
-                         timeout_ns=123, host_barrier=lambda: None, check_error=lambda: None, multi_host=False)
+                         timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=False,
+                         mask=SimpleNamespace(ptr=0xD000))
     eng = ProxyLowLatencyEngine(ex)
     yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R)
     eng.close()
@@ -167,7 +168,8 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert d["fifos"] == eng.fifo_table.ptr and d["num_fifos"] == engine.proxy.num_fifos
         assert d["send_area"] == engine.ex.ll_mem.ptr + lay.send(s) and d["send_off"] == lay.send(s)
         assert d["recv_off"] == lay.recv(s) and d["counter"] == counter_base(s, 0)
-        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["masked"] == (2 if it else 0)
+        # the mask: the executor's device words (read by the kernels when they run), whatever the host set says
+        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["mask"] == engine.ex.mask.ptr
         # packed regions: one per peer, room for every token's selections of the peer's experts
         slots = T * min(4, E // R)
         # token | row << 16 per slot; a row per token (kernel_abi.h)
@@ -186,6 +188,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert all(r[k] == d[k] for k in ("region_bytes", "counts_bytes", "idx_bytes", "payload_bytes", "max_slots",
                                           "signal_total"))
         assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
+        assert r["mask"] == engine.ex.mask.ptr and r["shrink"] == 0
         # the rank's own region: read in the send area; its counter is the receiver's device word
         assert r["send_area"] == d["send_area"] and d["self_counter"] == r["counter_cache"] + 8 * engine.ex.ctx.rank
         y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
@@ -519,9 +522,10 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     ctx = SimpleNamespace(num_ranks=R, rank=0, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
-                          topology=Topology(R, 1))
+                          topology=Topology(R, 1), enable_shrink=False)
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, 1 << 16), error_dev_ptr=0xE000,
-                         timeout_ns=123, host_barrier=lambda: None, check_error=lambda: None, multi_host=True)
+                         timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=True,
+                         mask=SimpleNamespace(ptr=0xD000))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -98,4 +98,60 @@ def test_failed_rank_is_masked(backend, world, mode):
         # DeepEP's bound: the survivor completes within 3 x the timeout; later calls do not wait
         assert first < 3 * TIMEOUT_S, (rank, first)
         assert later < TIMEOUT_S / 2, (rank, later)
-        assert destroy_s < TIMEOUT_S / 2, (rank, destroy_s)
+        assert destroy_s < TIMEOUT_S, (rank, destroy_s)
+
+
+# --------------------------------------------------------------------------------------------------
+# the cuda executor's host barrier (uccl_ep.cuda.shrink.masked_barrier), with a host stand-in for
+# the device mask: the path that masks a rank that stops before its first low-latency op
+# --------------------------------------------------------------------------------------------------
+class _HostMask:
+    """DeviceMask's interface over a set (the real one is int32 words in device memory)."""
+
+    def __init__(self):
+        self.masked = set()
+
+    def ranks(self):
+        return set(self.masked)
+
+    def update(self, rank, mask):
+        (self.masked.add if mask else self.masked.discard)(rank)
+
+    def add(self, ranks):
+        self.masked.update(ranks)
+
+
+def _barrier_worker(rank, world):
+    from uccl_ep.cuda.shrink import masked_barrier
+    from uccl_ep.errors import Timeout
+    from uccl_ep.group_store import GroupStore
+    victim = world - 1
+    shrink_ch, plain_ch = GroupStore(dist.group.WORLD, TIMEOUT_S / 2, "t1"), GroupStore(dist.group.WORLD, TIMEOUT_S / 2, "t2")
+    mask = _HostMask()
+    masked_barrier(shrink_ch, mask, "everyone")
+    store = dist.distributed_c10d._get_default_store()
+    if rank == victim:  # stops calling
+        store.wait([f"barrier_test/done/{r}" for r in range(victim)], datetime.timedelta(seconds=60))
+        return None
+    t0 = time.monotonic()
+    masked_barrier(shrink_ch, mask, "victim silent")
+    took = time.monotonic() - t0
+    assert mask.ranks() == {victim}, mask.ranks()
+    t1 = time.monotonic()
+    masked_barrier(shrink_ch, mask, "victim masked")  # left out: no wait
+    again = time.monotonic() - t1
+    try:
+        masked_barrier(plain_ch, None, "no shrink")
+        raise AssertionError("a barrier without shrink mode did not raise")
+    except Timeout as e:
+        assert e.peer == victim and e.phase == "no shrink", str(e)
+    for ch in (shrink_ch, plain_ch):
+        ch.close()
+    store.set(f"barrier_test/done/{rank}", "1")
+    return took, again
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cuda_host_barrier_masks_a_silent_rank(world):
+    for took, again in run_ranks(_barrier_worker, world, timeout_s=120)[:-1]:
+        assert TIMEOUT_S / 2 * 0.9 < took < 3 * TIMEOUT_S / 2 and again < 0.5, (took, again)

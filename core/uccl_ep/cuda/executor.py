@@ -13,15 +13,17 @@ Streams: kernels run on torch's current stream, so CUDA graphs capture them; see
 
 from __future__ import annotations
 
+import pickle
 import socket
 
 import torch
-import torch.distributed as dist
 
 from ..backends import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, Timeout, UcclEpError, Unsupported
+from ..group_store import GroupStore
 from . import ht_ce, ht_variants, proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
+from .shrink import DeviceMask, masked_barrier
 
 __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
 
@@ -98,7 +100,9 @@ class CudaExecutor(Executor):
         self.error_dev_ptr = self.errors.dev_ptr
         self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
         self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
-        infos = [None] * ctx.num_ranks
+        # The rank mask the LL kernels read (shrink.py), and the host's bounded exchanges and barriers.
+        self.mask = DeviceMask(self.device, ctx.num_ranks)
+        self.channel = GroupStore(ctx.group, ctx.timeout_s, "cuda")
         try:  # normal-mode block sizes: every rank must agree (checked below, on every rank alike)
             ht_sizes = ht_variants.warps_per_peer(ctx.num_ranks)
         except UcclEpError as e:
@@ -107,7 +111,7 @@ class CudaExecutor(Executor):
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
                 self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings(),
                 ht_ce.shared_settings())
-        dist.all_gather_object(infos, mine, group=ctx.group)
+        infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
         if self.nvl_mem is not None and not self.ht_proxy:
@@ -126,7 +130,12 @@ class CudaExecutor(Executor):
         self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
         self._ll = None
         self._ht = None
-        self.host_barrier()
+        self.host_barrier("Buffer() (buffers mapped)")
+        if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
+            # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while
+            # every rank constructs its Buffer (as DeepEP sets everything up in the constructor), not
+            # at the first low-latency call, which a rank that fails (shrink mode) never makes.
+            self._ll_engine()
 
     def _open_peers(self, mem: DeviceMemory | None, handles: list) -> list[int]:
         if mem is None:
@@ -159,6 +168,12 @@ class CudaExecutor(Executor):
             self._failure = self._ht.proxy_failure()
         elif code == 3 and self._ll is not None and hasattr(self._ll, "proxy_failure"):
             self._failure = self._ll.proxy_failure()
+        elif code == 4:
+            self._failure = InvalidArgument("topk_idx", "distinct expert ids in each row (a token selects an expert at "
+                                            "most once; -1 may repeat)", f"expert {expert} more than once in row {peer} "
+                                            f"(found by {what} on rank {rank})",
+                                            hint="the peers' part of that op is lost; destroy the buffer and build "
+                                                 "a new one")
         elif code == 2 and what == "ht_notify" and expert >= 0:
             self._failure = LimitExceeded("num_worst_tokens", f"rows received by rank {rank}", expert,
                                           getattr(self, "_last_worst", 0) or 0)
@@ -167,13 +182,26 @@ class CudaExecutor(Executor):
             self._failure = PeerProtocolError(f"rank {rank}: device error {code} in {what} (peer {peer})")
         raise self._failure
 
-    def host_barrier(self) -> None:
-        dist.barrier(group=self.ctx.group)
+    def host_barrier(self, phase: str = "barrier", masks: bool = False) -> None:
+        """Every rank here, within the timeout (a Timeout / PeerFailure names the missing one). With
+        ``masks`` (the low-latency paths and destroy) in shrink mode, masked ranks are left out and a
+        missing rank is masked (shrink.masked_barrier)."""
+        masked_barrier(self.channel, self.mask if masks and self.ctx.enable_shrink else None, phase)
+
+    # -- shrink mode: the device mask behind Buffer.low_latency_*_mask_buffer ------------------------
+    def ll_mask_update(self, rank: int, mask: bool) -> None:
+        self.mask.update(rank, mask)
+
+    def ll_mask_query(self, out: torch.Tensor) -> None:
+        self.mask.query(out)
+
+    def ll_mask_clean(self) -> None:
+        self.mask.clean()
 
     def barrier(self) -> None:
         torch.cuda.synchronize(self.device)
         self.check_error()
-        self.host_barrier()
+        self.host_barrier("barrier", masks=True)
 
     # -- low-latency -------------------------------------------------------------------------------
     def _ll_engine(self):
@@ -266,6 +294,8 @@ class CudaExecutor(Executor):
         for m in (self.nvl_mem, self.ll_mem):
             if m is not None:
                 m.free()
+        self.mask.free()
+        self.channel.close()
         if self._ll is not None and self._ll.work is not None:
             self._ll.work.free()
         if self._ht is not None:

@@ -169,15 +169,16 @@ class LowLatencyEngine:
         return lay
 
     def clean(self) -> None:
-        """Zero both sets (signals, flags) and the device words on every rank (host-synchronizing)."""
+        """Zero both sets (signals, flags) and the device words on every rank (host-synchronizing;
+        in shrink mode masked ranks are left out, and a rank that does not come is masked)."""
         drv = self.ex.drv
         torch.cuda.synchronize(self.dev)
-        self.ex.host_barrier()
+        self.ex.host_barrier("low_latency buffer clean (before)", masks=True)
         drv.memset_d8(self.dev, self.mem.ptr, 0, self.mem.nbytes, 0)
         drv.memset_d8(self.dev, self.work.ptr, 0, 64, 0)
         drv.synchronize(self.dev)
         self.idx = 0
-        self.ex.host_barrier()
+        self.ex.host_barrier("low_latency buffer clean (after)", masks=True)
 
     def _flip(self) -> int:
         s = self.idx
@@ -190,11 +191,18 @@ class LowLatencyEngine:
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch_start(self, x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked):
         """What every dispatch path does first: the layout, the next buffer set, fresh outputs
-        (recv_x, scales, recv_count, src_info, layout_range), the mask word, contiguous inputs."""
+        (recv_x, scales, recv_count, src_info, layout_range), contiguous inputs.
+
+        NOTES: ``masked`` (the Buffer's host-side set) is not passed on: the kernels read the
+        executor's device mask (shrink.py) when they run, which also holds the ranks they mask."""
         lay = self.ensure_layout(num_max, x.shape[1], num_experts)
         s = self._flip()
         outs = dispatch_outputs(x.device, num_experts // self.R, self.R, num_max, x.shape[1], use_fp8, use_ue8m0)
-        return lay, s, outs, sum(1 << r for r in masked), x.contiguous(), topk_idx.contiguous()
+        return lay, s, outs, x.contiguous(), topk_idx.contiguous()
+
+    def _shrink_fields(self) -> dict:
+        """The mask words every LL kernel reads, and whether an expired wait on a peer masks it."""
+        return dict(mask=self.ex.mask.ptr, shrink=int(self.ex.ctx.enable_shrink))
 
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
@@ -202,14 +210,15 @@ class LowLatencyEngine:
         T, H = x.shape
         K = topk_idx.shape[1]
         E_loc = num_experts // R
-        lay, s, (recv_x, scales, recv_count, src_info, layout_range), mask, x, topk_idx = self._dispatch_start(
+        lay, s, (recv_x, scales, recv_count, src_info, layout_range), x, topk_idx = self._dispatch_start(
             x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
+        shrink = self._shrink_fields()
         params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              peer_recv=self._table(2 * s), peer_signal=self._table(2 * s + 1), seq=self._seq(s),
                              flag_off=lay.flag_off,
                              num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
                              num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
-                             msg_bytes=lay.msg_bytes, masked=mask)
+                             msg_bytes=lay.msg_bytes, mask=shrink["mask"], error=self.ex.error_dev_ptr)
         self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(), smem=8 * num_experts)
         recv_params = pack_params(
             "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
@@ -220,7 +229,7 @@ class LowLatencyEngine:
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
             num_max=num_max, hidden=H, num_local_experts=E_loc, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
-            use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, masked=mask, timeout_ns=self.ex.timeout_ns)
+            use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ex.timeout_ns, **shrink)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
         def finish(follows_send: bool = False) -> None:
@@ -257,13 +266,13 @@ class LowLatencyEngine:
             y = y.contiguous()
             y_ptr = y.data_ptr()
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
-        mask = sum(1 << r for r in masked)
+        shrink = self._shrink_fields()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
         params = pack_params("LLCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
                              layout_range=layout_range.data_ptr(), peer_recv=self._table(2 * s), seq=self._seq(s),
                              flag_off=lay.flag_off, num_max=num_max, hidden=H,
-                             num_local_experts=E_loc, num_ranks=R, rank=self.rank, masked=mask)
+                             num_local_experts=E_loc, num_ranks=R, rank=self.rank, mask=shrink["mask"])
         self._k["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                           smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
         recv_params = pack_params(
@@ -272,7 +281,7 @@ class LowLatencyEngine:
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
-            masked=mask, timeout_ns=self.ex.timeout_ns)
+            timeout_ns=self.ex.timeout_ns, **shrink)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         recv_threads = self.combine_recv_threads
 

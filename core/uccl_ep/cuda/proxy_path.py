@@ -270,6 +270,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                                  num_threads=threads, fifos_per_thread=_FIFOS_PER_THREAD, timeout_s=ctx.timeout_s,
                                  ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr,
                                  ipc_copy="kernel" if self.copy_kernel else "")
+        if ctx.enable_shrink:
+            # NOTES: shrink mode: a peer that dies is marked dead in the proxy (commands to it are
+            # dropped, waits on it end) instead of failing the proxy under every kernel; the kernels'
+            # bounded waits then mask it (device/shrink.cuh).
+            for j in range(self.R):
+                if j != self.rank:
+                    self.proxy.set_excluded(j, True)
         self._registered: list[int] = []
         self.dma_mem: DeviceMemory | None = None
         try:
@@ -458,14 +465,16 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return lay
 
     def clean(self) -> None:
-        """Zero rounds, finish counters and the proxy's receive counters on every rank (collective)."""
+        """Zero rounds, finish counters and the proxy's receive counters on every rank (collective;
+        in shrink mode masked ranks are left out, and a rank that does not come is masked)."""
         torch.cuda.synchronize(self.dev)
-        self.ex.host_barrier()  # every rank idle: nothing in flight through the proxies
+        # every rank idle: nothing in flight through the proxies
+        self.ex.host_barrier("low_latency buffer clean (before)", masks=True)
         self.drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
         self.drv.synchronize(self.dev)
         self.proxy.reset_counters()
         self.idx = 0
-        self.ex.host_barrier()
+        self.ex.host_barrier("low_latency buffer clean (after)", masks=True)
 
     # -- dispatch --------------------------------------------------------------------------------
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
@@ -474,13 +483,14 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         T, H = x.shape
         K = topk_idx.shape[1]
         E_loc = num_experts // R
-        lay, s, (recv_x, scales, recv_count, src_info, layout_range), mask, x, topk_idx = self._dispatch_start(
+        lay, s, (recv_x, scales, recv_count, src_info, layout_range), x, topk_idx = self._dispatch_start(
             x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
         reg = lay.dispatch_region(K, use_fp8)
+        shrink = self._shrink_fields()
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
                      region_bytes=reg.region_bytes, counts_bytes=reg.counts_bytes, idx_bytes=reg.idx_bytes,
                      payload_bytes=reg.payload_bytes, max_slots=reg.max_slots, signal_total=reg.signal_total,
-                     masked=mask, timeout_ns=self.ex.timeout_ns, counter=counter_base(s, 0))
+                     mask=shrink["mask"], timeout_ns=self.ex.timeout_ns, counter=counter_base(s, 0))
         params = pack_params("LLProxyDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
@@ -500,7 +510,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
-            num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, **shape)
+            num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
         def finish(follows_send: bool = False) -> None:
@@ -534,11 +544,11 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # staged, as y may be reused before the hook runs.
         own_in_y = self.own_rows_in_y and bool(recv_follows) and not zero_copy
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
-        mask = sum(1 << r for r in masked)
+        shrink = self._shrink_fields()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
         reg = lay.combine_region(K)
-        shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, masked=mask,
+        shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, mask=shrink["mask"],
                      region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ex.timeout_ns,
                      counter=counter_base(s, 1))
         params = pack_params("LLProxyCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
@@ -560,7 +570,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             topk_idx=topk_idx.data_ptr(),
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
-            num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, **shape)
+            num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, shrink=shrink["shrink"],
+            **shape)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
 
         def finish(follows_send: bool = False) -> None:

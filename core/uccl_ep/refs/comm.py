@@ -83,5 +83,5 @@ class GroupComm:
         self.channel.publish_skips(skip)
 
     def barrier(self, phase: str = "barrier", skip: Iterable[int] = (),
-                on_missing: Optional[Callable[[int, BaseException], bool]] = None) -> None:
-        self.channel.barrier(phase, skip=skip, on_missing=on_missing)
+                on_missing: Optional[Callable[[int, BaseException], bool]] = None, learn_skips: bool = False) -> None:
+        self.channel.barrier(phase, skip=skip, on_missing=on_missing, learn_skips=learn_skips)

@@ -86,8 +86,11 @@ class ReferenceExecutor(Executor):
         # NOTES: in shrink mode this barrier leaves masked ranks out and masks a rank that misses it
         # (DeepEP's clean_low_latency_buffer with enable_shrink does the same).
         masked = self._masked()
+        shrink = self.ctx.enable_shrink
+        self.comm.publish_skips(masked)
         self.comm.barrier("clean_low_latency_buffer", skip=set(masked),
-                          on_missing=low_latency.shrink_masker(self.ctx.enable_shrink, masked, self.comm))
+                          on_missing=low_latency.shrink_masker(shrink, masked, self.comm), learn_skips=shrink)
+        masked.update(self.comm.skipped_by())
 
     # raw buffers, lifetime ---------------------------------------------------------------------
     def get_local_buffer_tensor(self, use_rdma_buffer):
@@ -102,7 +105,8 @@ class ReferenceExecutor(Executor):
         return raw
 
     def barrier(self):
-        self.comm.barrier("barrier", skip=set(self._masked()) if self.ctx.enable_shrink else ())
+        shrink = self.ctx.enable_shrink
+        self.comm.barrier("barrier", skip=set(self._masked()) if shrink else (), learn_skips=shrink)
 
     def destroy(self):
         self.comm.close()

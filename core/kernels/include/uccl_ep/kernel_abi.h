@@ -22,8 +22,9 @@ struct ErrorWord {
 };
 
 // kErrProxy: the CPU proxy a kernel pushes to (or waits on) stopped or failed; the host raises the
-// proxy's own error.
-enum ErrorCode : int { kErrNone = 0, kErrTimeout = 1, kErrProtocol = 2, kErrProxy = 3 };
+// proxy's own error. kErrTopkDuplicate: a low-latency top-k row selects one expert twice (`peer`
+// holds the token, `expert` the expert); the host raises InvalidArgument("topk_idx").
+enum ErrorCode : int { kErrNone = 0, kErrTimeout = 1, kErrProtocol = 2, kErrProxy = 3, kErrTopkDuplicate = 4 };
 
 enum Phase : int {
   kPhaseLLDispatchRecv = 1,
@@ -43,6 +44,10 @@ enum Phase : int {
 // ---- low-latency ---------------------------------------------------------------------------------
 // Per buffer set (two alternate): recv area, dispatch signals [E_loc][R] u64, combine signals [E] u64.
 // A signal is (tag << 32) | count; tag = completed ops on that set + 1 (see ll_dispatch.cu NOTES).
+// Every LL kernel takes `mask`: the Buffer's rank mask, int32 [R] in device memory (nonzero = masked;
+// device/shrink.cuh), read when the kernel runs, so CUDA-graph replays see the mask of the moment.
+// Receive kernels take `shrink`: 1 = a bounded wait on a peer that expires masks the peer
+// (DeepEP's enable_shrink) instead of failing the op.
 
 struct LLDispatchParams {
   uint64_t x;               // bf16 [T, H]
@@ -61,7 +66,8 @@ struct LLDispatchParams {
   int64_t use_fp8;
   int64_t round_scale;
   int64_t msg_bytes;        // stride of one message slot
-  int64_t masked;           // bitmask of masked ranks
+  uint64_t mask;            // int32 [R] device words: nonzero = masked rank
+  uint64_t error;           // ErrorWord* (duplicate top-k ids)
 };
 
 struct LLDispatchRecvParams {
@@ -86,7 +92,8 @@ struct LLDispatchRecvParams {
   int64_t use_fp8;
   int64_t use_ue8m0;
   int64_t msg_bytes;
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
+  int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t timeout_ns;
 };
 
@@ -102,7 +109,7 @@ struct LLCombineParams {
   int64_t num_local_experts;
   int64_t num_ranks;
   int64_t rank;
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
 };
 
 struct LLCombineRecvParams {
@@ -121,7 +128,8 @@ struct LLCombineRecvParams {
   int64_t num_topk;
   int64_t num_local_experts;
   int64_t rank;
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
+  int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t timeout_ns;
 };
 
@@ -407,7 +415,7 @@ struct LLProxyDispatchParams {
   int64_t signal_total;     // counter growth per op
   int64_t num_fifos;
   int64_t counter;          // receiver counter of this set's dispatch
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
   int64_t timeout_ns;
   uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
                             // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
@@ -453,7 +461,8 @@ struct LLProxyDispatchRecvParams {
   int64_t payload_bytes;
   int64_t max_slots;
   int64_t signal_total;
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
+  int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t timeout_ns;
 };
 
@@ -478,7 +487,7 @@ struct LLProxyCombineParams {
   int64_t zero_copy;        // y is the send area ([E_loc][R*T][H]): one Write per (expert, source)
   int64_t num_fifos;
   int64_t counter;
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
   int64_t timeout_ns;
   uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
                             // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
@@ -518,7 +527,8 @@ struct LLProxyCombineRecvParams {
   int64_t rank;
   int64_t region_bytes;
   int64_t signal_total;
-  int64_t masked;
+  uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
+  int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t zero_copy;        // the rank's own rows: y (send_area, by layout_range) instead of region [rank]
   int64_t timeout_ns;
 };

@@ -6,6 +6,7 @@
 
 #include "uccl_ep/device/arch.cuh"
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/shrink.cuh"
 #include "uccl_ep/device/wait.cuh"
 #include "uccl_ep/dma_ring.h"
 #include "uccl_ep/fifo_device.cuh"
@@ -159,9 +160,9 @@ UCCL_DEVICE const int64_t* counter_of(uint64_t counters, int64_t num_counters, i
 }
 
 // Called by every block at its very end: the last block to finish counts one more round for
-// every source it did not mask (they all sent one signal per counter) and resets `done`.
-// Contains __syncthreads.
-UCCL_DEVICE void last_block_bumps_rounds(unsigned* done, int64_t* rounds, int num_ranks, int64_t masked) {
+// every source not masked now (they all sent one signal per counter; a source masked during this op
+// -- shrink mode -- is left behind with its counter) and resets `done`. Contains __syncthreads.
+UCCL_DEVICE void last_block_bumps_rounds(unsigned* done, int64_t* rounds, int num_ranks, uint64_t mask) {
   __shared__ bool s_last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -171,7 +172,7 @@ UCCL_DEVICE void last_block_bumps_rounds(unsigned* done, int64_t* rounds, int nu
   __syncthreads();
   if (!s_last) return;
   for (int j = threadIdx.x; j < num_ranks; j += blockDim.x)
-    if (!is_masked(masked, j)) rounds[j] += 1;
+    if (!rank_masked(mask, j)) rounds[j] += 1;
   if (threadIdx.x == 0) *done = 0u;
   __threadfence();
 }
