@@ -417,8 +417,8 @@ class Buffer(LowLatencyMixin):
                                   hint="normal and low-latency handles are not interchangeable")
         if handle.owner is not self:
             raise InvalidArgument("handle", "a handle made by this Buffer", "a handle from another Buffer")
-        sealable = hasattr(handle.plan, "__dict__")
-        if handle.plan is None or sealable and getattr(handle.plan, "_uccl_ep_seal", None) != (id(self), tuple(id(item) for item in handle)):
+        seal = (id(self), tuple(id(item) for item in handle))
+        if handle.plan is None or hasattr(handle.plan, "__dict__") and getattr(handle.plan, "_uccl_ep_seal", None) != seal:
             raise InvalidArgument("handle", f"a handle returned by this Buffer's "
                                   f"{'dispatch' if kind is NormalHandle else 'low_latency_dispatch'}, unmodified",
                                   "a handle this Buffer did not return (built by hand, or with items replaced)")

@@ -23,6 +23,10 @@ namespace uccl_ep::bindings {
 
 namespace nb = nanobind;
 
+// A named argument that passes any Python object, None included, to the binding's own checks
+// (nanobind would refuse None for a handle parameter with an untyped TypeError).
+inline auto any_arg(const char* name) { return nb::arg(name).none(); }
+
 // A uccl_ep._C.Proxy (InvalidArgument naming `name` otherwise).
 proxy::Proxy& proxy_arg(nb::handle v, const char* name = "proxy");
 

@@ -53,7 +53,7 @@ void each_in(const Vec<T>& v, const char* name, int64_t lo, int64_t hi) {
 void register_executor(nb::module_& m) {
   nb::class_<executor::RingEngine>(m, "RingEngine", "HT message streams through ring buffers in the proxy region.")
       .def("__init__", [](executor::RingEngine* e, nb::handle p) { new (e) executor::RingEngine(proxy_arg(p)); },
-           nb::arg("proxy").none(), nb::keep_alive<1, 2>())
+           any_arg("proxy"), nb::keep_alive<1, 2>())
       .def(
           "run_phase",
           [](executor::RingEngine& eng, nb::handle spec_h, nb::handle table_h, nb::handle out_h, nb::handle send_dst_h,
@@ -114,9 +114,9 @@ void register_executor(nb::module_& m) {
             nb::gil_scoped_release g;
             eng.run_phase(s, table.data(), table.shape(0), out.data(), out.shape(0), sends, recvs);
           },
-          nb::arg("spec").none(), nb::arg("table").none(), nb::arg("out").none(), nb::arg("send_dst").none(), nb::arg("send_ring").none(),
-          nb::arg("send_start").none(), nb::arg("send_count").none(), nb::arg("send_rows").none(), nb::arg("recv_src").none(), nb::arg("recv_ring").none(),
-          nb::arg("recv_out_row").none(), nb::arg("recv_count").none());
+          any_arg("spec"), any_arg("table"), any_arg("out"), any_arg("send_dst"), any_arg("send_ring"),
+          any_arg("send_start"), any_arg("send_count"), any_arg("send_rows"), any_arg("recv_src"), any_arg("recv_ring"),
+          any_arg("recv_out_row"), any_arg("recv_count"));
 
   m.def(
       "push_counted",
@@ -157,9 +157,9 @@ void register_executor(nb::module_& m) {
         nb::gil_scoped_release g;
         executor::push_counted(p, w, a, threads, timeout_s);
       },
-      nb::arg("proxy").none(), nb::arg("dst").none(), nb::arg("src_off").none(), nb::arg("dst_off").none(), nb::arg("counter").none(), nb::arg("len").none(),
-      nb::arg("atomic_dst").none(), nb::arg("atomic_counter").none(), nb::arg("atomic_value").none(), nb::arg("atomic_fenced").none(),
-      nb::arg("threads").none(), nb::arg("timeout_s").none(),
+      any_arg("proxy"), any_arg("dst"), any_arg("src_off"), any_arg("dst_off"), any_arg("counter"), any_arg("len"),
+      any_arg("atomic_dst"), any_arg("atomic_counter"), any_arg("atomic_value"), any_arg("atomic_fenced"),
+      any_arg("threads"), any_arg("timeout_s"),
       "LL sends: counted writes, then the atomics (fenced: value = writes + 1), each to FIFO counter % num_fifos.");
   m.def(
       "wait_counters",
@@ -176,7 +176,7 @@ void register_executor(nb::module_& m) {
         nb::gil_scoped_release g;
         executor::wait_counters(p, src.data(), counter.data(), target.data(), src.shape(0), timeout_s, phase);
       },
-      nb::arg("proxy").none(), nb::arg("src").none(), nb::arg("counter").none(), nb::arg("target").none(), nb::arg("timeout_s").none(), nb::arg("phase").none());
+      any_arg("proxy"), any_arg("src"), any_arg("counter"), any_arg("target"), any_arg("timeout_s"), any_arg("phase"));
 }
 
 }  // namespace uccl_ep::bindings

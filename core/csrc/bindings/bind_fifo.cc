@@ -67,12 +67,12 @@ void register_fifo(nb::module_& m) {
         d["seconds"] = r.seconds;
         return d;
       },
-      nb::arg("capacity").none(), nb::arg("producers").none(), nb::arg("per_producer").none(), nb::arg("timeout_s").none() = 60.0,
-      nb::arg("slow_consumer_ns").none() = 0, "Multi-producer stress of one HostFifo with a checking consumer thread.");
+      any_arg("capacity"), any_arg("producers"), any_arg("per_producer"), any_arg("timeout_s") = 60.0,
+      any_arg("slow_consumer_ns") = 0, "Multi-producer stress of one HostFifo with a checking consumer thread.");
 
   nb::class_<fifo::HostFifo>(m, "HostFifo", "One proxy FIFO's host half (tests and benchmarks drive it directly).")
       .def("__init__", [](fifo::HostFifo* f, nb::handle capacity) { new (f) fifo::HostFifo(capacity_arg(capacity)); },
-           nb::arg("capacity").none())
+           any_arg("capacity"))
       .def_prop_ro("capacity", &fifo::HostFifo::capacity)
       .def(
           "push",
@@ -88,7 +88,7 @@ void register_fifo(nb::module_& m) {
             if (st == fifo::PushStatus::kOk) return nb::cast(idx);
             return nb::none();
           },
-          nb::arg("word0").none(), nb::arg("word1").none(), nb::arg("timeout_s").none(), "Returns the index, or None on timeout/stop.")
+          any_arg("word0"), any_arg("word1"), any_arg("timeout_s"), "Returns the index, or None on timeout/stop.")
       .def("peek", [](const fifo::HostFifo& f) -> nb::object {
         TransferCmd c;
         if (!f.peek(&c)) return nb::none();
@@ -112,18 +112,18 @@ void register_fifo(nb::module_& m) {
                             std::to_string(wm));
             f.publish_completed(wm);
           },
-          nb::arg("watermark").none())
+          any_arg("watermark"))
       .def(
           "check_completion",
           [](const fifo::HostFifo& f, nb::handle idx) { return f.check_completion(u64_arg(idx, "index", ~uint64_t(0))); },
-          nb::arg("index").none())
+          any_arg("index"))
       .def(
           "set_status",
           [](fifo::HostFifo& f, nb::handle s) {
             f.set_status(u64_arg(s, "status", fifo::kStatusFailed,
                                  "status (0 running, 1 stopped, 2 failed: fifo_layout.h kStatus*)"));
           },
-          nb::arg("status").none())
+          any_arg("status"))
       .def_prop_ro("reserved", &fifo::HostFifo::reserved);
 
   nb::class_<OwnedReceiver>(m, "Receiver", "The receiver semantics of one proxy thread, driven directly (tests).")
@@ -134,14 +134,14 @@ void register_fifo(nb::module_& m) {
                                   uint32_t(int_arg(counters, "num_counters", 1, int64_t(protocol::limits::kMaxCounters),
                                                    "counters per source")));
           },
-          nb::arg("num_ranks").none(), nb::arg("num_counters").none())
+          any_arg("num_ranks"), any_arg("num_counters"))
       .def(
           "on_imm",
           [](OwnedReceiver& r, nb::handle src, nb::handle v) {
             const int s = int(int_arg(src, "src", -(int64_t(1) << 31), (int64_t(1) << 31) - 1));
             return r.receiver.on_imm(s, uint32_t(u64_arg(v, "imm", 0xFFFFFFFFull, "32-bit immediate")));
           },
-          nb::arg("src").none(), nb::arg("imm").none(), "Applies one immediate; returns '' or the protocol violation.")
+          any_arg("src"), any_arg("imm"), "Applies one immediate; returns '' or the protocol violation.")
       .def("counters", [](OwnedReceiver& r) {
         const size_t c = r.counters.size();
         return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(r.counters.data(), {c}, nb::find(&r));

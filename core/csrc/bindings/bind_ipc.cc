@@ -70,27 +70,27 @@ nb::bytes pack_fifo_layout(nb::handle slots_h, nb::handle head_h, nb::handle tai
 }  // namespace
 
 void register_ipc(nb::module_& m) {
-  m.def("proxy_fifo_layout", &fifo_layout, nb::arg("proxy").none(), nb::arg("index").none(),
+  m.def("proxy_fifo_layout", &fifo_layout, any_arg("proxy"), any_arg("index"),
         "Host addresses of one FIFO of a Proxy (slots, head, tail, tail_cache, completed, status).");
   m.def("proxy_counters_address", [](nb::handle h) {
     proxy::Proxy& p = proxy_arg(h);
     const proxy::ProxyConfig& c = p.config();
     return nb::make_tuple(addr(p.counters()), uint64_t(c.num_ranks) * c.num_counters * sizeof(int64_t));
-  }, nb::arg("proxy").none(), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
-  m.def("proxy_region_address", [](nb::handle h) { return addr(proxy_arg(h).region()); }, nb::arg("proxy").none());
-  m.def("pack_fifo_layout", &pack_fifo_layout, nb::arg("slots").none(), nb::arg("head").none(), nb::arg("tail").none(),
-        nb::arg("tail_cache").none(), nb::arg("completed").none(), nb::arg("status").none(), nb::arg("capacity").none(), nb::arg("capacity_log2").none());
+  }, any_arg("proxy"), "(address, bytes) of the proxy's int64 [num_ranks, num_counters] counters.");
+  m.def("proxy_region_address", [](nb::handle h) { return addr(proxy_arg(h).region()); }, any_arg("proxy"));
+  m.def("pack_fifo_layout", &pack_fifo_layout, any_arg("slots"), any_arg("head"), any_arg("tail"),
+        any_arg("tail_cache"), any_arg("completed"), any_arg("status"), any_arg("capacity"), any_arg("capacity_log2"));
   m.attr("FIFO_LAYOUT_BYTES") = sizeof(fifo::FifoLayout);
 
   nb::module_ c = nb::cast<nb::module_>(m.attr("cuda"));
   c.def("host_register", [](int device, uint64_t ptr, size_t bytes) {
     return static_cast<uint64_t>(cu::host_register(device, reinterpret_cast<void*>(ptr), bytes));
-  }, nb::arg("device").none(), nb::arg("ptr").none(), nb::arg("bytes").none(),
+  }, any_arg("device"), any_arg("ptr"), any_arg("bytes"),
      "Page-lock existing host memory and map it for the device; returns the device address of ptr.");
   c.def("host_unregister", [](int device, uint64_t ptr) { cu::host_unregister(device, reinterpret_cast<void*>(ptr)); });
   c.def("host_device_pointer", [](int device, uint64_t ptr) {
     return static_cast<uint64_t>(cu::host_device_pointer(device, reinterpret_cast<void*>(ptr)));
-  }, nb::arg("device").none(), nb::arg("ptr").none(), "Device address of a byte of registered host memory.");
+  }, any_arg("device"), any_arg("ptr"), "Device address of a byte of registered host memory.");
   c.def("pointer_memory_type", [](uint64_t ptr) { return cu::pointer_memory_type(ptr); });
   c.attr("MEMORY_TYPE_DEVICE") = cu::kMemoryTypeDevice;
   c.attr("MEMORY_TYPE_HOST") = cu::kMemoryTypeHost;

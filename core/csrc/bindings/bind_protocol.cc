@@ -116,7 +116,7 @@ void register_protocol(nb::module_& m) {
                                                   offset_arg(doff, "dst_off"), len_field(len, "len"),
                                                   counter_field(counter, "counter")));
       },
-      nb::arg("dst").none(), nb::arg("src_off").none(), nb::arg("dst_off").none(), nb::arg("len").none(), nb::arg("counter").none(),
+      any_arg("dst"), any_arg("src_off"), any_arg("dst_off"), any_arg("len"), any_arg("counter"),
       "(word0, word1) of a counted write; every value is checked against its field.");
   m.def(
       "encode_ordered_write",
@@ -126,7 +126,7 @@ void register_protocol(nb::module_& m) {
                                                   ordered_counter_field(counter, "counter"),
                                                   increment_field(inc, "increment")));
       },
-      nb::arg("dst").none(), nb::arg("src_off").none(), nb::arg("dst_off").none(), nb::arg("len").none(), nb::arg("counter").none(), nb::arg("increment").none());
+      any_arg("dst"), any_arg("src_off"), any_arg("dst_off"), any_arg("len"), any_arg("counter"), any_arg("increment"));
   m.def(
       "encode_atomic",
       [](nb::handle dst, nb::handle counter, nb::handle value, nb::handle fenced) {
@@ -134,13 +134,13 @@ void register_protocol(nb::module_& m) {
         return words(protocol::make_atomic(rank_field(dst, "dst"), counter_field(counter, "counter"),
                                            value_field(value, "value", f), f));
       },
-      nb::arg("dst").none(), nb::arg("counter").none(), nb::arg("value").none(), nb::arg("fenced").none());
+      any_arg("dst"), any_arg("counter"), any_arg("value"), any_arg("fenced"));
   m.def("encode_quiet", [](nb::handle whole) { return words(protocol::make_quiet(bool_arg(whole, "whole_thread"))); },
-        nb::arg("whole_thread").none());
+        any_arg("whole_thread"));
   m.def("encode_barrier", [](nb::handle rail) { return words(protocol::make_barrier(bool_arg(rail, "rail"))); },
-        nb::arg("rail").none());
-  m.def("encode_writes", &encode_writes, nb::arg("dst").none(), nb::arg("src_off").none(), nb::arg("dst_off").none(), nb::arg("len").none(),
-        nb::arg("counter").none(), nb::arg("increment").none(), nb::arg("ordered").none());
+        any_arg("rail"));
+  m.def("encode_writes", &encode_writes, any_arg("dst"), any_arg("src_off"), any_arg("dst_off"), any_arg("len"),
+        any_arg("counter"), any_arg("increment"), any_arg("ordered"));
   m.def(
       "decode_cmd",
       [](nb::handle w0h, nb::handle w1h) {
@@ -158,8 +158,8 @@ void register_protocol(nb::module_& m) {
         d["reserved_clear"] = protocol::cmd_reserved_clear(c);
         return d;
       },
-      nb::arg("word0").none(), nb::arg("word1").none());
-  m.def("imm_counted", [](nb::handle c) { return imm::counted(counter_field(c, "counter")); }, nb::arg("counter").none());
+      any_arg("word0"), any_arg("word1"));
+  m.def("imm_counted", [](nb::handle c) { return imm::counted(counter_field(c, "counter")); }, any_arg("counter"));
   m.def(
       "imm_ordered",
       [](nb::handle c, nb::handle seq, nb::handle inc) {
@@ -167,21 +167,21 @@ void register_protocol(nb::module_& m) {
                             uint32_t(u64_arg(seq, "seq", imm::limits::kSeqModulus - 1, "sequence number (11-bit field)")),
                             increment_field(inc, "increment"));
       },
-      nb::arg("counter").none(), nb::arg("seq").none(), nb::arg("increment").none());
+      any_arg("counter"), any_arg("seq"), any_arg("increment"));
   m.def(
       "imm_atomic",
       [](nb::handle c, nb::handle v, nb::handle fenced) {
         const bool f = bool_arg(fenced, "fenced");
         return imm::atomic(counter_field(c, "counter"), value_field(v, "value", f), f);
       },
-      nb::arg("counter").none(), nb::arg("value").none(), nb::arg("fenced").none());
+      any_arg("counter"), any_arg("value"), any_arg("fenced"));
   m.def(
       "imm_control",
       [](nb::handle op, nb::handle arg) {
         return imm::control(uint32_t(u64_arg(op, "op", imm::kImmOp.max_value(), "control operation (6-bit field)")),
                             uint32_t(u64_arg(arg, "arg", imm::kImmArg.max_value(), "control argument (24-bit field)")));
       },
-      nb::arg("op").none(), nb::arg("arg").none());
+      any_arg("op"), any_arg("arg"));
   m.def(
       "imm_decode",
       [](nb::handle vh) {
@@ -198,7 +198,7 @@ void register_protocol(nb::module_& m) {
         d["well_formed"] = imm::well_formed(v);
         return d;
       },
-      nb::arg("imm").none());
+      any_arg("imm"));
 }
 
 }  // namespace uccl_ep::bindings

@@ -222,11 +222,11 @@ void register_proxy(nb::module_& m) {
 
   m.def("transport_backends", &transport::backend_names, "Names in the transport table (csrc/transport/registry.cc).");
   m.def("transport_unavailable_reason", [](nb::handle name) { return transport::unavailable_reason(str_arg(name, "name")); },
-        nb::arg("name").none(), "'' when the transport can be created on this machine, else why not.");
+        any_arg("name"), "'' when the transport can be created on this machine, else why not.");
   m.def("fabric_domain_pci", [](nb::handle prov) { return transport::fabric_domain_pci(str_arg(prov, "provider")); },
-        nb::arg("provider").none() = "", "(NIC name, PCI address or '') of a provider's domains usable by the fabric transport.");
+        any_arg("provider") = "", "(NIC name, PCI address or '') of a provider's domains usable by the fabric transport.");
   m.def("fabric_domains", [](nb::handle prov) { return transport::fabric_domains(str_arg(prov, "provider")); },
-        nb::arg("provider").none() = "", "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
+        any_arg("provider") = "", "NICs (libfabric domain names) of a provider usable by the fabric transport, in its order.");
   m.def(
       "fabric_probe",
       [](nb::handle provider, nb::handle domain, nb::handle device) {
@@ -236,11 +236,11 @@ void register_proxy(nb::module_& m) {
         std::string name = transport::fabric_probe(prov, dom, dev, &why);
         return std::make_pair(name, why);
       },
-      nb::arg("provider").none() = "", nb::arg("domain").none() = "", nb::arg("hmem_cuda_device").none() = -1,
+      any_arg("provider") = "", any_arg("domain") = "", any_arg("hmem_cuda_device") = -1,
       "(endpoint name, '') if the fabric transport opens here for a host region (or, with hmem_cuda_device >= 0, "
       "one in that GPU's memory: FI_HMEM), else ('', why). Registers and connects nothing.");
   nb::class_<proxy::Proxy>(m, "Proxy", "The CPU proxy of one rank (see csrc/proxy/proxy.h).")
-      .def("__init__", [](proxy::Proxy* p, nb::handle cfg) { new (p) proxy::Proxy(config_from(cfg)); }, nb::arg("config").none())
+      .def("__init__", [](proxy::Proxy* p, nb::handle cfg) { new (p) proxy::Proxy(config_from(cfg)); }, any_arg("config"))
       .def("local_info", [](const proxy::Proxy& p) {
         const std::vector<uint8_t> b = p.local_info();
         return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
@@ -261,7 +261,7 @@ void register_proxy(nb::module_& m) {
         }
         nb::gil_scoped_release g;
         p.connect(v);
-      }, nb::arg("infos").none())
+      }, any_arg("infos"))
       .def("finalize_setup", &proxy::Proxy::finalize_setup)
       .def("start", &proxy::Proxy::start)
       .def("stop", &proxy::Proxy::stop, nb::call_guard<nb::gil_scoped_release>())
@@ -282,7 +282,7 @@ void register_proxy(nb::module_& m) {
             const double timeout = timeout_arg(t, "timeout_s");
             nb::gil_scoped_release g;
             return p.push(fifo, c, timeout);
-          }, nb::arg("fifo").none(), nb::arg("word0").none(), nb::arg("word1").none(), nb::arg("timeout_s").none())
+          }, any_arg("fifo"), any_arg("word0"), any_arg("word1"), any_arg("timeout_s"))
       .def("push_batch", [](proxy::Proxy& p, nb::handle f, nb::handle cmds_h, nb::handle t) {
             const int fifo = fifo_arg(p, f);
             using Cmds = nb::ndarray<const uint64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
@@ -298,7 +298,7 @@ void register_proxy(nb::module_& m) {
             nb::gil_scoped_release g;
             for (size_t i = 0; i < n; ++i) last = p.push(fifo, TransferCmd{w[2 * i], w[2 * i + 1]}, timeout);
             return last;
-          }, nb::arg("fifo").none(), nb::arg("commands").none(), nb::arg("timeout_s").none(), "Pushes rows in order; returns the last index.")
+          }, any_arg("fifo"), any_arg("commands"), any_arg("timeout_s"), "Pushes rows in order; returns the last index.")
       .def("wait_completion", [](proxy::Proxy& p, nb::handle f, nb::handle idx, nb::handle t, nb::handle phase) {
             const int fifo = fifo_arg(p, f);
             const uint64_t index = pushed_index_arg(p, fifo, idx);
@@ -306,7 +306,7 @@ void register_proxy(nb::module_& m) {
             const std::string ph = str_arg(phase, "phase");
             nb::gil_scoped_release g;
             p.wait_completion(fifo, index, timeout, ph);
-          }, nb::arg("fifo").none(), nb::arg("index").none(), nb::arg("timeout_s").none(), nb::arg("phase").none())
+          }, any_arg("fifo"), any_arg("index"), any_arg("timeout_s"), any_arg("phase"))
       .def("fifo_layout", [](proxy::Proxy& p, nb::handle fh) {
         const fifo::HostFifo& q = p.fifo(fifo_arg(p, fh));
         const fifo::FifoLayout& l = q.layout();
@@ -323,7 +323,7 @@ void register_proxy(nb::module_& m) {
         d["capacity"] = l.capacity;
         d["capacity_log2"] = l.capacity_log2;
         return d;
-      }, nb::arg("fifo").none(),
+      }, any_arg("fifo"),
       "Addresses of one FIFO (fifo_layout.h) for a GPU runtime: register `memory` (mapped) and hand "
       "kernels a FifoLayout with device-side head/tail_cache.")
       .def("copy_rings", [](const proxy::Proxy& p) {
@@ -345,10 +345,10 @@ void register_proxy(nb::module_& m) {
       .def("check_completion", [](proxy::Proxy& p, nb::handle fh, nb::handle idx) {
         const int f = fifo_arg(p, fh);
         return p.fifo(f).check_completion(u64_arg(idx, "index", ~uint64_t(0)));
-      }, nb::arg("fifo").none(), nb::arg("index").none())
+      }, any_arg("fifo"), any_arg("index"))
       .def("counter", [](proxy::Proxy& p, nb::handle src, nb::handle c) {
         return p.counter(rank_arg(p, src, "src"), counter_arg(p, c));
-      }, nb::arg("src").none(), nb::arg("counter").none())
+      }, any_arg("src"), any_arg("counter"))
       .def("wait_counter", [](proxy::Proxy& p, nb::handle src, nb::handle c, nb::handle target, nb::handle t,
                               nb::handle phase) {
             const int s = rank_arg(p, src, "src");
@@ -358,7 +358,7 @@ void register_proxy(nb::module_& m) {
             const std::string ph = str_arg(phase, "phase");
             nb::gil_scoped_release g;
             return p.wait_counter(s, ctr, tgt, timeout, ph);
-          }, nb::arg("src").none(), nb::arg("counter").none(), nb::arg("target").none(), nb::arg("timeout_s").none(), nb::arg("phase").none())
+          }, any_arg("src"), any_arg("counter"), any_arg("target"), any_arg("timeout_s"), any_arg("phase"))
       .def("reset_counters", &proxy::Proxy::reset_counters)
       .def("counters", [](proxy::Proxy& p) {
         const proxy::ProxyConfig& c = p.config();
@@ -396,16 +396,16 @@ void register_proxy(nb::module_& m) {
             }
             return nb::make_tuple(r.commands, r.seconds);
           },
-          nb::arg("producers").none(), nb::arg("per_producer").none(), nb::arg("dst").none() = -1, nb::arg("write_bytes").none() = 0,
-          nb::arg("src_off").none() = 0, nb::arg("dst_off").none() = 0, nb::arg("slots").none() = 1, nb::arg("fence").none() = false,
-          nb::arg("timeout_s").none() = 60.0,
+          any_arg("producers"), any_arg("per_producer"), any_arg("dst") = -1, any_arg("write_bytes") = 0,
+          any_arg("src_off") = 0, any_arg("dst_off") = 0, any_arg("slots") = 1, any_arg("fence") = false,
+          any_arg("timeout_s") = 60.0,
           "Host threads push commands into the FIFOs and wait for completion; returns (commands, seconds).")
       .def("set_excluded", [](proxy::Proxy& p, nb::handle peer, nb::handle on) {
             p.set_excluded(rank_arg(p, peer, "peer"), bool_arg(on, "excluded"));
-          }, nb::arg("peer").none(), nb::arg("excluded").none(),
+          }, any_arg("peer"), any_arg("excluded"),
            "Shrink mode: an excluded peer's failure marks it dead instead of failing the proxy.")
       .def("peer_dead", [](const proxy::Proxy& p, nb::handle peer) { return p.dead(rank_arg(p, peer, "peer")); },
-           nb::arg("peer").none())
+           any_arg("peer"))
       .def_prop_ro("failed", &proxy::Proxy::failed)
       .def("raise_if_failed", &proxy::Proxy::throw_if_failed);
 }

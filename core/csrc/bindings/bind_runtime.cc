@@ -10,7 +10,9 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "bindings/args.h"
 #include "bindings/register.h"
@@ -20,6 +22,30 @@ namespace nb = nanobind;
 namespace cu = uccl_ep::runtime::cu;
 
 namespace uccl_ep::bindings {
+
+namespace {
+
+// NOTES: module and function handles are addresses the driver dereferences; one that did not come
+// from module_load / module_function (a forged or stale int) would crash inside the driver, so
+// every handle this module hands out is recorded and every handle it takes is looked up.
+struct Handles {
+  std::mutex mu;
+  std::unordered_set<uint64_t> modules, functions;
+};
+Handles& handles() {
+  static Handles h;
+  return h;
+}
+void record(std::unordered_set<uint64_t> Handles::*set, uint64_t v) {
+  std::lock_guard<std::mutex> lock(handles().mu);
+  (handles().*set).insert(v);
+}
+void require(std::unordered_set<uint64_t> Handles::*set, uint64_t v, const char* name, const char* from) {
+  std::lock_guard<std::mutex> lock(handles().mu);
+  if (!(handles().*set).count(v)) raise_invalid(name, std::string("a handle returned by ") + from, std::to_string(v));
+}
+
+}  // namespace
 
 void register_runtime(nb::module_& parent) {
   nb::module_ m = parent.def_submodule("cuda", "lazy GPU runtime: libcuda or libamdhip64, loaded at first use");
@@ -90,7 +116,7 @@ void register_runtime(nb::module_& parent) {
   m.def("memcpy_dtod_async_batch", [](int device, uint64_t stream, nb::bytes triples) {
     // packed little-endian u64 {dst, src, bytes} per copy, issued in order on `stream` (one call
     // from Python for a whole combine's copy-engine work: ht_ce.py)
-    if (triples.size() % 24 != 0) throw std::invalid_argument("memcpy_dtod_async_batch: 24 bytes per copy");
+    if (triples.size() % 24 != 0) raise_invalid("triples", "24 bytes per copy", std::to_string(triples.size()));
     cu::use_device(device);
     const auto* w = reinterpret_cast<const uint64_t*>(triples.c_str());
     for (size_t i = 0; i < triples.size() / 24; ++i)
@@ -101,7 +127,8 @@ void register_runtime(nb::module_& parent) {
     // {1, -, -, -, p0..p7} a one-thread launch of `wait_function` with the 64-byte parameter
     // struct p0..p7 (ht_ce_wait: the copy after it waits for a peer's flag, bounded). ht_ce.py.
     constexpr size_t kWords = 12;
-    if (records.size() % (8 * kWords) != 0) throw std::invalid_argument("ce_chain: 96 bytes per step");
+    if (records.size() % (8 * kWords) != 0) raise_invalid("records", "96 bytes per step", std::to_string(records.size()));
+    require(&Handles::functions, wait_function, "wait_function", "module_function()");
     cu::use_device(device);
     const auto* w = reinterpret_cast<const uint64_t*>(records.c_str());
     const unsigned grid[3] = {1, 1, 1}, block[3] = {32, 1, 1};
@@ -119,7 +146,8 @@ void register_runtime(nb::module_& parent) {
     return nb::bytes(h.reserved, sizeof(h.reserved));
   });
   m.def("ipc_open_handle", [](int device, nb::bytes handle) {
-    if (handle.size() != sizeof(cu::CUipcMemHandle)) throw std::invalid_argument("IPC handle must be 64 bytes");
+    if (handle.size() != sizeof(cu::CUipcMemHandle))
+      raise_invalid("handle", "a 64-byte CUDA IPC handle", std::to_string(handle.size()) + " bytes");
     cu::CUipcMemHandle h;
     std::memcpy(h.reserved, handle.c_str(), sizeof(h.reserved));
     return static_cast<uint64_t>(cu::ipc_open_handle(device, h));
@@ -127,17 +155,24 @@ void register_runtime(nb::module_& parent) {
   m.def("ipc_close_handle", [](int device, uint64_t ptr) { cu::ipc_close_handle(device, ptr); });
 
   m.def("module_load", [](int device, nb::bytes image) {
-    return reinterpret_cast<uint64_t>(cu::module_load(device, image.c_str()));
+    const uint64_t mod = reinterpret_cast<uint64_t>(cu::module_load(device, image.c_str()));
+    record(&Handles::modules, mod);
+    return mod;
   }, "Load a cubin/fatbin image; the module stays loaded for the life of the process.");
   m.def("module_function", [](uint64_t module, const std::string& name) {
-    return reinterpret_cast<uint64_t>(cu::module_function(reinterpret_cast<cu::CUmodule>(module), name));
+    require(&Handles::modules, module, "module", "module_load()");
+    const uint64_t f = reinterpret_cast<uint64_t>(cu::module_function(reinterpret_cast<cu::CUmodule>(module), name));
+    record(&Handles::functions, f);
+    return f;
   });
   m.def("function_set_max_dynamic_smem", [](uint64_t f, int bytes) {
+    require(&Handles::functions, f, "function", "module_function()");
     cu::function_set_max_dynamic_smem(reinterpret_cast<cu::CUfunction>(f), bytes);
   });
   m.def("launch", [](int device, uint64_t f, std::tuple<unsigned, unsigned, unsigned> grid,
                      std::tuple<unsigned, unsigned, unsigned> block, unsigned smem, uint64_t stream,
                      nb::bytes params, bool cooperative, bool programmatic) {
+    require(&Handles::functions, f, "function", "module_function()");
     const unsigned g[3] = {std::get<0>(grid), std::get<1>(grid), std::get<2>(grid)};
     const unsigned b[3] = {std::get<0>(block), std::get<1>(block), std::get<2>(block)};
     cu::launch(device, reinterpret_cast<cu::CUfunction>(f), g, b, smem, reinterpret_cast<cu::CUstream>(stream),

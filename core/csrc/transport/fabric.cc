@@ -16,14 +16,12 @@
 //   fi_addr is mapped back to the rank (AV index = rank).
 // - rxm connects lazily and needs progress on both sides: the first write returns -FI_EAGAIN
 //   until polls on both endpoints complete the handshake.
-// - a write outside the target MR completes *successfully* at the initiator, while the target's
-//   provider drops it with a log line and tears down the connection (later writes on it vanish
-//   too; measured on tcp;ofi_rxm 1.17); efa reports it only to the initiator. The receiver's
-//   provider is what checks the range against the registered region, and the application never
-//   hears of it. So such a write is never posted: the endpoint checks every write against the
-//   peer's region (known from connect) and instead sends the peer a refusal notice, a zero-length
-//   write whose CQ data the receiving endpoint turns into kRemoteError naming the writer (and the
-//   offset, where the CQ data has room for it); the writer gets kLocalError(EFAULT).
+// - a write outside the target MR completes *successfully* at the initiator; the target's provider
+//   drops it with a log line and tears the connection down (later writes vanish too; tcp;ofi_rxm
+//   1.17); efa tells only the initiator. So such a write is never posted: the endpoint checks each
+//   write against the peer's region (from connect) and sends the peer a refusal notice instead, a
+//   zero-length write whose CQ data the receiver turns into kRemoteError naming the writer; the
+//   writer gets kLocalError(EFAULT).
 // - a write to a dead peer completes once (into the socket buffer), then fails with
 //   FI_ENOTCONN-class errors: the proxy turns those into PeerFailure.
 #include <algorithm>
@@ -39,6 +37,7 @@
 #include "runtime/dynlib.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
+#include "uccl_ep/immediate.h"
 
 #if defined(UCCL_EP_HAVE_FABRIC_HEADERS)
 #include <rdma/fabric.h>
@@ -97,11 +96,12 @@ std::string fi_err(const char* what, long rc) {
 // NOTES: efa first (production), then verbs through rxm (IB/RoCE), then tcp (anything with IP).
 const char* const kDefaultProviders[] = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
 
-// Refusal notice (see the top of the file). 8-byte CQ data: bit 63 set, source rank + 1 in bits
-// [32, 63), the refused offset in 16-byte units in the low 32 bits. 4-byte CQ data: this value,
-// a control immediate with op 63 that the proxy never sends (immediate.h ops end well below).
+// Refusal notice. 8-byte CQ data: bit 63, source rank + 1 in [32, 63), the offset in 16-byte units
+// in [0, 32). 4-byte CQ data: kNoticeImm, a control immediate the proxy never sends.
 constexpr uint64_t kNoticeBit = uint64_t(1) << 63;
 constexpr uint32_t kNoticeImm = 0xFFFFFFFFu;
+static_assert(imm::kind(kNoticeImm) == imm::kControl && imm::op(kNoticeImm) == 63 && imm::kOpGoodbye < 63,
+              "the refusal notice must stay a control immediate the proxy never sends");
 
 uint64_t fnv1a(const std::string& s, uint64_t salt) {
   uint64_t h = 1469598103934665603ull ^ salt;
@@ -355,31 +355,25 @@ class FabricTransport final : public Transport {
     bool notice;         // a refusal notice (no user completion)
   };
 
-  // A write outside the peer's region: the writer gets kLocalError(EFAULT) from the next poll, the
-  // peer a refusal notice naming this rank (posted now if an op slot is free; the provider orders
-  // it like any write, so it never overtakes earlier writes on an ordered endpoint).
+  // A write outside the peer's region: kLocalError(EFAULT) for the writer, a notice for the peer
+  // (ordered like any write, so it never overtakes earlier writes on an ordered endpoint).
   PostResult refuse(int peer, uint64_t remote_off, uint64_t len, uint64_t ctx) {
-    const Peer& p = peers_[size_t(peer)];
-    refused_.push_back({Completion::kLocalError, peer, 0, ctx, EFAULT,
-                        "rank " + std::to_string(peer) + " refused the write: target range [" + std::to_string(remote_off) +
-                            ", +" + std::to_string(len) + ") is outside its region of " + std::to_string(p.bytes) +
-                            " bytes (checked by the fabric endpoint before posting)"});
-    const uint64_t units = std::min<uint64_t>(remote_off / 16, 0x7FFFFFFFull);
-    notices_.push_back({peer, source_in_data_ ? kNoticeBit | (uint64_t(opt_.rank + 1) << 32) | units : kNoticeImm});
+    refused_.push_back({Completion::kLocalError, peer, 0, ctx, EFAULT, "rank " + std::to_string(peer) +
+        " refused the write: target range [" + std::to_string(remote_off) + ", +" + std::to_string(len) +
+        ") is outside its region of " + std::to_string(peers_[size_t(peer)].bytes) + " bytes (checked before posting)"});
+    const uint64_t at = std::min<uint64_t>(remote_off / 16, 0x7FFFFFFFull);
+    notices_.push_back({peer, source_in_data_ ? kNoticeBit | (uint64_t(opt_.rank + 1) << 32) | at : kNoticeImm});
     post_notices();
     return PostResult::kOk;
   }
 
-  // Posts pending refusal notices; a provider that is still connecting (-FI_EAGAIN) gets them on a
-  // later poll.
+  // Posts pending refusal notices (a provider still connecting, -FI_EAGAIN, gets them later).
   void post_notices() {
     while (!notices_.empty() && !free_.empty()) {
       const auto [peer, data] = notices_.front();
       const Peer& p = peers_[size_t(peer)];
       Op& op = ops_[free_.back()];
-      op.ctx = 0;
-      op.peer = peer;
-      op.notice = true;
+      op.ctx = 0, op.peer = peer, op.notice = true;
       const ssize_t rc = fi_writedata(ep_, region_, 0, desc_, data, p.addr, p.base, p.key, &op.fi_ctx);
       if (rc == -FI_EAGAIN) return;
       free_.pop_back();
@@ -389,9 +383,8 @@ class FabricTransport final : public Transport {
   }
 
   std::string notice_text(int src, uint64_t data) const {
-    std::string at;
-    if (source_in_data_) at = " at byte offset " + std::to_string((data & 0x7FFFFFFFull) * 16);
-    return "rank " + std::to_string(src) + " addressed a write" + at + " outside this rank's region of " +
+    return "rank " + std::to_string(src) + " addressed a write" + (source_in_data_ ? " at byte offset " +
+           std::to_string((data & 0x7FFFFFFFull) * 16) : std::string()) + " outside this rank's region of " +
            std::to_string(region_bytes_) + " bytes (refused by its fabric endpoint; nothing was written)";
   }
 

@@ -359,6 +359,13 @@ def _gpu_path_cases() -> list[Case]:
             Case("fabric_domains(None)", lambda ctx: ctx.C.fabric_domains(None)),
             Case("fabric_probe(hmem_cuda_device=5000)", lambda ctx: ctx.C.fabric_probe("", "", 5000)),
             Case("fabric_probe(provider=1)", lambda ctx: ctx.C.fabric_probe(1))]
+    # forged driver handles: refused before the driver would dereference them (with or without a GPU)
+    out += [Case("cuda.launch(forged function)", lambda ctx: ctx.C.cuda.launch(0, 0xDEAD0, (1, 1, 1), (32, 1, 1), 0, 0, b"")),
+            Case("cuda.module_function(forged module)", lambda ctx: ctx.C.cuda.module_function(0xBEEF0, "k")),
+            Case("cuda.function_set_max_dynamic_smem(forged function)",
+                 lambda ctx: ctx.C.cuda.function_set_max_dynamic_smem(8, 1024)),
+            Case("cuda.ce_chain(forged wait function)", lambda ctx: ctx.C.cuda.ce_chain(0, 0, 8, b"")),
+            Case("cuda.ipc_open_handle(3 bytes)", lambda ctx: ctx.C.cuda.ipc_open_handle(0, b"abc"))]
     from uccl_ep.proxy import native
     if not native().cuda.available()[0]:  # the raw driver layer: without libcuda every call says so
         cu = lambda ctx: ctx.C.cuda  # noqa: E731
