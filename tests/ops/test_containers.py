@@ -1,4 +1,4 @@
-"""Dockerfiles: hadolint-clean, image ENV equal to the recipes' platform profiles, and a real
+"""Dockerfiles: hadolint-clean, image ENV equal to the recipes' platform profiles (both ways), and a real
 build on the lab's Docker engine: the base Dockerfile on a debootstrap Debian with uccl-ep installed
 (torch from a wheel server on loopback), then `uccl-ep bench` inside the container."""
 
@@ -46,10 +46,12 @@ def test_image_env_matches_platform_profile(platform, layers):
     env: dict[str, str] = {}
     for layer in layers:
         env.update(image_env(ROOT / "containers" / layer / "Dockerfile"))
-    nic = {k: v for k, v in env.items() if k.startswith(("FI_", "NCCL_", "UCCL_EP_"))}
+    nic = {k: v for k, v in env.items() if k.startswith(("FI_", "NCCL_", "UCCL_EP_", "HSA_", "RCCL_"))}
     assert nic, f"no NIC env in the {platform} image"
     for key, value in nic.items():
         assert profile.get(key) == value, f"{platform}: image {key}={value!r}, recipe profile {profile.get(key)!r}"
+    for key, value in profile.items():  # and the other way: nothing the profile sets is missing from the image
+        assert env.get(key) == value, f"{platform}: recipe profile {key}={value!r}, image {env.get(key)!r}"
 
 
 @pytest.fixture(scope="module")
