@@ -78,7 +78,7 @@ def test_loads_initialises_and_keeps_its_choice(tmp_path):
     assert out == {"switched": False, "error": "the GPU runtime of this process is already 'hip'; cannot switch to 'cuda'",
                    "version": 60342134, "sms": 304}
     names = [c[0] for c in _calls(log)]
-    assert names[:3] == ["hipInit", "hipRuntimeGetVersion", "hipGetDeviceCount"]
+    assert names[:3] == ["hipRuntimeGetVersion", "hipInit", "hipGetDeviceCount"], "the version is checked first"
     assert ["hipDeviceGetAttribute", "63", "0"] in _calls(log), "SM count is HIP's multiprocessor count (63)"
 
 
