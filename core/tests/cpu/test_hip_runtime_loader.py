@@ -256,3 +256,19 @@ def test_kernels_use_the_warp_size_not_32():
             if _WARP_32.search(code):
                 hits.append(f"{path.name}:{no}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def test_block_sizes_count_wavefronts_under_a_rocm_torch(monkeypatch):
+    """Warps are 64 lanes on AMD: thread counts validated and derived in warps follow (ll.py, ht.py)."""
+    import torch
+
+    from uccl_ep.cuda import ll, runtime
+    from uccl_ep.errors import InvalidArgument
+    assert runtime.warp_size() == 32
+    monkeypatch.setattr(torch.version, "hip", "7.2.0")
+    assert runtime.warp_size() == 64
+    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "96")  # three CUDA warps, 1.5 wavefronts
+    with pytest.raises(InvalidArgument, match="a multiple of 64"):
+        ll._combine_recv_threads()
+    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "128")
+    assert ll._combine_recv_threads() == 128
