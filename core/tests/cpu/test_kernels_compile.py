@@ -110,6 +110,12 @@ def test_hip_gfx90a_gfx942_gfx950(source, hip_builds):
     objects, stderr = hip_builds[source].result()
     assert "warning" not in stderr, stderr[-3000:]
     assert {a: hip_toolchain.elf_mach(img) for a, img in objects.items()} == hip_toolchain.TARGETS
+    # every kernel of the source is in each code object under its C name (what hipModuleGetFunction takes)
+    names = re.findall(r'extern "C" __global__ void(?:\s+__launch_bounds__\([^)]*\))?\s+(\w+)\s*\(',
+                       (jit.kernel_dir() / source).read_text())
+    assert names
+    for arch, image in objects.items():
+        assert all(f"\0{n}.kd\0".encode() in image for n in names), (arch, names)
 
 
 def test_param_abi_sizes_match_the_packer(tmp_path):
