@@ -121,7 +121,7 @@ void register_runtime(nb::module_& parent) {
 
   m.def("module_load", [](int device, nb::bytes image) {
     return reinterpret_cast<uint64_t>(cu::module_load(device, image.c_str()));
-  }, "Load a cubin/fatbin image; the module stays loaded for the life of the process.");
+  }, "Load a cubin/fatbin (CUDA) or code object (HIP) image; the module stays loaded for the life of the process.");
   m.def("module_function", [](uint64_t module, const std::string& name) {
     return reinterpret_cast<uint64_t>(cu::module_function(reinterpret_cast<cu::CUmodule>(module), name));
   });
@@ -137,8 +137,9 @@ void register_runtime(nb::module_& parent) {
                params.c_str(), params.size(), cooperative, programmatic);
   }, nb::arg("device"), nb::arg("function"), nb::arg("grid"), nb::arg("block"), nb::arg("smem"), nb::arg("stream"),
      nb::arg("params"), nb::arg("cooperative") = false, nb::arg("programmatic") = false,
-     "cuLaunchKernelEx of a kernel taking one by-value parameter struct (`params`) on `stream`; "
-     "`programmatic`: programmatic dependent launch (may overlap the previous kernel on the stream).");
+     "Launch (cuLaunchKernelEx / hipModuleLaunchKernel) of a kernel taking one by-value parameter struct "
+     "(`params`) on `stream`; `programmatic`: programmatic dependent launch (may overlap the previous kernel "
+     "on the stream; plain stream order on HIP).");
 }
 
 }  // namespace uccl_ep::bindings

@@ -106,15 +106,17 @@ def test_failure_messages_say_what_failed(tmp_path, case, env, flags, which, exp
 
 
 def test_library_that_cannot_load_names_every_candidate(tmp_path):
-    """Each candidate soname is a stand-in whose own dependency is missing: all fail to load."""
+    """Each candidate soname, and $ROCM_PATH/lib/libamdhip64.so, is a stand-in whose own dependency is
+    missing: all fail to load, and the message has each one's reason."""
     dep = _standin(tmp_path / "dep", "libuccl_ep_standin_dep.so")
-    lib = tmp_path / "lib"
-    for name in CANDIDATES:
-        _standin(lib, name, f"-L{dep.parent}", "-Wl,--no-as-needed", "-luccl_ep_standin_dep")
+    lib, rocm = tmp_path / "lib", tmp_path / "rocm"
+    for directory, name in [(lib, n) for n in CANDIDATES] + [(rocm / "lib", "libamdhip64.so")]:
+        _standin(directory, name, f"-L{dep.parent}", "-Wl,--no-as-needed", "-luccl_ep_standin_dep")
     dep.unlink()
-    out = _run(lib, tmp_path / "calls.log", SELECT.format(which="hip"))
+    out = _run(lib, tmp_path / "calls.log", SELECT.format(which="hip"), ROCM_PATH=str(rocm))
     assert not out["ok"] and out["why"].startswith("cannot load the HIP runtime (libamdhip64.so): "), out
-    assert out["why"].count("libuccl_ep_standin_dep.so: cannot open shared object file") == len(CANDIDATES)
+    assert out["why"].count("libuccl_ep_standin_dep.so: cannot open shared object file") == len(CANDIDATES) + 1
+    assert f"{rocm}/lib/libamdhip64.so" in out["why"]
     assert "install ROCm 6.0+" in out["why"] and out["probe"]["loadable"] is False
 
 
