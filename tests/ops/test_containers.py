@@ -5,6 +5,7 @@ build on the lab's Docker engine: the base Dockerfile on a debootstrap Debian wi
 from __future__ import annotations
 
 import http.server
+import json
 import shlex
 import shutil
 import threading
@@ -139,3 +140,27 @@ def test_thor2_image_rebuilds_bnxt_re_at_start(docker_lab, base_image, tmp_path)
     assert "driver /usr/lib/libibverbs/libbnxt_re" in p.stdout, p.stdout
     assert "libbnxt_re-rdmav34.so.distro" in p.stdout, p.stdout  # the distribution's copy moved aside
     assert "FI=bnxt_re GID=3 INFLIGHT=32" in p.stdout, p.stdout
+
+
+def _doctor_json(torch_uses: str, hip_loadable: bool, hipcc: str | None) -> str:
+    return json.dumps({"torch": "2.10.0+rocm7.2.2" if torch_uses == "hip" else "2.11.0+cu130",
+                       "gpu_runtimes": {"torch_uses": torch_uses,
+                                        "hip": {"loadable": hip_loadable, "path": "/opt/rocm/lib/libamdhip64.so",
+                                                "why": "hipInit failed: hipErrorNoDevice"}},
+                       "compilers": {"hipcc": hipcc, "hipcc_why": "no hipcc in /opt/rocm/bin"}})
+
+
+@pytest.mark.parametrize("report,ok,says", [
+    ((("hip", True, "/opt/rocm/bin/hipcc")), True, "torch 2.10.0+rocm7.2.2 (ROCm)"),
+    ((("cuda", True, "/opt/rocm/bin/hipcc")), False, "torch is not a ROCm build"),
+    ((("hip", False, "/opt/rocm/bin/hipcc")), False, "libamdhip64 does not load"),
+    ((("hip", True, None)), False, "no hipcc"),
+])
+def test_rocm_image_check_reads_doctor(tmp_path, report, ok, says):
+    """containers/scripts/check-rocm-image (the ROCm image's build-time check) on canned doctor reports."""
+    fake = tmp_path / "uccl-ep"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_doctor_json(*report)}\nEOF\n")
+    fake.chmod(0o755)
+    p = run([str(VENV_PY), str(ROOT / "containers" / "scripts" / "check-rocm-image")], 60,
+            {"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert (p.returncode == 0) == ok and says in p.stdout, p.stdout
