@@ -72,11 +72,13 @@ def test_loads_initialises_and_keeps_its_choice(tmp_path):
             _C.cuda.select_runtime("cuda")
             print(json.dumps({"switched": True}))
         except RuntimeError as e:
+            from uccl_ep.cuda import runtime  # this torch is a CUDA build: the executor is told why not
             print(json.dumps({"switched": False, "error": str(e), "version": _C.cuda.driver_version(),
-                              "sms": _C.cuda.device_attribute(0, _C.cuda.ATTR_SM_COUNT)}))
+                              "sms": _C.cuda.device_attribute(0, _C.cuda.ATTR_SM_COUNT),
+                              "reason": runtime.driver_unavailable_reason()}))
         """))
-    assert out == {"switched": False, "error": "the GPU runtime of this process is already 'hip'; cannot switch to 'cuda'",
-                   "version": 60342134, "sms": 304}
+    switch = "the GPU runtime of this process is already 'hip'; cannot switch to 'cuda'"
+    assert out == {"switched": False, "error": switch, "version": 60342134, "sms": 304, "reason": switch}
     names = [c[0] for c in _calls(log)]
     assert names[:3] == ["hipRuntimeGetVersion", "hipInit", "hipGetDeviceCount"], "the version is checked first"
     assert ["hipDeviceGetAttribute", "63", "0"] in _calls(log), "SM count is HIP's multiprocessor count (63)"

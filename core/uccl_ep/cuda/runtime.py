@@ -37,7 +37,10 @@ def _select(native) -> tuple[bool, str]:
 
     NOTES: named, never guessed: a ROCm torch gets the HIP runtime or an error saying why not, not
     libcuda because one happens to be installed."""
-    return native.select_runtime(torch_gpu_runtime())
+    try:
+        return native.select_runtime(torch_gpu_runtime())
+    except RuntimeError as e:  # the process already uses the other runtime
+        return False, str(e)
 
 
 def driver():
