@@ -41,8 +41,9 @@ def _gpus() -> dict[str, Any]:
         info["count"] = n
         for i in range(n):
             p = torch.cuda.get_device_properties(i)
+            gcn = str(getattr(p, "gcnArchName", "") or "")  # AMD: "gfx942:sramecc+:xnack-"
             info["devices"].append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
-                                    "arch": (getattr(p, "gcnArchName", "") or "").split(":")[0] or f"sm_{p.major}{p.minor}",
+                                    "arch": gcn.split(":")[0] if gcn.startswith("gfx") else f"sm_{p.major}{p.minor}",
                                     "sms": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1)})
         info["peer_access"] = [[i == j or torch.cuda.can_device_access_peer(i, j) for j in range(n)] for i in range(n)]
         topo = _cmd(["nvidia-smi", "topo", "-m"])
