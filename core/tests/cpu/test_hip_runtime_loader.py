@@ -276,3 +276,17 @@ def test_block_sizes_count_wavefronts_under_a_rocm_torch(monkeypatch):
         ll._combine_recv_threads()
     monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "128")
     assert ll._combine_recv_threads() == 128
+
+
+def test_doctor_reports_the_runtime_found_and_why_the_other_is_absent(tmp_path):
+    lib = tmp_path / "lib"
+    _standin(lib)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib), "STANDIN_LOG": str(tmp_path / "calls.log")}
+    res = subprocess.run([sys.executable, "-m", "uccl_ep.cli", "doctor", "--json"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rt = json.loads(res.stdout)["gpu_runtimes"]
+    assert rt["hip"] == {"loadable": True, "usable": True, "path": "libamdhip64.so", "why": "", "version": 60342134}
+    if not rt["cuda"]["usable"]:  # no NVIDIA driver here: the reason names the library
+        assert rt["cuda"]["why"].startswith("cannot load the CUDA driver (libcuda.so.1): ")
+    assert rt["torch_uses"] in ("cuda", "auto")  # this torch is not a ROCm build
