@@ -290,3 +290,23 @@ def test_doctor_reports_the_runtime_found_and_why_the_other_is_absent(tmp_path):
     if not rt["cuda"]["usable"]:  # no NVIDIA driver here: the reason names the library
         assert rt["cuda"]["why"].startswith("cannot load the CUDA driver (libcuda.so.1): ")
     assert rt["torch_uses"] in ("cuda", "auto")  # this torch is not a ROCm build
+
+
+# Vendor intrinsics and inline assembly: only arch.cuh, and the NVIDIA-only bulk-copy sources that HIP
+# refuses at compile time, may name them.
+_VENDOR = re.compile(r"\basm\b|__nv_|__builtin_amdgcn|__hip_atomic|__shfl|__ballot|__ldcg|__ldg\b|__nanosleep|"
+                     r"__syncwarp|__cvta|__activemask|__grid_constant__")
+_NVIDIA_ONLY = {"ht_bulk.cuh", "intranode_dispatch_tma.cu", "intranode_combine_tma.cu"}
+_NOT_YET_MOVED = {"ll_proxy_dma.cu"}  # ld_volatile_v2: its 16-byte copy-ring load, to move into arch.cuh
+
+
+def test_vendor_code_lives_in_the_arch_header():
+    from uccl_ep.cuda import jit
+    hits = []
+    for path in sorted(jit.kernel_dir().rglob("*.cu*")):
+        if path.name in {"arch.cuh"} | _NVIDIA_ONLY | _NOT_YET_MOVED:
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if _VENDOR.search(line.split("//", 1)[0]):
+                hits.append(f"{path.name}:{no}: {line.strip()}")
+    assert not hits, "\n".join(hits)
