@@ -58,6 +58,41 @@ def test_nvcc_sm90_sm100(source, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+# Literal warp-size arithmetic on thread indices (a warp is 64 lanes on AMD): kernels use kWarpSize.
+_WARP_32 = re.compile(r"\b(tid|threadIdx\.x|lane|n)\s*(\+\s*31\s*\))?\s*[/%]\s*32\b|\[\s*\w+\s*/\s*32\s*\]")
+
+
+def test_kernels_use_the_warp_size_not_32():
+    hits = []
+    for path in sorted(jit.kernel_dir().rglob("*.cu*")):
+        if path.name == "arch.cuh":
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("//", 1)[0]
+            if _WARP_32.search(code):
+                hits.append(f"{path.name}:{no}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+
+
+# Vendor intrinsics and inline assembly: only arch.cuh, and the NVIDIA-only bulk-copy sources that HIP
+# refuses at compile time, may name them.
+_VENDOR = re.compile(r"\basm\b|__nv_|__builtin_amdgcn|__hip_atomic|__shfl|__ballot|__ldcg|__ldg\b|__nanosleep|"
+                     r"__syncwarp|__cvta|__activemask|__grid_constant__")
+_NVIDIA_ONLY = {"ht_bulk.cuh", "intranode_dispatch_tma.cu", "intranode_combine_tma.cu"}
+_NOT_YET_MOVED = {"ll_proxy_dma.cu"}  # ld_volatile_v2: its 16-byte copy-ring load, to move into arch.cuh
+
+
+def test_vendor_code_lives_in_the_arch_header():
+    hits = []
+    for path in sorted(jit.kernel_dir().rglob("*.cu*")):
+        if path.name in {"arch.cuh"} | _NVIDIA_ONLY | _NOT_YET_MOVED:
+            continue
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if _VENDOR.search(line.split("//", 1)[0]):
+                hits.append(f"{path.name}:{no}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+
+
 def _hip_build(source: str, archs: tuple[str, ...]) -> tuple[dict[str, bytes], str]:
     """Device code objects of core/kernels/<source> for `archs` (one clang call) and the compiler's
     stderr. NOTES: cached under ~/.cache/uccl_ep/ci-hip by the JIT's key (source, every header it
