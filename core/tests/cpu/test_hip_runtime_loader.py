@@ -1,7 +1,8 @@
 """The HIP runtime loader (core/csrc/runtime/hip_api.cc, behind cuda_driver.h) without an AMD GPU:
 a stand-in libamdhip64 (hip_standin.c, built here) records every call. Covered: what each way of
-failing to load says, reuse of a HIP runtime already in the process, and the runtime calls of one
-low-latency dispatch made by the real LowLatencyEngine, with a kernel the JIT compiled for gfx942."""
+failing to load says, reuse of a HIP runtime already in the process, the runtime calls of one
+low-latency dispatch made by the real LowLatencyEngine (with kernels the JIT compiled for gfx942),
+what a ROCm torch selects (HIP runtime, hipcc, 64-lane warps), and what `uccl-ep doctor` reports."""
 
 from __future__ import annotations
 
