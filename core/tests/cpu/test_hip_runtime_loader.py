@@ -272,3 +272,38 @@ def test_doctor_reports_the_runtime_found_and_why_the_other_is_absent(tmp_path):
     if not rt["cuda"]["usable"]:  # no NVIDIA driver here: the reason names the library
         assert rt["cuda"]["why"].startswith("cannot load the CUDA driver (libcuda.so.1): ")
     assert rt["torch_uses"] in ("cuda", "auto")  # this torch is not a ROCm build
+
+
+NORMAL = """
+import json
+from types import SimpleNamespace
+import torch
+from uccl_ep.cuda import ht, runtime
+
+torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
+drv = runtime.driver()
+nvl = runtime.DeviceMemory(0, 1 << 22)
+ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0), nvl_mem=nvl, drv=drv,
+                     nvl_peer_base=[nvl.ptr] * 8)
+eng = ht.NormalEngine(ex)
+print(json.dumps({"block": eng.block, "combine_block": eng.combine_block, "G": eng.G, "smem": eng.combine_smem}))
+"""
+
+
+def test_normal_mode_blocks_are_wavefronts_on_amd(tmp_path):
+    """The HT engine on the HIP runtime: R x G warps per block are 64-lane wavefronts (16 warps of 8 ranks:
+    1024 threads), its kernels JIT-compile for gfx942 at that block size and load by name."""
+    if hip_toolchain.clang() is None:
+        if os.environ.get("CI"):
+            pytest.fail("clang-22 / HIP headers missing on CI: ci/setup.d/20-gpu-toolchain.sh should install them")
+        pytest.skip("clang-22 with Debian's HIP headers not installed (ci/setup.d/20-gpu-toolchain.sh)")
+    lib, log = tmp_path / "lib", tmp_path / "calls.log"
+    _standin(lib)
+    out = _run(lib, log, NORMAL, UCCL_EP_CUDA_ARCH="gfx942", UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(tmp_path)),
+               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"), UCCL_EP_HT_WARPS="16",
+               UCCL_EP_HT_COMBINE_WARPS="16")
+    assert out == {"block": 1024, "combine_block": 1024, "G": 2, "smem": 0}
+    calls = _calls(log)
+    assert [c[1] for c in calls if c[0] == "hipModuleGetFunction"] == ["ht_layout", "ht_notify", "ht_dispatch",
+                                                                      "ht_combine"]
+    assert all(c == ["hipModuleLoadData", "elf=1", "mach=0x4c"] for c in calls if c[0] == "hipModuleLoadData")
