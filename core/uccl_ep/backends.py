@@ -9,6 +9,9 @@ reference executor (`uccl_ep.refs`), which defines the semantics.
 | `reference` | any     | torch.distributed collectives (gloo / NCCL)       |
 | `host`      | CPU     | host threads -> queue -> proxy -> transport       |
 | `cuda`      | CUDA    | JIT kernels -> NVLink stores / queue -> proxy     |
+
+`cuda` runs on the GPU runtime torch was built for: libcuda, or libamdhip64 under a ROCm torch
+(`torch.version.hip`; kernels compiled by hipcc for the device's gfx target, docs/amd.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Dockerfiles: hadolint-clean, image ENV equal to the recipes' platform profiles, and a real
+"""Dockerfiles: hadolint-clean, image ENV equal to the recipes' platform profiles (both ways), and a real
 build on the lab's Docker engine: the base Dockerfile on a debootstrap Debian with uccl-ep installed
 (torch from a wheel server on loopback), then `uccl-ep bench` inside the container."""
 
 from __future__ import annotations
 
 import http.server
+import json
 import shlex
 import shutil
 import threading
@@ -46,10 +47,12 @@ def test_image_env_matches_platform_profile(platform, layers):
     env: dict[str, str] = {}
     for layer in layers:
         env.update(image_env(ROOT / "containers" / layer / "Dockerfile"))
-    nic = {k: v for k, v in env.items() if k.startswith(("FI_", "NCCL_", "UCCL_EP_"))}
+    nic = {k: v for k, v in env.items() if k.startswith(("FI_", "NCCL_", "UCCL_EP_", "HSA_", "RCCL_"))}
     assert nic, f"no NIC env in the {platform} image"
     for key, value in nic.items():
         assert profile.get(key) == value, f"{platform}: image {key}={value!r}, recipe profile {profile.get(key)!r}"
+    for key, value in profile.items():  # and the other way: nothing the profile sets is missing from the image
+        assert env.get(key) == value, f"{platform}: recipe profile {key}={value!r}, image {env.get(key)!r}"
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +140,27 @@ def test_thor2_image_rebuilds_bnxt_re_at_start(docker_lab, base_image, tmp_path)
     assert "driver /usr/lib/libibverbs/libbnxt_re" in p.stdout, p.stdout
     assert "libbnxt_re-rdmav34.so.distro" in p.stdout, p.stdout  # the distribution's copy moved aside
     assert "FI=bnxt_re GID=3 INFLIGHT=32" in p.stdout, p.stdout
+
+
+def _doctor_json(torch_uses: str, hip_loadable: bool, hipcc: str | None) -> str:
+    return json.dumps({"torch": "2.10.0+rocm7.2.2" if torch_uses == "hip" else "2.11.0+cu130",
+                       "gpu_runtimes": {"torch_uses": torch_uses,
+                                        "hip": {"loadable": hip_loadable, "path": "/opt/rocm/lib/libamdhip64.so",
+                                                "why": "hipInit failed: hipErrorNoDevice"}},
+                       "compilers": {"hipcc": hipcc, "hipcc_why": "no hipcc in /opt/rocm/bin"}})
+
+
+@pytest.mark.parametrize("report,ok,says", [
+    ((("hip", True, "/opt/rocm/bin/hipcc")), True, "torch 2.10.0+rocm7.2.2 (ROCm)"),
+    ((("cuda", True, "/opt/rocm/bin/hipcc")), False, "torch is not a ROCm build"),
+    ((("hip", False, "/opt/rocm/bin/hipcc")), False, "libamdhip64 does not load"),
+    ((("hip", True, None)), False, "no hipcc"),
+])
+def test_rocm_image_check_reads_doctor(tmp_path, report, ok, says):
+    """containers/scripts/check-rocm-image (the ROCm image's build-time check) on canned doctor reports."""
+    fake = tmp_path / "uccl-ep"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_doctor_json(*report)}\nEOF\n")
+    fake.chmod(0o755)
+    p = run([str(VENV_PY), str(ROOT / "containers" / "scripts" / "check-rocm-image")], 60,
+            {"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert (p.returncode == 0) == ok and says in p.stdout, p.stdout

@@ -158,7 +158,7 @@ void register_runtime(nb::module_& parent) {
     const uint64_t mod = reinterpret_cast<uint64_t>(cu::module_load(device, image.c_str()));
     record(&Handles::modules, mod);
     return mod;
-  }, "Load a cubin/fatbin image; the module stays loaded for the life of the process.");
+  }, "Load a cubin/fatbin (CUDA) or code object (HIP) image; the module stays loaded for the life of the process.");
   m.def("module_function", [](uint64_t module, const std::string& name) {
     require(&Handles::modules, module, "module", "module_load()");
     const uint64_t f = reinterpret_cast<uint64_t>(cu::module_function(reinterpret_cast<cu::CUmodule>(module), name));
@@ -179,8 +179,9 @@ void register_runtime(nb::module_& parent) {
                params.c_str(), params.size(), cooperative, programmatic);
   }, nb::arg("device"), nb::arg("function"), nb::arg("grid"), nb::arg("block"), nb::arg("smem"), nb::arg("stream"),
      nb::arg("params"), nb::arg("cooperative") = false, nb::arg("programmatic") = false,
-     "cuLaunchKernelEx of a kernel taking one by-value parameter struct (`params`) on `stream`; "
-     "`programmatic`: programmatic dependent launch (may overlap the previous kernel on the stream).");
+     "Launch (cuLaunchKernelEx / hipModuleLaunchKernel) of a kernel taking one by-value parameter struct "
+     "(`params`) on `stream`; `programmatic`: programmatic dependent launch (may overlap the previous kernel "
+     "on the stream; plain stream order on HIP).");
 }
 
 }  // namespace uccl_ep::bindings

@@ -4,6 +4,7 @@
 #include <link.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -65,7 +66,13 @@ void* open_library(const std::string& name, std::string* error_out, std::string*
       if (!path.empty()) c.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
       if (c.handle != nullptr) c.path = path;
     }
-    for (const auto& soname : candidate_sonames(name)) {
+    std::vector<std::string> candidates = candidate_sonames(name);
+    if (name == "hip") {
+      // NOTES: ROCm installs outside the loader's default path; its standard location last.
+      const char* rocm = std::getenv("ROCM_PATH");
+      candidates.push_back(std::string(rocm != nullptr && *rocm != '\0' ? rocm : "/opt/rocm") + "/lib/libamdhip64.so");
+    }
+    for (const auto& soname : candidates) {
       if (c.handle != nullptr) break;
       // NOTES: RTLD_LOCAL keeps our copy's symbols from interposing on a framework's own
       // libfabric/libcuda; RTLD_NOW surfaces missing symbols here, not mid-transfer.
@@ -77,7 +84,9 @@ void* open_library(const std::string& name, std::string* error_out, std::string*
         break;
       }
       const char* e = dlerror();
-      c.error += (c.error.empty() ? "" : "; ") + (e != nullptr ? std::string(e) : "cannot load " + soname);
+      std::string why = e != nullptr ? e : "cannot load";
+      if (why.compare(0, soname.size(), soname) != 0) why = soname + ": " + why;  // name the candidate once
+      c.error += (c.error.empty() ? "" : "; ") + why;
     }
   }
   if (error_out != nullptr) *error_out = c.error;

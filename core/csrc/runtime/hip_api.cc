@@ -185,6 +185,12 @@ bool load_hip_api(Api* a, std::string* why) {
   bind(lib, "hipEventRecord", "hipEventRecord", a->EventRecord, &missing);
   bind(lib, "hipEventQuery", "hipEventQuery", a->EventQuery, &missing);
   bind(lib, "hipMemcpyDtoDAsync", "hipMemcpyDtoDAsync", a->MemcpyDtoDAsync, &missing);
+  // NOTES: the version first: an old ROCm also lacks entry points, and its version says why.
+  const bool have_version = r.RuntimeGetVersion != nullptr && r.RuntimeGetVersion(&a->version) == 0;
+  if (have_version && a->version < kHipMinVersion) {
+    *why = "the HIP runtime " + path + " is version " + version_text(a->version) + "; uccl_ep needs ROCm 6.0 or newer";
+    return false;
+  }
   if (!missing.empty()) {
     *why = "libamdhip64 (" + path + ") lacks entry point " + missing + " (uccl_ep needs ROCm 6.0 or newer)";
     return false;
@@ -204,7 +210,7 @@ bool load_hip_api(Api* a, std::string* why) {
     *why = std::string("hipInit failed: ") + error_name(rc) + " (no usable AMD GPU, or /dev/kfd not accessible)";
     return false;
   }
-  if (CUresult rc = r.RuntimeGetVersion(&a->version)) {
+  if (CUresult rc = have_version ? 0 : r.RuntimeGetVersion(&a->version)) {
     *why = std::string("hipRuntimeGetVersion failed: ") + error_name(rc);
     return false;
   }

@@ -1,12 +1,12 @@
 """The HIP runtime loader (core/csrc/runtime/hip_api.cc, behind cuda_driver.h) without an AMD GPU:
 a stand-in libamdhip64 (hip_standin.c, built here) records every call. Covered: what each way of
-failing to load says, reuse of a HIP runtime already in the process, and the runtime calls of one
-low-latency dispatch made by the real LowLatencyEngine, with a kernel the JIT compiled for gfx942."""
+failing to load says, reuse of a HIP runtime already in the process, the runtime calls of one
+low-latency dispatch made by the real LowLatencyEngine (with kernels the JIT compiled for gfx942),
+what a ROCm torch selects (HIP runtime, hipcc, 64-lane warps), and what `uccl-ep doctor` reports."""
 
 from __future__ import annotations
 
 import json
-import re
 import os
 import shutil
 import struct
@@ -55,7 +55,6 @@ def _calls(log: Path) -> list[list[str]]:
 
 SELECT = """
 import json
-import re
 from uccl_ep import _C
 ok, why = _C.cuda.select_runtime({which!r})
 print(json.dumps({{"ok": ok, "why": why, "name": _C.cuda.runtime_name(), "again": _C.cuda.available(),
@@ -72,13 +71,15 @@ def test_loads_initialises_and_keeps_its_choice(tmp_path):
             _C.cuda.select_runtime("cuda")
             print(json.dumps({"switched": True}))
         except RuntimeError as e:
+            from uccl_ep.cuda import runtime  # this torch is a CUDA build: the executor is told why not
             print(json.dumps({"switched": False, "error": str(e), "version": _C.cuda.driver_version(),
-                              "sms": _C.cuda.device_attribute(0, _C.cuda.ATTR_SM_COUNT)}))
+                              "sms": _C.cuda.device_attribute(0, _C.cuda.ATTR_SM_COUNT),
+                              "reason": runtime.driver_unavailable_reason()}))
         """))
-    assert out == {"switched": False, "error": "the GPU runtime of this process is already 'hip'; cannot switch to 'cuda'",
-                   "version": 60342134, "sms": 304}
+    switch = "the GPU runtime of this process is already 'hip'; cannot switch to 'cuda'"
+    assert out == {"switched": False, "error": switch, "version": 60342134, "sms": 304, "reason": switch}
     names = [c[0] for c in _calls(log)]
-    assert names[:3] == ["hipInit", "hipRuntimeGetVersion", "hipGetDeviceCount"]
+    assert names[:3] == ["hipRuntimeGetVersion", "hipInit", "hipGetDeviceCount"], "the version is checked first"
     assert ["hipDeviceGetAttribute", "63", "0"] in _calls(log), "SM count is HIP's multiprocessor count (63)"
 
 
@@ -106,15 +107,17 @@ def test_failure_messages_say_what_failed(tmp_path, case, env, flags, which, exp
 
 
 def test_library_that_cannot_load_names_every_candidate(tmp_path):
-    """Each candidate soname is a stand-in whose own dependency is missing: all fail to load."""
+    """Each candidate soname, and $ROCM_PATH/lib/libamdhip64.so, is a stand-in whose own dependency is
+    missing: all fail to load, and the message has each one's reason."""
     dep = _standin(tmp_path / "dep", "libuccl_ep_standin_dep.so")
-    lib = tmp_path / "lib"
-    for name in CANDIDATES:
-        _standin(lib, name, f"-L{dep.parent}", "-Wl,--no-as-needed", "-luccl_ep_standin_dep")
+    lib, rocm = tmp_path / "lib", tmp_path / "rocm"
+    for directory, name in [(lib, n) for n in CANDIDATES] + [(rocm / "lib", "libamdhip64.so")]:
+        _standin(directory, name, f"-L{dep.parent}", "-Wl,--no-as-needed", "-luccl_ep_standin_dep")
     dep.unlink()
-    out = _run(lib, tmp_path / "calls.log", SELECT.format(which="hip"))
+    out = _run(lib, tmp_path / "calls.log", SELECT.format(which="hip"), ROCM_PATH=str(rocm))
     assert not out["ok"] and out["why"].startswith("cannot load the HIP runtime (libamdhip64.so): "), out
-    assert out["why"].count("libuccl_ep_standin_dep.so: cannot open shared object file") == len(CANDIDATES)
+    assert out["why"].count("libuccl_ep_standin_dep.so: cannot open shared object file") == len(CANDIDATES) + 1
+    assert f"{rocm}/lib/libamdhip64.so" in out["why"]
     assert "install ROCm 6.0+" in out["why"] and out["probe"]["loadable"] is False
 
 
@@ -241,18 +244,66 @@ def test_rocm_torch_selects_the_hip_path_with_hipcc(tmp_path, monkeypatch):
     assert executor.unavailable_reason(ctx) is None
 
 
-# Literal warp-size arithmetic on thread indices (a warp is 64 lanes on AMD): kernels use kWarpSize.
-_WARP_32 = re.compile(r"\b(tid|threadIdx\.x|lane|n)\s*(\+\s*31\s*\))?\s*[/%]\s*32\b|\[\s*\w+\s*/\s*32\s*\]")
+def test_block_sizes_count_wavefronts_under_a_rocm_torch(monkeypatch):
+    """Warps are 64 lanes on AMD: thread counts validated and derived in warps follow (ll.py, ht.py)."""
+    import torch
+
+    from uccl_ep.cuda import ll, runtime
+    from uccl_ep.errors import InvalidArgument
+    assert runtime.warp_size() == 32
+    monkeypatch.setattr(torch.version, "hip", "7.2.0")
+    assert runtime.warp_size() == 64
+    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "96")  # three CUDA warps, 1.5 wavefronts
+    with pytest.raises(InvalidArgument, match="a multiple of 64"):
+        ll._combine_recv_threads()
+    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "128")
+    assert ll._combine_recv_threads() == 128
 
 
-def test_kernels_use_the_warp_size_not_32():
-    from uccl_ep.cuda import jit
-    hits = []
-    for path in sorted(jit.kernel_dir().rglob("*.cu*")):
-        if path.name == "arch.cuh":
-            continue
-        for no, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("//", 1)[0]
-            if _WARP_32.search(code):
-                hits.append(f"{path.name}:{no}: {line.strip()}")
-    assert not hits, "\n".join(hits)
+def test_doctor_reports_the_runtime_found_and_why_the_other_is_absent(tmp_path):
+    lib = tmp_path / "lib"
+    _standin(lib)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib), "STANDIN_LOG": str(tmp_path / "calls.log")}
+    res = subprocess.run([sys.executable, "-m", "uccl_ep.cli", "doctor", "--json"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rt = json.loads(res.stdout)["gpu_runtimes"]
+    assert rt["hip"] == {"loadable": True, "usable": True, "path": "libamdhip64.so", "why": "", "version": 60342134}
+    if not rt["cuda"]["usable"]:  # no NVIDIA driver here: the reason names the library
+        assert rt["cuda"]["why"].startswith("cannot load the CUDA driver (libcuda.so.1): ")
+    assert rt["torch_uses"] in ("cuda", "auto")  # this torch is not a ROCm build
+
+
+NORMAL = """
+import json
+from types import SimpleNamespace
+import torch
+from uccl_ep.cuda import ht, runtime
+
+torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
+drv = runtime.driver()
+nvl = runtime.DeviceMemory(0, 1 << 22)
+ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0), nvl_mem=nvl, drv=drv,
+                     nvl_peer_base=[nvl.ptr] * 8)
+eng = ht.NormalEngine(ex)
+print(json.dumps({"block": eng.block, "combine_block": eng.combine_block, "G": eng.G, "smem": eng.combine_smem}))
+"""
+
+
+def test_normal_mode_blocks_are_wavefronts_on_amd(tmp_path):
+    """The HT engine on the HIP runtime: R x G warps per block are 64-lane wavefronts (16 warps of 8 ranks:
+    1024 threads), its kernels JIT-compile for gfx942 at that block size and load by name."""
+    if hip_toolchain.clang() is None:
+        if os.environ.get("CI"):
+            pytest.fail("clang-22 / HIP headers missing on CI: ci/setup.d/20-gpu-toolchain.sh should install them")
+        pytest.skip("clang-22 with Debian's HIP headers not installed (ci/setup.d/20-gpu-toolchain.sh)")
+    lib, log = tmp_path / "lib", tmp_path / "calls.log"
+    _standin(lib)
+    out = _run(lib, log, NORMAL, UCCL_EP_CUDA_ARCH="gfx942", UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(tmp_path)),
+               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"), UCCL_EP_HT_WARPS="16",
+               UCCL_EP_HT_COMBINE_WARPS="16")
+    assert out == {"block": 1024, "combine_block": 1024, "G": 2, "smem": 0}
+    calls = _calls(log)
+    assert [c[1] for c in calls if c[0] == "hipModuleGetFunction"] == ["ht_layout", "ht_notify", "ht_dispatch",
+                                                                      "ht_combine"]
+    assert all(c == ["hipModuleLoadData", "elf=1", "mach=0x4c"] for c in calls if c[0] == "hipModuleLoadData")

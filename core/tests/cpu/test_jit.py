@@ -152,3 +152,27 @@ def test_driver_missing_is_reported_not_raised_at_import():
         from uccl_ep.cuda.runtime import driver
         with pytest.raises(MissingDependency, match="libcuda"):
             driver()
+
+
+def test_gfx_targets_compile_with_hipcc_into_code_objects(tmp_path, fake_nvcc, monkeypatch):
+    """A gfx arch takes the HIP compiler (UCCL_EP_HIPCC, ...) with device-only HIP flags, the same
+    cache rules, and a .hsaco code object; a missing hipcc names where it looked and what to install."""
+    compiler, log = fake_nvcc
+    monkeypatch.setenv("UCCL_EP_HIPCC", str(compiler))
+    cache = tmp_path / "cache"
+    out = jit.compile_cubin("ll_combine.cu", "gfx942", cache_dir=cache)
+    assert out.suffix == ".hsaco" and "gfx942" in out.name
+    text = out.read_text()
+    assert "--offload-arch=gfx942" in text and "--offload-device-only" in text and "-x hip" in text
+    assert jit.compile_cubin("ll_combine.cu", "gfx942", cache_dir=cache) == out and _calls(log) == 1
+    assert jit.compile_cubin("ll_combine.cu", "gfx950", cache_dir=cache) != out and _calls(log) == 2
+    monkeypatch.setenv("UCCL_EP_HIPCC", str(tmp_path / "nope" / "hipcc"))
+    with pytest.raises(MissingDependency, match="UCCL_EP_HIPCC: .*nope.*install ROCm"):
+        jit.compile_cubin("ll_combine.cu", "gfx942", cache_dir=cache / "other")
+
+
+def test_amd_arch_names():
+    assert jit.arch_for_gcn("gfx942:sramecc+:xnack-") == "gfx942"
+    assert jit.arch_for_gcn("gfx950") == "gfx950"
+    with pytest.raises(MissingDependency, match="UCCL_EP_CUDA_ARCH"):
+        jit.arch_for_gcn("Instinct MI300X")

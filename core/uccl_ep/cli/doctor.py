@@ -41,7 +41,9 @@ def _gpus() -> dict[str, Any]:
         info["count"] = n
         for i in range(n):
             p = torch.cuda.get_device_properties(i)
+            gcn = str(getattr(p, "gcnArchName", "") or "")  # AMD: "gfx942:sramecc+:xnack-"
             info["devices"].append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                                    "arch": gcn.split(":")[0] if gcn.startswith("gfx") else f"sm_{p.major}{p.minor}",
                                     "sms": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1)})
         info["peer_access"] = [[i == j or torch.cuda.can_device_access_peer(i, j) for j in range(n)] for i in range(n)]
         topo = _cmd(["nvidia-smi", "topo", "-m"])
@@ -249,8 +251,8 @@ def run(args) -> int:
     table.add_column("item", style="bold")
     table.add_column("finding")
     g = report["gpus"]
-    table.add_row("GPUs", ", ".join(f"{d['index']}: {d['name']} (sm_{d['capability'].replace('.', '')}, "
-                                    f"{d['sms']} SMs)" for d in g["devices"]) or "none")
+    table.add_row("GPUs", ", ".join(f"{d['index']}: {d['name']} ({d['arch']}, {d['sms']} SMs/CUs)"
+                                    for d in g["devices"]) or "none")
     if g.get("peer_access") is not None:
         table.add_row("peer access / NVLink", f"{g['peer_access']} / nvlink={g.get('nvlink')}")
     rt = report["gpu_runtimes"]

@@ -22,7 +22,7 @@ from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import ht_variants
 from .ht_ce import CopyEngineOps
-from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
+from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
 
 __all__ = ["NormalEngine", "CudaNormalPlan"]
 
@@ -66,7 +66,11 @@ class NormalEngine:
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
         self.G, self.Gc = ht_variants.warps_per_peer(self.R)
-        self.block, self.combine_block = self.R * self.G * 32, self.R * self.Gc * 32
+        lanes = warp_size()  # the kernels give each peer G warps (64-lane wavefronts on AMD)
+        self.block, self.combine_block = self.R * self.G * lanes, self.R * self.Gc * lanes
+        if max(self.block, self.combine_block) > 1024:
+            raise InvalidArgument("UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS", f"at most {1024 // lanes} warps of "
+                                  f"{lanes} threads per block", max(self.G, self.Gc) * self.R)
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)
         ex.drv.memcpy_htod(self.dev, self.peers.ptr, struct.pack(f"<{self.R}Q", *ex.nvl_peer_base))

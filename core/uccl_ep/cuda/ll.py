@@ -27,7 +27,8 @@ from .. import env
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..refs.low_latency import LowLatencyPlan
-from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor, sm_number
+from .runtime import (DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor, sm_number,
+                      warp_size)
 
 __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 
@@ -45,8 +46,9 @@ def _align(n: int) -> int:
 
 def _combine_recv_threads() -> int:
     n = env.get("UCCL_EP_LL_COMBINE_RECV_THREADS")
-    if n % 32:
-        raise InvalidArgument("UCCL_EP_LL_COMBINE_RECV_THREADS", "a multiple of 32 in [32, 512]", n)
+    lanes = warp_size()  # whole warps: 64-lane wavefronts on AMD
+    if n % lanes:
+        raise InvalidArgument("UCCL_EP_LL_COMBINE_RECV_THREADS", f"a multiple of {lanes} in [{lanes}, 512]", n)
     return n
 
 

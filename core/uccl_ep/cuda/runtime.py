@@ -22,7 +22,7 @@ from ..errors import MissingDependency
 from . import jit
 
 __all__ = ["driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "param_fields",
-           "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch"]
+           "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch", "warp_size"]
 
 
 def torch_gpu_runtime() -> str:
@@ -37,7 +37,10 @@ def _select(native) -> tuple[bool, str]:
 
     NOTES: named, never guessed: a ROCm torch gets the HIP runtime or an error saying why not, not
     libcuda because one happens to be installed."""
-    return native.select_runtime(torch_gpu_runtime())
+    try:
+        return native.select_runtime(torch_gpu_runtime())
+    except RuntimeError as e:  # the process already uses the other runtime
+        return False, str(e)
 
 
 def driver():
@@ -129,6 +132,13 @@ def device_arch(device: int) -> str:
         return jit.arch_for_gcn(torch.cuda.get_device_properties(device).gcnArchName)
     return jit.arch_for_capability(drv.device_attribute(device, drv.ATTR_CC_MAJOR),
                                    drv.device_attribute(device, drv.ATTR_CC_MINOR))
+
+
+def warp_size() -> int:
+    """Threads per warp of the GPU runtime torch uses (the one `driver()` binds): 64 (an AMD wavefront)
+    under HIP, 32 under CUDA. Block sizes counted in warps (the HT kernels' warps per peer) scale by
+    it: arch.cuh's kWarpSize."""
+    return 64 if torch_gpu_runtime() == "hip" else 32
 
 
 def sm_number(arch: str) -> int:

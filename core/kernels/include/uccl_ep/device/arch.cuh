@@ -1,8 +1,10 @@
 // One warp/wavefront abstraction for uccl_ep kernels: CUDA (nvcc) and HIP (hipcc).
 //
 // Kernels include only this header for everything that differs between vendors: warp size,
-// lane shuffles, memory-order loads/stores at system scope, fences, a nanosecond clock, and
-// 128-bit vector types. Code above this layer never names a vendor intrinsic.
+// lane shuffles, memory-order loads/stores at system scope, fences, a nanosecond clock, 128-bit
+// vector types, hardware number conversions, asynchronous copies and the by-value kernel parameter
+// attribute. Code above this layer never names a vendor intrinsic (the NVIDIA-only bulk-copy
+// variants, ht_bulk.cuh and *_tma.cu, are refused on HIP at compile time).
 //
 // NOTES: kernels are written for any warp size that is a multiple of 8 (the FP8 cast reduces over
 // groups of 8 lanes); on AMD a "warp" is a 64-lane wavefront.
@@ -14,11 +16,19 @@
 #include <hip/hip_runtime.h>
 #define UCCL_EP_HIP 1
 #else
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #define UCCL_EP_CUDA 1
 #endif
 
 #define UCCL_DEVICE __device__ __forceinline__
+
+// Kernel parameter structs are passed by value as __grid_constant__ where CUDA has it.
+#if UCCL_EP_HIP
+#define UCCL_GRID_CONSTANT
+#else
+#define UCCL_GRID_CONSTANT __grid_constant__
+#endif
 
 namespace uccl_ep::dev {
 
@@ -286,5 +296,61 @@ UCCL_DEVICE Vec16 ld16_cg(const void* p) {
 
 // 4-byte load that skips L1, for the same memory as ld16_cg (message fields, combine weights).
 UCCL_DEVICE uint32_t ld_u32_cg(const uint8_t* p) { return *reinterpret_cast<const volatile uint32_t*>(p); }
+
+// ---- hardware number conversions (numeric.cuh converts in software where these are absent) ------
+// NOTES: AMD's gfx942 converts to FP8 in the fnuz encoding, not the OCP e4m3fn DeepEP uses; the
+// software conversion is exact on every target.
+#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define UCCL_EP_HAS_HW_E4M3X2 1
+// Two fp32 -> two e4m3fn bytes (low byte = a), round to nearest even, saturating.
+UCCL_DEVICE uint32_t hw_float2_to_e4m3x2(float a, float b) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
+#else
+#define UCCL_EP_HAS_HW_E4M3X2 0
+#endif
+
+#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define UCCL_EP_HAS_HW_BF16X2 1
+// Two floats -> packed bf16 pair (lo in the low half), round to nearest even (NaN: canonical 0x7fff).
+UCCL_DEVICE uint32_t hw_pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#else
+#define UCCL_EP_HAS_HW_BF16X2 0
+#endif
+
+// ---- asynchronous copies global -> shared (cp.async, sm_80+; a plain copy elsewhere) -----------
+#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define UCCL_EP_HAS_CP_ASYNC 1
+#else
+#define UCCL_EP_HAS_CP_ASYNC 0
+#endif
+
+// 16 bytes global -> shared without registers, through L2 only (as ld16_cg), sm_80+.
+UCCL_DEVICE void cp_async16_cg(void* smem, const void* gmem) {
+#if UCCL_EP_HAS_CP_ASYNC
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<Vec16*>(smem) = ld16_cg(gmem);
+#endif
+}
+
+UCCL_DEVICE void cp_async_commit() {
+#if UCCL_EP_HAS_CP_ASYNC
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+UCCL_DEVICE void cp_async_wait() {
+#if UCCL_EP_HAS_CP_ASYNC
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
 
 }  // namespace uccl_ep::dev

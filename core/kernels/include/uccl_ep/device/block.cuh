@@ -3,12 +3,6 @@
 
 #include "uccl_ep/device/arch.cuh"
 
-#if UCCL_EP_HIP
-#define UCCL_GRID_CONSTANT
-#else
-#define UCCL_GRID_CONSTANT __grid_constant__
-#endif
-
 namespace uccl_ep::dev {
 
 // Exclusive prefix sum of one int per thread; `scratch` holds 2 * blockDim.x ints.

@@ -104,39 +104,9 @@ UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int
   }
 }
 
-#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define UCCL_EP_HAS_CP_ASYNC 1
-#else
-#define UCCL_EP_HAS_CP_ASYNC 0
-#endif
-
-// 16 bytes global -> shared without registers, through L2 only (as ld16_cg), sm_80+.
-UCCL_DEVICE void cp_async16_cg(void* smem, const void* gmem) {
-#if UCCL_EP_HAS_CP_ASYNC
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *reinterpret_cast<Vec16*>(smem) = ld16_cg(gmem);
-#endif
-}
-
-UCCL_DEVICE void cp_async_commit() {
-#if UCCL_EP_HAS_CP_ASYNC
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N>
-UCCL_DEVICE void cp_async_wait() {
-#if UCCL_EP_HAS_CP_ASYNC
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 // Vec16 per warp of warp_combine_rows_staged's stage area.
 template <int U, int D>
-constexpr int kCombineStageVecs = D * 2 * U * 32;
+constexpr int kCombineStageVecs = D * 2 * U * kWarpSize;
 
 // warp_combine_rows with the chunks staged through this warp's shared memory (`stage`,
 // kCombineStageVecs<U, D> vectors) by cp.async: D chunks in flight per warp and no registers held

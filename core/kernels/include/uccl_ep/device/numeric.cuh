@@ -8,10 +8,6 @@
 
 #include "uccl_ep/device/arch.cuh"
 
-#if UCCL_EP_CUDA
-#include <cuda_fp8.h>
-#endif
-
 namespace uccl_ep::dev {
 
 constexpr float kFp8Max = 448.0f;
@@ -50,9 +46,8 @@ UCCL_DEVICE uint32_t float_to_e4m3_soft(float f) {
 
 // Two fp32 -> two e4m3 bytes (low byte = a).
 UCCL_DEVICE uint32_t float2_to_e4m3x2(float a, float b) {
-#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  float2 v = make_float2(a, b);
-  return uint32_t(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
+#if UCCL_EP_HAS_HW_E4M3X2
+  return hw_float2_to_e4m3x2(a, b);
 #else
   return float_to_e4m3_soft(a) | (float_to_e4m3_soft(b) << 8);
 #endif
@@ -99,10 +94,8 @@ UCCL_DEVICE void unpack_bf16x8(const Vec16& v, float* out) {
 // payload of NaN (hardware: canonical 0x7fff, as torch's CUDA kernels produce; software: quieted
 // input payload, as torch's CPU conversion produces).
 UCCL_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
-#if UCCL_EP_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
+#if UCCL_EP_HAS_HW_BF16X2
+  return hw_pack_bf16x2(lo, hi);
 #else
   return float_to_bf16(lo) | (float_to_bf16(hi) << 16);
 #endif
