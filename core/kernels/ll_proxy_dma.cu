@@ -42,15 +42,6 @@ UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
 }
 
-// Two adjacent words of mapped host memory in one 16-byte load (16-byte aligned).
-UCCL_DEVICE void ld_volatile_v2(const uint64_t* p, uint64_t& a, uint64_t& b) {
-#if UCCL_EP_HIP
-  a = reinterpret_cast<const volatile uint64_t*>(p)[0];
-  b = reinterpret_cast<const volatile uint64_t*>(p)[1];
-#else
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
-#endif
-}
 
 // Copies [src, +len) to dst: this block's share of 16-byte units (block b of nb takes every nb-th
 // span of blockDim.x units), kInFlight loads in flight per thread; bytes when anything is unaligned.

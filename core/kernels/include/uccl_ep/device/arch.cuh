@@ -216,7 +216,26 @@ UCCL_DEVICE void max_release_gpu(uint64_t* p, uint64_t v) {
 #endif
 }
 
+UCCL_DEVICE void st_release_gpu(uint64_t* p, uint64_t v) {
+#if UCCL_EP_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
 UCCL_DEVICE int ld_volatile(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
+
+// Two adjacent words of (mapped host) memory in one 16-byte load, 16-byte aligned: one PCIe round
+// trip for a copy-ring descriptor's half (dma_ring.h). HIP: two 8-byte loads.
+UCCL_DEVICE void ld_volatile_v2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+#if UCCL_EP_HIP
+  a = reinterpret_cast<const volatile uint64_t*>(p)[0];
+  b = reinterpret_cast<const volatile uint64_t*>(p)[1];
+#else
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+#endif
+}
 
 // NOTES: fence.sc.sys (MEMBAR.SC.SYS) also joins a single global order of every SC fence and costs
 // microseconds while NVLink traffic is in flight; publishing (stores, then a flag) needs only

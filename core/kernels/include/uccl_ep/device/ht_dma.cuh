@@ -62,24 +62,6 @@ UCCL_DEVICE uint64_t shfl64(uint64_t v, int src) {
 UCCL_DEVICE uint64_t ld_volatile64(const uint64_t* p) { return *reinterpret_cast<const volatile uint64_t*>(p); }
 UCCL_DEVICE uint32_t ld_volatile32(const uint32_t* p) { return *reinterpret_cast<const volatile uint32_t*>(p); }
 
-// Two adjacent words of mapped host memory in one 16-byte load (16-byte aligned).
-UCCL_DEVICE void ld_volatile_pair(const uint64_t* p, uint64_t& a, uint64_t& b) {
-#if UCCL_EP_HIP
-  a = reinterpret_cast<const volatile uint64_t*>(p)[0];
-  b = reinterpret_cast<const volatile uint64_t*>(p)[1];
-#else
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
-#endif
-}
-
-UCCL_DEVICE void st_release_gpu(uint64_t* p, uint64_t v) {
-#if UCCL_EP_HIP
-  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
-#else
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#endif
-}
-
 // One warp copies [src, +len) to dst: 8 loads in flight per lane, around L1 (the source is staging
 // written by other SMs of this GPU); bytes when anything is unaligned.
 constexpr int kInFlight = 8;
@@ -152,8 +134,8 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
         const uint64_t k = idx + uint64_t(lane);
         const DmaDesc* slot = r.slots + (k & cap_mask);
         uint64_t dst, src, len, seq;
-        ld_volatile_pair(&slot->dst, dst, src);
-        ld_volatile_pair(&slot->len, len, seq);
+        ld_volatile_v2(&slot->dst, dst, src);
+        ld_volatile_v2(&slot->len, len, seq);
         const uint64_t tag = dma_tag(k);
         const bool posted = seq == k + 1 && (dst & ~kDmaFieldMask) == tag && (src & ~kDmaFieldMask) == tag &&
                             (len & ~kDmaFieldMask) == tag;

@@ -157,14 +157,6 @@ UCCL_DEVICE int64_t wait_self(const uint64_t* word, int64_t target, const RingAr
   }
 }
 
-UCCL_DEVICE void st_release_gpu_u64(uint64_t* p, uint64_t v) {
-#if UCCL_EP_HIP
-  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
-#else
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#endif
-}
-
 // One thread: waits (bounded) until TAIL of stream (src, c) covers `target` messages (the proxy's
 // counter, or the device word of the stream to itself); the value, or -1 (error word filled).
 UCCL_DEVICE int64_t wait_tail(const RingArgs& a, int src, int c, int64_t target, int phase) {
@@ -198,7 +190,7 @@ UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int p
 // The stream to this rank itself publishes the position in device memory (HTProxyState::self_head).
 UCCL_DEVICE bool return_credit(const RingArgs& a, int src, int c, int64_t consumed, int64_t n, int phase) {
   if (src != a.rank) return push_credit(a, src, c, n, phase);
-  st_release_gpu_u64(&a.state->self_head[a.first_ring + c], uint64_t(consumed));  // the slots' reads before it
+  st_release_gpu(&a.state->self_head[a.first_ring + c], uint64_t(consumed));  // the slots' reads before it
   return true;
 }
 
@@ -247,7 +239,7 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
     else fence_system();
     group_sync(g);
     if (leader && local) {
-      st_release_gpu_u64(&a.state->self_tail[ring], uint64_t(base + k1));
+      st_release_gpu(&a.state->self_tail[ring], uint64_t(base + k1));
       failed = !stager.finish(k0, k1, base);
     } else if (leader) {
       const int64_t slot0 = (base + k0) % a.slots;
