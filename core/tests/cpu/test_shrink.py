@@ -84,9 +84,9 @@ def _shrink_worker(rank, world, backend, mode):
     return first, later, destroy_s
 
 
+# each backend: both failure modes, 2 and 3 ranks (a pair of cases each, to keep CI time down)
 @pytest.mark.parametrize("backend,world,mode", [
-    ("host", 2, "silent"), ("host", 2, "killed"), ("host", 3, "silent"), ("host", 3, "killed"),
-    ("reference", 2, "silent"), ("reference", 3, "killed"),
+    ("host", 2, "silent"), ("host", 3, "killed"), ("reference", 2, "killed"), ("reference", 3, "silent"),
 ])
 def test_failed_rank_is_masked(backend, world, mode):
     results = run_ranks(_shrink_worker, world, backend, mode, timeout_s=240, may_die=(world - 1,),
@@ -151,7 +151,6 @@ def _barrier_worker(rank, world):
     return took, again
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_cuda_host_barrier_masks_a_silent_rank(world):
-    for took, again in run_ranks(_barrier_worker, world, timeout_s=120)[:-1]:
+def test_cuda_host_barrier_masks_a_silent_rank():
+    for took, again in run_ranks(_barrier_worker, 3, timeout_s=120)[:-1]:
         assert TIMEOUT_S / 2 * 0.9 < took < 3 * TIMEOUT_S / 2 and again < 0.5, (took, again)

@@ -29,6 +29,7 @@ class DeviceMask:
         self.num_ranks = num_ranks
         self.mem = DeviceMemory(device, 4 * num_ranks)
         driver().memset_d8(device, self.mem.ptr, 0, 4 * num_ranks, 0)
+        driver().synchronize(device)
         self.words = raw_tensor(self.mem.ptr, 4 * num_ranks, device, self.mem).view(torch.int32)
 
     @property

@@ -14,6 +14,11 @@ carrying num_max and "I mask you" (shrink mode): the receiver checks num_max agr
 masked it (DeepEP learns it from a timeout) and knows exactly which count signals will come, so
 counters stay exact across masking. Masked peers are excluded in the proxy: if they die, they
 are marked dead and skipped instead of failing this rank.
+
+Shrink mode (enable_shrink): every peer is excluded in the proxy from the start, and a peer that
+misses a signal within the timeout, or dies, is masked (DeepEP: a timed-out wait masks the rank):
+the op completes without it, and it is not waited for again while it stays masked (``ex.lost``).
+``masked_barrier`` is the barrier of clean_low_latency_buffer and destroy in that mode.
 """
 
 from __future__ import annotations
