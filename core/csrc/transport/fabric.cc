@@ -34,6 +34,7 @@
 #include <deque>
 #include <vector>
 
+#include "runtime/cuda_driver.h"
 #include "runtime/dynlib.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
@@ -196,12 +197,15 @@ class FabricTransport final : public Transport {
       attr.iov_count = 1;
       attr.access = FI_WRITE | FI_REMOTE_WRITE;
       attr.requested_key = key;
-      attr.iface = FI_HMEM_CUDA;
-      attr.device.cuda = opt_.hmem_cuda_device;
+      // The process's GPU runtime says whose memory it is: ROCr's (AMD, under a ROCm torch) or CUDA's.
+      const bool rocr = runtime::cu::runtime_name() == "hip";
+      attr.iface = rocr ? FI_HMEM_ROCR : FI_HMEM_CUDA;
+      if (rocr) attr.device.reserved = 0;  // ROCr memory is found by its address (libfabric's rocr hmem)
+      else attr.device.cuda = opt_.hmem_cuda_device;
       rc = fi_mr_regattr(domain_, &attr, 0, &mr_);
       if (rc)
         throw TransportError(fi_err(("fi_mr_regattr of the region in GPU " + std::to_string(opt_.hmem_cuda_device) +
-                                     "'s memory (FI_HMEM_CUDA)").c_str(), rc));
+                                     "'s memory (" + (rocr ? "FI_HMEM_ROCR" : "FI_HMEM_CUDA") + ")").c_str(), rc));
     } else {
       rc = fi_mr_reg(domain_, base, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, key, 0, &mr_, nullptr);
       if (rc) throw TransportError(fi_err("fi_mr_reg of the region", rc));
