@@ -44,7 +44,7 @@ from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import gpu_transport
 from . import ht_internode_plan as plan
-from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params
+from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params, warp_size
 
 __all__ = ["serves", "unavailable_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
 
@@ -214,7 +214,7 @@ class ProxyNormalEngine:
             return main_blocks, dict(dma_blocks=0, dma_senders=0)
         extra = per_ring * self.num_proxy_threads
         if senders is None:
-            senders = main_blocks * (block // 32)
+            senders = main_blocks * (block // warp_size())  # lane 0 of every warp (64-lane wavefronts on AMD)
         return main_blocks + extra, dict(dma_blocks=extra, dma_senders=senders)
 
     # -- shared pieces -----------------------------------------------------------------------------
