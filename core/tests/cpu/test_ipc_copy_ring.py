@@ -200,7 +200,7 @@ def _group_with_a_silent_rank(world, transport, silent, excluded=False, **kw):
     from test_proxy import FAULT
     cfg = dict(num_ranks=world, num_threads=1, fifos_per_thread=1, num_counters=32, region_bytes=1 << 20,
                transport=transport, token_digest=hashlib.sha256(f"t-{random.random()}".encode()).hexdigest(),
-               timeout_s=1.0, ipc_copy="kernel", **(FAULT if transport.startswith("fault:") else {}), **kw)
+               timeout_s=3.0, ipc_copy="kernel", **(FAULT if transport.startswith("fault:") else {}), **kw)
     ps = [C.Proxy(dict(cfg, rank=r)) for r in range(world)]
     infos = [p.local_info() for p in ps]
     for p in ps:
@@ -258,10 +258,10 @@ def test_writes_dropped_for_a_failed_peer_still_reach_the_copy_kernel(transport)
 
 
 def test_without_shrink_the_copy_kernel_ends_with_the_proxys_peer_failure():
-    """Without shrink a failed peer fails the proxy (PeerFailure naming it, within half the timeout)
-    and the FIFO status word leaves running: a copy kernel waiting for descriptors of Writes the
-    proxy never posted sees it and ends at once (the executor then raises the proxy's PeerFailure)
-    rather than waiting out its timeout."""
+    """Without shrink a failed peer fails the proxy (PeerFailure naming it, within the timeout) and
+    the FIFO status word leaves running: a copy kernel waiting for descriptors of Writes the proxy
+    never posted sees it and ends at once (the executor then raises the proxy's PeerFailure) rather
+    than waiting out its timeout."""
     from uccl_ep.errors import PeerFailure
     ps = _group_with_a_silent_rank(2, "ipc", silent=1)
     try:
@@ -269,7 +269,7 @@ def test_without_shrink_the_copy_kernel_ends_with_the_proxys_peer_failure():
         t0 = time.monotonic()
         with pytest.raises(PeerFailure) as info:
             p0.wait_counter(1, 0, 1, 5.0, "test")
-        assert time.monotonic() - t0 < 1.0 and info.value.peer == 1 and info.value.rank == 0
+        assert time.monotonic() - t0 < 3.0 and info.value.peer == 1 and info.value.rank == 0
         ring = RingConsumer(p0.copy_rings()[0])
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="left running"):
