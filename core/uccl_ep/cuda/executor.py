@@ -307,7 +307,8 @@ class CudaExecutor(Executor):
     def destroy(self):
         """Release everything, also with a peer gone or the GPU context failed: every step runs (each
         is bounded), and the first error is raised after the last."""
-        steps = [lambda: self._watch and self._watch.close(),  # before the error word it writes is freed
+        watch = getattr(self, "_watch", None)
+        steps = [lambda: watch and watch.close(),  # before the error word it writes is freed
                  lambda: torch.cuda.synchronize(self.device)]
         if self._ll is not None and hasattr(self._ll, "close"):
             steps.append(self._ll.close)  # the proxy stops before the LL buffer it copies into is freed
