@@ -272,8 +272,9 @@ class IpcTransport final : public Transport {
   // (outstanding until the consumer passed it), so nothing waits for bytes that never come.
   PostResult discard(int peer, uint64_t len, std::string* error) override {
     if (!kernel_copies() || len == 0) return PostResult::kOk;  // no consumer counts these bytes
-    if (peer < 0 || size_t(peer) >= peers_.size() || engine_ == nullptr) {
-      if (error) *error = engine_ == nullptr ? "ipc: the endpoint was shut down" : "ipc: no such peer " + std::to_string(peer);
+    if (engine_ == nullptr || peer < 0 || size_t(peer) >= peers_.size()) {
+      if (error)
+        *error = engine_ == nullptr ? "ipc: the endpoint was shut down" : "ipc: no such peer " + std::to_string(peer);
       return PostResult::kError;
     }
     bind_thread();
