@@ -14,7 +14,7 @@
 //      idx (seq == idx + 1, acquire), which one thread at a time copies from the host ring into a
 //      device mirror (fetch_descriptor), and reads {dst, src, len} there;
 //   2. each block copies its share of the bytes (16-byte units interleaved over the group's
-//      blocks) into the peer's region over NVLink;
+//      blocks) into the peer's region over NVLink (nothing for a skip descriptor, dma_ring.h);
 //   3. the block's stores are fenced system-wide and counted in finish[idx]; the group's last
 //      block for idx publishes, in ring order, done = idx + 1 to the ring header (a release fence,
 //      then a relaxed system-scope store), which the proxy acquires before it delivers the Write's
@@ -240,7 +240,10 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
     __syncthreads();
     if (!s_ok) return;  // error word filled; this launch's state is void (the Buffer is failed)
     const uint64_t len = s_desc[2];
-    copy_share(reinterpret_cast<uint8_t*>(s_desc[0]), reinterpret_cast<const uint8_t*>(s_desc[1]), len, b, nb);
+    // A skip descriptor (a Write the proxy dropped: its target failed; dma_ring.h) counts its
+    // bytes and copies nothing.
+    if (s_desc[0] != kDmaSkipDst)
+      copy_share(reinterpret_cast<uint8_t*>(s_desc[0]), reinterpret_cast<const uint8_t*>(s_desc[1]), len, b, nb);
     __syncthreads();  // every thread's stores issued (and ordered before thread 0's fence below)
     if (threadIdx.x == 0) {
       fence_release_sys();  // this block's share (ordered by the barrier) released with its count

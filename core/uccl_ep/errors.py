@@ -2,8 +2,8 @@
 
 Every error says what went wrong, with which argument or peer, and what was expected, so the
 caller can tell who has to act: the caller's code (``InvalidArgument``), the deployment
-(``Unsupported``, ``MissingDependency``), or the job (``Timeout``, ``PeerFailure``,
-``PeerProtocolError``).
+(``Unsupported``, ``MissingDependency``), the job (``Timeout``, ``PeerFailure``,
+``PeerProtocolError``), or the GPU (``DeviceError``).
 
 The classes also derive from the closest builtin (``ValueError``, ``TimeoutError``, ...) so
 frameworks that catch builtins keep working.
@@ -21,6 +21,7 @@ __all__ = [
     "PeerProtocolError",
     "Aborted",
     "LimitExceeded",
+    "DeviceError",
 ]
 
 
@@ -106,3 +107,31 @@ class PeerProtocolError(UcclEpError):
 
 class Aborted(UcclEpError):
     """The buffer or proxy was shut down while an operation was waiting."""
+
+
+# CUDA driver statuses after which the context is lost: every later call of the process fails too
+# (the driver's documentation for each: "the process must be terminated and relaunched").
+_STICKY_CUDA = {700, 702, 710, 714, 715, 716, 717, 718, 719}
+
+
+class DeviceError(UcclEpError):
+    """A call into the GPU runtime (the CUDA driver, or the HIP runtime on AMD) failed.
+
+    ``call`` names the runtime's entry point (``cuMemAlloc_v2``, ``hipMemcpyHtoD``, ...), ``code``
+    is its status, ``error_name`` the runtime's name for it (``CUDA_ERROR_OUT_OF_MEMORY``) and
+    ``description`` the runtime's text. ``sticky`` is true for the statuses that lose the context
+    (an illegal address, a failed launch, a device-side assert): every later GPU call of the process
+    fails as well and only a new process recovers; after the others (out of memory, an invalid
+    value) the device stays usable (docs/troubleshooting.md).
+    """
+
+    def __init__(self, call: str, code: int, error_name: str, description: str) -> None:
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+        self.description = description
+        self.sticky = code in _STICKY_CUDA
+        msg = f"{call}: {error_name} ({description})"
+        if self.sticky:
+            msg += "; the GPU context is lost: restart the process"
+        super().__init__(msg)

@@ -2,8 +2,9 @@
 //
 // NOTES: pointers, streams, modules and functions cross as Python ints; kernel parameters as
 // one bytes object (the kernel's by-value parameter struct, packed by uccl_ep.cuda.params).
-// Driver failures raise RuntimeError("<call>: <CUDA_ERROR_NAME> (...)"); a missing driver
-// raises uccl_ep.errors.MissingDependency (an ImportError). Addresses are the caller's: this module
+// Driver failures raise uccl_ep.errors.DeviceError("<call>: <CUDA_ERROR_NAME> (...)", with the call,
+// status, name and text as attributes; a RuntimeError); a missing driver raises
+// uccl_ep.errors.MissingDependency (an ImportError). Addresses are the caller's: this module
 // is the raw driver layer under uccl_ep.cuda, which owns every pointer it passes.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -17,6 +18,7 @@
 #include "bindings/args.h"
 #include "bindings/register.h"
 #include "runtime/cuda_driver.h"
+#include "uccl_ep/kernel_abi.h"
 
 namespace nb = nanobind;
 namespace cu = uccl_ep::runtime::cu;
@@ -55,6 +57,10 @@ void register_runtime(nb::module_& parent) {
     } catch (const cu::DriverMissing& e) {
       // MissingDependency is an ImportError: callers that catch ImportError keep working.
       nb::object exc = nb::module_::import_("uccl_ep.errors").attr("MissingDependency")(std::string(e.what()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (const cu::DriverError& e) {
+      // DeviceError is a RuntimeError (UcclEpError): callers that catch RuntimeError keep working.
+      nb::object exc = nb::module_::import_("uccl_ep.errors").attr("DeviceError")(e.call, e.code, e.name, e.description);
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
     }
   });
@@ -140,6 +146,26 @@ void register_runtime(nb::module_& parent) {
                    reinterpret_cast<cu::CUstream>(stream), w + 4, 64, false, false);
     }
   }, "A stream's chain of copies and bounded one-thread waits (the copy-engine dispatch's receive side).");
+
+  m.def("raise_host_error", [](uint64_t word, int code, int phase, int rank, int peer, int expert) {
+    if (word == 0 || word % alignof(uccl_ep::ErrorWord) != 0)
+      raise_invalid("word", "the host address of an ErrorWord (kernel_abi.h)", std::to_string(word));
+    if (code <= 0) raise_invalid("code", "an ErrorCode > 0 (kernel_abi.h)", std::to_string(code));
+    auto* e = reinterpret_cast<uccl_ep::ErrorWord*>(word);
+    // As a kernel's raise_error (device/wait.cuh): the first error wins. The claim (-1) keeps a
+    // kernel from filling the fields meanwhile; the fields are released with the code.
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&e->code, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return false;
+    e->phase = phase;
+    e->rank = rank;
+    e->peer = peer;
+    e->expert = expert;
+    e->waited_us = 0;
+    __atomic_store_n(&e->code, code, __ATOMIC_RELEASE);
+    return true;
+  }, nb::arg("word"), nb::arg("code"), nb::arg("phase"), nb::arg("rank"), nb::arg("peer"), nb::arg("expert") = -1,
+     "Record an error in an ErrorWord (mapped host memory) from the host, as a kernel's raise_error does: "
+     "True if it was the first; the kernels' bounded waits end once they see it.");
 
   m.def("ipc_get_handle", [](int device, uint64_t ptr) {
     cu::CUipcMemHandle h = cu::ipc_get_handle(device, ptr);

@@ -171,7 +171,9 @@ bool ProxyThread::post_command(int f, const TransferCmd& cmd, uint64_t idx) {
       return false;
     }
     if (owner_.dead(dst)) {
-      complete(f, idx);  // an excluded peer that died: nothing to send it, nothing to wait for
+      // an excluded peer that died: nothing to send it, nothing to wait for
+      if (type == kCmdWrite && !drop_write(dst, cmd_len(cmd))) return false;
+      complete(f, idx);
       return true;
     }
     uint64_t soff = 0, doff = 0, len = 0;
@@ -221,7 +223,9 @@ bool ProxyThread::post_command(int f, const TransferCmd& cmd, uint64_t idx) {
     if (r == transport::PostResult::kError) {
       if (owner_.departed(dst) || owner_.excluded(dst)) {
         if (owner_.excluded(dst)) owner_.mark_dead(dst);
-        complete(f, idx);  // the peer left (or is excluded and failed): the write is moot
+        // the peer left (or is excluded and failed): the write is moot
+        if (type == kCmdWrite && !drop_write(dst, len)) return false;
+        complete(f, idx);
         return true;
       }
       owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, dst, "transport", err));
@@ -256,6 +260,23 @@ bool ProxyThread::post_command(int f, const TransferCmd& cmd, uint64_t idx) {
     return true;
   }
   protocol_error(-1, "invalid command type " + std::to_string(type) + where());
+  return false;
+}
+
+bool ProxyThread::drop_write(int dst, uint64_t len) {
+  std::string err;
+  switch (transport_->discard(dst, len, &err)) {
+    case transport::PostResult::kOk:
+      return true;
+    case transport::PostResult::kAgain:
+      return false;
+    case transport::PostResult::kError:
+      break;
+  }
+  // NOTES: the copy consumer would wait for these bytes until its timeout; failing the proxy ends
+  // its wait at once (it watches the FIFO status) with this error instead.
+  owner_.fail(error_info(ErrorKind::kPeerFailure, rank_, dst, "transport",
+                         "a write to the failed peer could not be dropped: " + err));
   return false;
 }
 

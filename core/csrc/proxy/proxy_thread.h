@@ -65,6 +65,10 @@ class ProxyThread {
   bool post_from(int f);
   // Returns false when the command must wait (back-pressure); fails the proxy on bad commands.
   bool post_command(int f, const protocol::TransferCmd& cmd, uint64_t idx);
+  // A Write to `dst` that is not posted (the peer failed or left): the transport still accounts
+  // for its bytes where a copy consumer counts them (Transport::discard). false: retry later, or
+  // the proxy failed.
+  bool drop_write(int dst, uint64_t len);
   void complete(int f, uint64_t idx);
   void complete_ctx(uint64_t ctx);
   void on_completion(const transport::Completion& c);

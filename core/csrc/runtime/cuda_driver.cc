@@ -57,7 +57,7 @@ const Api& api() {
 
 void check(const Api& a, CUresult r, const char* what) {
   if (r == 0) return;
-  throw DriverError(std::string(what) + ": " + a.error_name(r) + " (" + a.error_string(r) + ")", r);
+  throw DriverError(what, r, a.error_name(r), a.error_string(r));
 }
 
 // Calls one entry of the table and throws DriverError, named by the vendor's entry point, on failure.
@@ -136,7 +136,7 @@ bool can_access_peer(int device, int peer) {
 }
 
 void use_device(int device) {
-  if (device < 0) throw DriverError("use_device: negative device index", 101);
+  if (device < 0) throw DriverError("use_device", 101, "CUDA_ERROR_INVALID_DEVICE", "negative device index");
   call(&Api::SetDevice, device);
 }
 

@@ -70,11 +70,20 @@ constexpr int kMemoryTypeHost = 1;
 constexpr int kMemoryTypeDevice = 2;
 constexpr int kErrorNotReady = 600;
 
-// Raised for any failing runtime call: "<call>: <CUDA_ERROR_NAME or hipErrorName> (<description>)".
+// Raised for any failing runtime call: "<call>: <CUDA_ERROR_NAME or hipErrorName> (<description>)";
+// the parts are kept apart for the bindings (uccl_ep.errors.DeviceError).
 class DriverError : public std::runtime_error {
  public:
-  DriverError(const std::string& msg, int code) : std::runtime_error(msg), code(code) {}
-  int code;
+  DriverError(const std::string& call, int code, const std::string& name, const std::string& description)
+      : std::runtime_error(call + ": " + name + " (" + description + ")"),
+        code(code),
+        call(call),
+        name(name),
+        description(description) {}
+  int code;                 // the runtime's status (CUresult / hipError_t)
+  std::string call;         // the entry point that failed (cuMemAlloc_v2, hipMemcpyHtoD, ...)
+  std::string name;         // the runtime's name for the status (CUDA_ERROR_OUT_OF_MEMORY, ...)
+  std::string description;  // the runtime's text for it
 };
 // Raised when the GPU runtime cannot be loaded, lacks a needed entry point or finds no device.
 class DriverMissing : public std::runtime_error {

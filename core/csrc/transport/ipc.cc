@@ -266,6 +266,30 @@ class IpcTransport final : public Transport {
     return PostResult::kOk;
   }
 
+  // NOTES: with the "kernel" engine the copy kernels count the bytes of every Write pushed to this
+  // proxy thread and wait for descriptors covering them; a Write the proxy drops (its target failed)
+  // becomes a skip descriptor, queued in order with the peer's copies and bounded like them
+  // (outstanding until the consumer passed it), so nothing waits for bytes that never come.
+  PostResult discard(int peer, uint64_t len, std::string* error) override {
+    if (!kernel_copies() || len == 0) return PostResult::kOk;  // no consumer counts these bytes
+    if (engine_ == nullptr || peer < 0 || size_t(peer) >= peers_.size()) {
+      if (error)
+        *error = engine_ == nullptr ? "ipc: the endpoint was shut down" : "ipc: no such peer " + std::to_string(peer);
+      return PostResult::kError;
+    }
+    bind_thread();
+    if (outstanding_ >= opt_.max_outstanding) return PostResult::kAgain;
+    Peer& p = peers_[size_t(peer)];
+    if (!engine_->skip(peer, len, error)) return PostResult::kError;
+    ++p.submitted;
+    if (p.pending.empty()) active_.push_back(peer);
+    Op op{0, 0, len, 0, false, p.submitted, now_ns(), false};
+    op.skipped = true;
+    p.pending.push_back(op);
+    ++outstanding_;
+    return PostResult::kOk;
+  }
+
   size_t poll(std::vector<Completion>& out, size_t max) override {
     if (engine_ == nullptr) return 0;
     bind_thread();
@@ -310,6 +334,7 @@ class IpcTransport final : public Transport {
     int64_t after;  // deliverable once this many copies to the peer completed
     int64_t posted_ns;  // steady clock at posting (diagnostics: post -> delivery time)
     bool refused;       // the record of a refused write: delivered for the receiver's check only
+    bool skipped = false;  // a dropped write's skip descriptor (discard): no record, no completion
   };
   struct Peer {
     std::unique_ptr<ShmObject> inbox_shm, region_shm;
@@ -363,7 +388,8 @@ class IpcTransport final : public Transport {
       const int64_t done = engine_->completed(peer, &err);
       if (done < 0) {  // the copy engine failed: every op to this peer fails with it
         for (const Op& op : p.pending) {
-          if (op.refused) continue;
+          if (op.skipped) --outstanding_;
+          if (op.refused || op.skipped) continue;
           out.push_back({Completion::kLocalError, peer, 0, op.ctx, EIO, err});
           ++n;
           --outstanding_;
@@ -371,6 +397,11 @@ class IpcTransport final : public Transport {
         p.pending.clear();
       }
       while (!p.pending.empty() && p.pending.front().after <= done && n < max) {
+        if (p.pending.front().skipped) {  // the consumer passed it; nothing to deliver
+          p.pending.pop_front();
+          --outstanding_;
+          continue;
+        }
         if (!append(p, p.pending.front())) {
           inbox_full_.fetch_add(1, std::memory_order_relaxed);
           break;  // this receiver is behind; the others still go

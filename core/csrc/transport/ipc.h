@@ -40,6 +40,15 @@ class CopyEngine {
   virtual const char* kind() const = 0;  // "cuda" or "host"
   // Starts a copy and returns at once; false (with *error) if it could not be started.
   virtual bool submit(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string* error) = 0;
+  // The "kernel" engine: one more copy to `peer` (completed() covers it in order) that moves
+  // nothing, a skip descriptor (dma_ring.h): its consumer counts the bytes of every pushed Write,
+  // so a Write the proxy dropped must still reach it as `len` bytes. false (with *error) if it could
+  // not be queued. The other engines have no such consumer and are never asked.
+  virtual bool skip(int peer, uint64_t len, std::string* error) {
+    (void)peer, (void)len;
+    if (error) *error = std::string("ipc: the ") + kind() + " copy engine has no skip descriptors";
+    return false;
+  }
   // How many copies submitted to `peer` have completed (monotone); -1 (with *error) once a copy
   // failed.
   virtual int64_t completed(int peer, std::string* error) = 0;

@@ -207,25 +207,16 @@ class KernelEngine final : public CopyEngine {
   }
 
   bool submit(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string* error) override {
-    if (head_ - done() >= kDmaRingCapacity) {  // cannot happen under the outstanding bound (dma_ring.h)
-      if (error) *error = "ipc: the copy ring is full (" + std::to_string(kDmaRingCapacity) + " descriptors not done)";
+    if (dst == kDmaSkipDst) {  // a device or host region is never at address 0
+      if (error) *error = "ipc: copy to address 0";
       return false;
     }
-    if (((dst | src | len) & ~kDmaFieldMask) != 0) {
-      if (error) *error = "ipc: copy of " + std::to_string(len) + " bytes to " + std::to_string(dst) +
-                          " does not fit a descriptor (addresses and lengths below 2^57)";
-      return false;
-    }
-    DmaDesc& d = slots()[head_ & (kDmaRingCapacity - 1)];
-    const uint64_t tag = dma_tag(head_);  // every word names its lap (dma_ring.h)
-    d.dst = dst | tag;
-    d.src = src | tag;
-    d.len = len | tag;
-    // release: dst, src and len are visible to the consumer before seq says the slot is valid.
-    __atomic_store_n(&d.seq, head_ + 1, __ATOMIC_RELEASE);
-    posted_rt_[head_ & (kDmaRingCapacity - 1)] = realtime_ns();  // diagnostics: note_publish_delay
-    peers_[size_t(peer)].indices.push_back(head_);
-    ++head_;
+    return post(peer, dst, src, len, error);
+  }
+
+  bool skip(int peer, uint64_t len, std::string* error) override {
+    if (!post(peer, kDmaSkipDst, 0, len, error)) return false;
+    skipped_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
     return true;
   }
 
@@ -248,8 +239,33 @@ class KernelEngine final : public CopyEngine {
     std::deque<uint64_t> indices;  // ring indices of copies not yet seen complete, in order
     int64_t completed = 0;
   };
+  // One descriptor (dst kDmaSkipDst: a skip, dma_ring.h), in ring order.
+  bool post(int peer, uint64_t dst, uint64_t src, uint64_t len, std::string* error) {
+    if (head_ - done() >= kDmaRingCapacity) {  // cannot happen under the outstanding bound (dma_ring.h)
+      if (error) *error = "ipc: the copy ring is full (" + std::to_string(kDmaRingCapacity) + " descriptors not done)";
+      return false;
+    }
+    if (((dst | src | len) & ~kDmaFieldMask) != 0) {
+      if (error) *error = "ipc: copy of " + std::to_string(len) + " bytes to " + std::to_string(dst) +
+                          " does not fit a descriptor (addresses and lengths below 2^57)";
+      return false;
+    }
+    DmaDesc& d = slots()[head_ & (kDmaRingCapacity - 1)];
+    const uint64_t tag = dma_tag(head_);  // every word names its lap (dma_ring.h)
+    d.dst = dst | tag;
+    d.src = src | tag;
+    d.len = len | tag;
+    // release: dst, src and len are visible to the consumer before seq says the slot is valid.
+    __atomic_store_n(&d.seq, head_ + 1, __ATOMIC_RELEASE);
+    posted_rt_[head_ & (kDmaRingCapacity - 1)] = realtime_ns();  // diagnostics: note_publish_delay
+    peers_[size_t(peer)].indices.push_back(head_);
+    ++head_;
+    return true;
+  }
+
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
-    return {{"ipc_ring_done_seen", seen_.load(std::memory_order_relaxed)},
+    return {{"ipc_ring_skipped", skipped_.load(std::memory_order_relaxed)},
+            {"ipc_ring_done_seen", seen_.load(std::memory_order_relaxed)},
             {"ipc_ring_done_seen_ns", seen_ns_.load(std::memory_order_relaxed)},
             {"ipc_ring_clock_mismatch", mismatch_.load(std::memory_order_relaxed)},
             {"ipc_ring_taken", taken_.load(std::memory_order_relaxed)},
@@ -311,7 +327,7 @@ class KernelEngine final : public CopyEngine {
   uint64_t head_ = 0;       // next descriptor index
   uint64_t seen_done_ = 0;  // last done value this thread read
   std::vector<PeerCopies> peers_;
-  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0}, taken_{0}, push_post_ns_{0}, post_seen_ns_{0};
+  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0}, taken_{0}, push_post_ns_{0}, post_seen_ns_{0}, skipped_{0};
   int64_t min_delay_ = 0;  // smallest realtime - done_ns seen (this thread only)
   uint64_t last_taken_ = ~0ull;  // seen_idx of the last sample
   std::vector<int64_t> posted_rt_ = std::vector<int64_t>(kDmaRingCapacity, 0);  // CLOCK_REALTIME per slot at submit

@@ -91,6 +91,10 @@ class SplitTransport final : public Transport {
     return (is_local(peer) ? local_ : remote_)->write(peer, local_off, remote_off, len, has_imm, imm, ctx, error);
   }
 
+  PostResult discard(int peer, uint64_t len, std::string* error) override {
+    return (is_local(peer) ? local_ : remote_)->discard(peer, len, error);
+  }
+
   size_t poll(std::vector<Completion>& out, size_t max) override {
     const size_t n = local_->poll(out, max);
     return n < max ? n + remote_->poll(out, max - n) : n;

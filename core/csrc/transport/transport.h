@@ -101,6 +101,15 @@ class Transport {
   // `imm` to the peer (when has_imm). Never blocks: kAgain means "poll, then retry".
   virtual PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm,
                            uint32_t imm, uint64_t ctx, std::string* error) = 0;
+  // A write of `len` bytes to `peer` that the proxy drops instead of posting (the peer failed or
+  // left). Where an outside consumer counts the bytes of every pushed write against the copies it
+  // executes (ipc with ipc_copy "kernel": the copy kernels, dma_ring.h), the endpoint queues a skip
+  // descriptor that the consumer counts without copying; elsewhere nothing happens. No completion
+  // is reported for it. kAgain: poll, then retry.
+  virtual PostResult discard(int peer, uint64_t len, std::string* error) {
+    (void)peer, (void)len, (void)error;
+    return PostResult::kOk;
+  }
   // Appends up to max completions to out; returns how many.
   virtual size_t poll(std::vector<Completion>& out, size_t max) = 0;
   // Called once after every rank connected (e.g. to drop names used only for setup).

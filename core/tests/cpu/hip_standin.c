@@ -5,6 +5,9 @@
  *   STANDIN_INIT_ERROR   hipInit's status (default 0)
  *   STANDIN_DEVICES      hipGetDeviceCount's answer (default 2)
  *   STANDIN_PARAM_BYTES  "kernel=bytes,...": how many bytes of a launch's parameter struct to log
+ *   STANDIN_FAIL         "entry=status,...": those entry points return that status and do nothing
+ *                        (hipExtMallocWithFlags, hipMemcpyHtoD, hipMemcpyDtoH, hipDeviceSynchronize,
+ *                        hipModuleLaunchKernel, hipHostRegister), logged as "<entry> -> <status>"
  * Built with -DOMIT_<name> to leave one entry point out. */
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +32,19 @@ static int env_int(const char* name, int dflt) {
   return v ? atoi(v) : dflt;
 }
 
+/* The status STANDIN_FAIL gives entry point `fn` (0: succeed). */
+static int injected(const char* fn) {
+  const char* spec = getenv("STANDIN_FAIL");
+  char key[80];
+  snprintf(key, sizeof key, "%s=", fn);
+  const char* at = spec ? strstr(spec, key) : NULL;
+  if (!at || (at != spec && at[-1] != ',')) return 0;
+  const int status = atoi(at + strlen(key));
+  LOG("%s -> %d", fn, status);
+  return status;
+}
+#define FAIL_IF_ASKED(fn) do { int status_ = injected(fn); if (status_) return status_; } while (0)
+
 static int current;
 static char function_names[16][64];
 static int num_functions;
@@ -36,9 +52,21 @@ static int num_functions;
 int hipInit(unsigned flags) { LOG("hipInit %u", flags); return env_int("STANDIN_INIT_ERROR", 0); }
 int hipRuntimeGetVersion(int* v) { *v = env_int("STANDIN_VERSION", 60342134); LOG("hipRuntimeGetVersion"); return 0; }
 const char* hipGetErrorName(int e) {
-  return e == 100 ? "hipErrorNoDevice" : e == 1 ? "hipErrorInvalidValue" : "hipErrorUnknown";
+  switch (e) {
+    case 100: return "hipErrorNoDevice";
+    case 1: return "hipErrorInvalidValue";
+    case 2: return "hipErrorOutOfMemory";
+    case 700: return "hipErrorIllegalAddress";
+    default: return "hipErrorUnknown";
+  }
 }
-const char* hipGetErrorString(int e) { (void)e; return "stand-in error"; }
+const char* hipGetErrorString(int e) {
+  switch (e) {
+    case 2: return "out of memory";
+    case 700: return "an illegal memory access was encountered";
+    default: return "stand-in error";
+  }
+}
 int hipGetDeviceCount(int* n) { *n = env_int("STANDIN_DEVICES", 2); LOG("hipGetDeviceCount"); return 0; }
 int hipGetDevice(int* d) { *d = current; return 0; }
 int hipSetDevice(int d) { current = d; LOG("hipSetDevice %d", d); return 0; }
@@ -53,8 +81,9 @@ int hipDeviceGetAttribute(int* v, int attr, int d) {
   }
 }
 int hipDeviceCanAccessPeer(int* v, int a, int b) { LOG("hipDeviceCanAccessPeer %d %d", a, b); *v = 1; return 0; }
-int hipDeviceSynchronize(void) { LOG("hipDeviceSynchronize"); return 0; }
+int hipDeviceSynchronize(void) { FAIL_IF_ASKED("hipDeviceSynchronize"); LOG("hipDeviceSynchronize"); return 0; }
 int hipExtMallocWithFlags(void** p, size_t n, unsigned flags) {
+  FAIL_IF_ASKED("hipExtMallocWithFlags");
   *p = calloc(1, n);
   LOG("hipExtMallocWithFlags %zu 0x%x %p", n, flags, *p);
   return 0;
@@ -72,8 +101,18 @@ int hipMemsetD8Async(void* p, unsigned char v, size_t n, void* s) {
   LOG("hipMemsetD8Async %p %u %zu %p", p, v, n, s);
   return 0;
 }
-int hipMemcpyDtoH(void* dst, void* src, size_t n) { memcpy(dst, src, n); LOG("hipMemcpyDtoH %p %zu", src, n); return 0; }
-int hipMemcpyHtoD(void* dst, const void* src, size_t n) { memcpy(dst, src, n); LOG("hipMemcpyHtoD %p %zu", dst, n); return 0; }
+int hipMemcpyDtoH(void* dst, void* src, size_t n) {
+  FAIL_IF_ASKED("hipMemcpyDtoH");
+  memcpy(dst, src, n);
+  LOG("hipMemcpyDtoH %p %zu", src, n);
+  return 0;
+}
+int hipMemcpyHtoD(void* dst, const void* src, size_t n) {
+  FAIL_IF_ASKED("hipMemcpyHtoD");
+  memcpy(dst, src, n);
+  LOG("hipMemcpyHtoD %p %zu", dst, n);
+  return 0;
+}
 int hipIpcGetMemHandle(ipc_handle* h, void* p) {
   memset(h, 0, sizeof(*h));
   memcpy(h->reserved, &p, sizeof(p));
@@ -116,6 +155,7 @@ static void log_launch(const char* what, void* f, unsigned gx, unsigned gy, unsi
 int hipModuleLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                           unsigned smem, void* stream, void** params, void** extra) {
   (void)extra;
+  FAIL_IF_ASKED("hipModuleLaunchKernel");
   log_launch("hipModuleLaunchKernel", f, gx, gy, gz, bx, by, bz, smem, stream, params);
   return 0;
 }
@@ -126,7 +166,7 @@ int hipModuleLaunchCooperativeKernel(void* f, unsigned gx, unsigned gy, unsigned
   return 0;
 }
 #endif
-int hipHostRegister(void* p, size_t n, unsigned flags) { LOG("hipHostRegister %p %zu 0x%x", p, n, flags); return 0; }
+int hipHostRegister(void* p, size_t n, unsigned flags) { FAIL_IF_ASKED("hipHostRegister"); LOG("hipHostRegister %p %zu 0x%x", p, n, flags); return 0; }
 int hipHostUnregister(void* p) { LOG("hipHostUnregister %p", p); return 0; }
 int hipPointerGetAttribute(void* data, int attr, void* p) { (void)data; LOG("hipPointerGetAttribute %d %p", attr, p); return 1; }
 int hipMemGetAddressRange(void** base, size_t* n, void* p) { *base = p; *n = 0; LOG("hipMemGetAddressRange %p", p); return 0; }

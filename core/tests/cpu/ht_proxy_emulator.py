@@ -125,8 +125,9 @@ class State:
 class DmaRole:
     """The copy role of a launch (device/ht_dma.cuh, dma_ring.h): the pushed-byte counts of its
     senders, and the descriptors of every proxy thread's copy ring copied in ring order with `done`
-    published, until the senders are done and the descriptors cover the bytes they pushed. Units and
-    warps are not modelled (each descriptor is one copy); the host-visible protocol is."""
+    published, until the senders are done and the descriptors cover the bytes they pushed (a skip
+    descriptor, dst 0, counts its bytes and copies nothing). Units and warps are not modelled (each
+    descriptor is one copy); the host-visible protocol is."""
 
     def __init__(self, p: dict) -> None:
         ctx = mem(p["dma"], 128, np.uint64)
@@ -168,7 +169,8 @@ class DmaRole:
                 dst, src, n = (int(w) for w in slot[:3])
                 assert dst & ~field == src & ~field == n & ~field == tag, "descriptor lap tags"
                 dst, src, n = dst & field, src & field, n & field
-                ctypes.memmove(dst, src, n)
+                if dst != 0:
+                    ctypes.memmove(dst, src, n)
                 idx[g] += 1
                 got[g] += n
                 mem(rings[g], 8, np.uint64)[0] = idx[g]  # header.done

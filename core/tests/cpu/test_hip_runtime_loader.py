@@ -106,6 +106,48 @@ def test_failure_messages_say_what_failed(tmp_path, case, env, flags, which, exp
     assert out["probe"]["usable"] is False and out["probe"]["why"] in out["why"]
 
 
+FAILING = """
+import json
+from uccl_ep import _C
+from uccl_ep.errors import DeviceError
+out = {"ok": _C.cuda.select_runtime("hip")[0]}
+def attempt(key, fn):
+    try:
+        fn()
+        out[key] = None
+    except DeviceError as e:
+        out[key] = dict(call=e.call, code=e.code, name=e.error_name, description=e.description, sticky=e.sticky,
+                        text=str(e), runtime_error=isinstance(e, RuntimeError))
+attempt("alloc", lambda: _C.cuda.mem_alloc(0, 4096))
+attempt("sync", lambda: _C.cuda.synchronize(0))
+host, dev = _C.cuda.host_alloc_mapped(0, 64)
+attempt("htod", lambda: _C.cuda.memcpy_htod(0, dev, b"x" * 16))
+print(json.dumps(out))
+"""
+
+
+def test_failing_runtime_calls_raise_device_error(tmp_path):
+    """A GPU runtime call that fails raises uccl_ep.errors.DeviceError (still a RuntimeError) naming
+    the entry point, the runtime's status, its name and text, and whether the context is lost
+    (sticky); the calls that did not fail keep working."""
+    lib = tmp_path / "lib"
+    _standin(lib)
+    log = tmp_path / "calls.log"
+    out = _run(lib, log, FAILING, STANDIN_FAIL="hipExtMallocWithFlags=2,hipDeviceSynchronize=700")
+    assert out["ok"] and out["htod"] is None, out
+    assert out["alloc"] == {"call": "hipExtMallocWithFlags(uncached)", "code": 2, "name": "hipErrorOutOfMemory",
+                            "description": "out of memory", "sticky": False, "runtime_error": True,
+                            "text": "hipExtMallocWithFlags(uncached): hipErrorOutOfMemory (out of memory)"}
+    sync = out["sync"]
+    assert (sync["call"], sync["code"], sync["name"], sync["sticky"]) == ("hipDeviceSynchronize", 700,
+                                                                          "hipErrorIllegalAddress", True)
+    assert sync["text"] == ("hipDeviceSynchronize: hipErrorIllegalAddress (an illegal memory access was "
+                            "encountered); the GPU context is lost: restart the process")
+    calls = _calls(log)
+    assert ["hipExtMallocWithFlags", "->", "2"] in calls and ["hipDeviceSynchronize", "->", "700"] in calls
+    assert any(c[0] == "hipMemcpyHtoD" for c in calls)
+
+
 def test_library_that_cannot_load_names_every_candidate(tmp_path):
     """Each candidate soname, and $ROCM_PATH/lib/libamdhip64.so, is a stand-in whose own dependency is
     missing: all fail to load, and the message has each one's reason."""

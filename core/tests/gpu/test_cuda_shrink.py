@@ -2,7 +2,8 @@
 
 The last rank fails for real: it stops calling at its first low-latency dispatch (silent: DeepEP's
 own shrink test), or its process is killed there, or -- with a CUDA graph -- it stops after the
-ranks captured and replayed dispatch + combine together. Every other rank must:
+ranks captured and replayed dispatch + combine together, or (proxy path) it is killed between its
+first dispatch and its combine, mid-op. Every other rank must:
 - complete within 3 x the configured timeout (UCCL_EP_TIMEOUT_S / UCCL_EP_GPU_TIMEOUT_S = 5 s):
   its first op masks the failed rank (the host barrier of the first layout, or the kernels' waits);
 - report it in low_latency_query_mask_buffer;
@@ -151,6 +152,56 @@ def worker_graph(rank, world, mode):
     return timings
 
 
+def worker_killed_mid_op(rank, world, mode):
+    """Forced proxy path: every rank makes the first dispatch, then the victim is killed before its
+    combine. With mode "found-dead" the survivors first wait until their proxies have found it dead
+    (the liveness grace, half the timeout): the combine's Writes to it are then dropped by the proxy,
+    and reach the copy kernel as skip descriptors (dma_ring.h) so that it ends; with "just-killed"
+    they combine at once, so the Writes already posted are copied into the dead rank's buffer.
+    Either way the receive kernel's wait on the victim masks it, the combine completes with its
+    experts' contributions dropped and the rest exact, and later calls skip it at once."""
+    victim = world - 1
+    ours, ref = _buffers(world)
+    x, topk_idx, topk_w, y = _inputs(rank, world, 0)
+    got = ours.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True)[:3]
+    rx, rc, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True)  # the victim takes part
+    torch.cuda.synchronize()
+    ours._executor.check_error()
+    _assert_same_dispatch(f"rank {rank} first dispatch", got, (rx, rc, rh), True)
+    dist.barrier()
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "found-dead":
+        proxy = ours._executor._ll_engine().proxy
+        deadline = time.monotonic() + 3 * TIMEOUT_S
+        while not proxy.peer_dead(victim):
+            assert time.monotonic() < deadline, f"rank {rank}: the proxy did not find rank {victim} dead"
+            time.sleep(0.05)
+    ref.low_latency_update_mask_buffer(victim, mask=True)
+    timings = []
+    t0 = time.monotonic()
+    out, _, _ = ours.low_latency_combine(y, topk_idx, topk_w, got[2])
+    torch.cuda.synchronize()
+    timings.append(time.monotonic() - t0)
+    ours._executor.check_error()
+    assert _status(ours, world) == [int(r == victim) for r in range(world)], (rank, _status(ours, world))
+    want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, rh)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), want.cpu()), f"rank {rank}: combine with the victim killed mid-op differs"
+    if mode == "found-dead":  # the proxy dropped the Writes to the victim and queued skips for them
+        assert ours._executor._ll_engine().transport_counters().get("ipc_ring_skipped", 0) > 0
+    for it in range(1, 3):
+        x, topk_idx, topk_w, y = _inputs(rank, world, it)
+        t0 = time.monotonic()
+        got = ours.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True)[:3]
+        out, _, _ = ours.low_latency_combine(y, topk_idx, topk_w, got[2])
+        torch.cuda.synchronize()
+        timings.append(time.monotonic() - t0)
+        ours._executor.check_error()
+        _check(f"rank {rank} it {it}", ref, got, out, x, topk_idx, topk_w, y)
+    return timings
+
+
 def _run(worker, path, mode):
     world = _world()
     out = run_ranks(worker, world, mode, backend="nccl", timeout_s=300, env=PATHS[path], may_die=(world - 1,))
@@ -167,6 +218,11 @@ def test_rank_failing_at_its_first_dispatch_is_masked(path, mode):
     _run(worker_first_dispatch, path, mode)
 
 
+@pytest.mark.parametrize("mode", ["found-dead", "just-killed"])
+def test_rank_killed_mid_op_on_the_proxy_path_is_masked(mode):
+    _run(worker_killed_mid_op, "proxy", mode)
+
+
 @pytest.mark.parametrize("path", ["nvlink", "proxy"])
 def test_mask_set_by_the_kernels_holds_in_graph_replays(path):
     _run(worker_graph, path, "silent")
@@ -177,3 +233,5 @@ if __name__ == "__main__":
         for mode in ("silent", "killed"):
             _run(worker_first_dispatch, path, mode)
         _run(worker_graph, path, "silent")
+    for mode in ("found-dead", "just-killed"):
+        _run(worker_killed_mid_op, "proxy", mode)

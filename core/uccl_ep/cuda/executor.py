@@ -19,9 +19,9 @@ import socket
 import torch
 
 from ..backends import BufferContext, Executor
-from ..errors import InvalidArgument, LimitExceeded, Timeout, UcclEpError, Unsupported
-from ..group_store import GroupStore
-from . import ht_ce, ht_variants, proxy_path
+from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
+from ..group_store import GroupStore, heartbeat_interval_s
+from . import ht_ce, ht_variants, liveness, proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
 from .shrink import DeviceMask, masked_barrier
 
@@ -29,7 +29,8 @@ __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
 
 _PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
            5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier",
-           9: "ll_dispatch_send", 10: "ll_combine_send", 11: "ll_proxy_copy", 12: "ht_proxy_copy"}
+           9: "ll_dispatch_send", 10: "ll_combine_send", 11: "ll_proxy_copy", 12: "ht_proxy_copy", 13: "liveness"}
+_ERR_PEER_GONE = 5  # kernel_abi.h kErrPeerGone: written by the host's PeerWatch (liveness.py)
 _MAX_NVLINK_RANKS = 8
 
 
@@ -110,7 +111,7 @@ class CudaExecutor(Executor):
         mine = (socket.gethostname(), self.device,
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
                 self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings(),
-                ht_ce.shared_settings())
+                ht_ce.shared_settings(), liveness.process_record())
         infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
@@ -130,12 +131,21 @@ class CudaExecutor(Executor):
         self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
         self._ll = None
         self._ht = None
-        self.host_barrier("Buffer() (buffers mapped)")
-        if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
-            # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while
-            # every rank constructs its Buffer (as DeepEP sets everything up in the constructor), not
-            # at the first low-latency call, which a rank that fails (shrink mode) never makes.
-            self._ll_engine()
+        # A peer on this host whose process exits fails the buffer at once (PeerFailure), instead of
+        # each NVLink wait on it timing out; shrink mode masks failed peers instead (liveness.py).
+        self._watch = None if ctx.enable_shrink else liveness.PeerWatch(
+            ctx.rank, [i[7] for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
+        try:
+            self.host_barrier("Buffer() (buffers mapped)")
+            if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
+                # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while
+                # every rank constructs its Buffer (as DeepEP sets everything up in the constructor), not
+                # at the first low-latency call, which a rank that fails (shrink mode) never makes.
+                self._ll_engine()
+        except BaseException:
+            if self._watch is not None:
+                self._watch.close()
+            raise
 
     def _open_peers(self, mem: DeviceMemory | None, handles: list) -> list[int]:
         if mem is None:
@@ -143,6 +153,11 @@ class CudaExecutor(Executor):
         return [mem.ptr if r == self.ctx.rank else mem.open_peer(h) for r, h in enumerate(handles)]
 
     # -- errors, barrier -------------------------------------------------------------------------
+    def _peer_gone(self, peer: int, why: str) -> None:
+        """PeerWatch: `peer`'s process exited. Recorded in the error word the kernels' waits watch."""
+        self._peer_gone_why = why
+        self.drv.raise_host_error(self.errors.host_ptr, _ERR_PEER_GONE, 13, self.ctx.rank, peer)
+
     def check_error(self) -> None:
         """Raise the error a kernel recorded (sticky)."""
         if self._failure is not None:
@@ -154,7 +169,11 @@ class CudaExecutor(Executor):
             torch.cuda.synchronize(self.device)
             code, phase, rank, peer, expert, waited_us = self.errors.int32_array(0, 6)
         what = _PHASES.get(phase, f"phase {phase}")
-        if code == 1 and what in ("ll_proxy_copy", "ht_proxy_copy"):  # the copy kernel waited on its own proxy, not a peer
+        if code == _ERR_PEER_GONE:
+            self._failure = PeerFailure(rank, peer, what, getattr(self, "_peer_gone_why", "its process exited") +
+                                        "; the buffer is unusable now (destroy it and build a new one on the "
+                                        "surviving ranks)")
+        elif code == 1 and what in ("ll_proxy_copy", "ht_proxy_copy"):  # the copy kernel waited on its own proxy, not a peer
             self._failure = Timeout(rank, rank, what, waited_us / 1e6,
                                     outstanding=f"copy ring of proxy thread {expert}",
                                     hint="this rank's CPU proxy did not queue the copies of the Writes it was "
@@ -286,18 +305,27 @@ class CudaExecutor(Executor):
         return mem.tensor()
 
     def destroy(self):
-        torch.cuda.synchronize(self.device)
+        """Release everything, also with a peer gone or the GPU context failed: every step runs (each
+        is bounded), and the first error is raised after the last."""
+        watch = getattr(self, "_watch", None)
+        steps = [lambda: watch and watch.close(),  # before the error word it writes is freed
+                 lambda: torch.cuda.synchronize(self.device)]
         if self._ll is not None and hasattr(self._ll, "close"):
-            self._ll.close()  # the proxy stops before the LL buffer it copies into is freed
+            steps.append(self._ll.close)  # the proxy stops before the LL buffer it copies into is freed
         if self._ht is not None and hasattr(self._ht, "close"):
-            self._ht.close()  # likewise for normal mode through the proxy (the NVL buffer)
-        for m in (self.nvl_mem, self.ll_mem):
-            if m is not None:
-                m.free()
-        self.mask.free()
-        self.channel.close()
-        if self._ll is not None and self._ll.work is not None:
-            self._ll.work.free()
+            steps.append(self._ht.close)  # likewise for normal mode through the proxy (the NVL buffer)
+        steps += [m.free for m in (self.nvl_mem, self.ll_mem) if m is not None]
+        steps += [self.mask.free, self.channel.close]
+        if self._ll is not None:
+            steps.append(lambda: self._ll.work is not None and self._ll.work.free())
         if self._ht is not None:
-            self._ht.free()
-        self.errors.free()
+            steps.append(self._ht.free)
+        steps.append(self.errors.free)
+        first = None
+        for step in steps:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the rest is released all the same
+                first = first or e
+        if first is not None:
+            raise first

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import env
-from ..errors import MissingDependency
+from ..errors import MissingDependency, UcclEpError
 from . import jit
 
 __all__ = ["driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "param_fields",
@@ -215,10 +215,15 @@ class DeviceMemory:
         if self.ptr:
             drv = driver()
             for p in self._peers:
-                drv.ipc_close_handle(self.device, p)
+                try:
+                    drv.ipc_close_handle(self.device, p)
+                except UcclEpError:
+                    # NOTES: a peer's memory whose process is gone may refuse to close; this rank's
+                    # own allocation below must be freed all the same (recovery after a failed peer).
+                    pass
             self._peers.clear()
-            drv.mem_free(self.device, self.ptr)
-            self.ptr = 0
+            ptr, self.ptr = self.ptr, 0
+            drv.mem_free(self.device, ptr)
 
 
 class MappedHostMemory:
@@ -239,5 +244,5 @@ class MappedHostMemory:
 
     def free(self) -> None:
         if self.host_ptr:
-            driver().host_free(self.device, self.host_ptr)
-            self.host_ptr = 0
+            ptr, self.host_ptr = self.host_ptr, 0
+            driver().host_free(self.device, ptr)

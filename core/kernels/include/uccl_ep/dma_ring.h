@@ -17,6 +17,12 @@
 //                   ordering between them, and takes the slot only when seq and the three tags
 //                   match (a word read before the proxy rewrote it carries the previous lap's tag).
 //
+// Skip descriptors: dst == kDmaSkipDst (0, with its lap tag) stands for a Write the proxy dropped
+// (its target failed or left: transport.h discard). The consumers count bytes -- the copy kernel
+// returns once its ring's descriptors cover the bytes the send kernels pushed, the normal-mode copy
+// role likewise -- so a dropped Write must still arrive as `len` bytes: the consumer counts them,
+// copies nothing and publishes `done` as for any descriptor. No region is at address 0.
+//
 // Single producer (the proxy thread owning the endpoint), single logical consumer. The producer
 // never has more than `capacity` descriptors not done: the transport's outstanding-write bound is
 // below it (checked at set-up), so a slot is reused only after its copy completed.
@@ -77,6 +83,9 @@ struct DmaConsumer {
   unsigned long long pad[3];
 };
 static_assert(sizeof(DmaConsumer) == 128, "DmaConsumer is part of the host/device ABI (proxy_path.py)");
+
+// dst of a skip descriptor (see above).
+constexpr uint64_t kDmaSkipDst = 0;
 
 // Descriptors per ring (power of two); above any transport's outstanding-write bound (8192).
 constexpr uint64_t kDmaRingCapacity = 8192;

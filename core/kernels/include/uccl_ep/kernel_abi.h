@@ -23,8 +23,11 @@ struct ErrorWord {
 
 // kErrProxy: the CPU proxy a kernel pushes to (or waits on) stopped or failed; the host raises the
 // proxy's own error. kErrTopkDuplicate: a low-latency top-k row selects one expert twice (`peer`
-// holds the token, `expert` the expert); the host raises InvalidArgument("topk_idx").
-enum ErrorCode : int { kErrNone = 0, kErrTimeout = 1, kErrProtocol = 2, kErrProxy = 3, kErrTopkDuplicate = 4 };
+// holds the token, `expert` the expert); the host raises InvalidArgument("topk_idx"). kErrPeerGone:
+// written by the host, never a kernel (uccl_ep/cuda/liveness.py): `peer`'s process exited; the
+// kernels' waits see the word set and end, the host raises PeerFailure.
+enum ErrorCode : int { kErrNone = 0, kErrTimeout = 1, kErrProtocol = 2, kErrProxy = 3, kErrTopkDuplicate = 4,
+                       kErrPeerGone = 5 };
 
 enum Phase : int {
   kPhaseLLDispatchRecv = 1,
@@ -39,6 +42,7 @@ enum Phase : int {
   kPhaseLLCombineSend = 10,
   kPhaseLLProxyCopy = 11,     // proxy path, ipc "kernel" copies: waiting for the proxy's descriptors
   kPhaseHTProxyCopy = 12,     // normal mode through the proxy, ipc "kernel" copies (device/ht_dma.cuh)
+  kPhaseLiveness = 13,        // the host's watch of the peers' processes (kErrPeerGone)
 };
 
 // ---- low-latency ---------------------------------------------------------------------------------

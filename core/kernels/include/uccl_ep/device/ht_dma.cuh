@@ -9,7 +9,8 @@
 // Per proxy thread (one copy ring each), `blocks_per_ring` blocks:
 //   fetcher  warp 0 of the ring's first block: takes posted descriptors from the host ring (up to a
 //            warp's width per PCIe round trip), cuts each into units of at most unit_bytes, publishes
-//            them (HtDmaRing::units, release), and publishes `done` to the ring header in ring order
+//            them (HtDmaRing::units, release; none for a skip descriptor, whose bytes only count:
+//            dma_ring.h), and publishes `done` to the ring header in ring order
 //            once every piece of a descriptor is copied (a system-scope release, which the proxy
 //            acquires before it hands the Write's immediate to the receiving proxy). It knows the
 //            launch's work is complete once every main-block sender signalled (HtDmaContext::signals:
@@ -142,7 +143,8 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
         const uint64_t run = warp_ballot(posted);
         int n = ffs64(~run) == 0 ? kWarpSize : ffs64(~run) - 1;  // posted slots in a row from idx
         dst &= kDmaFieldMask, src &= kDmaFieldMask, len &= kDmaFieldMask;
-        const int pieces = lane < n ? int((len + U - 1) / U) : 0;
+        // a skip descriptor (a Write the proxy dropped, dma_ring.h): its bytes count, no units
+        const int pieces = lane < n && dst != kDmaSkipDst ? int((len + U - 1) / U) : 0;
         int total = 0;
         const int before = warp_exclusive_scan(pieces, &total);
         // room: never more than the unit ring holds beyond the units of finished descriptors
