@@ -19,7 +19,7 @@ from .backends import BufferContext, create_executor
 from .buffer_low_latency import LowLatencyMixin
 from .config import (NUM_BUFFER_ALIGNMENT_BYTES, NUM_MAX_LOCAL_EXPERTS, Config, combine_config_table,
                      dispatch_config_table, low_latency_rdma_size_hint)
-from .errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, Unsupported
+from .errors import InvalidArgument, LimitExceeded, Unsupported
 from .events import EventHandle, EventOverlap
 from .group_store import exchange_hostnames
 from .handles import NormalHandle
@@ -209,10 +209,14 @@ class Buffer(LowLatencyMixin):
             return
         try:
             self._executor.barrier()
-        except (PeerFailure, Timeout) as e:
+        except Exception as e:  # noqa: BLE001 - logged; the local resources are released all the same
             # NOTES: destroy is also the first step of recovering from a failed peer (docs/api.md,
-            # "Shrink and recovery"): the local resources are released all the same.
-            logger.warning("uccl_ep.Buffer rank %d: destroy() without the final barrier (%s)", self.rank, e)
+            # "Shrink and recovery"). And at the end of a job the rank hosting the process group's
+            # store may leave as soon as it has every rank's arrival, while another rank is still
+            # writing its last keys of this barrier: that rank sees the store's connection break
+            # (DistNetworkError) although every rank arrived.
+            logger.warning("uccl_ep.Buffer rank %d: destroy() without the final barrier (%s: %s)", self.rank,
+                           type(e).__name__, e)
         finally:
             self._executor.destroy()
             self._destroyed = True
