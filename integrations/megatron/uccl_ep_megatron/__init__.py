@@ -30,8 +30,9 @@ def install() -> None:
 
     Adds "uccl" to TransformerConfig.moe_flex_dispatcher_backend (and so to Megatron's
     ``--moe-flex-dispatcher-backend`` choices), routes the flex dispatcher's "uccl" backend to
-    uccl_ep.Buffer, wires it into the EP-overlap schedule as "deepep" is (`overlap`), and adds the ``--uccl-*`` flags to Megatron's parser when megatron.training
-    is present. Warns (once) on a megatron-core outside the tested window.
+    uccl_ep.Buffer, wires it into the EP-overlap schedule as "deepep" is (`overlap`), and adds
+    the ``--uccl-*`` flags to Megatron's parser when megatron.training is present. Warns (once)
+    on a megatron-core outside the tested window.
     """
     global _installed
     if _installed:
