@@ -111,7 +111,7 @@ def init_distributed(args) -> None:
                                  expert_model_parallel_size=args.expert_model_parallel_size)
 
 
-def build(args):
+def build(args, with_optimizer: bool = True):
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -136,6 +136,8 @@ def build(args):
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    if not with_optimizer:
+        return config, model, None
     opt_config = OptimizerConfig(optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                                  bf16=args.bf16, fp16=args.fp16, params_dtype=config.params_dtype,
                                  clip_grad=args.clip_grad, use_distributed_optimizer=False)
@@ -160,42 +162,58 @@ def mock_batch(args, step: int, micro: int, device):
     return to(tokens), to(labels), to(torch.ones(mbs, seq)), to(positions), to(causal)
 
 
+def micro_batches(args, step: int, device) -> list:
+    from megatron.core import parallel_state as ps
+
+    num_micro = args.global_batch_size // (args.micro_batch_size * ps.get_data_parallel_world_size())
+    return [mock_batch(args, step, m, device) for m in range(num_micro)]
+
+
+def forward_backward(args, config, model, batches: list) -> list:
+    """One global batch (`micro_batches`) through Megatron's forward-backward schedule (the
+    EP-overlap 1F1B one with --overlap-moe-expert-parallel-comm); grads land in the DDP buffers.
+    -> per-micro-batch loss dicts."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = model.no_sync
+
+    def forward_step(data_iterator, model_chunk, return_schedule_plan=False):
+        tokens, labels, loss_mask, positions, causal = next(data_iterator)
+        # NOTES: --overlap-moe-expert-parallel-comm runs Megatron's combined 1F1B schedule,
+        # which asks for the model's schedule plan instead of its output (as pretrain_gpt does).
+        per_token = (model_chunk.build_schedule_plan(tokens, positions, causal, labels=labels)
+                     if return_schedule_plan else model_chunk(tokens, positions, causal, labels=labels))
+
+        def loss_func(output):
+            loss = (output.float() * loss_mask).sum() / loss_mask.sum()
+            # NOTES: clone: the schedule divides the returned loss in place by the micro-batch count.
+            return loss, {"lm loss": loss.detach().clone()}
+
+        return per_token, loss_func
+
+    model.zero_grad_buffer()
+    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
+                                       num_microbatches=len(batches), seq_length=args.seq_length,
+                                       micro_batch_size=args.micro_batch_size, forward_only=False)
+
+
 def train(args, config, model, optimizer) -> list[dict]:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    num_micro = args.global_batch_size // (args.micro_batch_size * ps.get_data_parallel_world_size())
-    config.finalize_model_grads_func = finalize_model_grads
-    config.no_sync_func = model.no_sync
-    forward_backward = get_forward_backward_func()
     tokens_per_step = args.global_batch_size * args.seq_length
     records = []
     for step in range(1, args.train_iters + 1):
-        batches = iter([mock_batch(args, step, m, device) for m in range(num_micro)])
-
-        def forward_step(data_iterator, model_chunk):
-            tokens, labels, loss_mask, positions, causal = next(data_iterator)
-            per_token = model_chunk(tokens, positions, causal, labels=labels)
-
-            def loss_func(output):
-                loss = (output.float() * loss_mask).sum() / loss_mask.sum()
-                # NOTES: clone: the schedule divides the returned loss in place by the micro-batch count.
-                return loss, {"lm loss": loss.detach().clone()}
-
-            return per_token, loss_func
-
+        batches = micro_batches(args, step, device)
         if args.device == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
-        model.zero_grad_buffer()
         optimizer.zero_grad()
-        losses = forward_backward(forward_step_func=forward_step, data_iterator=batches, model=[model],
-                                  num_microbatches=num_micro, seq_length=args.seq_length,
-                                  micro_batch_size=args.micro_batch_size, forward_only=False)
+        losses = forward_backward(args, config, model, batches)
         ok, grad_norm, _ = optimizer.step()
         if args.device == "cuda":
             torch.cuda.synchronize()

@@ -71,7 +71,10 @@ def _dispatcher_worker(rank, world, seed, backend, src=cpu_shims.MEGATRON_SRC):
     assert "deep_ep" not in sys.modules, "the uccl backend must not need deep_ep"
     from megatron.core import package_info
 
-    return {"managers": [r["manager"] for r in results], "megatron_core": package_info.__version__}
+    from uccl_ep_megatron.overlap import overlap_supported
+
+    return {"managers": [r["manager"] for r in results], "megatron_core": package_info.__version__,
+            "overlap_unsupported_because": overlap_supported()}
 
 
 @pytest.mark.parametrize("backend,version", [("host", "0.19.2"), ("reference", "0.19.2"), ("host", "0.19.0")])
@@ -87,6 +90,8 @@ def test_uccl_backend_from_real_argv_exact(backend, version, executor_summary):
         raise AssertionError(f"seed {seed}: {exc}") from None
     assert [r["managers"] for r in out] == [["UcclManager"] * 2] * 2
     assert [r["megatron_core"].split("+")[0] for r in out] == [version] * 2
+    # the EP-overlap wiring (test_ep_overlap.py) finds its Megatron functions in this release too
+    assert [r["overlap_unsupported_because"] for r in out] == [None, None]
     executor_summary.append(f"Megatron-Core {version} MoEFlexTokenDispatcher (flex/uccl, fwd + bwd): {backend}")
 
 

@@ -63,6 +63,20 @@ def test_real_argv_reaches_settings(hook):
                                               "ranks_per_node": 1}
 
 
+def test_overlap_flag_accepted_and_uninstall_restores_the_schedule(hook):
+    from megatron.core.models.common import fine_grained_callables as common_callables
+    from megatron.core.models.common import utils as common_utils
+    from megatron.core.models.gpt import fine_grained_callables as gpt_callables
+
+    assert parse(FLEX_UCCL + ["--overlap-moe-expert-parallel-comm"]).overlap_moe_expert_parallel_comm is True
+    wrapped = (gpt_callables.build_transformer_layer_callables, common_utils.should_free_input)
+    hook.uninstall()
+    originals = (gpt_callables.build_transformer_layer_callables, common_utils.should_free_input)
+    assert all(w.__wrapped__ is o for w, o in zip(wrapped, originals))
+    assert common_callables.build_transformer_layer_callables is originals[0]
+    hook.install()
+
+
 def test_default_backend_untouched(hook):
     args = parse(["--moe-token-dispatcher-type", "alltoall"])
     assert args.moe_flex_dispatcher_backend == "deepep"
@@ -78,8 +92,6 @@ def test_default_backend_untouched(hook):
      "(32)"),
     (FLEX_UCCL + ["--moe-flex-dispatcher-num-sms", "7"], InvalidArgument, "--moe-flex-dispatcher-num-sms", "even"),
     (FLEX_UCCL + ["--moe-enable-deepep"], InvalidArgument, "--moe-enable-deepep", "deepep backend"),
-    (FLEX_UCCL + ["--overlap-moe-expert-parallel-comm"], Unsupported, "--overlap-moe-expert-parallel-comm",
-     "not supported yet"),
     (FLEX_UCCL + ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"], Unsupported,
      "--moe-pad-expert-input-to-capacity", "not supported"),
 ])

@@ -30,8 +30,9 @@ def install() -> None:
 
     Adds "uccl" to TransformerConfig.moe_flex_dispatcher_backend (and so to Megatron's
     ``--moe-flex-dispatcher-backend`` choices), routes the flex dispatcher's "uccl" backend to
-    uccl_ep.Buffer, and adds the ``--uccl-*`` flags to Megatron's parser when megatron.training
-    is present. Warns (once) on a megatron-core outside the tested window.
+    uccl_ep.Buffer, wires it into the EP-overlap schedule as "deepep" is (`overlap`), and adds
+    the ``--uccl-*`` flags to Megatron's parser when megatron.training is present. Warns (once)
+    on a megatron-core outside the tested window.
     """
     global _installed
     if _installed:
@@ -39,11 +40,13 @@ def install() -> None:
     from .args import patch_megatron_arguments
     from .config_patch import patch_transformer_config
     from .manager import patch_flex_dispatcher
+    from .overlap import patch_overlap_schedule
     from .versions import check_megatron_core_version
 
     check_megatron_core_version()
     patch_transformer_config()
     patch_flex_dispatcher()
+    patch_overlap_schedule()
     patch_megatron_arguments()
     _installed = True
 
@@ -54,8 +57,10 @@ def uninstall() -> None:
     from .args import unpatch_megatron_arguments
     from .config_patch import unpatch_transformer_config
     from .manager import unpatch_flex_dispatcher
+    from .overlap import unpatch_overlap_schedule
 
     unpatch_megatron_arguments()
+    unpatch_overlap_schedule()
     unpatch_flex_dispatcher()
     unpatch_transformer_config()
     _installed = False

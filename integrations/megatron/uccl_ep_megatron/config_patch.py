@@ -64,12 +64,15 @@ def check_uccl_settings(cfg: Any, style: str = "field") -> None:
                           f"{n('moe_flex_dispatcher_backend')} uccl (as with deepep): capacity dropping marks "
                           "dropped tokens -1 and is supported through moe_expert_capacity_factor alone")
     if getattr(cfg, "overlap_moe_expert_parallel_comm", False):
-        # NOTES: Megatron's 1F1B EP-overlap schedule (fine_grained_callables.py, models/common/utils.py)
-        # special-cases the flex backends by name ("deepep", "hybridep", "ncclep") to detach probs
-        # between schedule nodes; with any other name it would wire the autograd graph wrongly.
-        raise Unsupported(f"{n('overlap_moe_expert_parallel_comm')} is not supported yet with "
-                          f"{n('moe_flex_dispatcher_backend')} uccl: Megatron-Core 0.19's overlap schedule "
-                          "hard-codes the deepep/hybridep/ncclep names; run without it")
+        # NOTES: Megatron's EP-overlap schedule wires the flex manager into its schedule nodes by
+        # backend name; overlap.py gives "uccl" the "deepep" wiring. Without it the dispatch
+        # node's backward would run into the router's graph segment.
+        from .overlap import overlap_supported
+
+        reason = overlap_supported()
+        if reason is not None:
+            raise Unsupported(f"{n('overlap_moe_expert_parallel_comm')} is not supported with "
+                              f"{n('moe_flex_dispatcher_backend')} uccl here: {reason}; run without it")
     num_sms = getattr(cfg, "moe_flex_dispatcher_num_sms", None)
     if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int)
                                 or num_sms < 2 or num_sms % 2):

@@ -14,8 +14,8 @@ Per rank (2 by default, one process each):
     python drive_deepep_prepare_finalize.py --device cpu --mode ht   # CPU (CI): gloo, host executor
     python drive_deepep_prepare_finalize.py --device cpu --backend reference   # the semantic oracle
 
-Not exercised: FP8 dispatch (needs a block-quantized FusedMoEQuantConfig and DeepGEMM experts),
-DBO micro-batching, CUDA graphs, the manager's __init__ (it reads vLLM's parallel state; the
+FP8/UE8M0 dispatch and DBO micro-batching run through vLLM's modular kernel in
+drive_modular_kernel.py. Not exercised here: CUDA graphs, the manager's __init__ (it reads vLLM's parallel state; the
 managers are built without it, then their get_handle runs as in vLLM). Prints one JSON line per
 mode and exits non-zero on any mismatch.
 """

@@ -22,6 +22,7 @@ _SELECT = """
     p.add_argument("--all2all-backend", **au.get_kwargs(ParallelConfig)["all2all_backend"])
     parsed = p.parse_args(["--all2all-backend", {value!r}]).all2all_backend
     pc = ParallelConfig(all2all_backend=parsed, data_parallel_size=1)
+    dbo = ParallelConfig(all2all_backend=parsed, enable_dbo=True)   # --enable-dbo stays allowed
     from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
     moe = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=2, ep_size=2, tp_rank=0, pcp_rank=0, dp_rank=0,
                                  ep_rank=0, sp_size=1, use_ep=True, all2all_backend=pc.all2all_backend,
@@ -32,6 +33,7 @@ _SELECT = """
     print(json.dumps({{"choices": [c for c in choices if c.startswith("uccl")], "parsed": parsed,
                       "config": pc.all2all_backend, "flag": os.environ.get("UCCL_EP_VLLM"),
                       "ray_copy": os.environ.get("VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"),
+                      "dbo": [dbo.all2all_backend, dbo.use_ubatching, dbo.num_ubatches],
                       "ht": moe.use_deepep_ht_kernels, "ll": moe.use_deepep_ll_kernels,
                       "has_deep_ep": has_deep_ep(), "alias": deep_ep.Buffer is uccl_ep.Buffer}}))
 """
@@ -44,6 +46,8 @@ def test_value_parses_validates_and_selects_deepep_path(value, vllm_value):
     assert out["choices"] == ["uccl_low_latency", "uccl_high_throughput"]
     assert out["parsed"] == value and out["config"] == vllm_value
     assert out["flag"] == "1" and "UCCL_EP_VLLM" in out["ray_copy"].split(",")
+    # DBO: allowed with both values (test_modular_kernel.py drives vLLM's DBO path on uccl_ep)
+    assert out["dbo"] == [vllm_value, True, 2]
     # the prepare/finalize class vLLM picks for this config: DeepEP HT or LL
     assert out["ht"] is (value == "uccl_high_throughput") and out["ll"] is (value == "uccl_low_latency")
     assert out["has_deep_ep"] and out["alias"]
