@@ -135,6 +135,13 @@ def run_steps(cfg: dict, steps: int = 2) -> dict:
             "num_sms": type(buf).num_sms if buf is not None else None, "steps": steps}
 
 
+def _emit(record: dict) -> None:
+    """One JSON line, written in one call: the ranks share stdout, and print() writes the text and its
+    newline separately, so two ranks' lines could run together."""
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
 def main(argv=None) -> int:
     cfg = load_config(list(sys.argv[1:] if argv is None else argv))
     import torch.distributed as dist
@@ -142,10 +149,10 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo")
     try:
         if not turbo_deepep_enabled(cfg):
-            print(json.dumps({"rank": dist.get_rank(), "backend_name": None,
-                              "why": "megatron.turbo.moe_dispatcher patch not applied (its condition is false)"}))
+            _emit({"rank": dist.get_rank(), "backend_name": None,
+                   "why": "megatron.turbo.moe_dispatcher patch not applied (its condition is false)"})
             return 0
-        print(json.dumps(run_steps(cfg)), flush=True)
+        _emit(run_steps(cfg))
         dist.barrier()
         return 0
     finally:
