@@ -103,7 +103,7 @@ UCCL_DEVICE void store_row_meta(const HTDispatchParams& p, const RowMeta& m, uin
 //
 // NOTES: DeepEP's design sends the rank's own rows through its own ring like any peer's, so each
 // is copied twice on the SMs (x -> ring -> recv_x). One SM copies ~45-50 GB/s whether to a peer
-// or to its own HBM (core/tests/gpu/probe_nvlink_store.py), so row copies are what the <= 24-SM
+// or to its own HBM (tools/lab/probe_nvlink_store.py), so row copies are what the <= 24-SM
 // rows are bound by; copying own rows once, split over both blocks of the channel, takes a quarter
 // of the copies away at EP2. The self ring is not used at all (neither side moves its counters),
 // so dispatch and combine, which share rings, stay in step.

@@ -97,23 +97,3 @@ def test_variant_kernels_exist_with_the_packed_struct(name):
         assert re.search(rf'extern "C" __global__ void __launch_bounds__\({bounds}, 1\) {re.escape(kernel)}\('
                          rf"const UCCL_GRID_CONSTANT {struct} p\)", text), (source, kernel)
 
-
-def test_sweep_summary_table(tmp_path):
-    """run_device.sh's summary of the variant sweep reads the bench's JSON by file name."""
-    import importlib.util
-    import json
-    path = jit.kernel_dir().parent / "tests" / "gpu" / "summarize_ht_variants.py"
-    spec = importlib.util.spec_from_file_location("summarize_ht_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rows = [dict(mode="ht", op="dispatch", dtype="bf16", gbps=347.0, baseline_gbps=400.0, verified="ok"),
-            dict(mode="ht", op="dispatch", dtype="fp8", gbps=118.0, baseline_gbps=350.0, verified="ok"),
-            dict(mode="ht", op="combine", dtype="bf16", gbps=296.0, baseline_gbps=450.0, verified="ok")]
-    for v, sms in (("tma", 24), ("tma", 8), ("default", 24)):
-        (tmp_path / f"ht_variant_{v}_{sms}.json").write_text(json.dumps({"rows": rows}))
-    (tmp_path / "ht_variant_tma_tests.log").write_text("not json")
-    text = mod.table(mod.load(tmp_path))
-    lines = text.splitlines()
-    assert [ln.split("|")[1:3] for ln in lines[2:]] == [[" default ", " 24 "], [" tma ", " 24 "], [" tma ", " 8 "]]
-    assert "| 347.0 | 118.0 | 296.0 | 1.00x / 0.50x / 1.00x | 400.0 / 350.0 / 450.0 | ok |" in lines[2]
-    assert mod.main(["x", str(tmp_path / "none")]) == 1

@@ -21,7 +21,7 @@ small 2 nodes x 2 GPUs case and both CUDA-graph cases passed (forced and timeout
 routing with num_worst_tokens is in every case. Its one earlier failure came from running the
 reference between our in-flight ops (the ipc stand-in's driver stall), so the test runs the reference
 first, lets every op finish on every rank, and reports device errors before comparing.
-Run: bash core/tests/gpu/run_device.sh build internode
+Run: bash tools/lab/run_device.sh build internode
 """
 
 from __future__ import annotations

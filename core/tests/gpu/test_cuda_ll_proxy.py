@@ -13,7 +13,7 @@ Status (2026-11-23, thirteenth session): on 2 x H200 every test here passes at 1
 small + DeepSeek-size, traffic with both copy engines, mask/clean, CUDA graph, device timeout), and
 at d3d1e1c (receive kernels by programmatic launch) all of them but the driver-copy traffic test,
 which that change does not touch, were run again and passed; earlier, with driver copies, on 4 x H200 options (small), traffic and CUDA graph passed. The NIC test needs a libfabric provider that
-registers GPU memory (FI_HMEM); no machine here has one. Run: bash core/tests/gpu/run_device.sh build proxy
+registers GPU memory (FI_HMEM); no machine here has one. Run: bash tools/lab/run_device.sh build proxy
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ layout and per-warp progress counters), so ranks running different variants stil
   many progress publications. Compiled, not yet run.
 
 docs/benchmarks.md ("HT kernel variants") says what each is expected to change and how the next
-GPU session compares them (core/tests/gpu/run_device.sh, step ``variants``).
+GPU session compares them (tools/lab/run_device.sh, step ``variants``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the proxy thread and the copy ring cost alone. In the LL path the same hop (the 
 `push→seen` column) reads ~10-11 us at 128 tokens; a bare GPU -> CPU -> GPU echo through mapped
 memory takes ~2.3-2.9 us on the same machine (2 x H200).
 
-UCCL_EP_FORCE_PROXY=1 python core/tests/gpu/probe_proxy_rtt.py [iters]
+UCCL_EP_FORCE_PROXY=1 python tools/lab/probe_proxy_rtt.py [iters]
 Prints, per case, p10 / p50 / p90 of the push itself, push -> the descriptor's seq seen, the read of
 its other words (three 8-byte loads, or two 16-byte loads), and the 16-byte copy + done.
 """
@@ -23,7 +23,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 

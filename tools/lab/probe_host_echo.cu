@@ -9,7 +9,7 @@
 // forced proxy path, thirteenth session). Build (PyPI nvcc, static cudart), run on the GPU machine:
 //   N=.venv/lib/python3.11/site-packages/nvidia/cu13
 //   $N/bin/nvcc -O2 -std=c++17 -arch=sm_90 -I$N/include -L$N/lib -cudart static \
-//       -o probe_host_echo core/tests/gpu/probe_host_echo.cu -lpthread -ldl -lrt
+//       -o probe_host_echo tools/lab/probe_host_echo.cu -lpthread -ldl -lrt
 //   ./probe_host_echo 20 0
 #include <cuda_runtime.h>
 #include <pthread.h>

@@ -4,7 +4,7 @@ Reads <dir>/ht_variant_<variant>_<sms>.json (uccl-ep bench --json output) and pr
 row per (variant, SMs): dispatch BF16 / FP8 and combine GB/s with DeepEP's figures on 2 x H200 as the
 reference (docs/benchmarks.md), NCCL's in the same run, and whether the bench verified the results.
 
-Usage: python core/tests/gpu/summarize_ht_variants.py [dir]   (default: $OUT or ./gpu-out)
+Usage: python tools/lab/summarize_ht_variants.py [dir]   (default: $OUT or ./gpu-out)
 """
 
 from __future__ import annotations

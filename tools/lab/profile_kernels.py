@@ -1,8 +1,8 @@
 """Per-kernel device times of the cuda backend (torch profiler), and the host time of one call, for
 tuning; not a test.
 
-python core/tests/gpu/profile_kernels.py [ll|ht]   (every GPU; prints each rank's table)
-python core/tests/gpu/profile_kernels.py llhost    (cProfile of rank 0's eager LL dispatch + combine
+python tools/lab/profile_kernels.py [ll|ht]   (every GPU; prints each rank's table)
+python tools/lab/profile_kernels.py llhost    (cProfile of rank 0's eager LL dispatch + combine
                                                    host path: where the per-call host time goes)
 
 `host/call` is the wall time of issuing one call without waiting for the device (mean over a
@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 

@@ -4,7 +4,7 @@ rank 0 while the fresh dispatch matched. For each config and for several ways of
 fresh and cached calls, BF16 and FP8 rows, prints how many rows of the cached output differ from the (verified) fresh
 output, which rows, and what they hold instead (zeros, another fresh row, or something else).
 
-Run: CUDA_MODULE_LOADING=EAGER python core/tests/gpu/diag_internode_worst.py [T] [H]
+Run: CUDA_MODULE_LOADING=EAGER python tools/lab/diag_internode_worst.py [T] [H]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 combine's NVLink leg, with 16-byte stores (with and without a system fence per row) and with
 cp.async.bulk; torch's peer copy of the same bytes for comparison. Every GPU pair (2 ranks).
 
-python core/tests/gpu/probe_nvlink_store.py [rows] [row_bytes] [few]
+python tools/lab/probe_nvlink_store.py [rows] [row_bytes] [few]
   few: instead, what a handful of SMs (6, 12, 24 blocks) can push: the HT kernels' budget at <= 12 SMs.
 """
 
@@ -17,7 +17,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash core/tests/gpu/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode htproxy regress variants scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode htproxy regress variants scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -15,7 +15,7 @@
 #          full-size tests; a summary table ($OUT/ht_variants.md). A variant failing its test is not
 #          benchmarked. Bounded: HT_BUDGET_S (default 420 s) for the whole step, each command under
 #          its own timeout. HT_VARIANTS (new variants) / HT_SMS override the lists.
-#          One call, 2 GPUs: bash core/tests/gpu/run_device.sh isolate build variants
+#          One call, 2 GPUs: bash tools/lab/run_device.sh isolate build variants
 #   scale: issue 12's runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
 #          (default 520 s), each command under its own timeout: HT intranode small bitwise tests
 #          (copy-engine combine, copy-engine dispatch, then the ring), then
@@ -38,11 +38,12 @@
 #          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
 #          $OUT/ht_prof.log). TUNE_BUDGET_S
-#          (default 520 s). Kernels are compiled in parallel first (precompile_ht.py).
+#          (default 520 s). Kernels are compiled in parallel first (precompile.py --ht).
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."  # the repository root: every path below is relative to it
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export UCCL_EP_JIT_CACHE_DIR=${UCCL_EP_JIT_CACHE_DIR:-/tmp/uccl_ep_jit}
 STEPS=${*:-build test ll ht}
@@ -89,7 +90,7 @@ for step in $STEPS; do
             grep "│ ll" | sed "s/^/pdl=$pdl /" | cut -c1-190
         done
       done
-      timeout -k 10 120 $PY core/tests/gpu/profile_kernels.py ll 2>&1 | grep "rank 0" ;;
+      timeout -k 10 120 $PY tools/lab/profile_kernels.py ll 2>&1 | grep "rank 0" ;;
     proxydiag)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60} CUDA_MODULE_LOADING=EAGER
       T=core/tests/gpu/test_cuda_ll_proxy.py
@@ -98,9 +99,9 @@ for step in $STEPS; do
         grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -4
       timeout -k 10 90 $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --force-proxy --num-tokens 128 --iters 50 \
         --warmup 10 --json "$OUT/proxydiag_bench.json" 2>&1 | grep -E "│ ll|rror" | cut -c1-320
-      UCCL_EP_FORCE_PROXY=1 timeout -k 10 120 $PY core/tests/gpu/profile_kernels.py ll 2>&1 | grep -E "^rank|rror" | \
+      UCCL_EP_FORCE_PROXY=1 timeout -k 10 120 $PY tools/lab/profile_kernels.py ll 2>&1 | grep -E "^rank|rror" | \
         tee "$OUT/proxydiag_profile.log"
-      timeout -k 10 120 $PY core/tests/gpu/probe_copy_kernel.py 2>&1 | tee "$OUT/proxydiag_probe.log" | tail -12 ;;
+      timeout -k 10 120 $PY tools/lab/probe_copy_kernel.py 2>&1 | tee "$OUT/proxydiag_probe.log" | tail -12 ;;
     ht)
       for sms in 24 12 8; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
@@ -133,7 +134,7 @@ for step in $STEPS; do
         bounded 200 $PY -m pytest -x -q -p no:cacheprovider "$T[deepseek-$v]" 2>&1 | \
           tee -a "$OUT/ht_variant_${v}_tests.log" | tail -4
       done
-      $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_variants.md" ;;
+      $PY tools/lab/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_variants.md" ;;
     proxy)
       # short device waits: a stalled op fails in seconds with a Timeout naming rank, peer and phase
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
@@ -231,7 +232,7 @@ for step in $STEPS; do
       CFGS=${TUNE_CONFIGS:-"d16c16:16/16:;reg24:16/24:$S=0;c16s3:16/16:$S=3"}
       PROF_DEFS="UCCL_EP_HT_PROF=1 ${TUNE_PROF_DEFINES:-}"
       [[ ${TUNE_PROF:-1} == 0 ]] || CFGS="$CFGS;prof:16/16:$PROF_DEFS"
-      bounded 150 $PY core/tests/gpu/precompile_ht.py ${TUNE_RANKS:-2} "$CFGS" 2>&1 | tail -3
+      bounded 150 $PY tools/lab/precompile.py --jobs 8 --ht ${TUNE_RANKS:-2} "$CFGS" 2>&1 | tail -3
       IFS=';' read -ra TC <<< "$CFGS"
       for sms in ${TUNE_SMS:-24}; do
         for cfg in "${TC[@]}"; do
@@ -245,7 +246,7 @@ for step in $STEPS; do
             --json "$OUT/ht_variant_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
         done
       done
-      $PY core/tests/gpu/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
+      $PY tools/lab/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
       if [[ ${TUNE_PROF:-1} != 0 ]]; then
         UCCL_EP_HT_WARPS=16 UCCL_EP_HT_COMBINE_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
           --backend cuda --ranks ${TUNE_RANKS:-2} --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \

@@ -7,7 +7,7 @@ shapes: one launch per descriptor (what each LL op does) and one launch for all 
 (throughput). A torch peer copy of the same bytes is the baseline. It tells whether the kernel's
 ~100 GB/s in the proxy path (docs/benchmarks.md) is the kernel's own rate or its surroundings.
 
-python core/tests/gpu/probe_copy_kernel.py [bytes_per_descriptor] [blocks_per_ring ...]
+python tools/lab/probe_copy_kernel.py [bytes_per_descriptor] [blocks_per_ring ...]
   defaults: 3784704 (the 128-token dispatch region) and blocks 4 8 16 32
 """
 
@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 CAPACITY = 8192          # dma_ring.h kDmaRingCapacity

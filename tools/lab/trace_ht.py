@@ -3,7 +3,7 @@ BF16 dispatch, one cached FP8 dispatch and one combine, per rank, with its strea
 the op's first device event) and duration. For finding what bounds a path (e.g. the copy-engine
 dispatch, UCCL_EP_HT_DISPATCH_CE=1); not a test.
 
-python core/tests/gpu/trace_ht.py [num_sms] [out_dir]   (every GPU; the caller's UCCL_EP_* settings)
+python tools/lab/trace_ht.py [num_sms] [out_dir]   (every GPU; the caller's UCCL_EP_* settings)
 
 Prints each rank's timelines; with out_dir, also writes the chrome traces there
 (trace_<op>_r<rank>.json).
@@ -19,7 +19,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -6,7 +6,7 @@
   ht   HT internode through the proxy (ranks_per_node=1): a few dispatch/combine cases, each output
        compared with the reference; mismatching rows mapped to the reference row they equal.
 
-Run (repo root, 2+ GPUs): python core/tests/gpu/diag_proxy_paths.py ll|ht
+Run (repo root, 2+ GPUs): python tools/lab/diag_proxy_paths.py ll|ht
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
 
