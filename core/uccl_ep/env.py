@@ -187,15 +187,8 @@ _VARS: list[Var] = [
         "128 tokens: graph D+C 99.5 / 99.4 us vs 104.8 / 104.1 off). Read when a Buffer first runs a "
         "low-latency op.",
         used_by="CUDA kernels (low-latency mode)"),
-    Var("UCCL_EP_HT_VARIANT", "choice", "default",
-        "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
-        "`tma` or `tma-wide` (bulk-copy variants, sm_90+, compiled but not yet measured; see "
-        "docs/benchmarks.md, \"HT kernel variants\"). Read when a Buffer first runs a normal-mode op; "
-        "every variant writes the peer rings the same way, so ranks may differ. An experiment switch: "
-        "a variant that wins replaces `default` rather than becoming an API argument.",
-        choices=("default", "tma", "tma-wide"), used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_WARPS", "int", 16,
-        "Warps per block of the cuda backend's normal (HT) intranode kernels (`default` variant): "
+        "Warps per block of the cuda backend's normal (HT) intranode kernels: "
         "each rank's share is warps / ranks. More warps keep more bytes in flight per SM. Read when "
         "a Buffer first runs a normal-mode op; every rank of a group must use the same value (a Buffer whose "
         "ranks differ is refused when it is built).",

@@ -5,7 +5,7 @@ Usage (repo root):
   python tools/lab/precompile.py SOURCE.cu [SOURCE.cu ...]
       the sources (names under core/kernels) as the engines without -D settings load them
   python tools/lab/precompile.py --ht RANKS "label:warps[/combine warps]:DEFINES;..."
-      the default HT dispatch and combine kernels of every tuning configuration (run_device.sh
+      the HT dispatch and combine kernels of every tuning configuration (run_device.sh
       `tune`): block sizes from the warps, -D settings from DEFINES (UCCL_EP_HT_DEFINES' syntax)
 """
 
@@ -22,15 +22,14 @@ Job = tuple[str, tuple[str, ...]]
 def ht_jobs(ranks: int, configs: str) -> list[Job]:
     """The (dispatch, combine) builds of each ``label:warps[/combine warps]:DEFINES`` item, with
     the block size the engine derives from the warps (whole warps per peer rank)."""
-    from uccl_ep.cuda import ht_variants
-    v = ht_variants.VARIANTS["default"]
+    from uccl_ep.cuda import ht_tuning
     jobs: list[Job] = []
     for cfg in (c for c in configs.split(";") if c.strip()):
         _label, warps, defines = (cfg.split(":", 2) + [""])[:3]
         dw, _, cw = warps.partition("/")
-        d_defs = ht_variants.default_defines(ranks, int(dw) // ranks * ranks * 32, defines)[0]
-        c_defs = ht_variants.default_defines(ranks, int(cw or dw) // ranks * ranks * 32, defines)[1]
-        jobs += [(v.dispatch[0], d_defs), (v.combine[0], c_defs)]
+        d_defs = ht_tuning.kernel_defines(ranks, int(dw) // ranks * ranks * 32, defines)[0]
+        c_defs = ht_tuning.kernel_defines(ranks, int(cw or dw) // ranks * ranks * 32, defines)[1]
+        jobs += [(ht_tuning.DISPATCH[0], d_defs), (ht_tuning.COMBINE[0], c_defs)]
     return jobs
 
 

@@ -7,7 +7,7 @@
 //   probe_bulk:   one warp per row, lane 0 moves the row global -> shared -> global with cp.async.bulk
 //                 (two row buffers per warp, so a row's store overlaps the next row's load).
 #include "uccl_ep/device/block.cuh"
-#include "uccl_ep/device/ht_bulk.cuh"
+#include "ht_bulk.cuh"  // tools/lab, beside this file
 
 using namespace uccl_ep;
 using namespace uccl_ep::dev;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode htproxy regress variants scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode htproxy regress scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -9,13 +9,6 @@
 #          vs the reference (core/tests/gpu/test_cuda_ht_internode.py), then `uccl-ep bench --mode ht
 #          --nodes <GPUs>` (and `--nodes 2` with 4+ GPUs): RDMA-formula GB/s, transport bytes/op.
 #          Needs the whole native module (do not combine with `isolate`).
-#   variants: the HT kernel variants (UCCL_EP_HT_VARIANT): for each new one its bitwise GPU test
-#          against uccl_ep.refs, then `uccl-ep bench --mode ht` at 24/16/12/8 SMs ->
-#          $OUT/ht_variant_<variant>_<sms>.json; the same sweep of `default`; a mixed-variant test;
-#          full-size tests; a summary table ($OUT/ht_variants.md). A variant failing its test is not
-#          benchmarked. Bounded: HT_BUDGET_S (default 420 s) for the whole step, each command under
-#          its own timeout. HT_VARIANTS (new variants) / HT_SMS override the lists.
-#          One call, 2 GPUs: bash tools/lab/run_device.sh isolate build variants
 #   scale: issue 12's runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
 #          (default 520 s), each command under its own timeout: HT intranode small bitwise tests
 #          (copy-engine combine, copy-engine dispatch, then the ring), then
@@ -35,7 +28,7 @@
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
 #   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
 #          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10 (30 for decisions: 10 is noisy); TUNE_RANKS, default 2) (bench-verified) at TUNE_SMS (default 24) ->
-#          $OUT/ht_variant_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
+#          $OUT/ht_tune_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
 #          $OUT/ht_prof.log). TUNE_BUDGET_S
 #          (default 520 s). Kernels are compiled in parallel first (precompile.py --ht).
@@ -71,8 +64,8 @@ for step in $STEPS; do
       $PY -m pip install -q --no-build-isolation --no-deps -e core > "$OUT/pip_build.log" 2>&1 || \
         grep -E "error|Error" "$OUT/pip_build.log" | head -20
       $PY -c "import uccl_ep._C as C; print('cuda', C.cuda.available(), C.cuda.driver_version())" ;;
-    test)  # the unverified HT variants run in `variants` (a failing experiment must not stop -x here)
-      $PY -m pytest core/tests/gpu -x -q -p no:cacheprovider -k "not tma" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    test)
+      $PY -m pytest core/tests/gpu -x -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     ll)
       for t in 128 256 512; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ll --num-tokens $t --iters 50 --warmup 10 \
@@ -107,34 +100,6 @@ for step in $STEPS; do
         $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms --iters 30 --warmup 5 \
           --json "$OUT/ht_$sms.json" 2>&1 | tail -8
       done ;;
-    variants)
-      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
-      start_budget ${HT_BUDGET_S:-420}
-      T=core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference
-      sweep() {  # sweep VARIANT: the SM sweep of one variant
-        for sms in ${HT_SMS:-24 16 12 8}; do
-          UCCL_EP_HT_VARIANT=$1 bounded 80 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --num-sms $sms \
-            --iters 10 --warmup 3 --timeout 75 --json "$OUT/ht_variant_${1}_${sms}.json" 2>&1 | tail -5
-        done
-      }
-      # Priority order (the budget may cut the tail): each new variant's small bitwise test, then its
-      # sweep (the bench verifies the 4096-token rows too); ranks mixing variants; the default's
-      # sweep on this machine; last, the new variants' full-size bitwise tests.
-      VS=${HT_VARIANTS:-tma tma-wide}
-      for v in $VS; do
-        echo "--- variant $v ($(left) s left)"
-        bounded 120 $PY -m pytest -x -q -p no:cacheprovider "$T[small-$v]" 2>&1 | tee "$OUT/ht_variant_${v}_tests.log" | tail -4
-        if [[ ${PIPESTATUS[0]} == 0 ]]; then sweep $v; else echo "variant $v: small test FAILED or cut, not benchmarked"; fi
-      done
-      echo "--- mixed variants, default sweep, full-size tests ($(left) s left)"
-      bounded 120 $PY -m pytest -q -p no:cacheprovider -k mixed core/tests/gpu/test_cuda_ht.py 2>&1 | \
-        tee "$OUT/ht_variant_mixed_tests.log" | tail -4
-      sweep default
-      for v in $VS; do
-        bounded 200 $PY -m pytest -x -q -p no:cacheprovider "$T[deepseek-$v]" 2>&1 | \
-          tee -a "$OUT/ht_variant_${v}_tests.log" | tail -4
-      done
-      $PY tools/lab/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_variants.md" ;;
     proxy)
       # short device waits: a stalled op fails in seconds with a Timeout naming rank, peer and phase
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
@@ -243,10 +208,10 @@ for step in $STEPS; do
           UCCL_EP_HT_WARPS=$dw UCCL_EP_HT_COMBINE_WARPS=${cw:-0} UCCL_EP_HT_DEFINES="$defs" bounded 75 \
             $PY -m uccl_ep.cli.main bench --backend cuda \
             --ranks ${TUNE_RANKS:-2} --mode ht --num-sms $sms --iters ${TUNE_ITERS:-10} --warmup 3 --timeout 70 \
-            --json "$OUT/ht_variant_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
+            --json "$OUT/ht_tune_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
         done
       done
-      $PY tools/lab/summarize_ht_variants.py "$OUT" | tee "$OUT/ht_tune.md"
+      $PY tools/lab/summarize_ht_tune.py "$OUT" | tee "$OUT/ht_tune.md"
       if [[ ${TUNE_PROF:-1} != 0 ]]; then
         UCCL_EP_HT_WARPS=16 UCCL_EP_HT_COMBINE_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
           --backend cuda --ranks ${TUNE_RANKS:-2} --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
-from . import ht_variants
+from . import ht_tuning
 from .ht_ce import CopyEngineOps
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
 
@@ -65,7 +65,7 @@ class NormalEngine:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
-        self.G, self.Gc = ht_variants.warps_per_peer(self.R)
+        self.G, self.Gc = ht_tuning.warps_per_peer(self.R)
         lanes = warp_size()  # the kernels give each peer G warps (64-lane wavefronts on AMD)
         self.block, self.combine_block = self.R * self.G * lanes, self.R * self.Gc * lanes
         if max(self.block, self.combine_block) > 1024:
@@ -79,13 +79,12 @@ class NormalEngine:
         self.host_tag = 0
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (("layout.cu", "ht_layout"),
                                                                     ("intranode_notify.cu", "ht_notify"))}
-        # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT (launch bounds: the block size)
-        self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block, combine_threads=self.combine_block))
-        self.combine_smem = ht_variants.combine_smem_bytes(
-            self.combine_block, sm=sm_number(device_arch(self.dev))) if \
-            ht_variants.selected().name == "default" else 0
-        # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py); default variant only
-        self.ce = CopyEngineOps(self, allowed=ht_variants.selected().name == "default")
+        # ht_dispatch, ht_combine (launch bounds: the block size)
+        self._k.update(ht_tuning.load_kernels(self.dev, self.R, block_threads=self.block,
+                                              combine_threads=self.combine_block))
+        self.combine_smem = ht_tuning.combine_smem_bytes(self.combine_block, sm=sm_number(device_arch(self.dev)))
+        # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py)
+        self.ce = CopyEngineOps(self)
 
     @property
     def _sent(self) -> int:

@@ -171,12 +171,10 @@ def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden:
 class CopyEngineOps:
     """The staging buffer and launches of the copy-engine combine (and dispatch) for one NormalEngine."""
 
-    def __init__(self, engine, allowed: bool = True) -> None:
-        """``allowed``: whether the engine's kernels can take these paths at all (the default HT
-        variant only); both the combine and the dispatch decision derive from it."""
+    def __init__(self, engine) -> None:
         self.engine, self.ex = engine, engine.ex
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
-        self.enabled = allowed and bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
+        self.enabled = bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
         # "1" / "auto" (calls with <= AUTO_DISPATCH_MAX_SMS SMs) / "0"
         self.dispatch_mode = env.get("UCCL_EP_HT_DISPATCH_CE") if self.enabled else "0"
         self.dispatch_enabled = self.dispatch_mode != "0"
@@ -270,9 +268,9 @@ class CopyEngineOps:
 
     def _kernels(self):
         if self._k is None:
-            from . import ht_variants
-            c_defs = ht_variants.default_defines(self.R, self.engine.combine_block)[1]
-            d_defs = ht_variants.default_defines(self.R, self.engine.block)[1]
+            from . import ht_tuning
+            c_defs = ht_tuning.kernel_defines(self.R, self.engine.combine_block)[1]
+            d_defs = ht_tuning.kernel_defines(self.R, self.engine.block)[1]
             self._k = {"ht_combine_ce": load_kernel(self.dev, "intranode_combine_ce.cu", "ht_combine_ce", c_defs)}
             self._k.update({n: load_kernel(self.dev, "intranode_dispatch_ce.cu", n, d_defs)
                             for n in ("ht_ce_begin", "ht_ce_wait", "ht_dispatch_ce")})

@@ -20,13 +20,13 @@ def _load(name: str):
 
 
 def test_summary_table_reads_the_bench_json_by_file_name(tmp_path):
-    mod = _load("summarize_ht_variants")
+    mod = _load("summarize_ht_tune")
     rows = [dict(mode="ht", op="dispatch", dtype="bf16", gbps=347.0, baseline_gbps=400.0, verified="ok"),
             dict(mode="ht", op="dispatch", dtype="fp8", gbps=118.0, baseline_gbps=350.0, verified="ok"),
             dict(mode="ht", op="combine", dtype="bf16", gbps=296.0, baseline_gbps=450.0, verified="ok")]
     for label, sms in (("reg24", 24), ("reg24", 8), ("d16c16", 24)):
-        (tmp_path / f"ht_variant_{label}_{sms}.json").write_text(json.dumps({"rows": rows}))
-    (tmp_path / "ht_variant_reg24_tests.log").write_text("not json")
+        (tmp_path / f"ht_tune_{label}_{sms}.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "ht_tune_reg24_tests.log").write_text("not json")
     lines = mod.table(mod.load(tmp_path)).splitlines()
     assert [ln.split("|")[1:3] for ln in lines[2:]] == [[" d16c16 ", " 24 "], [" reg24 ", " 24 "], [" reg24 ", " 8 "]]
     assert "| 347.0 | 118.0 | 296.0 | 1.00x / 0.50x / 1.00x | 400.0 / 350.0 / 450.0 | ok |" in lines[2]
@@ -51,7 +51,7 @@ def test_device_script_names_existing_files():
     """Every repository path run_device.sh runs or reads (scripts, tests, kernel sources) exists."""
     text = (LAB / "run_device.sh").read_text()
     paths = set(re.findall(r"\b((?:tools/lab|core/tests/gpu|core/tests)/[\w/]+\.(?:py|sh))", text))
-    assert {"tools/lab/precompile.py", "tools/lab/summarize_ht_variants.py"} <= paths
+    assert {"tools/lab/precompile.py", "tools/lab/summarize_ht_tune.py"} <= paths
     missing = sorted(p for p in paths if not (ROOT / p).is_file())
     assert not missing, missing
     kernels = {m for line in text.splitlines() if "precompile.py" in line or line.strip().startswith(("internode_",))

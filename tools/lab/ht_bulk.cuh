@@ -1,29 +1,24 @@
-// Bulk (TMA) copies for the HT "tma" kernel variant (intranode_dispatch_tma.cu,
-// intranode_combine_tma.cu): PTX wrappers for cp.async.bulk and mbarriers, and CopyStream, a
-// per-warp staging ring that lane 0 drives to move rows global -> shared -> global with several
-// chunks in flight and no registers holding data.
+// Bulk (TMA) copies for lab probes (probe_nvlink_store.cu): PTX wrappers for cp.async.bulk and
+// mbarriers, and CopyStream, a per-warp staging ring that lane 0 drives to move rows global ->
+// shared -> global with several chunks in flight and no registers holding data.
 //
-// NOTES: why this exists. The default HT kernels copy with 16-byte loads, 8 per lane in flight,
-// so one warp has 4 KiB outstanding and then stalls on a system-scope release every few tokens;
-// the channels are latency-bound (docs/benchmarks.md, "CUDA backend"). A bulk copy keeps a whole
-// chunk in flight from one instruction, loads of the next chunks overlap the stores of the
-// previous ones, and a bulk store to a peer is posted: the warp only waits for it when it
-// publishes progress.
+// NOTES: why a probe would use it. The HT kernels copy with 16-byte loads, 8 per lane in flight, so
+// one warp has 4 KiB outstanding; a bulk copy keeps a whole chunk in flight from one instruction,
+// loads of the next chunks overlap the stores of the previous ones, and a bulk store to a peer is
+// posted. Kernels built on it lost to the 16-byte copies (docs/benchmarks.md, "HT kernel variants"),
+// so it lives here, not among the kernel headers.
 //
-// CUDA only (sm_90 and newer): AMD has no cp.async.bulk. uccl_ep/cuda/ht_variants.py refuses the
-// variant with a clear Unsupported on older GPUs; core/tests/cpu/test_kernels_compile.py skips
-// these sources for gfx90a.
+// CUDA only (sm_90 and newer): AMD has no cp.async.bulk.
 #pragma once
 
 #include "uccl_ep/device/arch.cuh"
 #include "uccl_ep/device/wait.cuh"
 
 #if !UCCL_EP_CUDA
-#error "ht_bulk.cuh: cp.async.bulk (TMA) is NVIDIA sm_90+ only; the HT 'tma' variant is CUDA-only"
+#error "ht_bulk.cuh: cp.async.bulk (TMA) is NVIDIA sm_90+ only"
 #endif
 
-// Pipeline geometry, set per variant by uccl_ep/cuda/ht_variants.py (-D...); these defaults are
-// the "tma" variant. Shared memory per warp = kStreamAreaBytes (mirrored in ht_variants.py).
+// Pipeline geometry (-D... to change it). Shared memory per warp = kStreamAreaBytes.
 #ifndef UCCL_EP_HT_CHUNK
 #define UCCL_EP_HT_CHUNK 2048     // bytes per bulk copy (multiple of 128)
 #endif
