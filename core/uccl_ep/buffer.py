@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from . import env
-from .backends import BufferContext, create_executor
+from .backends import create_executor
+from .executor_interface import BufferContext
 from .buffer_low_latency import LowLatencyMixin
 from .config import (NUM_BUFFER_ALIGNMENT_BYTES, NUM_MAX_LOCAL_EXPERTS, Config, combine_config_table,
                      dispatch_config_table, low_latency_rdma_size_hint)

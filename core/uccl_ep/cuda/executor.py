@@ -18,7 +18,7 @@ import socket
 
 import torch
 
-from ..backends import BufferContext, Executor
+from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore
 from . import ht_ce, ht_tuning, proxy_path

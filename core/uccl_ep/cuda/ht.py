@@ -24,7 +24,7 @@ from . import ht_tuning
 from .ht_ce import CopyEngineOps
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
 
-__all__ = ["NormalEngine", "CudaNormalPlan"]
+__all__ = ["NormalEngine", "CudaNormalPlan", "launch_layout"]
 
 _RING_OFF = 512 * 1024
 _MAX_CHANNELS = 64
@@ -44,6 +44,22 @@ def dispatch_slot_bytes(hidden_bytes: int, num_scales: int, num_topk: int) -> in
 
 def combine_slot_bytes(hidden: int, num_topk: int) -> int:
     return _align16(_align16(hidden * 2) + num_topk * 4)
+
+
+def launch_layout(kernel, num_ranks: int, topk_idx, num_experts: int):
+    """get_dispatch_layout by layout.cu (``kernel``: its ht_layout), for the intranode engine and the
+    engine through the proxy alike: (tokens per rank, None, tokens per expert, is_token_in_rank)."""
+    T, K = topk_idx.shape
+    R = num_ranks
+    counts = torch.zeros(R + num_experts, dtype=torch.int32, device=topk_idx.device)
+    in_rank = torch.empty(T, R, dtype=torch.bool, device=topk_idx.device)
+    if T > 0:
+        topk_idx = topk_idx.contiguous()
+        params = pack_params("HTLayoutParams", topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=counts.data_ptr(),
+                             num_tokens_per_expert=counts.data_ptr() + 4 * R, is_token_in_rank=in_rank.data_ptr(),
+                             num_tokens=T, num_topk=K, num_experts=num_experts, num_ranks=R)
+        kernel.launch((T + 255) // 256, 256, params, current_stream(), smem=4 * (R + num_experts))
+    return counts[:R], None, counts[R:], in_rank
 
 
 class CudaNormalPlan:
@@ -135,17 +151,7 @@ class NormalEngine:
 
     # -- layout ------------------------------------------------------------------------------------
     def layout(self, topk_idx, num_experts):
-        T, K = topk_idx.shape
-        R = self.R
-        counts = torch.zeros(R + num_experts, dtype=torch.int32, device=topk_idx.device)
-        in_rank = torch.empty(T, R, dtype=torch.bool, device=topk_idx.device)
-        if T > 0:
-            topk_idx = topk_idx.contiguous()
-            params = pack_params("HTLayoutParams", topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=counts.data_ptr(),
-                                 num_tokens_per_expert=counts.data_ptr() + 4 * R, is_token_in_rank=in_rank.data_ptr(),
-                                 num_tokens=T, num_topk=K, num_experts=num_experts, num_ranks=R)
-            self._k["ht_layout"].launch((T + 255) // 256, 256, params, current_stream(), smem=4 * (R + num_experts))
-        return counts[:R], None, counts[R:], in_rank
+        return launch_layout(self._k["ht_layout"], self.R, topk_idx, num_experts)
 
     # -- dispatch ----------------------------------------------------------------------------------
     def _wait_host(self, tag: int) -> None:

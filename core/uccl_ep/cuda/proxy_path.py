@@ -46,7 +46,7 @@ from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
-from ..refs.low_latency import LowLatencyPlan
+from ..protocol.ll_plan import LowLatencyPlan
 from . import gpu_transport
 from .ll import LowLatencyEngine
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number

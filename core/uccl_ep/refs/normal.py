@@ -20,10 +20,10 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import NormalHandle
+from ..protocol.packing import pack_rows, unpack_rows
 from ..topology import Topology
 from .comm import GroupComm
 from ..routing import channel_ranges, local_topk, order_index, pad_rows, per_channel_counts
-from .packing import pack_rows, unpack_rows
 
 __all__ = ["dispatch_layout", "NormalPlan", "dispatch", "cached_dispatch", "combine", "channel_ranges"]
 

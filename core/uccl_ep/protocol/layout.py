@@ -1,4 +1,6 @@
-"""Where the host executor keeps things: counter indices and the region's areas.
+"""Counter indices and the region's areas of the proxy protocol: where the host executor keeps
+things, and the layout the cuda executor's normal mode through the proxy shares with it
+(cuda/ht_internode_plan.py).
 
 Counters (per source rank, see csrc/executor/ring_engine.h for the ring part):
     [0, 512)            ring TAIL(r): ordered writes of HT streams (sequence-applied)
@@ -49,7 +51,7 @@ def ll_ctrl_counter(set_idx: int, phase: int) -> int:
 
 
 def meta_slot_bytes(num_ranks: int) -> int:
-    """Bytes of one HT meta record: int64 counts (see ht_meta.py) for the largest op."""
+    """Bytes of one HT meta record: int64 counts (host/ht_common.py `exchange_meta`) for the largest op."""
     return align16(8 * (num_ranks + 3 * META_MAX_CHANNELS + LL_MAX_LOCAL_EXPERTS + 8))
 
 
