@@ -276,10 +276,6 @@ _VARS: list[Var] = [
         "`uccl_ep.sglang`, `uccl_ep.vllm`, ...). Unset: `warning`, records go to the application's logging "
         "setup. Set: uccl_ep also prints its records to stderr itself (once, not through the root logger).",
         choices=("debug", "info", "warning", "error"), used_by="logging"),
-    Var("UCCL_EP_RECIPES_DIR", "str", "",
-        "Extra folder searched for launch recipes by name (after `--recipes-dir`, before "
-        "`./recipes` and the source checkout's `recipes/`). CLI flag `uccl-ep launch --recipes-dir`.",
-        used_by="uccl-ep launch"),
     Var("UCCL_EP_SGLANG", "bool", False,
         "Run SGLang's DeepEP dispatcher on uccl_ep in this process. Set to 1 by the uccl-ep-sglang "
         "plugin when `--moe-a2a-backend uccl` is resolved (scheduler processes inherit it); setting "

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import MissingDependency
+from .errors import MissingDependency
 from .plan import Plan
 
 __all__ = ["render_driver", "find_ray_python", "run_driver"]
@@ -41,7 +41,7 @@ def find_ray_python(explicit: str | None = None) -> str:
             first = f.readline().decode(errors="replace").strip()
         if first.startswith("#!") and "python" in first:
             return first[2:].strip().split()[0]
-    raise MissingDependency("the ray launcher needs Ray: `pip install 'ray[default]'` (or 'uccl-ep[launch]'), "
+    raise MissingDependency("the ray launcher needs Ray: `pip install 'ray[default]'` (or 'uccl-ep-deploy[ray]'), "
                             "or pass --ray-python PATH to an interpreter that has it")
 
 

@@ -6,6 +6,8 @@
     uccl-ep launch ray RECIPE [--address HEAD:6379]       placement group, one N-GPU slot per node
     uccl-ep launch local RECIPE [--nodes 1]               every node as a process group on this host
 
+(`uccl-ep-launch ...` is the same command where only uccl-ep-deploy is installed.)
+
 RECIPE is a .toml path or a name from `list` (e.g. sglang/deepseek-v3-p5en, or just
 deepseek-v3-p5en). `--set KEY=VALUE` overrides any field (cluster.nodes=4, env.NCCL_DEBUG=INFO,
 args.tp=16). `--dry-run` prints what would run and runs nothing.
@@ -36,8 +38,22 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`uccl-ep launch` (uccl_ep.cli.main loads this module through the `uccl_ep.cli` entry point)."""
     p = sub.add_parser("launch", help="run a recipe on Slurm, Ray or this host", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _configure(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`uccl-ep-launch`: the same command without uccl-ep (nor torch) installed."""
+    p = argparse.ArgumentParser(prog="uccl-ep-launch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _configure(p)
+    args = p.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipes-dir", help="extra folder to look up recipe names in ($UCCL_EP_RECIPES_DIR)")
     targets = p.add_subparsers(dest="target", metavar="{list,show,slurm,ray,local}")
     targets.required = True
@@ -63,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args):
-    from ..launch import build_plan, load
+    from . import build_plan, load
     sets = list(args.overrides)
     for flag, key in (("nodes", "cluster.nodes"), ("image", "container.image"), ("python", "launch.python"),
                       ("timeout", "launch.timeout_s")):
@@ -88,8 +104,8 @@ def _write(path: str | None, text: str, mode: int = 0o644) -> Path | None:
 
 
 def _show(recipe, plan) -> int:
-    from ..launch.frameworks import describe
-    from ..launch.plan import argv_to_shell
+    from .frameworks import describe
+    from .plan import argv_to_shell
     print(describe(recipe))
     print("\n# node 0 (head):\n" + argv_to_shell(plan.head_argv))
     if plan.worker_argv != plan.head_argv:
@@ -98,7 +114,7 @@ def _show(recipe, plan) -> int:
 
 
 def _slurm(args, recipe, plan) -> int:
-    from ..launch.slurm import SlurmOptions, render_sbatch, submit
+    from .slurm import SlurmOptions, render_sbatch, submit
     script = render_sbatch(recipe, plan, SlurmOptions(output=args.log or "", extra_sbatch=tuple(args.sbatch_arg)))
     if args.dry_run:
         _write(args.output, script, 0o755)
@@ -114,13 +130,13 @@ def _slurm(args, recipe, plan) -> int:
 
 
 def _ray(args, recipe, plan) -> int:
-    from ..launch.ray import find_ray_python, render_driver, run_driver
+    from .ray import find_ray_python, render_driver, run_driver
     text = render_driver(plan)
     if args.dry_run:
         _write(args.output, text, 0o755)
         print(f"# Ray launch of {plan.name}: {plan.nodes} node(s) x {{GPU: {plan.gpus_per_node}}}, STRICT_SPREAD")
         print(f"# cluster: {args.address or os.environ.get('RAY_ADDRESS') or '(start a local one)'}")
-        from ..launch.plan import argv_to_shell
+        from .plan import argv_to_shell
         print("# env of every node: " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
         print("# node 0 (head):\n" + argv_to_shell(plan.head_argv))
         if plan.worker_argv != plan.head_argv:
@@ -140,8 +156,8 @@ def _ray(args, recipe, plan) -> int:
 
 
 def find_ray_python_or_hint(args) -> str:
-    from ..errors import MissingDependency
-    from ..launch.ray import find_ray_python
+    from .errors import MissingDependency
+    from .ray import find_ray_python
     try:
         return find_ray_python(args.ray_python)
     except MissingDependency:
@@ -149,8 +165,8 @@ def find_ray_python_or_hint(args) -> str:
 
 
 def _local(args, recipe, plan) -> int:
-    from ..launch.local import local_commands, run_local
-    from ..launch.plan import argv_to_shell, tok
+    from .local import local_commands, run_local
+    from .plan import argv_to_shell, tok
     if args.dry_run:
         for rank, (argv, env) in enumerate(local_commands(plan, "127.0.0.1", plan.master_port)):
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -161,13 +177,14 @@ def _local(args, recipe, plan) -> int:
 
 
 def _list(args) -> int:
-    from ..launch import list_recipes, load_recipe
+    from . import list_recipes, load_recipe
     rows = []
     for name, path in list_recipes(args.recipes_dir):
         r = load_recipe(path)
         rows.append((name, r.framework, r.platform, f"{r.cluster.nodes}x{r.cluster.gpus_per_node}", r.description))
     if not rows:
-        print("no recipes found (looked in: --recipes-dir, $UCCL_EP_RECIPES_DIR, ./recipes)", file=sys.stderr)
+        print("no recipes found (looked in: --recipes-dir, $UCCL_EP_RECIPES_DIR, ./recipes, the shipped recipes)",
+              file=sys.stderr)
         return 1
     width = max(len(r[0]) for r in rows)
     for name, fw, plat, shape, desc in rows:
@@ -176,14 +193,19 @@ def _list(args) -> int:
 
 
 def run(args) -> int:
-    from ..errors import UcclEpError
+    from .errors import DeployError
     try:
         if args.target == "list":
             return _list(args)
         recipe, plan = _load(args)
-        handler = {"show": lambda: print(plan.to_json()) or 0 if args.plan else _show(recipe, plan), "slurm": lambda: _slurm(args, recipe, plan),
-                   "ray": lambda: _ray(args, recipe, plan), "local": lambda: _local(args, recipe, plan)}
+        handler = {"show": lambda: print(plan.to_json()) or 0 if args.plan else _show(recipe, plan),
+                   "slurm": lambda: _slurm(args, recipe, plan), "ray": lambda: _ray(args, recipe, plan),
+                   "local": lambda: _local(args, recipe, plan)}
         return handler[args.target]()
-    except UcclEpError as e:
+    except DeployError as e:
         print(f"uccl-ep launch: {e}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

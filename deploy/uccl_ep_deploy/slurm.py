@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidArgument, MissingDependency, Timeout
+from .errors import InvalidArgument, MissingDependency, Timeout
 from .plan import Plan, argv_to_shell
 from .schema import Recipe
 
@@ -142,7 +142,7 @@ def submit(script_path: Path, wait: bool, timeout_s: float) -> tuple[int, str]:
         proc.wait()
         if job_id:
             subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
-        raise Timeout(rank=0, peer=None, phase=f"slurm job {job_id or '?'} (cancelled)", waited_s=timeout_s)
+        raise Timeout(f"slurm job {job_id or '?'} (cancelled)", timeout_s)
     err = proc.stderr.read() if proc.stderr else ""
     if proc.returncode != 0 and not job_id:
         raise InvalidArgument("sbatch", "a submitted job", err.strip() or f"exit code {proc.returncode}")

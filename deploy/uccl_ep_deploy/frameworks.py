@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 from .plan import MASTER_ADDR, MASTER_PORT, NODE_RANK, NodeVar, Plan, Token, tok
 from .schema import Recipe
 
@@ -141,5 +141,4 @@ def build_plan(r: Recipe) -> Plan:
 
 def describe(r: Recipe) -> str:
     """A JSON summary (for `uccl-ep launch show`)."""
-    from dataclasses import asdict
-    return json.dumps(asdict(r), indent=2, default=list)
+    return json.dumps(r.as_dict(), indent=2, default=list)

@@ -7,27 +7,28 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 from .schema import Recipe, merged_table, recipe_from_dict
 
-__all__ = ["recipe_dirs", "find_recipe", "list_recipes", "parse_override", "load"]
+__all__ = ["recipe_dirs", "find_recipe", "list_recipes", "parse_override", "load", "PACKAGED_RECIPES"]
 
+#: the recipes shipped with this distribution (recipes/ of the repository)
+PACKAGED_RECIPES = Path(__file__).resolve().parent / "recipes"
 # Folders under a recipes directory that hold profiles (merged into recipes), not recipes.
 PROFILE_DIRS = ("platforms", "models")
 
 
 def recipe_dirs(extra: str | None = None) -> list[Path]:
     """Where recipe names are looked up, in order: --recipes-dir, $UCCL_EP_RECIPES_DIR, ./recipes,
-    and the recipes/ folder of the source checkout this package runs from (editable installs)."""
-    from .. import env
+    and the recipes shipped with this package."""
     dirs = []
     if extra:
         dirs.append(Path(extra))
-    configured = env.get("UCCL_EP_RECIPES_DIR")
+    configured = os.environ.get("UCCL_EP_RECIPES_DIR", "")
     if configured:
         dirs.append(Path(configured))
     dirs.append(Path.cwd() / "recipes")
-    dirs.append(Path(__file__).resolve().parents[3] / "recipes")
+    dirs.append(PACKAGED_RECIPES)
     seen, out = set(), []
     for d in dirs:
         key = d.resolve()
@@ -68,7 +69,8 @@ def find_recipe(name: str, extra: str | None = None) -> Path:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``cluster.nodes=4`` -> (["cluster", "nodes"], 4). Values are TOML literals when they parse
-    as one (numbers, true/false, "strings", [lists]), else plain strings."""
+    as one (numbers, true/false, "strings", [lists]), else plain strings; the recipe's schema
+    checks them like any value in a file."""
     if "=" not in text:
         raise InvalidArgument("--set", "KEY=VALUE with a dotted KEY such as cluster.nodes=4", repr(text))
     key, raw = text.split("=", 1)
