@@ -2,7 +2,7 @@
 
 Construction, statics, raw buffers and normal (high-throughput) mode live here; low-latency
 mode is in `buffer_low_latency.py`. Signatures, return tuples, shapes, dtypes, ordering and
-events follow shared/reference/deepep-api.md; see docs/api.md for the user-facing contract.
+events follow DeepEP V1's `deep_ep.Buffer`; docs/api.md states the contract.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Buffer(LowLatencyMixin):
         if num_proxy_threads is None:
             num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
         check_int("num_proxy_threads", num_proxy_threads, minimum=1, maximum=64, what="proxy threads per rank")
-        # The TransferCmd / immediate field widths bound ranks and region sizes (issue 3).
+        # The TransferCmd / immediate field widths bound ranks and region sizes.
         check_protocol_limits(self.group_size, num_rdma_bytes=self.num_rdma_bytes, num_nvl_bytes=self.num_nvl_bytes)
         hostnames = exchange_hostnames(group, float(timeout_s))
         self.topology = detect_topology(hostnames, ranks_per_node)

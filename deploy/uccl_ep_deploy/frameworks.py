@@ -1,6 +1,6 @@
 """Per-framework command lines: a validated ``Recipe`` becomes a ``Plan``.
 
-How each framework goes multi-node (shared/reference/frameworks.md, ops.md §2.1):
+How each framework goes multi-node (as its own multi-node documentation does it):
 
 - bench, megatron, primus: ``torchrun`` (``python -m torch.distributed.run``) with a static
   rendezvous: ``--nnodes N --nproc-per-node G --node-rank R --master-addr HEAD --master-port P``.

@@ -1,6 +1,6 @@
 """Render a plan as an sbatch script; optionally submit it.
 
-Shape (ops.md §2.1, the convention SGLang, vLLM and Megatron-Core share): one task per node, the
+Shape (the convention SGLang's, vLLM's and Megatron-Core's Slurm examples share): one task per node, the
 head is the allocation's first node, its address comes from ``scontrol`` (``NodeAddr``, which
 defaults to the node name on real clusters), node rank is ``$SLURM_NODEID``, and one ``srun``
 starts the per-node command everywhere, inside a pyxis/enroot container when the recipe names one.

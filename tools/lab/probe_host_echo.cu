@@ -6,7 +6,7 @@
 // argv[2]: 0 cudaHostAlloc (every case); 1 malloc + cudaHostRegister for both words (the proxy's
 // memory); 2 the echo word registered; 3 the CPU side yields when idle (as the proxy may);
 // 9 CPU costs only (clocksource, clock_gettime, sched_yield). Results: docs/benchmarks.md (LL
-// forced proxy path, thirteenth session). Build (PyPI nvcc, static cudart), run on the GPU machine:
+// forced proxy path). Build (PyPI nvcc, static cudart), run on the GPU machine:
 //   N=.venv/lib/python3.11/site-packages/nvidia/cu13
 //   $N/bin/nvcc -O2 -std=c++17 -arch=sm_90 -I$N/include -L$N/lib -cudart static \
 //       -o probe_host_echo tools/lab/probe_host_echo.cu -lpthread -ldl -lrt

@@ -5,9 +5,9 @@ Atomic into the FIFO that serves the peer, exactly as the LL send kernels do, an
 ring of the proxy thread serving that FIFO until the proxy's descriptor for it appears; then it
 plays the copy kernel (copies the bytes, publishes `done`) so the proxy delivers the immediate as
 usual. Nothing else runs: no send kernel, no copy kernel polling, so the numbers are what the FIFO,
-the proxy thread and the copy ring cost alone. In the LL path the same hop (the bench's
-`push→seen` column) reads ~10-11 us at 128 tokens; a bare GPU -> CPU -> GPU echo through mapped
-memory takes ~2.3-2.9 us on the same machine (2 x H200).
+the proxy thread and the copy ring cost alone, to compare with the same hop in the LL path (the
+bench's `push→seen` column) and with a bare GPU -> CPU -> GPU echo (probe_host_echo.cu); the
+numbers are in docs/benchmarks.md.
 
 UCCL_EP_FORCE_PROXY=1 python tools/lab/probe_proxy_rtt.py [iters]
 Prints, per case, p10 / p50 / p90 of the push itself, push -> the descriptor's seq seen, the read of

@@ -9,7 +9,7 @@
 #          vs the reference (core/tests/gpu/test_cuda_ht_internode.py), then `uccl-ep bench --mode ht
 #          --nodes <GPUs>` (and `--nodes 2` with 4+ GPUs): RDMA-formula GB/s, transport bytes/op.
 #          Needs the whole native module (do not combine with `isolate`).
-#   scale: issue 12's runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
+#   scale: runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
 #          (default 520 s), each command under its own timeout: HT intranode small bitwise tests
 #          (copy-engine combine, copy-engine dispatch, then the ring), then
 #          `bench --mode ht` at 24/12/8 SMs (and 12 with UCCL_EP_HT_DISPATCH_CE=1); LL NVLink small test + `bench --mode ll` at 128 tokens;
@@ -19,7 +19,7 @@
 #          bench at LL_TOKENS (default "128 256 512") with UCCL_EP_LL_PDL=1 and =0 in alternation (an
 #          A/B of programmatic dependent launch in the same run) -> $OUT/ll_pdl<0|1>_<T>.json and a
 #          one-line summary per row; then per-kernel times (profile_kernels.py ll, PDL off).
-#   proxydiag: where the LL proxy path's time goes (issue 4 goal (b)): its small + traffic tests, the
+#   proxydiag: where the LL proxy path's time goes: its small + traffic tests, the
 #          forced-proxy bench at 128 tokens (per-hop columns incl. `done→seen us`), every rank's kernel
 #          spans (profile_kernels.py ll with UCCL_EP_FORCE_PROXY=1), and the copy kernel alone
 #          (probe_copy_kernel.py) -> $OUT/proxydiag_*.{log,json}.

@@ -525,7 +525,7 @@ def _e2e_worker(rank, world, rpn, seed):
     # configs alternate so ring geometry changes between ops (the handshake keeps it safe)
     configs = [Config(4, 4, 32, 2, 8), Config(6, 4, 32, 4, 8)]
     # skewed-worst: everything to rank 0 with num_worst_tokens = exactly what rank 0 receives (a
-    # case that failed its cached dispatch on 2 x H200)
+    # case whose cached dispatch once failed on GPUs)
     cases = [("bf16", 0), ("fp8", 0), ("worst", 1), ("empty", 0), ("notopk", 1), ("skewed", 0), ("skewed-worst", 0)]
     for i, (case, ci) in enumerate(cases):
         config = configs[(i + ci) % 2]

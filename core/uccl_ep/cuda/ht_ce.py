@@ -53,9 +53,9 @@ D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
 D_COUNT_OFF = 32 * 1024
 _PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
 _CAP_STEP = 512          # staging rows are grown in steps of this many
-# NOTES: UCCL_EP_HT_DISPATCH_CE=auto takes the copy engines for calls with at most this many SMs.
-# 2 x H200, EP2, 4096 tokens (s12e, 2026-11-23): 12 SMs: 416.8 / 316.5 GB/s (BF16 / FP8) vs the
-# ring's 269.2 / 219.6; 8 SMs: 311.5 / 251.3 vs 189.1 / 152.7; 24 SMs: 441.5 / 259.6 vs 479.6 / 399.0.
+# NOTES: UCCL_EP_HT_DISPATCH_CE=auto takes the copy engines for calls with at most this many SMs:
+# there the SMs' two copies per row bound the ring dispatch, while with more SMs the ring is faster
+# (and FP8 by copy engines slower still); the EP2 measurements are in docs/benchmarks.md.
 AUTO_DISPATCH_MAX_SMS = 12
 
 
@@ -193,8 +193,8 @@ class CopyEngineOps:
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
     def wants_dispatch(self, num_sms: int) -> bool:
         """Whether a call with this Config's SM count dispatches by copy engines (UCCL_EP_HT_DISPATCH_CE)."""
-        # NOTES: auto is limited to EP2, where it was measured and verified; at EP4 / EP8 (issue 12)
-        # the ring dispatch stays the default until the copy-engine dispatch is run there (=1 opts in).
+        # NOTES: auto is limited to EP2, where it was measured and verified; at EP4 / EP8 the ring
+        # dispatch stays the default until the copy-engine dispatch is run there (=1 opts in).
         return self.dispatch_mode == "1" or (self.dispatch_mode == "auto" and self.R == 2
                                              and num_sms <= AUTO_DISPATCH_MAX_SMS)
 
@@ -294,8 +294,8 @@ class CopyEngineOps:
     def _packed(self, key: tuple, build):
         """The packed copy steps of a call, cached by everything they encode (pointers included):
         back-to-back calls on the same tensors (the caching allocator hands the same blocks back)
-        skip rebuilding them. NOTES: the host built and packed ~30 steps per call (~35 us of Python
-        at EP2), which the device then waited for: a copy-engine op's device time is ~250 us."""
+        skip rebuilding them. NOTES: the host builds and packs ~30 steps per call at EP2, tens of
+        microseconds of Python that the device would wait for, a sizeable share of an op."""
         hit = self._pack_cache.get(key)
         if hit is None:
             hit = build()
@@ -356,8 +356,8 @@ class CopyEngineOps:
             weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, fresh=int(send_head is not None),
             timeout_ns=self.ex.timeout_ns)
         # NOTES: the SM kernel goes first, the copy chains after it: building and issuing the chains
-        # takes the host ~0.1-0.4 ms, and with the kernel queued behind them the device idled that
-        # long (a 2 x H200 trace: the kernel started 415 us after the op's begin kernel). The chains
+        # takes the host a few hundred microseconds, and with the kernel queued behind them the
+        # device idled that long (tools/lab/trace_ht.py shows it). The chains
         # fork from the event after the begin kernel, not after this kernel (they overlap with it).
         k["ht_dispatch_ce"].launch(num_sms, self.engine.block, params, cur.cuda_stream)
         self.dispatches += 1

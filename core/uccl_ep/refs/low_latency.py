@@ -1,6 +1,6 @@
 """Reference low-latency mode: per-expert dispatch into padded slabs, weighted combine.
 
-Semantics (shared/reference/deepep-api.md §1.8-1.9):
+Semantics (DeepEP V1's; docs/api.md, "Low-latency mode"):
 - dispatch sends one message per (token, selected expert) to the expert's rank; the receiver's
   slab for local expert e holds, in rows [0, recv_count[e]), one contiguous segment per source
   rank; ``layout_range[e][j] = (begin << 32) | count``; ``src_info`` holds the source token index.

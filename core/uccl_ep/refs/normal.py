@@ -1,6 +1,6 @@
 """Reference normal (high-throughput) mode: layout, dispatch, cached dispatch, combine.
 
-Semantics (shared/reference/deepep-api.md §1.3-1.6), the ground truth for every executor:
+Semantics (DeepEP V1's; docs/api.md, "Normal (high-throughput) mode"), the ground truth for every executor:
 - dispatch deduplicates per rank: a destination rank receives one copy of a token however many
   of its experts the token selects; rows are ordered by (source rank, source token index);
 - ``recv_topk_idx`` holds local expert ids, -1 for experts elsewhere; ``recv_topk_weights`` is 0

@@ -63,3 +63,12 @@ def test_core_gpu_folder_holds_tests_only():
     gpu = ROOT / "core" / "tests" / "gpu"
     others = sorted(p.name for p in gpu.iterdir() if p.is_file() and not re.fullmatch(r"test_\w+\.py", p.name))
     assert not others, f"lab tools belong in tools/lab: {others}"
+
+
+def test_cubin_hashes_cover_every_source_and_the_engines_defines():
+    mod = _load("cubin_hashes")
+    kernels = ROOT / "core" / "kernels"
+    jobs = mod.jobs(kernels)
+    assert {s for s, d in jobs if not d} == {p.name for p in kernels.glob("*.cu")}
+    assert ("intranode_combine.cu", ("UCCL_EP_RANKS=8", "UCCL_EP_HT_THREADS=512")) in jobs
+    assert len(jobs) == len(set(jobs))

@@ -2,7 +2,7 @@
 //
 // Every kernel takes exactly one of these structs by value. All fields are 64-bit (pointers are
 // uint64_t device addresses) so the layout is an array of 8-byte words with no padding, and the
-// Python side (uccl_ep/cuda/params.py) packs it from the field names in the same order; a CPU test
+// Python side (uccl_ep/cuda/runtime.py, pack_params) packs it from the field names in the same order; a CPU test
 // parses this header and checks the two lists agree.
 #pragma once
 
