@@ -159,14 +159,15 @@ def test_rendered_examples_are_current(monkeypatch):
 
 
 def test_recipes_travel_with_the_distribution(tmp_path, monkeypatch):
-    """Every recipe file is package data of uccl-ep-deploy (the globs of deploy/pyproject.toml), and
-    names resolve from the shipped recipes where there is neither ./recipes nor UCCL_EP_RECIPES_DIR."""
-    pkg = ROOT / "deploy" / "uccl_ep_deploy"
-    globs = tomllib.loads((ROOT / "deploy" / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    globs = [PurePosixPath(g) for g in globs["uccl_ep_deploy"]]
-    files = [PurePosixPath(p.relative_to(pkg).as_posix()) for p in (pkg / "recipes").rglob("*") if p.is_file()]
+    """Every recipe file is package data of uccl-ep-deploy (deploy/pyproject.toml: the recipe folders
+    are namespace packages, each shipping the file names of its "*" patterns), and names resolve from
+    the shipped recipes where there is neither ./recipes nor UCCL_EP_RECIPES_DIR."""
+    setuptools = tomllib.loads((ROOT / "deploy" / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["packages"]["find"] == {"include": ["uccl_ep_deploy*"], "namespaces": True}
+    patterns = setuptools["package-data"]["*"]
+    files = [p for p in (ROOT / "deploy" / "uccl_ep_deploy" / "recipes").rglob("*") if p.is_file()]
     assert len(files) > 40
-    unshipped = [str(f) for f in files if not any(len(f.parts) == len(g.parts) and f.match(str(g)) for g in globs)]
+    unshipped = [str(f) for f in files if not any(PurePosixPath(f.name).match(g) for g in patterns)]
     assert not unshipped, unshipped
     assert (ROOT / "recipes").resolve() == PACKAGED_RECIPES  # the repository's recipes/ is the package's
     monkeypatch.chdir(tmp_path)
