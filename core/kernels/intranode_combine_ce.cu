@@ -19,10 +19,10 @@
 //     out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32 as intranode_combine.cu (bit-exact
 //     with uccl_ep.refs). The last block to finish tells every peer j freed[me] = epoch.
 //
-// NOTES: why (2 x H200, EP2, issue 5): the ring combine moves every remote row on the SMs twice
-// (sender: x -> the receiver's ring; receiver: ring -> the sum), and with half of the SMs as
-// senders the receivers (3 row transfers per token) bound it: 191.9 GB/s at 12 SMs. Here the SMs
-// only sum, and the NVLink bytes cross on copy engines (NCCL's path, ~260 GB/s per direction).
+// NOTES: why: the ring combine moves every remote row on the SMs twice (sender: x -> the receiver's
+// ring; receiver: ring -> the sum), and with half of the SMs as senders the receivers (3 row
+// transfers per token) bound it at few SMs. Here the SMs only sum, and the NVLink bytes cross on
+// copy engines (NCCL's path); docs/benchmarks.md has both paths' numbers.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/combine_sum.cuh"
 #include "uccl_ep/device/ht_tuning.cuh"

@@ -49,8 +49,8 @@ UCCL_DEVICE SlotLayout dispatch_slot(int64_t hidden_bytes, int64_t num_scales, i
 // than 64 scales or 32 top-k) are copied after the row, one load at a time.
 //
 // NOTES: copied after the row (a dependent load -> store per field), the metadata cost as much as
-// the row itself for FP8 rows (2 x H200 cycle accounting, UCCL_EP_HT_PROF: the sender warps spent
-// over half their cycles outside the row copy and the publications).
+// the row itself for FP8 rows (UCCL_EP_HT_PROF's cycle accounting: the sender warps spent over
+// half their cycles outside the row copy and the publications).
 struct RowMeta {
   uint32_t scales[2];
   int64_t topk;
@@ -102,8 +102,8 @@ UCCL_DEVICE void store_row_meta(const HTDispatchParams& p, const RowMeta& m, uin
 // writes send_head[t][me].
 //
 // NOTES: DeepEP's design sends the rank's own rows through its own ring like any peer's, so each
-// is copied twice on the SMs (x -> ring -> recv_x). One SM copies ~45-50 GB/s whether to a peer
-// or to its own HBM (core/tests/gpu/probe_nvlink_store.py), so row copies are what the <= 24-SM
+// is copied twice on the SMs (x -> ring -> recv_x). One SM copies about as fast to a peer as to
+// its own HBM (tools/lab/probe_nvlink_store.py), so row copies are what the <= 24-SM
 // rows are bound by; copying own rows once, split over both blocks of the channel, takes a quarter
 // of the copies away at EP2. The self ring is not used at all (neither side moves its counters),
 // so dispatch and combine, which share rings, stay in step.
@@ -218,8 +218,8 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
         }
         uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
         const int tok = tb + b;
-        // NOTES: 16 loads per lane in flight measured slower (119 registers, when the row's tail was still
-        // copied one load at a time); 8 is the measured configuration (block.cuh: warp_copy16).
+        // NOTES: 8 loads per lane in flight (block.cuh: warp_copy16); 16 were slower and took more
+        // registers.
         const RowMeta meta = load_row_meta(p, tok, K);
         const long long c0 = prof.mark();
         warp_copy16(slot, reinterpret_cast<const uint8_t*>(p.x) + int64_t(tok) * p.hidden_bytes, p.hidden_bytes);

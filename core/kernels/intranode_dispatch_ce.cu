@@ -16,10 +16,10 @@
 // Blocks take batches of up to 256 tokens (>= 4 per block); a batch's positions = the count over earlier tokens (the
 // notify kernel's per-channel prefix, then a scan of the batch's channel up to it) + a block scan.
 //
-// NOTES: why (2 x H200, EP2, issue 5): the ring dispatch copies every remote row twice on the SMs
-// (x -> the receiver's ring, ring -> recv_x), which bounds it at <= 12 SMs (269.9 GB/s BF16 at
-// 12). Here the SMs copy each row once (own rows to recv_x, peers' rows to the peer's staging
-// buffer over NVLink) and the receiver's copy engines make the second copy, local and off the SMs.
+// NOTES: why: the ring dispatch copies every remote row twice on the SMs (x -> the receiver's ring,
+// ring -> recv_x), which bounds it at <= 12 SMs (docs/benchmarks.md). Here the SMs copy each row
+// once (own rows to recv_x, peers' rows to the peer's staging buffer over NVLink) and the
+// receiver's copy engines make the second copy, local and off the SMs.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/ht_tuning.cuh"
 #include "uccl_ep/device/wait.cuh"

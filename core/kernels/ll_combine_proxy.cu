@@ -14,8 +14,8 @@
 // proxy_path.py): for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
 // region at (this rank's selections of the owner's experts below g) + (t's rank among this rank's
 // selections of g, exactly the dispatch slot), both counted by the whole block in one strided scan
-// of topk_idx per selected expert (it was one thread per expert scanning alone: T*K loads each,
-// serial), before it waits (bounded) for every unmasked owner's signal; out[t] = sum_k w[t,k] * row_k
+// of topk_idx per selected expert (one thread per expert scanning alone would make T*K serial
+// loads each), before it waits (bounded) for every unmasked owner's signal; out[t] = sum_k w[t,k] * row_k
 // in fp32, k ascending,
 // one IEEE-rounded multiply and add each, cast to BF16.
 //

@@ -17,9 +17,9 @@
 // source's Writes landed -- reads the expert's count and first slot from the region's counts and
 // lays the sources out in rank order, exactly as ll_dispatch_recv does.
 //
-// NOTES: one Write per destination and op, not one per token (DeepEP's IBGDA) nor per expert (this
-// kernel's first version: 575 proxy commands per op at 128 tokens / 288 experts, each a copy-engine
-// job of a few microseconds on the ipc transport; 1.3 ms per dispatch). A proxy hop costs about as
+// NOTES: one Write per destination and op, not one per token (DeepEP's IBGDA) nor per expert (one
+// per expert is hundreds of proxy commands per op at 288 experts, each a copy job of a few
+// microseconds on the ipc transport, and a dispatch of milliseconds). A proxy hop costs about as
 // much per command as per hundred kilobytes, so few large writes win; the price is that the send
 // starts only once every token is staged, which at LL sizes is a few microseconds.
 // Each stager orders its stores before its count with a GPU-scope fence; only the last stager for

@@ -2,7 +2,7 @@
 
 Construction, statics, raw buffers and normal (high-throughput) mode live here; low-latency
 mode is in `buffer_low_latency.py`. Signatures, return tuples, shapes, dtypes, ordering and
-events follow shared/reference/deepep-api.md; see docs/api.md for the user-facing contract.
+events follow DeepEP V1's `deep_ep.Buffer`; docs/api.md states the contract.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from . import env
-from .backends import BufferContext, create_executor
+from .backends import create_executor
+from .executor_interface import BufferContext
 from .buffer_low_latency import LowLatencyMixin
 from .config import (NUM_BUFFER_ALIGNMENT_BYTES, NUM_MAX_LOCAL_EXPERTS, Config, combine_config_table,
                      dispatch_config_table, low_latency_rdma_size_hint)
@@ -111,7 +112,7 @@ class Buffer(LowLatencyMixin):
         if num_proxy_threads is None:
             num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
         check_int("num_proxy_threads", num_proxy_threads, minimum=1, maximum=64, what="proxy threads per rank")
-        # The TransferCmd / immediate field widths bound ranks and region sizes (issue 3).
+        # The TransferCmd / immediate field widths bound ranks and region sizes.
         check_protocol_limits(self.group_size, num_rdma_bytes=self.num_rdma_bytes, num_nvl_bytes=self.num_nvl_bytes)
         hostnames = exchange_hostnames(group, float(timeout_s))
         self.topology = detect_topology(hostnames, ranks_per_node)

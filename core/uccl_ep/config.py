@@ -2,8 +2,8 @@
 
 Frameworks size their buffers from these hints (max of the dispatch and combine configs'
 `get_nvl_buffer_size_hint`, `get_rdma_buffer_size_hint`) and from
-`Buffer.get_low_latency_rdma_size_hint`, so the formulas follow DeepEP's (shared/reference
-deepep-api.md §1.2); every executor of uccl_ep fits its buffers inside them.
+`Buffer.get_low_latency_rdma_size_hint`, so the formulas are DeepEP V1's (docs/api.md,
+`uccl_ep.Config`); every executor of uccl_ep fits its buffers inside them.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _check_ranks(num_ranks: int) -> None:
 
 # (nvl_send, nvl_recv, rdma_send, rdma_recv) per group size, DeepEP V1's tuned values, except the RDMA
 # chunk of groups of <= 8 ranks: DeepEP never reads it there (one node), uccl-ep's proxy path does when
-# such a group spans hosts or is forced through the proxy (12 measured on 2 x H200, docs/benchmarks.md).
+# such a group spans hosts or is forced through the proxy (12: the measured choice, docs/benchmarks.md).
 _DISPATCH_TABLE = {
     2: (24, 256, 12, 128), 4: (6, 256, 12, 128), 8: (6, 256, 12, 128),
     16: (36, 288, 20, 128), 24: (32, 288, 8, 128), 32: (32, 288, 8, 128), 48: (32, 288, 8, 128),

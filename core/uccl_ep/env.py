@@ -187,15 +187,8 @@ _VARS: list[Var] = [
         "128 tokens: graph D+C 99.5 / 99.4 us vs 104.8 / 104.1 off). Read when a Buffer first runs a "
         "low-latency op.",
         used_by="CUDA kernels (low-latency mode)"),
-    Var("UCCL_EP_HT_VARIANT", "choice", "default",
-        "Kernels of the cuda backend's normal (HT) dispatch/combine: `default` (verified and measured), "
-        "`tma` or `tma-wide` (bulk-copy variants, sm_90+, compiled but not yet measured; see "
-        "docs/benchmarks.md, \"HT kernel variants\"). Read when a Buffer first runs a normal-mode op; "
-        "every variant writes the peer rings the same way, so ranks may differ. An experiment switch: "
-        "a variant that wins replaces `default` rather than becoming an API argument.",
-        choices=("default", "tma", "tma-wide"), used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_WARPS", "int", 16,
-        "Warps per block of the cuda backend's normal (HT) intranode kernels (`default` variant): "
+        "Warps per block of the cuda backend's normal (HT) intranode kernels: "
         "each rank's share is warps / ranks. More warps keep more bytes in flight per SM. Read when "
         "a Buffer first runs a normal-mode op; every rank of a group must use the same value (a Buffer whose "
         "ranks differ is refused when it is built).",
@@ -283,10 +276,6 @@ _VARS: list[Var] = [
         "`uccl_ep.sglang`, `uccl_ep.vllm`, ...). Unset: `warning`, records go to the application's logging "
         "setup. Set: uccl_ep also prints its records to stderr itself (once, not through the root logger).",
         choices=("debug", "info", "warning", "error"), used_by="logging"),
-    Var("UCCL_EP_RECIPES_DIR", "str", "",
-        "Extra folder searched for launch recipes by name (after `--recipes-dir`, before "
-        "`./recipes` and the source checkout's `recipes/`). CLI flag `uccl-ep launch --recipes-dir`.",
-        used_by="uccl-ep launch"),
     Var("UCCL_EP_SGLANG", "bool", False,
         "Run SGLang's DeepEP dispatcher on uccl_ep in this process. Set to 1 by the uccl-ep-sglang "
         "plugin when `--moe-a2a-backend uccl` is resolved (scheduler processes inherit it); setting "

@@ -7,16 +7,17 @@ import py_compile
 import re
 import shlex
 import subprocess
-from pathlib import Path
+import tomllib
+from pathlib import Path, PurePosixPath
 
 import pytest
-from conftest import ROOT, uccl_ep
+from conftest import OPS_BIN, ROOT, VENV_PY, run, uccl_ep
 
-from uccl_ep.errors import InvalidArgument
-from uccl_ep.launch import build_plan, list_recipes, load, load_recipe
-from uccl_ep.launch.plan import MASTER_ADDR, NODE_RANK, NodeVar, Plan, evaluate_argv, tok, token_to_shell
-from uccl_ep.launch.ray import render_driver
-from uccl_ep.launch.slurm import render_sbatch
+from uccl_ep_deploy import InvalidArgument, build_plan, list_recipes, load, load_recipe
+from uccl_ep_deploy.catalog import PACKAGED_RECIPES
+from uccl_ep_deploy.plan import MASTER_ADDR, NODE_RANK, NodeVar, Plan, evaluate_argv, tok, token_to_shell
+from uccl_ep_deploy.ray import render_driver
+from uccl_ep_deploy.slurm import render_sbatch
 
 RECIPES = [(n, p) for n, p in list_recipes(str(ROOT / "recipes")) if p.is_relative_to(ROOT / "recipes")]
 FRAMEWORKS_SEEN = {load_recipe(p).framework for _, p in RECIPES}
@@ -155,3 +156,37 @@ def test_rendered_examples_are_current(monkeypatch):
     for f in plans:
         r = load(by_name[f.name.removesuffix(".plan.json")])
         assert build_plan(r).to_json() + "\n" == f.read_text(), f"{f} is stale: run slurm/render.sh"
+
+
+def test_recipes_travel_with_the_distribution(tmp_path, monkeypatch):
+    """Every recipe file is package data of uccl-ep-deploy (deploy/pyproject.toml: the recipe folders
+    are namespace packages, each shipping the file names of its "*" patterns), and names resolve from
+    the shipped recipes where there is neither ./recipes nor UCCL_EP_RECIPES_DIR."""
+    setuptools = tomllib.loads((ROOT / "deploy" / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["packages"]["find"] == {"include": ["uccl_ep_deploy*"], "namespaces": True}
+    patterns = setuptools["package-data"]["*"]
+    files = [p for p in (ROOT / "deploy" / "uccl_ep_deploy" / "recipes").rglob("*") if p.is_file()]
+    assert len(files) > 40
+    unshipped = [str(f) for f in files if not any(PurePosixPath(f.name).match(g) for g in patterns)]
+    assert not unshipped, unshipped
+    assert (ROOT / "recipes").resolve() == PACKAGED_RECIPES  # the repository's recipes/ is the package's
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("UCCL_EP_RECIPES_DIR", raising=False)
+    found = dict(list_recipes())
+    assert "local/bench-cpu" in found and all(p.is_relative_to(PACKAGED_RECIPES) for p in found.values())
+
+
+_RENDER = ("import sys; from uccl_ep_deploy.cli import main; rc = main(['slurm', 'local/bench-cpu', '--dry-run']); "
+           "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'uccl_ep')); "
+           "assert rc == 0 and not bad, (rc, bad)")
+
+
+def test_rendering_needs_neither_torch_nor_uccl_ep(tmp_path):
+    """A login node renders with uccl-ep-deploy alone: nothing on the way imports torch or uccl_ep, and
+    .venv-ops, which has no torch, renders the same script with its `uccl-ep-launch`."""
+    p = run([str(VENV_PY), "-c", _RENDER], 120, cwd=str(tmp_path))
+    assert p.returncode == 0 and "#SBATCH --nodes=2" in p.stdout, p.stdout[-2000:]
+    no_torch = run([str(OPS_BIN / "python"), "-c", "import torch"], 60)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stdout
+    ops = run([str(OPS_BIN / "uccl-ep-launch"), "slurm", "local/bench-cpu", "--dry-run"], 120, cwd=str(tmp_path))
+    assert ops.returncode == 0 and ops.stdout == p.stdout, ops.stdout[-2000:]

@@ -1,8 +1,8 @@
 // Bounded waiting: spin briefly, then yield, then sleep with growing pauses, until a deadline.
 //
 // NOTES: CI machines have 2 cores shared by several ranks, each with proxy threads; a waiter that
-// only spins starves the very thread it waits for (transport.md §3.2: busy-polling both sides on
-// 2 cores cut throughput 5x). Latency-sensitive deployments lower the sleep cap.
+// only spins starves the very thread it waits for (busy-polling on both sides of a transfer on 2
+// cores cuts its throughput several times). Latency-sensitive deployments lower the sleep cap.
 #pragma once
 
 #include <sched.h>

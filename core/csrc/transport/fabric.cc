@@ -5,7 +5,7 @@
 // fi_strerror / fi_version are real symbols; everything else in the API is an inline call through
 // the objects' ops tables, so nothing links against libfabric.
 //
-// Provider facts this code relies on (measured on Debian's 1.17 over 127.0.0.1, transport.md §3):
+// Provider facts this code relies on (as libfabric 1.17, Debian's, behaves over 127.0.0.1):
 // - tcp;ofi_rxm returns mode = 0 and mr_mode = 0: remote addresses are offsets and the MR key is
 //   the one we request; shm/efa return FI_MR_VIRT_ADDR (+ PROV_KEY on efa): address = base + off.
 //   The opaque key blob {key, base} covers both; the application only ever passes offsets.
@@ -126,7 +126,7 @@ fi_info* rma_hints(const std::string& provider, bool hmem = false) {
 }
 
 // NOTES: ask for the 1.18 API when the library has it: older API versions make efa emulate RDMA
-// writes on p5/p5e (Mooncake's production notes, transport.md §5).
+// writes on p5/p5e (Mooncake's production notes).
 uint32_t api_version() {
   const uint32_t lib = api().version();
   return lib >= FI_VERSION(1, 18) ? FI_VERSION(1, 18) : FI_VERSION(1, 17);

@@ -112,3 +112,23 @@ def test_time_op_counts_every_call_and_reports_synced():
     assert {"mean", "median", "min", "max", "synced_mean", "synced_median"} <= set(t)
     assert t["min"] <= t["median"] <= t["max"]
     assert "synced_mean" not in time_op(lambda: None, 2, 0, torch.device("cpu"))
+
+
+def test_subcommands_of_other_distributions_load_by_entry_point(tmp_path, monkeypatch, capsys):
+    """`uccl-ep NAME` for a subcommand another distribution declares in the `uccl_ep.cli` entry point
+    group (uccl-ep-deploy's `launch`); a known one that is not installed says where it comes from."""
+    from uccl_ep.cli import main as cli
+    (tmp_path / "greet_plugin.py").write_text(
+        "def add_parser(sub):\n"
+        "    p = sub.add_parser('greet')\n"
+        "    p.add_argument('who')\n"
+        "    p.set_defaults(func=lambda args: print('hello', args.who) or 7)\n")
+    info = tmp_path / "greet_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: greet-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[uccl_ep.cli]\ngreet = greet_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["greet", "world"]) == 7 and capsys.readouterr().out == "hello world\n"
+    monkeypatch.setattr(cli, "_ELSEWHERE", {"absent": "the uccl-ep-absent distribution"})
+    assert cli.main(["absent", "x", "--y"]) == 2
+    assert "uccl-ep absent: not installed; it comes with the uccl-ep-absent distribution" in capsys.readouterr().err

@@ -12,7 +12,7 @@ MiB = 1 << 20
 
 
 def test_low_latency_size_hint_matches_deepep_examples():
-    # deepep-api.md §1.2: T=128, H=7168, E=256 -> 1820 MiB; E=288 -> 2048 MiB; T=256 -> 3640 MiB.
+    # DeepEP's own figures: T=128, H=7168, E=256 -> 1820 MiB; E=288 -> 2048 MiB; T=256 -> 3640 MiB.
     assert Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256) // MiB == 1820
     assert round(Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288) / MiB) == 2048  # 2047.5 MiB
     assert Buffer.get_low_latency_rdma_size_hint(256, 7168, 8, 256) // MiB == 3640

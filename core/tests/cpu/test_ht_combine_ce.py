@@ -285,12 +285,3 @@ def test_packed_steps_are_cached_by_key_and_dropped_with_the_buffer(monkeypatch)
     assert ce.prepare([[100, 900], [1000, 50]], 2048, 8, 24)  # (re)establishes the buffer
     assert ce._pack_cache == {}
 
-
-def test_a_non_default_kernel_variant_takes_neither_copy_engine_path(monkeypatch):
-    """The copy-engine ops exist for the default HT kernels only: with another variant both the
-    combine and the dispatch keep the ring, whatever the environment asks."""
-    log = []
-    eng, _ = _ops_with_fake_device(monkeypatch, log, UCCL_EP_HT_DISPATCH_CE="1")
-    ce = ht_ce.CopyEngineOps(eng, allowed=False)
-    assert not ce.enabled and not ce.dispatch_enabled and not ce.wants_dispatch(8)
-    assert not ce.prepare([[100, 900], [1000, 50]], 2048, 8, 8) and log == []

@@ -40,7 +40,7 @@ from uccl_ep.cuda import ht_internode, jit, proxy_path  # noqa: E402
 from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
 from uccl_ep.errors import LimitExceeded, Unsupported  # noqa: E402
 from uccl_ep.host.ht_common import pack_table  # noqa: E402
-from uccl_ep.host.layout import MetaLayout  # noqa: E402
+from uccl_ep.protocol.layout import MetaLayout  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
 from uccl_ep.routing import per_channel_counts  # noqa: E402
 from uccl_ep.topology import Topology  # noqa: E402
@@ -405,7 +405,7 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
     _install_fakes(log, start_proxy=lambda group, **kw: proxies[rank])
     eng = ht_internode.ProxyNormalEngine(_fake_ex(rank, R, 2, 8 << 20))
     try:
-        assert eng.forward and set(eng._k) >= {"ht_proxy_forward_dispatch", "ht_proxy_forward_combine"}
+        assert eng.forward and set(eng.kernels) >= {"ht_proxy_forward_dispatch", "ht_proxy_forward_combine"}
         g = torch.Generator().manual_seed(4)
         T, H, E, K, worst, config = 40, 256, 16, 4, 300, Config(6, 4, 32, 4, 16)
         x = torch.randn(T, H, generator=g).bfloat16()
@@ -525,7 +525,7 @@ def _e2e_worker(rank, world, rpn, seed):
     # configs alternate so ring geometry changes between ops (the handshake keeps it safe)
     configs = [Config(4, 4, 32, 2, 8), Config(6, 4, 32, 4, 8)]
     # skewed-worst: everything to rank 0 with num_worst_tokens = exactly what rank 0 receives (a
-    # case that failed its cached dispatch on 2 x H200)
+    # case whose cached dispatch once failed on GPUs)
     cases = [("bf16", 0), ("fp8", 0), ("worst", 1), ("empty", 0), ("notopk", 1), ("skewed", 0), ("skewed-worst", 0)]
     for i, (case, ci) in enumerate(cases):
         config = configs[(i + ci) % 2]

@@ -9,7 +9,7 @@ and tearing), and the host executor's LL and HT protocols over ipc against the r
 
 NOT covered on CPU: the CUDA copy engine (device regions, CUDA IPC handles, per-peer streams and
 events). That part is verified only on a GPU machine, by core/tests/gpu/test_cuda_ll_proxy.py
-(run with `bash core/tests/gpu/run_device.sh build proxy`).
+(run with `bash tools/lab/run_device.sh build proxy`).
 """
 
 import hashlib

@@ -19,11 +19,9 @@ import pytest
 
 import hip_toolchain
 
-from uccl_ep.cuda import ht_variants, jit, runtime
+from uccl_ep.cuda import ht_tuning, jit, runtime
 
 KERNELS = sorted(p.name for p in jit.kernel_dir().glob("*.cu"))
-# Sources of the bulk-copy (TMA) HT variants: NVIDIA sm_90+ only, refused on HIP at compile time.
-CUDA_ONLY = {src for v in ht_variants.VARIANTS.values() if v.bulk for src, _ in (v.dispatch, v.combine)}
 
 
 def _tool_or_skip(what: str, path):
@@ -74,18 +72,15 @@ def test_kernels_use_the_warp_size_not_32():
     assert not hits, "\n".join(hits)
 
 
-# Vendor intrinsics and inline assembly: only arch.cuh, and the NVIDIA-only bulk-copy sources that HIP
-# refuses at compile time, may name them.
+# Vendor intrinsics and inline assembly: only arch.cuh may name them.
 _VENDOR = re.compile(r"\basm\b|__nv_|__builtin_amdgcn|__hip_atomic|__shfl|__ballot|__ldcg|__ldg\b|__nanosleep|"
                      r"__syncwarp|__cvta|__activemask|__grid_constant__")
-_NVIDIA_ONLY = {"ht_bulk.cuh", "intranode_dispatch_tma.cu", "intranode_combine_tma.cu"}
-_NOT_YET_MOVED: set[str] = set()
 
 
 def test_vendor_code_lives_in_the_arch_header():
     hits = []
     for path in sorted(jit.kernel_dir().rglob("*.cu*")):
-        if path.name in {"arch.cuh"} | _NVIDIA_ONLY | _NOT_YET_MOVED:
+        if path.name == "arch.cuh":
             continue
         for no, line in enumerate(path.read_text().splitlines(), 1):
             if _VENDOR.search(line.split("//", 1)[0]):
@@ -125,7 +120,7 @@ def _hip_build(source: str, archs: tuple[str, ...]) -> tuple[dict[str, bytes], s
     return objects, (entry / "stderr.txt").read_text()
 
 
-HIP_KERNELS = [k for k in KERNELS if k not in CUDA_ONLY]
+HIP_KERNELS = KERNELS
 
 
 @pytest.fixture(scope="module")
@@ -297,89 +292,7 @@ def test_ll_proxy_send_kernels_build_with_parts(parts, tmp_path):
         assert spills and not any(spills), info
 
 
-# ---- HT kernel variants (UCCL_EP_HT_VARIANT; uccl_ep/cuda/ht_variants.py) ---------------------------
-_BULK_VARIANTS = [v for v in ht_variants.VARIANTS.values() if v.bulk]
-_PARAMS = {"dispatch": "HTDispatchParams", "combine": "HTCombineParams"}  # what ht.py packs for each
-
-
-def _variant_cases():
-    """(variant, which, ranks): dispatch does not depend on the rank count, combine sizes arrays by it."""
-    return [(v, which, r) for v in _BULK_VARIANTS for which, ranks in (("dispatch", (2,)), ("combine", (2, 8)))
-            for r in ranks]
-
-
-@pytest.mark.parametrize("variant,which,ranks", _variant_cases(),
-                         ids=lambda a: a.name if isinstance(a, ht_variants.Variant) else str(a))
-def test_ht_variant_resources(variant, which, ranks, tmp_path):
-    """Each variant kernel builds for sm_90a and sm_100a with its own -D geometry, without spills or a
-    stack frame, and fits 512 threads (<= 128 registers each) at one block per SM."""
-    nvcc = _tool_or_skip("nvcc", _nvcc())
-    source, kernel = getattr(variant, which)
-    cmd = [str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-c", "-Xptxas", "-v",
-           "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_100a,code=sm_100a", "-DNDEBUG",
-           *(f"-D{d}" for d in variant.defines(ranks)), str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    info = res.stderr
-    regs = [int(m) for m in re.findall(r"Used (\d+) registers", info)]
-    assert len(regs) == 2 and max(regs) <= 128, info
-    assert "0 bytes spill stores" in info and "spill stores, 0 bytes spill loads" in info, info
-    assert not re.search(r"[1-9]\d* bytes spill", info) and not re.search(r"[1-9]\d* bytes stack frame", info), info
-    assert f"'{kernel}'" in info, info
-
-
-@pytest.mark.parametrize("variant", list(ht_variants.VARIANTS.values()), ids=lambda v: v.name)
-def test_ht_variant_param_abi(variant, tmp_path):
-    """The entry of every variant kernel takes exactly the struct ht.py packs for it (PTX param size
-    = 8 x its fields), and a bulk variant really uses bulk copies and never traps."""
-    nvcc = _tool_or_skip("nvcc", _nvcc())
-    for which in ("dispatch", "combine"):
-        source, kernel = getattr(variant, which)
-        out = tmp_path / f"{which}.ptx"
-        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
-                              *(f"-D{d}" for d in variant.defines(2)), str(jit.kernel_dir() / source), "-o", str(out)],
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        ptx = out.read_text()
-        m = re.search(rf"\.entry {re.escape(kernel)}\(\s*\.param \.align 8 \.b8 \w+\[(\d+)\]\s*\)", ptx)
-        assert m, f"{kernel}: entry with one by-value struct parameter not found"
-        assert int(m.group(1)) == 8 * len(runtime.param_fields(_PARAMS[which])), (kernel, m.group(1))
-        assert "trap" not in ptx
-        if variant.bulk:
-            for op in ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
-                       "fence.proxy.async.global", "st.release.sys.global.u64", "ld.acquire.sys.global.u64"):
-                assert op in ptx, f"{kernel}: no {op}"
-        if variant.bulk and which == "dispatch":
-            assert "cp.async.bulk.global.shared::cta.bulk_group" in ptx
-
-
-@pytest.mark.parametrize("variant", _BULK_VARIANTS, ids=lambda v: v.name)
-def test_ht_variant_smem_matches_header(variant, tmp_path):
-    """ht_variants' shared-memory size per warp is the header's kStreamAreaBytes for the same -D
-    geometry, and a 512-thread block of it fits sm_90's 227 KiB."""
-    nvcc = _tool_or_skip("nvcc", _nvcc())
-    src = tmp_path / "probe.cu"
-    src.write_text('#include "uccl_ep/device/ht_bulk.cuh"\n'
-                   f"static_assert(uccl_ep::dev::bulk::kStreamAreaBytes == {variant.area_bytes()}u, \"area\");\n")
-    res = subprocess.run([str(nvcc), "-std=c++17", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
-                          *(f"-D{d}" for d in variant.defines(2)), str(src), "-o", str(tmp_path / "p.ptx")],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert ht_variants.smem_bytes(variant, 512) <= 227 * 1024
-
-
-def test_hip_refuses_cuda_only_variants_with_a_reason(tmp_path):
-    clang = _tool_or_skip("clang-22 with Debian's HIP headers", hip_toolchain.clang())
-    assert CUDA_ONLY, "no bulk variant registered"
-    for source in sorted(CUDA_ONLY):
-        res = subprocess.run([clang, "-std=c++17", "-x", "hip", "--offload-arch=gfx942", "--offload-device-only", "-O3",
-                              *hip_toolchain.compat_flags(), f"-I{jit.include_dir()}", "-c",
-                              str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.o")],
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode != 0 and "CUDA-only" in res.stderr, (source, res.stderr[-2000:])
-
-
-# ---- default HT kernels: block sizes and tuning settings (ht_tuning.cuh) ----------------------------
+# ---- HT intranode kernels: entry points, block sizes and tuning settings (ht_tuning.cuh) ------------
 def _ptxas_info(nvcc, source, defines, tmp_path):
     cmd = [str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-c", "-Xptxas", "-v",
            "-gencode=arch=compute_90a,code=sm_90a", "-DNDEBUG", *(f"-D{d}" for d in defines),
@@ -398,13 +311,29 @@ def _default_ht_ptx(nvcc, source, defines, tmp_path) -> str:
     return out.read_text()
 
 
+_PARAMS = {"dispatch": "HTDispatchParams", "combine": "HTCombineParams"}  # what ht.py packs for each
+
+
+def test_ht_kernel_param_abi(tmp_path):
+    """The entry of each HT intranode kernel takes exactly the struct ht.py packs for it (PTX param
+    size = 8 x its fields), and never traps."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    defines = dict(zip(("dispatch", "combine"), ht_tuning.kernel_defines(2, 512, "")))
+    for which, (source, kernel) in (("dispatch", ht_tuning.DISPATCH), ("combine", ht_tuning.COMBINE)):
+        ptx = _default_ht_ptx(nvcc, source, defines[which], tmp_path)
+        m = re.search(rf"\.entry {re.escape(kernel)}\(\s*\.param \.align 8 \.b8 \w+\[(\d+)\]\s*\)", ptx)
+        assert m, f"{kernel}: entry with one by-value struct parameter not found"
+        assert int(m.group(1)) == 8 * len(runtime.param_fields(_PARAMS[which])), (kernel, m.group(1))
+        assert "trap" not in ptx
+
+
 @pytest.mark.parametrize("threads", [512, 768, 1024])
 def test_ht_default_kernels_build_for_each_block_size(threads, tmp_path):
-    """The engine's defines for dispatch and combine (ht_variants.default_defines) build at every block
+    """The engine's defines for dispatch and combine (ht_tuning.kernel_defines) build at every block
     size UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS allow, within the registers one block of that
     size may hold; the shipped defaults (512 threads each) build without spills, as measured."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
-    d_defs, c_defs = ht_variants.default_defines(2, threads, "")
+    d_defs, c_defs = ht_tuning.kernel_defines(2, threads, "")
     for source, defs, default in (("intranode_dispatch.cu", d_defs, 512), ("intranode_combine.cu", c_defs, 512)):
         info = _ptxas_info(nvcc, source, defs, tmp_path)
         regs = [int(m) for m in re.findall(r"Used (\d+) registers", info)]
@@ -419,7 +348,7 @@ def test_ht_prof_build_counts_cycles(tmp_path):
     has neither."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for prof, expect in (("UCCL_EP_HT_PROF=1", True), ("UCCL_EP_HT_PROF=0", False)):
-        ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", ht_variants.default_defines(2, 512, prof)[1], tmp_path)
+        ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", ht_tuning.kernel_defines(2, 512, prof)[1], tmp_path)
         assert ("vprintf" in ptx) == expect and ("%clock64" in ptx) == expect, prof
 
 
@@ -428,7 +357,7 @@ def test_ht_consumer_heads_are_fence_free_by_default(tmp_path):
     release; UCCL_EP_HT_RELAXED_HEAD=0 brings the release back for heads (the measured alternative)."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for defs, relaxed in (("", True), ("UCCL_EP_HT_RELAXED_HEAD=0", False)):
-        ptx = _default_ht_ptx(nvcc, "intranode_dispatch.cu", ht_variants.default_defines(2, 512, defs)[0], tmp_path)
+        ptx = _default_ht_ptx(nvcc, "intranode_dispatch.cu", ht_tuning.kernel_defines(2, 512, defs)[0], tmp_path)
         assert "st.release.sys.global.u64" in ptx
         assert ("st.relaxed.sys.global.u64" in ptx) == relaxed, defs
 
@@ -439,10 +368,10 @@ def test_ht_staged_combine_builds_with_cp_async(tmp_path):
     register pipeline (no cp.async)."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for threads, tuning in ((512, ""), (512, "UCCL_EP_HT_COMBINE_STAGES=4"), (768, "UCCL_EP_HT_COMBINE_STAGES=3")):
-        c_defs = ht_variants.default_defines(2, threads, tuning)[1]
+        c_defs = ht_tuning.kernel_defines(2, threads, tuning)[1]
         ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", c_defs, tmp_path)
         assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx, tuning
         _ptxas_info(nvcc, "intranode_combine.cu", c_defs, tmp_path)
     assert "cp.async" not in _default_ht_ptx(nvcc, "intranode_combine.cu",
-                                             ht_variants.default_defines(2, 768, "UCCL_EP_HT_COMBINE_STAGES=0")[1],
+                                             ht_tuning.kernel_defines(2, 768, "UCCL_EP_HT_COMBINE_STAGES=0")[1],
                                              tmp_path)

@@ -5,10 +5,9 @@ layout, recv_x (BF16 and FP8 bytes), scales, local top-k ids and weights, the pe
 the handle's prefix matrices and source indices, num_worst_tokens padding, cached dispatch,
 and combine (fp32 sum in rank order, bias none / one / two) with combined weights. Routing:
 uniform with -1 entries, everything to one rank, and a rank with zero tokens; SM counts: the
-default config and a small one whose 32-slot rings force flow control. Every kernel variant of
-UCCL_EP_HT_VARIANT (uccl_ep/cuda/ht_variants.py) runs the same checks, and one case mixes variants
-across ranks (they must agree on the peer rings). [small-ce] / [deepseek-ce]: the copy-engine
-combine (UCCL_EP_HT_COMBINE_CE), interleaved with ring combines (num_worst_tokens handles).
+default config and a small one whose 32-slot rings force flow control. [small-ce] / [deepseek-ce]:
+the copy-engine combine (UCCL_EP_HT_COMBINE_CE), interleaved with ring combines (num_worst_tokens
+handles).
 """
 
 from __future__ import annotations
@@ -51,15 +50,10 @@ def _eq(tag, a, b):
     assert torch.equal(a, b), f"{tag}: differs ({(a.float() - b.float()).abs().max().item() if a.numel() else 0})"
 
 
-def worker(rank, world, H, T, E, seed, variants=("default",), ce=False):
-    os.environ["UCCL_EP_HT_VARIANT"] = variants[rank % len(variants)]  # read when the engine is built
-    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1" if ce else "0"
+def worker(rank, world, H, T, E, seed, ce=False):
+    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1" if ce else "0"  # read when the engine is built
     os.environ["UCCL_EP_HT_DISPATCH_CE"] = "1" if ce == 2 else "0"  # 2: the copy-engine dispatch too
-    from uccl_ep.cuda.ht_variants import VARIANTS as _V
-    if any(_V[v].bulk for v in variants):  # ranks must agree on block sizes; the bulk variants run 16 warps
-        os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16"
     from uccl_ep import Buffer, Config
-    from uccl_ep.cuda.ht_variants import VARIANTS
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -136,48 +130,31 @@ def worker(rank, world, H, T, E, seed, variants=("default",), ce=False):
                             _eq(tag + " combined weights", co[1], cr[1])
                         checked += 1
     ours._executor.check_error()
-    v = VARIANTS[variants[rank % len(variants)]]
-    assert ours._executor._ht._k["ht_dispatch"].name == v.dispatch[1], "the variant's kernels did not run"
-    assert ours._executor._ht._k["ht_combine"].name == v.combine[1]
+    assert ours._executor._ht._k["ht_dispatch"].name == "ht_dispatch"
+    assert ours._executor._ht._k["ht_combine"].name == "ht_combine"
     assert (ours._executor._ht.ce._k is not None) == bool(ce), "the copy-engine combine ran iff asked"
     assert (ours._executor._ht.ce.dispatches > 0) == (ce == 2), "the copy-engine dispatch ran iff asked"
     return checked
-
-
-def _variant_names():
-    from uccl_ep.cuda.ht_variants import VARIANTS
-    return list(VARIANTS)
 
 
 _SHAPES = {"small": dict(H=2048, T=512, E=64, seed=1), "deepseek": dict(H=7168, T=4096, E=256, seed=2)}
 
 
 def _cases():
-    """[small], [deepseek]: the default kernels (ids as before); [small-tma], ...: the other variants;
-    [small-mixed-default+tma], ...: ranks running different variants. `-k "not tma"` keeps only the
-    verified default."""
-    cases = []
-    for v in _variant_names():
-        for shape in _SHAPES:
-            cases.append(pytest.param(shape, (v,), False, id=shape if v == "default" else f"{shape}-{v}"))
-    for mix in (("default", "tma"), ("tma-wide", "default")):
-        cases.append(pytest.param("small", mix, False, id="small-mixed-" + "+".join(mix)))
+    """[small], [deepseek]: the ring kernels; [small-ce], ...: the copy-engine combine;
+    [small-dce], ...: the copy-engine dispatch too."""
+    cases = [pytest.param(shape, False, id=shape) for shape in _SHAPES]
     for shape in _SHAPES:  # UCCL_EP_HT_COMBINE_CE: rows back by copy engines, every SM sums
-        cases.append(pytest.param(shape, ("default",), 1, id=f"{shape}-ce"))
+        cases.append(pytest.param(shape, 1, id=f"{shape}-ce"))
     for shape in _SHAPES:  # UCCL_EP_HT_DISPATCH_CE too: the receivers' copy engines in dispatch
-        cases.append(pytest.param(shape, ("default",), 2, id=f"{shape}-dce"))
+        cases.append(pytest.param(shape, 2, id=f"{shape}-dce"))
     return cases
 
 
-@pytest.mark.parametrize("shape,variants,ce", _cases())
-def test_ht_matches_reference(shape, variants, ce):
-    from uccl_ep.cuda.ht_variants import VARIANTS
-    need = max(VARIANTS[v].min_sm for v in variants)
-    major, minor = torch.cuda.get_device_capability(0)
-    if major * 10 + minor < need:
-        pytest.skip(f"variants {variants} need compute capability {need // 10}.{need % 10}")
+@pytest.mark.parametrize("shape,ce", _cases())
+def test_ht_matches_reference(shape, ce):
     world = min(torch.cuda.device_count(), 8)
-    out = run_ranks(worker, world, *_SHAPES[shape].values(), tuple(variants), ce, backend="nccl", timeout_s=900)
+    out = run_ranks(worker, world, *_SHAPES[shape].values(), ce, backend="nccl", timeout_s=900)
     assert all(n > 0 for n in out)
 
 

@@ -16,12 +16,10 @@ and a small one whose 8-slot rings force wrap-around and credit waits. Then: pre
 async_finish, CUDA-graph capture of cached dispatch + combine, the traffic really crossing the
 ipc transport, and a peer that skips an op (bounded device wait -> Timeout naming it).
 
-Status (2026-11-22): passes on 2 x H200; on 4 x H200 the DeepSeek-size case with 4 nodes of 1 GPU, the
-small 2 nodes x 2 GPUs case and both CUDA-graph cases passed (forced and timeout not run there); skewed
-routing with num_worst_tokens is in every case. Its one earlier failure came from running the
-reference between our in-flight ops (the ipc stand-in's driver stall), so the test runs the reference
-first, lets every op finish on every rank, and reports device errors before comparing.
-Run: bash core/tests/gpu/run_device.sh build internode
+Skewed routing with num_worst_tokens is in every case. The test runs the reference first and lets
+every op finish on every rank before comparing, and reports device errors first: the reference's
+collectives between our in-flight ops would stall the ipc stand-in's driver copies.
+Run: bash tools/lab/run_device.sh build internode
 """
 
 from __future__ import annotations

@@ -9,11 +9,8 @@ capture and replay, the bounded device wait) run with UCCL_EP_FORCE_PROXY=1; one
 proxy path really carried the traffic (commands posted, CUDA peer copies) when selected through
 DeepEP's own flag, allow_nvlink_for_low_latency_mode=False.
 
-Status (2026-11-23, thirteenth session): on 2 x H200 every test here passes at 16afb4c (options
-small + DeepSeek-size, traffic with both copy engines, mask/clean, CUDA graph, device timeout), and
-at d3d1e1c (receive kernels by programmatic launch) all of them but the driver-copy traffic test,
-which that change does not touch, were run again and passed; earlier, with driver copies, on 4 x H200 options (small), traffic and CUDA graph passed. The NIC test needs a libfabric provider that
-registers GPU memory (FI_HMEM); no machine here has one. Run: bash core/tests/gpu/run_device.sh build proxy
+The NIC test needs a libfabric provider that registers GPU memory (FI_HMEM); no machine of this
+project has one. Run: bash tools/lab/run_device.sh build proxy
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The EP benchmark run on each rank: verify, time, and compare with an all-to-all baseline.
 
-Byte formulas are DeepEP's (shared/reference/deepep-api.md §2.5):
+Byte formulas are DeepEP's (the bandwidth accounting of its tests):
 - normal mode: bytes = received rows (including the rank's own tokens) x hidden x 2 for BF16;
   FP8 = BF16 bytes x (1 + 4/128) / 2; combine uses the BF16 count;
 - low-latency: per valid (token, expert) selection sent: FP8 hidden + hidden/128*4 + 16,

@@ -18,10 +18,10 @@ import socket
 
 import torch
 
-from ..backends import BufferContext, Executor
+from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore, heartbeat_interval_s
-from . import ht_ce, ht_variants, liveness, proxy_path
+from . import ht_ce, ht_tuning, liveness, proxy_path
 from .runtime import DeviceMemory, MappedHostMemory, driver
 from .shrink import DeviceMask, masked_barrier
 
@@ -105,7 +105,7 @@ class CudaExecutor(Executor):
         self.mask = DeviceMask(self.device, ctx.num_ranks)
         self.channel = GroupStore(ctx.group, ctx.timeout_s, "cuda")
         try:  # normal-mode block sizes: every rank must agree (checked below, on every rank alike)
-            ht_sizes = ht_variants.warps_per_peer(ctx.num_ranks)
+            ht_sizes = ht_tuning.warps_per_peer(ctx.num_ranks)
         except UcclEpError as e:
             ht_sizes = str(e)
         mine = (socket.gethostname(), self.device,
@@ -116,7 +116,7 @@ class CudaExecutor(Executor):
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
         if self.nvl_mem is not None and not self.ht_proxy:
-            ht_variants.check_same_block_sizes([i[4] for i in infos])
+            ht_tuning.check_same_block_sizes([i[4] for i in infos])
             ht_ce.check_same_settings([i[6] for i in infos])
         if self.ll_mem is not None and self.ll_proxy:
             proxy_path.check_same_shared_settings([i[5] for i in infos])

@@ -2,8 +2,8 @@
 normal mode between nodes).
 
 - ``ipc`` (all ranks on one host): the sending proxy copies into the peer's GPU buffer with the copy
-  engine, then hands over the immediate. The stand-in for a NIC on machines without one; measured
-  on 2 and 4 x H200 (docs/benchmarks.md).
+  engine, then hands over the immediate. The stand-in for a NIC on machines without one (its
+  numbers: docs/benchmarks.md).
 - ``ipc+fabric`` (split transport, csrc/transport/split.cc): ``ipc`` to the ranks of this node,
   libfabric RMA writes with immediate data to the others, the buffer registered as GPU memory
   (``FI_HMEM``, i.e. GPUDirect RDMA: efa, or verbs with nvidia-peermem). Chosen only with

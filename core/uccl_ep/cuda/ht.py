@@ -20,11 +20,11 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
-from . import ht_variants
+from . import ht_tuning
 from .ht_ce import CopyEngineOps
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
 
-__all__ = ["NormalEngine", "CudaNormalPlan"]
+__all__ = ["NormalEngine", "CudaNormalPlan", "launch_layout"]
 
 _RING_OFF = 512 * 1024
 _MAX_CHANNELS = 64
@@ -46,6 +46,22 @@ def combine_slot_bytes(hidden: int, num_topk: int) -> int:
     return _align16(_align16(hidden * 2) + num_topk * 4)
 
 
+def launch_layout(kernel, num_ranks: int, topk_idx, num_experts: int):
+    """get_dispatch_layout by layout.cu (``kernel``: its ht_layout), for the intranode engine and the
+    engine through the proxy alike: (tokens per rank, None, tokens per expert, is_token_in_rank)."""
+    T, K = topk_idx.shape
+    R = num_ranks
+    counts = torch.zeros(R + num_experts, dtype=torch.int32, device=topk_idx.device)
+    in_rank = torch.empty(T, R, dtype=torch.bool, device=topk_idx.device)
+    if T > 0:
+        topk_idx = topk_idx.contiguous()
+        params = pack_params("HTLayoutParams", topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=counts.data_ptr(),
+                             num_tokens_per_expert=counts.data_ptr() + 4 * R, is_token_in_rank=in_rank.data_ptr(),
+                             num_tokens=T, num_topk=K, num_experts=num_experts, num_ranks=R)
+        kernel.launch((T + 255) // 256, 256, params, current_stream(), smem=4 * (R + num_experts))
+    return counts[:R], None, counts[R:], in_rank
+
+
 class CudaNormalPlan:
     """What a dispatch fixed, for cached dispatch and combine (``recv_counts`` only when known)."""
 
@@ -65,7 +81,7 @@ class NormalEngine:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
-        self.G, self.Gc = ht_variants.warps_per_peer(self.R)
+        self.G, self.Gc = ht_tuning.warps_per_peer(self.R)
         lanes = warp_size()  # the kernels give each peer G warps (64-lane wavefronts on AMD)
         self.block, self.combine_block = self.R * self.G * lanes, self.R * self.Gc * lanes
         if max(self.block, self.combine_block) > 1024:
@@ -79,13 +95,12 @@ class NormalEngine:
         self.host_tag = 0
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (("layout.cu", "ht_layout"),
                                                                     ("intranode_notify.cu", "ht_notify"))}
-        # ht_dispatch, ht_combine of UCCL_EP_HT_VARIANT (launch bounds: the block size)
-        self._k.update(ht_variants.load(self.dev, self.R, block_threads=self.block, combine_threads=self.combine_block))
-        self.combine_smem = ht_variants.combine_smem_bytes(
-            self.combine_block, sm=sm_number(device_arch(self.dev))) if \
-            ht_variants.selected().name == "default" else 0
-        # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py); default variant only
-        self.ce = CopyEngineOps(self, allowed=ht_variants.selected().name == "default")
+        # ht_dispatch, ht_combine (launch bounds: the block size)
+        self._k.update(ht_tuning.load_kernels(self.dev, self.R, block_threads=self.block,
+                                              combine_threads=self.combine_block))
+        self.combine_smem = ht_tuning.combine_smem_bytes(self.combine_block, sm=sm_number(device_arch(self.dev)))
+        # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py)
+        self.ce = CopyEngineOps(self)
 
     @property
     def _sent(self) -> int:
@@ -136,17 +151,7 @@ class NormalEngine:
 
     # -- layout ------------------------------------------------------------------------------------
     def layout(self, topk_idx, num_experts):
-        T, K = topk_idx.shape
-        R = self.R
-        counts = torch.zeros(R + num_experts, dtype=torch.int32, device=topk_idx.device)
-        in_rank = torch.empty(T, R, dtype=torch.bool, device=topk_idx.device)
-        if T > 0:
-            topk_idx = topk_idx.contiguous()
-            params = pack_params("HTLayoutParams", topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=counts.data_ptr(),
-                                 num_tokens_per_expert=counts.data_ptr() + 4 * R, is_token_in_rank=in_rank.data_ptr(),
-                                 num_tokens=T, num_topk=K, num_experts=num_experts, num_ranks=R)
-            self._k["ht_layout"].launch((T + 255) // 256, 256, params, current_stream(), smem=4 * (R + num_experts))
-        return counts[:R], None, counts[R:], in_rank
+        return launch_layout(self._k["ht_layout"], self.R, topk_idx, num_experts)
 
     # -- dispatch ----------------------------------------------------------------------------------
     def _wait_host(self, tag: int) -> None:

@@ -53,9 +53,9 @@ D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
 D_COUNT_OFF = 32 * 1024
 _PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
 _CAP_STEP = 512          # staging rows are grown in steps of this many
-# NOTES: UCCL_EP_HT_DISPATCH_CE=auto takes the copy engines for calls with at most this many SMs.
-# 2 x H200, EP2, 4096 tokens (s12e, 2026-11-23): 12 SMs: 416.8 / 316.5 GB/s (BF16 / FP8) vs the
-# ring's 269.2 / 219.6; 8 SMs: 311.5 / 251.3 vs 189.1 / 152.7; 24 SMs: 441.5 / 259.6 vs 479.6 / 399.0.
+# NOTES: UCCL_EP_HT_DISPATCH_CE=auto takes the copy engines for calls with at most this many SMs:
+# there the SMs' two copies per row bound the ring dispatch, while with more SMs the ring is faster
+# (and FP8 by copy engines slower still); the EP2 measurements are in docs/benchmarks.md.
 AUTO_DISPATCH_MAX_SMS = 12
 
 
@@ -171,12 +171,10 @@ def copy_list(rank: int, recv_counts: list[int], x_ptr: int, w_ptr: int, hidden:
 class CopyEngineOps:
     """The staging buffer and launches of the copy-engine combine (and dispatch) for one NormalEngine."""
 
-    def __init__(self, engine, allowed: bool = True) -> None:
-        """``allowed``: whether the engine's kernels can take these paths at all (the default HT
-        variant only); both the combine and the dispatch decision derive from it."""
+    def __init__(self, engine) -> None:
         self.engine, self.ex = engine, engine.ex
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
-        self.enabled = allowed and bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
+        self.enabled = bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
         # "1" / "auto" (calls with <= AUTO_DISPATCH_MAX_SMS SMs) / "0"
         self.dispatch_mode = env.get("UCCL_EP_HT_DISPATCH_CE") if self.enabled else "0"
         self.dispatch_enabled = self.dispatch_mode != "0"
@@ -195,8 +193,8 @@ class CopyEngineOps:
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
     def wants_dispatch(self, num_sms: int) -> bool:
         """Whether a call with this Config's SM count dispatches by copy engines (UCCL_EP_HT_DISPATCH_CE)."""
-        # NOTES: auto is limited to EP2, where it was measured and verified; at EP4 / EP8 (issue 12)
-        # the ring dispatch stays the default until the copy-engine dispatch is run there (=1 opts in).
+        # NOTES: auto is limited to EP2, where it was measured and verified; at EP4 / EP8 the ring
+        # dispatch stays the default until the copy-engine dispatch is run there (=1 opts in).
         return self.dispatch_mode == "1" or (self.dispatch_mode == "auto" and self.R == 2
                                              and num_sms <= AUTO_DISPATCH_MAX_SMS)
 
@@ -270,9 +268,9 @@ class CopyEngineOps:
 
     def _kernels(self):
         if self._k is None:
-            from . import ht_variants
-            c_defs = ht_variants.default_defines(self.R, self.engine.combine_block)[1]
-            d_defs = ht_variants.default_defines(self.R, self.engine.block)[1]
+            from . import ht_tuning
+            c_defs = ht_tuning.kernel_defines(self.R, self.engine.combine_block)[1]
+            d_defs = ht_tuning.kernel_defines(self.R, self.engine.block)[1]
             self._k = {"ht_combine_ce": load_kernel(self.dev, "intranode_combine_ce.cu", "ht_combine_ce", c_defs)}
             self._k.update({n: load_kernel(self.dev, "intranode_dispatch_ce.cu", n, d_defs)
                             for n in ("ht_ce_begin", "ht_ce_wait", "ht_dispatch_ce")})
@@ -296,8 +294,8 @@ class CopyEngineOps:
     def _packed(self, key: tuple, build):
         """The packed copy steps of a call, cached by everything they encode (pointers included):
         back-to-back calls on the same tensors (the caching allocator hands the same blocks back)
-        skip rebuilding them. NOTES: the host built and packed ~30 steps per call (~35 us of Python
-        at EP2), which the device then waited for: a copy-engine op's device time is ~250 us."""
+        skip rebuilding them. NOTES: the host builds and packs ~30 steps per call at EP2, tens of
+        microseconds of Python that the device would wait for, a sizeable share of an op."""
         hit = self._pack_cache.get(key)
         if hit is None:
             hit = build()
@@ -358,8 +356,8 @@ class CopyEngineOps:
             weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, fresh=int(send_head is not None),
             timeout_ns=self.ex.timeout_ns)
         # NOTES: the SM kernel goes first, the copy chains after it: building and issuing the chains
-        # takes the host ~0.1-0.4 ms, and with the kernel queued behind them the device idled that
-        # long (a 2 x H200 trace: the kernel started 415 us after the op's begin kernel). The chains
+        # takes the host a few hundred microseconds, and with the kernel queued behind them the
+        # device idled that long (tools/lab/trace_ht.py shows it). The chains
         # fork from the event after the begin kernel, not after this kernel (they overlap with it).
         k["ht_dispatch_ce"].launch(num_sms, self.engine.block, params, cur.cuda_stream)
         self.dispatches += 1

@@ -44,6 +44,7 @@ from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import gpu_transport
 from . import ht_internode_plan as plan
+from .ht_internode_plan import ProxyNormalPlan, check_scales
 from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params, warp_size
 
 __all__ = ["serves", "unavailable_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
@@ -87,21 +88,6 @@ def unavailable_reason(ctx) -> str | None:
     return _scope_reason(ctx, gpu_transport.multi_host_guess(ctx))
 
 
-def check_scales(x_scales) -> None:
-    if x_scales is not None and x_scales.element_size() != 4:
-        raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
-
-
-class ProxyNormalPlan:
-    """What a dispatch fixed, for cached dispatch and combine (``recv_counts`` only when known)."""
-
-    def __init__(self, **kw) -> None:
-        counts = kw.pop("recv_counts", None)
-        self.__dict__.update(kw)
-        if counts is not None:
-            self.recv_counts = counts
-
-
 class ProxyNormalEngine:
     """Normal mode through the proxy (see the module doc)."""
 
@@ -131,7 +117,7 @@ class ProxyNormalEngine:
         self.mem: DeviceMemory = ex.nvl_mem
         self.shared, self.meta = plan.region_layout(self.mem.nbytes, self.R)
         self.num_sms = self.drv.device_attribute(self.dev, self.drv.ATTR_SM_COUNT)
-        self._k = {n: load_kernel(self.dev, src, n) for src, n in (
+        self.kernels = {n: load_kernel(self.dev, src, n) for src, n in (
             ("layout.cu", "ht_layout"), ("internode_notify.cu", "ht_proxy_notify"),
             ("internode_dispatch.cu", "ht_proxy_dispatch"), ("internode_combine.cu", "ht_proxy_combine"),
             ("internode_forward_dispatch.cu", "ht_proxy_forward_dispatch"),
@@ -162,7 +148,12 @@ class ProxyNormalEngine:
             self.close()
             raise
         self.host_tag = 0
-        self._last_worst = 0
+        self.last_worst = 0
+
+    @property
+    def owner(self):
+        """The Buffer this engine's handles belong to."""
+        return self.ex.owner
 
     def _register(self, start: int, end: int) -> int:
         from .proxy_path import ProxyLowLatencyEngine
@@ -206,7 +197,7 @@ class ProxyNormalEngine:
         self.dma_ctx = base
         self.dma_offsets = off
 
-    def _role(self, main_blocks: int, block: int, per_ring: int = _COPY_BLOCKS_PER_RING,
+    def role(self, main_blocks: int, block: int, per_ring: int = _COPY_BLOCKS_PER_RING,
               senders: int | None = None) -> tuple[int, dict]:
         """(grid, the dma_* fields) of a launch of ``main_blocks`` blocks: the copy role's blocks
         follow them when this engine has one; ``senders`` defaults to one signal per warp."""
@@ -218,7 +209,7 @@ class ProxyNormalEngine:
         return main_blocks + extra, dict(dma_blocks=extra, dma_senders=senders)
 
     # -- shared pieces -----------------------------------------------------------------------------
-    def _ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
+    def ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
         """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix)."""
         g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area)
         pre = "nvl_" if area else ""
@@ -229,7 +220,7 @@ class ProxyNormalEngine:
                        timeout_ns=self.ex.timeout_ns)
         return out
 
-    def _proxy_words(self) -> dict:
+    def proxy_words(self) -> dict:
         return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
                     status=self.status_dev, state=self.state.ptr, error=self.ex.error_dev_ptr, dma=self.dma_ctx)
 
@@ -242,10 +233,10 @@ class ProxyNormalEngine:
                                 "SMs) of the proxy normal-mode kernels", channels,
                                 min(plan.MAX_CHANNELS, (self.num_sms - copy) // per))
 
-    def _notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0, channels=0) -> int:
+    def notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0, channels=0) -> int:
         handshake = per_dst is None
         # a handshake pushes no bytes; a fresh record's Writes are copied by one block per ring
-        grid, role = (1, dict(dma_blocks=0, dma_senders=0)) if handshake else self._role(1, _NOTIFY_BLOCK, 1, 1)
+        grid, role = (1, dict(dma_blocks=0, dma_senders=0)) if handshake else self.role(1, _NOTIFY_BLOCK, 1, 1)
         if not handshake:
             self.host_tag = (self.host_tag + 1) & 0x3FFFFFFF
         params = pack_params(
@@ -256,12 +247,12 @@ class ProxyNormalEngine:
             meta_slot_bytes=self.meta.slot, expert_col=0 if handshake else cols["expert"], num_local_experts=E_loc,
             node_col=-1 if handshake else cols["node"], ranks_per_node=self.G, num_channels=channels,
             check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
-            host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self._proxy_words(),
+            host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self.proxy_words(),
             **role)
-        self._k["ht_proxy_notify"].launch(grid, _NOTIFY_BLOCK, params, current_stream())
+        self.kernels["ht_proxy_notify"].launch(grid, _NOTIFY_BLOCK, params, current_stream())
         return self.host_tag
 
-    def _wait_host(self, tag: int) -> list[int]:
+    def wait_host(self, tag: int) -> list[int]:
         """The notify kernel's receive counts: [rows, per source (R), per expert (E_loc), RDMA rows]."""
         deadline = time.monotonic() + self.ex.ctx.timeout_s
         spins = 0
@@ -279,9 +270,8 @@ class ProxyNormalEngine:
 
     # -- layout ------------------------------------------------------------------------------------
     def layout(self, topk_idx, num_experts):
-        from .ht import NormalEngine
-        # NOTES: the intranode engine's layout kernel launch, reused as is (it reads R and _k).
-        ntpr, _, ntpe, in_rank = NormalEngine.layout(self, topk_idx, num_experts)
+        from .ht import launch_layout
+        ntpr, _, ntpe, in_rank = launch_layout(self.kernels["ht_layout"], self.R, topk_idx, num_experts)
         if not self.internode:
             return ntpr, None, ntpe, in_rank
         ntprr = ntpr.clone() if self.G == 1 else plan.node_mask(in_rank, self.G).sum(0, dtype=torch.int32)
@@ -309,17 +299,17 @@ class ProxyNormalEngine:
         R, dev = self.R, x.device
         T, C, E, E_loc, K, ns = self.check_dispatch(x, x_scales, topk_idx, num_tokens_per_expert, config)
         msg = plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, K)
-        ring = self._ring(msg, C, config, "dispatch")
+        ring = self.ring(msg, C, config, "dispatch")
         in_rank = is_token_in_rank.contiguous()
         counts = plan.channel_counts(in_rank, C)
         per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
         meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
-        self._last_worst = num_worst_tokens
-        tag = self._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
+        self.last_worst = num_worst_tokens
+        tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
         else:
-            vals = self._wait_host(tag)
+            vals = self.wait_host(tag)
             num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
             rows = num_recv
         lay = plan.recv_layout(meta_out, self.rank, C)
@@ -342,12 +332,12 @@ class ProxyNormalEngine:
         state = ProxyNormalPlan(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
                                 send_prefix=send_prefix, recv_prefix=lay.recv_prefix, recv_end=lay.recv_end,
                                 in_rank=in_rank, send_head=head, recv_counts=per_src)
-        return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, self.ex.owner, state)
+        return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, self.owner, state)
 
     def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, send_prefix, recv_prefix, recv_end, outs,
                          channels, rows, ring, num_experts):
         recv_x, recv_scales, recv_idx, recv_w, recv_src = outs
-        grid, role = self._role(2 * channels, _BLOCK)
+        grid, role = self.role(2 * channels, _BLOCK)
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
         params = pack_params(
             "HTProxyDispatchParams", x=x.data_ptr(), x_scales=ptr(scales), topk_idx=ptr(topk_idx),
@@ -359,8 +349,8 @@ class ProxyNormalEngine:
             scale_stride_token=scales.stride(0) if scales is not None else 0,
             scale_stride_col=scales.stride(1) if scales is not None else 0,
             num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=num_experts, num_ranks=self.R,
-            rank=self.rank, num_channels=channels, num_rows=rows, **self._proxy_words(), **ring, **role)
-        self._k["ht_proxy_dispatch"].launch(grid, _BLOCK, params, current_stream())
+            rank=self.rank, num_channels=channels, num_rows=rows, **self.proxy_words(), **ring, **role)
+        self.kernels["ht_proxy_dispatch"].launch(grid, _BLOCK, params, current_stream())
 
     def cached_dispatch(self, x, x_scales, handle, config):
         if self.forward:
@@ -372,11 +362,11 @@ class ProxyNormalEngine:
             raise InvalidArgument("x", f"{st.num_tokens} rows (the token count of the dispatch that made `handle`)",
                                   x.shape[0])
         ns = x_scales.shape[1] if x_scales is not None else 0
-        ring = self._ring(plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, 0), st.num_channels, config,
+        ring = self.ring(plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, 0), st.num_channels, config,
                           "cached dispatch")
         recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
         recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
-        self._notify()
+        self.notify()
         self._launch_dispatch(x.contiguous(), x_scales, None, None, st.in_rank, st.send_prefix, st.recv_prefix,
                               st.recv_end, (recv_x, recv_scales, None, None, None), st.num_channels, st.num_rows, ring,
                               st.num_experts)
@@ -396,23 +386,23 @@ class ProxyNormalEngine:
             raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
         T, H = st.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
-        ring = self._ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine")
+        ring = self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine")
         out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
         b0, b1 = (b.contiguous() if b is not None else None for b in biases)
         x = x.contiguous()
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
-        grid, role = self._role(2 * st.num_channels, _BLOCK)
+        grid, role = self.role(2 * st.num_channels, _BLOCK)
         params = pack_params(
             "HTProxyCombineParams", x=x.data_ptr(), topk_weights=ptr(topk_weights), bias0=ptr(b0), bias1=ptr(b1),
             out=out.data_ptr(), out_weights=ptr(out_w), is_token_in_rank=st.in_rank.data_ptr(),
             send_head=st.send_head.data_ptr(), send_prefix=st.send_prefix.data_ptr(),
             recv_prefix=st.recv_prefix.data_ptr(), recv_end=st.recv_end.data_ptr(), num_tokens=T, hidden=H,
-            num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=st.num_channels, **self._proxy_words(),
+            num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=st.num_channels, **self.proxy_words(),
             **ring, **role)
-        self._notify()
-        self._k["ht_proxy_combine"].launch(grid, _BLOCK, params, current_stream())
+        self.notify()
+        self.kernels["ht_proxy_combine"].launch(grid, _BLOCK, params, current_stream())
         return out, out_w
 
     # -- failures, lifetime ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def _ptr(t) -> int:
 
 def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdma_rows, rings) -> None:
     recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, rdma_mask = outs
-    grid, role = eng._role(3 * st.num_channels, _BLOCK)
+    grid, role = eng.role(3 * st.num_channels, _BLOCK)
     params = pack_params(
         "HTProxyForwardDispatchParams", x=x.data_ptr(), x_scales=_ptr(scales), topk_idx=_ptr(topk_idx),
         topk_weights=_ptr(topk_weights), is_token_in_rank=st.in_rank.data_ptr(),
@@ -45,13 +45,13 @@ def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdm
         scale_stride_col=scales.stride(1) if scales is not None else 0,
         num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=st.num_experts, num_ranks=eng.R,
         rank=eng.rank, ranks_per_node=eng.G, num_channels=st.num_channels, num_rows=rows, rdma_rows=rdma_rows,
-        **eng._proxy_words(), **rings, **role)
-    eng._k["ht_proxy_forward_dispatch"].launch(grid, _BLOCK, params, current_stream())
+        **eng.proxy_words(), **rings, **role)
+    eng.kernels["ht_proxy_forward_dispatch"].launch(grid, _BLOCK, params, current_stream())
 
 
 def _dispatch_rings(eng, msg: int, channels: int, config, phase: str) -> dict:
-    return dict(eng._ring(msg, channels, config, phase + " hop 1", area=0),
-                **eng._ring(msg, channels, config, phase + " hop 2", area=1))
+    return dict(eng.ring(msg, channels, config, phase + " hop 1", area=0),
+                **eng.ring(msg, channels, config, phase + " hop 2", area=1))
 
 
 def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
@@ -66,13 +66,13 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
     node_counts = plan.channel_counts(in_node, C)
     per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg, node_counts)
     meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
-    eng._last_worst = num_worst_tokens
-    tag = eng._notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
+    eng.last_worst = num_worst_tokens
+    tag = eng.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
     if num_worst_tokens > 0:
         rows = rdma_rows = num_worst_tokens
         num_recv, per_src, per_expert = None, None, []
     else:
-        vals = eng._wait_host(tag)
+        vals = eng.wait_host(tag)
         num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
         rows, rdma_rows = num_recv, vals[1 + R + E_loc]
     lay = plan.recv_layout(meta_out, eng.rank, C, cols["node"], G)
@@ -95,14 +95,12 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
                      (recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, st.rdma_mask), rows, rdma_rows, rings)
     items = plan.forward_handle(lay, st.send_prefix, st.node_send_prefix, in_rank, st.send_rdma_head, recv_mask,
                                 st.rdma_mask, eng.rank, G, rows, rdma_rows)
-    from .ht_internode import ProxyNormalPlan
-    state = ProxyNormalPlan(recv_counts=per_src, **vars(st))
-    return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, eng.ex.owner, state)
+    state = plan.ProxyNormalPlan(recv_counts=per_src, **vars(st))
+    return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, eng.owner, state)
 
 
 def cached_dispatch(eng, x, x_scales, handle, config):
-    from .ht_internode import check_scales
-    check_scales(x_scales)
+    plan.check_scales(x_scales)
     st = handle.plan
     if x.shape[0] != st.num_tokens:
         raise InvalidArgument("x", f"{st.num_tokens} rows (the token count of the dispatch that made `handle`)",
@@ -112,7 +110,7 @@ def cached_dispatch(eng, x, x_scales, handle, config):
     rings = _dispatch_rings(eng, msg, st.num_channels, config, "cached dispatch")
     recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
     recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
-    eng._notify()
+    eng.notify()
     # no masks recorded (rdma_rows = 0): the dispatch that made the handle recorded them
     _launch_dispatch(eng, x.contiguous(), x_scales, None, None, st, (recv_x, recv_scales, None, None, None, None, None),
                      st.num_rows, 0, rings)
@@ -129,21 +127,21 @@ def combine(eng, x, handle, topk_weights, biases, config):
         raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
     T, H, C = st.num_tokens, x.shape[1], st.num_channels
     K = topk_weights.shape[1] if topk_weights is not None else 0
-    rings = dict(eng._ring(plan.partial_msg_bytes(H, K), C, config, "combine hop B", area=0),
-                 **eng._ring(plan.combine_msg_bytes(H, K), C, config, "combine hop A", area=1))
+    rings = dict(eng.ring(plan.partial_msg_bytes(H, K), C, config, "combine hop B", area=0),
+                 **eng.ring(plan.combine_msg_bytes(H, K), C, config, "combine hop A", area=1))
     out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
     out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
     b0, b1 = (b.contiguous() if b is not None else None for b in biases)
     x = x.contiguous()
     topk_weights = topk_weights.contiguous() if topk_weights is not None else None
-    grid, role = eng._role(3 * C, _BLOCK)
+    grid, role = eng.role(3 * C, _BLOCK)
     params = pack_params(
         "HTProxyForwardCombineParams", x=x.data_ptr(), topk_weights=_ptr(topk_weights), bias0=_ptr(b0), bias1=_ptr(b1),
         out=out.data_ptr(), out_weights=_ptr(out_w), send_rdma_head=st.send_rdma_head.data_ptr(),
         node_send_prefix=st.node_send_prefix.data_ptr(), rdma_prefix=st.rdma_prefix.data_ptr(),
         rdma_count=st.rdma_count.data_ptr(), rdma_mask=st.rdma_mask.data_ptr(), recv_prefix=st.recv_prefix.data_ptr(),
         recv_end=st.recv_end.data_ptr(), recv_count=st.recv_count.data_ptr(), num_tokens=T, hidden=H, num_topk=K,
-        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, **eng._proxy_words(), **rings, **role)
-    eng._notify()
-    eng._k["ht_proxy_forward_combine"].launch(grid, _BLOCK, params, current_stream())
+        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, **eng.proxy_words(), **rings, **role)
+    eng.notify()
+    eng.kernels["ht_proxy_forward_combine"].launch(grid, _BLOCK, params, current_stream())
     return out, out_w

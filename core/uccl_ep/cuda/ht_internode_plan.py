@@ -1,7 +1,7 @@
 """Planning of normal (HT) mode through the CPU proxy, in torch on whatever device the tensors
 live (so CPU tests check it against the reference): the layout twins of
-core/kernels/include/uccl_ep/kernel_abi_internode.h, the per-op ring geometry (the host
-executor's own `ring_spec`), the meta records, and DeepEP's handles from the exchanged records.
+core/kernels/include/uccl_ep/kernel_abi_internode.h, the per-op ring geometry
+(`uccl_ep.protocol.rings`, as the host executor's), the meta records, and DeepEP's handles from the exchanged records.
 
 Nothing here synchronizes with the device: shapes come from the host (rows known after the
 notify wait, or num_worst_tokens), values stay on the device.
@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 import torch
 
-from ..errors import LimitExceeded
-from ..host.ht_common import RingSpec, ring_spec
-from ..host.layout import META_COUNTER, RING_HEAD_BASE, MetaLayout, align16, meta_slot_bytes
+from ..errors import InvalidArgument, LimitExceeded
+from ..protocol.layout import META_COUNTER, RING_HEAD_BASE, MetaLayout, align16, meta_slot_bytes
+from ..protocol.rings import RingSpec, ring_spec
 
 __all__ = ["MAX_RANKS", "MAX_LOCAL", "MAX_CHANNELS", "MAX_RINGS", "NUM_COUNTERS", "HEAD_BASE", "META_COUNTER0", "STATE_BYTES",
            "state_offsets", "dispatch_msg_bytes", "forward_msg_bytes", "combine_msg_bytes", "partial_msg_bytes",
            "region_layout", "geometry", "channel_counts", "node_mask", "records", "RecvLayout", "recv_layout",
-           "send_head", "intranode_handle", "internode_handle", "forward_handle"]
+           "send_head", "intranode_handle", "internode_handle", "forward_handle", "check_scales", "ProxyNormalPlan"]
 
 # Mirrors of kernel_abi_internode.h (a CPU test compiles the header and compares).
 MAX_RANKS = 16
@@ -222,3 +222,18 @@ def forward_handle(lay: RecvLayout, send_prefix: torch.Tensor, node_send_prefix:
     rdma_rank_prefix = lay.rdma_end.clone()
     return (in_rank, node_send_prefix, send_prefix, recv_rdma_prefix, rdma_rank_prefix, lay.recv_prefix, lay.recv_end,
             recv_src_meta, send_rdma_head, nvl_head)
+
+
+def check_scales(x_scales) -> None:
+    if x_scales is not None and x_scales.element_size() != 4:
+        raise InvalidArgument("x[1]", "4-byte scales (float32 or packed int32)", str(x_scales.dtype))
+
+
+class ProxyNormalPlan:
+    """What a dispatch fixed, for cached dispatch and combine (``recv_counts`` only when known)."""
+
+    def __init__(self, **kw) -> None:
+        counts = kw.pop("recv_counts", None)
+        self.__dict__.update(kw)
+        if counts is not None:
+            self.recv_counts = counts

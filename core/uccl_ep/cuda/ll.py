@@ -26,7 +26,7 @@ import torch
 from .. import env
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
-from ..refs.low_latency import LowLatencyPlan
+from ..protocol.ll_plan import LowLatencyPlan
 from .runtime import (DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor, sm_number,
                       warp_size)
 

@@ -29,10 +29,9 @@ it moves the bytes of every Write pushed so far (the send kernels count them per
 ``dma_pushed``); the proxy threads make no CUDA call. With UCCL_EP_IPC_COPY=cuda the proxy threads
 copy through the driver instead and CUDA_MODULE_LOADING=EAGER is needed (warn_lazy_module_loading).
 
-Status: compiled (sm_90a, sm_100a, gfx90a), transport and proxy logic tested on CPU; on 2 x H200
-every LL option, mask/clean, graph, timeout and traffic test passes with either copy engine; D+C
-(CUDA graph, 128 tokens) 117.6-123.0 µs with the copy kernel (174 µs at EP4 with earlier kernels),
-2,056 µs with the driver's copies (docs/benchmarks.md). Between hosts the transport is ipc+fabric (gpu_transport.py), driver copies.
+Tested by core/tests/gpu/test_cuda_ll_proxy.py against uccl_ep.refs with either copy engine, the
+transport and proxy logic also on CPU (core/tests/cpu/test_ipc_transport_proxy_path.py); timings
+in docs/benchmarks.md. Between hosts the transport is ipc+fabric (gpu_transport.py), driver copies.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
-from ..refs.low_latency import LowLatencyPlan
+from ..protocol.ll_plan import LowLatencyPlan
 from . import gpu_transport
 from .ll import LowLatencyEngine
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
@@ -85,7 +84,7 @@ def warn_lazy_module_loading(rank: int) -> None:
     module loading makes the host's first launch of any not-yet-loaded kernel (a torch op between
     our send and receive kernels, say) wait for the device, while holding the context: the proxy's
     next CUDA call then waits behind it, and the device waits for the proxy -- every op stalls
-    until the bounded device wait gives up. Measured on 2 x H200 (docs/troubleshooting.md).
+    until the bounded device wait gives up (docs/troubleshooting.md).
     """
     import os
     import warnings

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from .. import env
-from ..backends import BufferContext, Executor
+from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument
+from ..protocol.layout import NUM_COUNTERS, region_plan
 from ..proxy import check_protocol_limits, native, start_proxy
 from . import ht, ll
-from .layout import NUM_COUNTERS, region_plan
 
 __all__ = ["HostExecutor", "unavailable_reason", "machine_unavailable_reason"]
 

@@ -19,9 +19,10 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import NormalHandle
+from ..protocol.packing import unpack_rows
+from ..protocol.rings import ring_spec
 from ..routing import local_topk, order_index, pad_rows, per_channel_counts
-from ..refs.packing import unpack_rows
-from .ht_common import Streams, exchange_meta, host_rings, pack_table, ring_spec, run_phase, specs_width, token_rings
+from .ht_common import Streams, exchange_meta, host_rings, pack_table, run_phase, specs_width, token_rings
 
 __all__ = ["HostPlan", "dispatch", "cached_dispatch", "combine", "dispatch_specs", "unpack_dispatch",
            "reduce_combine", "shape_outputs", "unpack_cached"]

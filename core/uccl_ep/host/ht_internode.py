@@ -26,10 +26,11 @@ import torch
 
 from ..errors import InvalidArgument
 from ..handles import NormalHandle
+from ..protocol.packing import unpack_rows
+from ..protocol.rings import ring_spec
 from ..routing import order_index, per_channel_counts
-from ..refs.packing import unpack_rows
 from .ht import HostPlan, dispatch_specs, reduce_combine, shape_outputs, unpack_cached, unpack_dispatch
-from .ht_common import Streams, exchange_meta, host_rings, pack_table, ring_spec, run_phase, specs_width, token_rings
+from .ht_common import Streams, exchange_meta, host_rings, pack_table, run_phase, specs_width, token_rings
 
 __all__ = ["dispatch", "cached_dispatch", "combine"]
 

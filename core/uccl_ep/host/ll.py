@@ -30,11 +30,12 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, PeerProtocolError, Timeout
 from ..handles import LowLatencyHandle
+from ..protocol.layout import LL_MAX_LOCAL_EXPERTS, LL_SYNC_COUNTER, align16, ll_counter, ll_ctrl_counter
+from ..protocol.ll_plan import LowLatencyPlan
 from ..proxy import check_protocol_limits
 from ..refs.fp8 import pack_ue8m0, per_token_cast_to_fp8
-from ..refs.low_latency import LowLatencyPlan, check_distinct_experts
+from ..refs.low_latency import check_distinct_experts
 from .ht_common import plain
-from .layout import LL_MAX_LOCAL_EXPERTS, LL_SYNC_COUNTER, align16, ll_counter, ll_ctrl_counter
 
 __all__ = ["LowLatencyLayout", "dispatch", "combine", "combine_send_view", "masked_barrier"]
 

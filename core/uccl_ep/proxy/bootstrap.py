@@ -35,7 +35,8 @@ from typing import Any
 import torch.distributed as dist
 
 from .. import env
-from ..errors import InvalidArgument, MissingDependency, PeerFailure, PeerProtocolError, Timeout, Unsupported
+from ..errors import InvalidArgument, PeerFailure, PeerProtocolError, Timeout, Unsupported
+from .native import native
 from .nic_model import decorate as decorate_with_nic_model, parse_nic_model
 from .nics import domains_for_local_rank, resolve_domains  # noqa: F401 - domains_for_local_rank: re-exported
 
@@ -43,15 +44,6 @@ __all__ = ["native", "start_proxy", "token_digest", "transport_unavailable_reaso
 
 _lock = threading.Lock()
 _sequence: dict[int, int] = {}
-
-
-def native():
-    """The native module, or `MissingDependency` saying how to get it."""
-    try:
-        from .. import _C
-    except ImportError as e:  # pragma: no cover - the package always ships _C
-        raise MissingDependency(f"uccl_ep's native module is missing ({e}); reinstall uccl-ep (pip install uccl-ep)") from e
-    return _C
 
 
 def token_digest(token: str) -> str:

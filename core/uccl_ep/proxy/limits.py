@@ -20,7 +20,7 @@ LL_COUNTERS_PER_LOCAL_EXPERT = 4
 @lru_cache(maxsize=1)
 def protocol_limits() -> dict:
     """Limits from the protocol headers, e.g. ``max_ranks``, ``max_write_bytes``, ``max_counters``."""
-    from .bootstrap import native
+    from .native import native
     return dict(native().protocol_limits())
 
 

@@ -231,7 +231,7 @@ def resolve_domains(spec: str, local_rank: int, provider: str, sysfs: str = SYSF
     if key == "first":
         return ""
     if key in ("", "auto"):
-        from .bootstrap import native
+        from .native import native
         gpu = gpu_pci_address()
         chosen = auto_domains(list(native().fabric_domain_pci(provider)), gpu, sysfs)
         log.info("uccl_ep: GPU %s -> NICs %s (UCCL_EP_FABRIC_DOMAINS=auto)", gpu, chosen or "<provider's first>")

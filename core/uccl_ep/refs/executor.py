@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import BufferContext, Executor
+from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument
 from . import low_latency, normal
 from .comm import GroupComm

@@ -1,6 +1,6 @@
 """Reference low-latency mode: per-expert dispatch into padded slabs, weighted combine.
 
-Semantics (shared/reference/deepep-api.md §1.8-1.9):
+Semantics (DeepEP V1's; docs/api.md, "Low-latency mode"):
 - dispatch sends one message per (token, selected expert) to the expert's rank; the receiver's
   slab for local expert e holds, in rows [0, recv_count[e]), one contiguous segment per source
   rank; ``layout_range[e][j] = (begin << 32) | count``; ``src_info`` holds the source token index.
@@ -14,16 +14,16 @@ Semantics (shared/reference/deepep-api.md §1.8-1.9):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..errors import InvalidArgument, PeerProtocolError
 from ..handles import LowLatencyHandle
+from ..protocol.ll_plan import LowLatencyPlan
+from ..protocol.packing import pack_rows, unpack_rows
 from .comm import GroupComm
 from .fp8 import pack_ue8m0, per_token_cast_to_fp8
-from .packing import pack_rows, unpack_rows
 
 __all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_control", "check_distinct_experts", "shrink_masker"]
 
@@ -78,16 +78,6 @@ def exchange_control(comm: GroupComm, masked: set[int], num_max: int, shrink: bo
                                   f"the same value on every rank (rank {comm.rank} has {num_max})",
                                   f"{int(row[0, 0])} on rank {j}")
     return (comm.skipped_by() | set(masked)) - before
-
-
-@dataclass
-class LowLatencyPlan:
-    num_tokens: int              # tokens this rank dispatched (T <= num_max)
-    num_max: int
-    hidden: int
-    num_experts: int
-    recv_count: torch.Tensor     # [E_loc] int32 (on CPU)
-    masked_at_dispatch: tuple[int, ...]
 
 
 def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Tensor, num_max: int, num_experts: int,

@@ -1,6 +1,6 @@
 """Reference normal (high-throughput) mode: layout, dispatch, cached dispatch, combine.
 
-Semantics (shared/reference/deepep-api.md §1.3-1.6), the ground truth for every executor:
+Semantics (DeepEP V1's; docs/api.md, "Normal (high-throughput) mode"), the ground truth for every executor:
 - dispatch deduplicates per rank: a destination rank receives one copy of a token however many
   of its experts the token selects; rows are ordered by (source rank, source token index);
 - ``recv_topk_idx`` holds local expert ids, -1 for experts elsewhere; ``recv_topk_weights`` is 0
@@ -20,10 +20,10 @@ import torch
 
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import NormalHandle
+from ..protocol.packing import pack_rows, unpack_rows
 from ..topology import Topology
 from .comm import GroupComm
 from ..routing import channel_ranges, local_topk, order_index, pad_rows, per_channel_counts
-from .packing import pack_rows, unpack_rows
 
 __all__ = ["dispatch_layout", "NormalPlan", "dispatch", "cached_dispatch", "combine", "channel_ranges"]
 

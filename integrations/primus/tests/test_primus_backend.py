@@ -220,9 +220,9 @@ def test_uccl_name_on_the_earlier_registry_is_refused_not_turbo():
 
 # ---- a rendered recipe, executed ----------------------------------------------------------------
 def _render(recipe: str, overrides: list[str]):
-    from uccl_ep.launch import catalog
-    from uccl_ep.launch.frameworks import build_plan
-    from uccl_ep.launch.local import local_commands
+    from uccl_ep_deploy import catalog
+    from uccl_ep_deploy.frameworks import build_plan
+    from uccl_ep_deploy.local import local_commands
     from uccl_ep.spawn import free_port
 
     plan = build_plan(catalog.load(recipe, overrides))

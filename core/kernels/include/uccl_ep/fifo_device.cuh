@@ -111,8 +111,8 @@ UCCL_DEVICE bool fifo_push(const FifoLayout& f, const TransferCmd& cmd, uint64_t
 // atomic reserves them all, one system fence orders everything before them (the caller's stores,
 // and those it observed), then n posted 16-byte stores commit them.
 // NOTES: fifo_push per command costs a reservation round trip and a release store (MEMBAR.SYS)
-// each; the LL proxy send kernels' three commands per destination took ~6 us that way on 2 x H200,
-// most of a send kernel's tail. A release fence followed by strong stores is a release pattern in
+// each; for the LL proxy send kernels' three commands per destination that was most of a send
+// kernel's tail. A release fence followed by strong stores is a release pattern in
 // the PTX memory model: each command is visible to the proxy only after what the fence ordered.
 // `fence` = false: the caller already fenced (fence_release_sys) after everything the commands carry.
 UCCL_DEVICE bool fifo_push_batch(const FifoLayout& f, const TransferCmd* cmds, int n, uint64_t timeout_ns,
@@ -183,8 +183,8 @@ UCCL_DEVICE int64_t wait_counter(const int64_t* counter, int64_t target, const u
 // the largest value read so far; the counter only grows); the others poll *cache in L2.
 // NOTES: the LL proxy receive kernels wait with a thread per (block, source): 288 threads at 288
 // experts, each reading mapped host memory in a loop. Those reads cross PCIe one after another, so
-// a counter that was long there took ~140 us to be seen (2 x H200, every receive kernel of the
-// forced proxy path); a copy-kernel probe showed the same for descriptor reads.
+// a counter that was long there was seen tens of microseconds late (every receive kernel of the
+// forced proxy path); the copy kernel's descriptor reads behaved the same.
 UCCL_DEVICE int64_t wait_counter_shared(const int64_t* counter, uint64_t* cache, int* lock, int64_t target,
                                         const uint64_t* status, uint64_t timeout_ns, ErrorWord* err, int phase,
                                         int rank, int peer, int expert, uint64_t* waited) {

@@ -2,7 +2,7 @@
 //
 // Every kernel takes exactly one of these structs by value. All fields are 64-bit (pointers are
 // uint64_t device addresses) so the layout is an array of 8-byte words with no padding, and the
-// Python side (uccl_ep/cuda/params.py) packs it from the field names in the same order; a CPU test
+// Python side (uccl_ep/cuda/runtime.py, pack_params) packs it from the field names in the same order; a CPU test
 // parses this header and checks the two lists agree.
 #pragma once
 
@@ -554,7 +554,7 @@ struct LLProxyDmaParams {
   int64_t timeout_ns;
 };
 
-// ll_proxy_dma_probe (diagnostics only, core/tests/gpu/probe_copy_kernel.py): the copy kernel's copy
+// ll_proxy_dma_probe (diagnostics only, tools/lab/probe_copy_kernel.py): the copy kernel's copy
 // loop alone, `reps` times over [src, +len) -> dst, optionally with its per-descriptor system fence.
 struct CopyProbeParams {
   uint64_t dst;
@@ -564,7 +564,7 @@ struct CopyProbeParams {
   int64_t fence;            // 1: every block fences system-wide after each rep, as per descriptor
 };
 
-// ll_proxy_rtt_probe (diagnostics only, core/tests/gpu/probe_proxy_rtt.py): one thread times, on the
+// ll_proxy_rtt_probe (diagnostics only, tools/lab/probe_proxy_rtt.py): one thread times, on the
 // GPU clock, a Write pushed into a real FIFO -> the proxy thread's descriptor in its copy ring, then
 // plays the copy kernel's part (copies the bytes, publishes done) so the proxy delivers as usual.
 struct ProxyRttProbeParams {

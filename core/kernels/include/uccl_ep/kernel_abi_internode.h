@@ -34,7 +34,7 @@ namespace uccl_ep {
 constexpr int kHTProxyMaxRanks = 16;
 constexpr int kHTProxyMaxChannels = 64;
 constexpr int kHTProxyWarps = 16;
-// Counters per source (uccl_ep.host.layout): TAIL(r) = r, HEAD(r) = kHTProxyHeadBase + r,
+// Counters per source (uccl_ep.protocol.layout): TAIL(r) = r, HEAD(r) = kHTProxyHeadBase + r,
 // META(parity) = kHTProxyMetaCounter + parity.
 constexpr int kHTProxyHeadBase = 512;
 constexpr int kHTProxyMetaCounter = 1024;
@@ -62,7 +62,7 @@ UCCL_EP_HOST_DEVICE constexpr uint64_t ht_ring_slot(uint64_t base, int64_t peer,
   return base + uint64_t(((peer * num_rings + lane) * slots + slot) * msg);
 }
 
-// Meta records (uccl_ep.host.layout.MetaLayout): received [parity][src], sent [parity][dst].
+// Meta records (uccl_ep.protocol.layout.MetaLayout): received [parity][src], sent [parity][dst].
 UCCL_EP_HOST_DEVICE constexpr uint64_t ht_meta_recv(uint64_t base, int64_t slot_bytes, int64_t num_ranks, int64_t parity,
                                                     int64_t src) {
   return base + uint64_t((parity * num_ranks + src) * slot_bytes);

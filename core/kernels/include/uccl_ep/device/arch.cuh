@@ -3,8 +3,7 @@
 // Kernels include only this header for everything that differs between vendors: warp size,
 // lane shuffles, memory-order loads/stores at system scope, fences, a nanosecond clock, 128-bit
 // vector types, hardware number conversions, asynchronous copies and the by-value kernel parameter
-// attribute. Code above this layer never names a vendor intrinsic (the NVIDIA-only bulk-copy
-// variants, ht_bulk.cuh and *_tma.cu, are refused on HIP at compile time).
+// attribute. Code above this layer never names a vendor intrinsic.
 //
 // NOTES: kernels are written for any warp size that is a multiple of 8 (the FP8 cast reduces over
 // groups of 8 lanes); on AMD a "warp" is a 64-lane wavefront.

@@ -45,12 +45,12 @@ UCCL_DEVICE void last_block_bumps_seq(unsigned* done, unsigned* seq) {
 // most kMaxDst) destinations, with 8 loads per lane in flight (4 KiB per warp): enough bytes
 // outstanding to cover NVLink / HBM latency. Each 16-byte piece is loaded once (through L2 only
 // with kCg) and stored to every destination; warp_copy16 / warp_copy16_cg are the one-destination
-// case (sm_90a cubins of every kernel byte-identical to the separate loop they replaced).
+// case.
 //
 // NOTES: the tail is one more predicated round, not a loop of single loads: a row that is not a
 // multiple of 4 KiB (a 7 KiB FP8 row is 1.75 rounds, a 14 KiB BF16 row 3.5) otherwise ends in a
-// chain of dependent load -> store steps (6 for FP8, 4 for BF16), so FP8 dispatch ran no faster
-// than BF16 at half the bytes (2 x H200, 2026-11-22). Rounds are now ceil(bytes / 4 KiB).
+// chain of dependent load -> store steps (6 for FP8, 4 for BF16), and FP8 dispatch ran no faster
+// than BF16 at half the bytes. Rounds are ceil(bytes / 4 KiB).
 // Several destinations: the copy-engine dispatch writes a token's row to recv_x and to each routed
 // peer's staging buffer; at EP2 nearly every token goes to both ranks, so one load per piece
 // instead of one per destination halves what the SMs read and the instructions they issue per row.

@@ -65,10 +65,10 @@ UCCL_DEVICE void chunk_store(uint8_t* out, const float (&acc)[U][8], int64_t v0,
 // Used where cp.async is missing (sm < 80, HIP) or UCCL_EP_HT_COMBINE_STAGES=0; elsewhere the
 // default is warp_combine_rows_staged below.
 //
-// NOTES: combine receivers are busy, not waiting (2 x H200 cycle accounting, UCCL_EP_HT_PROF: 95 %
-// of their cycles outside waits), bound by loads in flight per SM. Prefetching one chunk ahead
-// measured neutral on its own; it keeps as many loads in flight as 4 unpipelined vectors per lane
-// with 2, in fewer registers, and more warps per block (UCCL_EP_HT_COMBINE_WARPS) is what paid.
+// NOTES: combine receivers are busy, not waiting (UCCL_EP_HT_PROF's cycle accounting: nearly all of
+// their cycles outside waits), bound by loads in flight per SM. Prefetching one chunk ahead gains
+// nothing on its own; it keeps as many loads in flight as 4 unpipelined vectors per lane with 2, in
+// fewer registers, and more warps per block (UCCL_EP_HT_COMBINE_WARPS) is what pays.
 template <int U>
 UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H, uint64_t bias0,
                                    uint64_t bias1, int64_t t) {

@@ -16,11 +16,11 @@
 #define UCCL_EP_HT_HEAD_SLACK 16  // combine receiver: positions a head may lag before republishing
 #endif
 // NOTES: combine rows are staged through shared memory by cp.async (warp_combine_rows_staged), 2
-// chunks of 4 vectors per lane in flight per warp, 16 warps per block. 2 x H200, EP2, 24 SMs, 30
-// iterations, three runs (run_device.sh tune, 2026-11-22): combine 331.8-333.8 GB/s against
-// 307-310 for the register pipeline at 24 warps (its best); 3 stages 329.9, 4 stages 307.0, unroll 2
-// 287.8; more warps lose with staging (20: 279.8, 24: 215.4; the loads in flight suffice at 16, and
-// why more cost this much is not measured yet). GPUs before sm_80 have no cp.async: register pipeline.
+// chunks of 4 vectors per lane in flight per warp, 16 warps per block: the receivers are bound by
+// loads in flight, and staging keeps more of them in flight per SM than the register pipeline can,
+// which was best at 24 warps and still slower. More stages, a smaller unroll or more warps with
+// staging were slower (the tuning matrix and its numbers: docs/benchmarks.md; tools/lab/run_device.sh
+// tune re-measures them). GPUs before sm_80 have no cp.async: register pipeline.
 #ifndef UCCL_EP_HT_COMBINE_STAGES
 #if UCCL_EP_CUDA && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
 #define UCCL_EP_HT_COMBINE_STAGES 2  // >= 2: combine rows staged by cp.async; 0: register pipeline
@@ -34,9 +34,9 @@
 #ifndef UCCL_EP_HT_PROF
 #define UCCL_EP_HT_PROF 0  // 1: account each warp's cycles spent waiting on the other side (HTProf)
 #endif
-// NOTES: consumers publish heads without a fence (warp_publish_consumed). 2 x H200, EP2, 24 SMs,
-// 30 iterations (run_device.sh tune, 2026-11-22): combine 199 -> 234 GB/s, dispatch unchanged or
-// better; a release drained each receiver warp's output stores before every head update.
+// NOTES: consumers publish heads without a fence (warp_publish_consumed): a release drained each
+// receiver warp's output stores before every head update, which cost the combine far more than it
+// cost dispatch (docs/benchmarks.md). A freed slot was only read, so no store needs ordering.
 #ifndef UCCL_EP_HT_RELAXED_HEAD
 #define UCCL_EP_HT_RELAXED_HEAD 1
 #endif

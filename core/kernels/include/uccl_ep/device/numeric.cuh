@@ -90,7 +90,7 @@ UCCL_DEVICE void unpack_bf16x8(const Vec16& v, float* out) {
 //
 // NOTES: sm_80+ converts a pair in one instruction (cvt.rn.bf16x2.f32); the software rounding
 // costs ~6 instructions per element, and a combine receiver warp is issue-bound on this math
-// (2 x H200 cycle accounting: 76% of its cycles in the sum). Results are identical except the
+// (UCCL_EP_HT_PROF: most of its cycles are in the sum). Results are identical except the
 // payload of NaN (hardware: canonical 0x7fff, as torch's CUDA kernels produce; software: quieted
 // input payload, as torch's CPU conversion produces).
 UCCL_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
