@@ -94,7 +94,9 @@ def docker(lab, *args: str, timeout: float = 300):
 @pytest.mark.timeout(1500)
 def test_build_base_image_and_bench_inside(docker_lab, base_image):
     image, _ = base_image
-    p = docker(docker_lab, "run", "--rm", "--network", "none", "-e", "UCCL_EP_VERBOSE_ENV=1", image,
+    # --shm-size: the host executor's regions are reserved in /dev/shm at creation (docker's default 64 MiB
+    # holds one rank's normal-mode region, not two); the images' docs run with a larger /dev/shm too.
+    p = docker(docker_lab, "run", "--rm", "--network", "none", "--shm-size", "1g", "-e", "UCCL_EP_VERBOSE_ENV=1", image,
                "uccl-ep", "bench", "--cpu", "--num-tokens", "64", "--hidden", "256", "--num-experts", "16",
                "--iters", "1", "--warmup", "0")
     assert p.returncode == 0, p.stdout[-5000:]
