@@ -59,7 +59,7 @@ def test_image_env_matches_platform_profile(platform, layers):
 def wheel_server():
     """torch and friends as wheels, served on loopback for pip inside the build (no index, no CA)."""
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    p = run([str(VENV_PY), "-m", "pip", "download", "-q", "-d", str(WHEELHOUSE), "torch==2.11.0", "numpy", "rich"], 900)
+    p = run([str(VENV_PY), "-m", "pip", "download", "-q", "-d", str(WHEELHOUSE), "torch==2.11.0", "numpy", "rich", "pydantic>=2.6"], 900)
     assert p.returncode == 0, p.stdout[-3000:]
     handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(WHEELHOUSE))
     handler.log_message = lambda *a, **k: None  # type: ignore[method-assign]
@@ -79,6 +79,9 @@ def base_image(docker_lab, wheel_server, tmp_path_factory):
     shutil.copy(ROOT / "containers" / ".dockerignore", ctx / ".dockerignore")
     p = run([str(VENV_PY), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(ctx / "dist"),
              str(ROOT / "core")], 600)
+    assert p.returncode == 0, p.stdout[-3000:]
+    # the launcher's wheel (pure Python; its build backend comes from the index, as for any user)
+    p = run([str(VENV_PY), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(ctx / "dist"), str(ROOT / "deploy")], 600)
     assert p.returncode == 0, p.stdout[-3000:]
     p = run(["docker", "build", "--network", "host", "-f", str(ROOT / "containers" / "base" / "Dockerfile"),
              "--build-arg", "BASE_IMAGE=uccl-ep-ops/debian:bookworm", "--build-arg", f"PIP_FIND_LINKS={wheel_server}",
