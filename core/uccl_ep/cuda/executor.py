@@ -136,6 +136,11 @@ class CudaExecutor(Executor):
         self._watch = None if ctx.enable_shrink else liveness.PeerWatch(
             ctx.rank, [i[7] for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
         try:
+            if self.nvl_mem is not None and not self.ht_proxy:
+                # NOTES: the normal-mode kernels are loaded (compiled on a cold JIT cache) before the
+                # barrier below, so the ranks leave the constructor together: loaded lazily at the first
+                # call, one rank compiling while its peer already waits made the peer's GPU wait time out.
+                self._ht_engine()
             self.host_barrier("Buffer() (buffers mapped)")
             if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
                 # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while

@@ -189,6 +189,8 @@ class CopyEngineOps:
         self._pack_cache: dict = {}  # see _packed
         self.chunk_bytes = int(env.get("UCCL_EP_HT_CE_CHUNK_KB")) << 10
         self.dispatches = 0  # copy-engine dispatches run (tests check the path was taken)
+        if self.enabled:
+            self._kernels()  # compiled / loaded with the engine, before the constructor's barrier
 
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
     def wants_dispatch(self, num_sms: int) -> bool:
