@@ -9,7 +9,9 @@ DeepSeek-size (128 x 7168, top-8 of 288); one more checks that the node's own tr
 the proxy (its transport delivered nothing to the node's peer) while the other node's did, and that
 allow_nvlink_for_low_latency_mode=False still sends every peer through the proxy.
 
-Needs 4 GPUs (2 nodes of 2 distinct GPUs each: the cuda executor takes one GPU per rank). Run:
+Needs 4 GPUs (2 nodes of 2 distinct GPUs each: the cuda executor takes one GPU per rank; the runtime
+does not hold two ranks per GPU), except test_ll_one_rank_nodes_go_through_the_proxy (2+ GPUs, nodes
+of one rank: the route the topology alone selects, no NVLink peer). Run:
   UCCL_EP_RANKS_PER_NODE=2 python3 -m pytest core/tests/gpu/test_cuda_ll_hybrid.py -q
 (the tests set the variable for their ranks themselves).
 """
@@ -36,8 +38,8 @@ WORLD = 4
 HYBRID_ENV = {"UCCL_EP_RANKS_PER_NODE": "2", "UCCL_EP_FORCE_PROXY": "0", "CUDA_MODULE_LOADING": "EAGER"}
 
 
-@pytest.fixture(autouse=True)
-def _four_gpus():
+@pytest.fixture
+def four_gpus():
     if not torch.cuda.is_available() or torch.cuda.device_count() < WORLD:
         pytest.skip("needs 4 GPUs: 2 nodes x 2")
 
@@ -97,30 +99,52 @@ def worker_paths(rank, world, H, E, T_max, seed):
     return out
 
 
-def test_ll_hybrid_node_traffic_stays_off_the_proxy():
+def test_ll_hybrid_node_traffic_stays_off_the_proxy(four_gpus):
     out = run_ranks(worker_paths, WORLD, *SMALL.values(), backend="nccl", timeout_s=300, env=HYBRID_ENV)
     print("proxy traffic per rank:", out)
 
 
 @pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
-def test_ll_hybrid_options_match_reference(shape):
+def test_ll_hybrid_options_match_reference(shape, four_gpus):
     out = run_ranks(worker_options, WORLD, *shape.values(), backend="nccl", timeout_s=600, env=HYBRID_ENV)
     assert all(n > 0 for n in out)
 
 
-def test_ll_hybrid_cuda_graph_capture():
+def test_ll_hybrid_cuda_graph_capture(four_gpus):
     run_ranks(worker_graph, WORLD, *BIG.values(), backend="nccl", timeout_s=300, env=HYBRID_ENV)
 
 
-def test_ll_hybrid_mask_and_clean():
+def test_ll_hybrid_mask_and_clean(four_gpus):
     """The last rank (node 1's second) masked: its node peer and the other node leave it out."""
     run_ranks(worker_mask_clean, WORLD, *SMALL.values(), backend="nccl", timeout_s=300, env=HYBRID_ENV)
 
 
-def test_ll_hybrid_device_wait_timeout():
+def test_ll_hybrid_device_wait_timeout(four_gpus):
     """Rank 0 dispatches alone: it times out on its NVLink peer or a remote one, naming it."""
     out = run_ranks(worker_timeout, WORLD, *SMALL.values(), backend="nccl", timeout_s=300, env=HYBRID_ENV)
     print("timeout outcome:", out[0])
+
+
+def worker_one_rank_nodes(rank, world, H, E, T_max, seed):
+    """Nodes of one rank (2 GPUs as 2 nodes): LL through the proxy kernels with no NVLink peer, chosen
+    by the topology (not forced), against the reference like any other layout."""
+    from uccl_ep import Buffer
+    from uccl_ep.cuda.proxy_path import ProxyLowLatencyEngine
+    nbytes = Buffer.get_low_latency_rdma_size_hint(T_max, H, world, E)
+    buf = Buffer(dist.group.WORLD, 0, nbytes, low_latency_mode=True, backend="cuda", explicitly_destroy=True)
+    eng = buf._executor._ll
+    assert isinstance(eng, ProxyLowLatencyEngine) and eng.hybrid.peers == (), (type(eng), eng.hybrid.peers)
+    dist.barrier()
+    buf.destroy()
+    return worker_options(rank, world, H, E, T_max, seed)
+
+
+def test_ll_one_rank_nodes_go_through_the_proxy():
+    """Runs on 2+ GPUs (UCCL_EP_RANKS_PER_NODE=1): the topology alone selects the proxy kernels."""
+    world = min(torch.cuda.device_count(), 4) if torch.cuda.is_available() else 0
+    env = dict(HYBRID_ENV, UCCL_EP_RANKS_PER_NODE="1")
+    out = run_ranks(worker_one_rank_nodes, world, *SMALL.values(), backend="nccl", timeout_s=600, env=env)
+    assert all(n > 0 for n in out)
 
 
 if __name__ == "__main__":
