@@ -167,3 +167,26 @@ def test_the_size_hint_leaves_room_for_the_signal_words():
         for R in (4, 8):
             lay = ProxyLayout.make(T, H, E, R)
             assert 2 * lay.set_bytes + 4 * 8 * R <= low_latency_rdma_size_hint(T, H, R, E), (T, H, E, R)
+
+
+def test_executor_maps_only_the_nodes_peers():
+    """The LL buffers the executor opens for a hybrid rank: its node's peers only (0 for the others),
+    and every peer for the NVLink kernels."""
+    from uccl_ep.cuda.executor import CudaExecutor
+
+    class Mem:
+        ptr = 0x10
+        opened: list = []
+
+        def open_peer(self, h):
+            Mem.opened.append(h)
+            return 0x1000 + h
+
+    me = SimpleNamespace(ctx=SimpleNamespace(rank=2))
+    paths = ll_peer_paths(2, 4, 2, True, False)
+    nvl = [r for r, p in enumerate(paths) if p == N]
+    assert CudaExecutor._open_peers(me, Mem(), [0, 1, 2, 3], nvl) == [0, 0, 0x10, 0x1003]
+    assert Mem.opened == [3]
+    Mem.opened = []
+    assert CudaExecutor._open_peers(me, Mem(), [0, 1, 2, 3]) == [0x1000, 0x1001, 0x10, 0x1003]
+    assert Mem.opened == [0, 1, 3]
