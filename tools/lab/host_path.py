@@ -85,7 +85,9 @@ def _cprofile(fn, n=100):
     prof.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(28)
+    st = pstats.Stats(prof, stream=text)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumulative").print_stats(40)
     return text.getvalue()
 
 
