@@ -145,14 +145,14 @@ def plot(rows: list[dict], path: str, title: str) -> int:
     if not panels:
         raise PlotUnavailable("no rows to plot")
     n = len(panels)
-    ncols = 2 if n > 1 else 1
+    ncols = min(n, 3)  # normal mode: one line of panels per SM count; low latency: eager, then graph
     nrows = (n + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(9 * ncols, 3.2 * nrows + 1), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 3.2 * nrows + 1), squeeze=False)
     norm = TwoSlopeNorm(vmin=0.25, vcenter=1.0, vmax=2.0)
     cmap = plt.get_cmap("RdYlGn").copy()
     cmap.set_bad("#dddddd")
     filled = 0
-    for ax, (key, cells) in zip(axes.flat, sorted(panels.items())):
+    for ax, (key, cells) in zip(axes.flat, panels.items()):
         tokens = sorted({t for t, _ in cells})
         cols = sorted({c for _, c in cells})
         grid = [[cells.get((t, c), float("nan")) for c in cols] for t in tokens]
@@ -162,7 +162,8 @@ def plot(rows: list[dict], path: str, title: str) -> int:
             for j, v in enumerate(row):
                 if not math.isnan(v):
                     filled += 1
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if v < 0.45 or v > 1.7 else "black")
         ax.set_yticks(range(len(tokens)), [str(t) for t in tokens])
         ax.set_xticks(range(len(cols)), [f"{h}\n{k}/{e}" for h, k, e in cols], fontsize=7)
         ax.set_ylabel("tokens per rank")
@@ -170,7 +171,7 @@ def plot(rows: list[dict], path: str, title: str) -> int:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return filled

@@ -33,12 +33,12 @@ def gather(t: torch.Tensor, group) -> list[torch.Tensor]:
 
 
 @dataclass
-class HtExpected:
+class HtExpected:  # on the inputs' device
     rows: torch.Tensor          # BF16 rows this rank receives, by (source rank, source token)
     fp8_q: torch.Tensor         # their FP8 bytes (uint8 view)
     fp8_s: torch.Tensor         # their scales
     recv_per_source: list[int]  # rows received from each rank (what combine sends back)
-    combined: torch.Tensor      # combine of the received rows unchanged: x * ranks each token went to
+    combined: torch.Tensor      # combine of the received rows unchanged: x * ranks each token went to (x's device)
 
 
 def ht_expected(x: torch.Tensor, x_fp8, topk_idx: torch.Tensor, group, rank: int, num_experts: int,
@@ -51,18 +51,17 @@ def ht_expected(x: torch.Tensor, x_fp8, topk_idx: torch.Tensor, group, rank: int
     dest = topk_idx.div(per_rank, rounding_mode="floor")
     count = torch.stack([((topk_idx >= 0) & (dest == r)).any(1) for r in range(world)], 1).sum(1, keepdim=True)
     recv_per_source = [int((src_rank == r).sum()) for r in range(world)]
-    return HtExpected(rows.cpu(), q.cpu().view(torch.uint8), s.cpu(), recv_per_source,
-                      (x.float() * count.float()).cpu())
+    return HtExpected(rows, q.view(torch.uint8), s, recv_per_source, x.float() * count.float())
 
 
 def check_ht(lib: str, rank: int, exp: HtExpected, recv_x: torch.Tensor, recv_fp8, combined: torch.Tensor) -> None:
     """Normal mode: BF16 and FP8 dispatch bitwise (the ops only move bytes), combine by DeepEP's
     calc_diff."""
-    if not torch.equal(recv_x.cpu(), exp.rows):
+    if not torch.equal(recv_x, exp.rows):
         raise AssertionError(f"rank {rank}: {lib} HT dispatch rows differ from the expected rows")
-    if not (torch.equal(recv_fp8[0].cpu().view(torch.uint8), exp.fp8_q) and torch.equal(recv_fp8[1].cpu(), exp.fp8_s)):
+    if not (torch.equal(recv_fp8[0].view(torch.uint8), exp.fp8_q) and torch.equal(recv_fp8[1], exp.fp8_s)):
         raise AssertionError(f"rank {rank}: {lib} HT FP8 dispatch bytes differ from the expected rows")
-    diff = utils.calc_diff(combined.float().cpu(), exp.combined)
+    diff = utils.calc_diff(combined.float(), exp.combined)
     if diff > 5e-6:
         raise AssertionError(f"rank {rank}: {lib} HT combine calc_diff {diff:.3g} > 5e-6")
 
@@ -72,14 +71,14 @@ class LlExpected:
     all_x: list[torch.Tensor]
     all_q: list[torch.Tensor]
     all_topk: list[torch.Tensor]
-    combined: torch.Tensor  # combine of the BF16-dispatched rows unchanged: x * sum of valid weights
+    combined: torch.Tensor  # combine of the BF16-dispatched rows unchanged: x * sum of valid weights (x's device)
 
 
 def ll_expected(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, group) -> LlExpected:
     all_x, all_topk = gather(x, group), gather(topk_idx, group)
     all_q = [per_token_cast_to_fp8(v)[0].view(torch.uint8) for v in all_x]
     w = torch.where(topk_idx >= 0, topk_weights, torch.zeros_like(topk_weights)).sum(1, keepdim=True)
-    return LlExpected(all_x, all_q, all_topk, (x.float() * w).cpu())
+    return LlExpected(all_x, all_q, all_topk, x.float() * w)
 
 
 def check_ll(lib: str, rank: int, exp: LlExpected, num_experts: int, world: int, bf16_x, bf16_count, bf16_handle,
@@ -93,6 +92,6 @@ def check_ll(lib: str, rank: int, exp: LlExpected, num_experts: int, world: int,
                           exp.all_topk, rank, num_experts, world)
     except AssertionError as e:
         raise AssertionError(f"{lib}: {e}") from e
-    diff = utils.calc_diff(combined.float().cpu(), exp.combined)
+    diff = utils.calc_diff(combined.float(), exp.combined)
     if diff > 1e-5:
         raise AssertionError(f"rank {rank}: {lib} LL combine calc_diff {diff:.3g} > 1e-5")
