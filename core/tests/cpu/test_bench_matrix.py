@@ -170,11 +170,20 @@ def test_matrix_end_to_end_with_deepep_baseline(tmp_path):
     assert "plot written" in again.stdout or "needs matplotlib" in again.stderr
 
 
-def test_matrix_flags_are_checked():
-    proc = _run_cli(["--matrix", "--matrix-routing", "8-256"])
-    assert proc.returncode == 2 and "--matrix-routing" in proc.stderr
-    proc = _run_cli(["--matrix", "--num-tokens", "64"])
-    assert proc.returncode == 2 and "--matrix-tokens" in proc.stderr
+def test_matrix_flags_are_checked(capsys, clean_deep_ep):
+    """Bad matrix flags and single-shape flags end the command (exit 2) with the flag named."""
+    from uccl_ep.cli.main import main
+    assert main(["bench", "--cpu", "--matrix", "--matrix-routing", "8-256"]) == 2
+    assert "--matrix-routing" in capsys.readouterr().err
+    assert main(["bench", "--cpu", "--matrix", "--num-tokens", "64"]) == 2
+    assert "--matrix-tokens" in capsys.readouterr().err
+    assert main(["bench", "--cpu", "--matrix", "--matrix-sms", "24,13"]) == 2
+    assert "--matrix-sms" in capsys.readouterr().err
+    assert main(["bench", "--cpu", "--matrix", "ll", "--matrix-ll-runs", "eager,replay"]) == 2
+    assert "--matrix-ll-runs" in capsys.readouterr().err
+    clean_deep_ep.syspath_prepend(SHIM)  # only uccl-ep's drop-in is importable: DeepEP is required but absent
+    assert main(["bench", "--cpu", "--matrix", "--deepep", "require"]) == 2
+    assert "--deepep require" in capsys.readouterr().err
 
 
 @pytest.fixture
