@@ -396,16 +396,16 @@ def run_matrix_rank(rank: int, world: int, spec_dict: dict, progress_queue: Any 
     if spec.deepep == "require" and not found.found:
         raise RuntimeError(f"--deepep require: {found.reason}")
     libs = [uccl_lib(spec.backend)] + ([deepep_lib(found)] if found.found else [])
-    try:
-        if "ht" in spec.modes:
-            run.ht(libs)
-        if "ll" in spec.modes:
-            run.ll(libs)
-    finally:
-        _sync(device)
-        dist.barrier(group=group)
-        for lib in libs:
-            lib.destroy()
+    if "ht" in spec.modes:
+        run.ht(libs)
+    if "ll" in spec.modes:
+        run.ll(libs)
+    # NOTES: only after a clean run: DeepEP's destroy() synchronizes with its peers, which would
+    # hang behind a rank that failed; a failed rank's process ends instead.
+    _sync(device)
+    dist.barrier(group=group)
+    for lib in libs:
+        lib.destroy()
     progress("done")
     return dict(rows=run.rows, deepep=found.reason, deepep_found=found.found, deepep_version=found.version)
 
