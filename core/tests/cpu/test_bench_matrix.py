@@ -181,6 +181,8 @@ def test_matrix_flags_are_checked(capsys, clean_deep_ep):
     assert "--matrix-sms" in capsys.readouterr().err
     assert main(["bench", "--cpu", "--matrix", "ll", "--matrix-ll-runs", "eager,replay"]) == 2
     assert "--matrix-ll-runs" in capsys.readouterr().err
+    assert main(["bench", "--cpu", "--plot", "x.png"]) == 2
+    assert "--matrix" in capsys.readouterr().err
     clean_deep_ep.syspath_prepend(SHIM)  # only uccl-ep's drop-in is importable: DeepEP is required but absent
     assert main(["bench", "--cpu", "--matrix", "--deepep", "require"]) == 2
     assert "--deepep require" in capsys.readouterr().err

@@ -266,6 +266,10 @@ def run(args) -> int:
     from . import bench_matrix
     if bench_matrix.wants_matrix(args):
         return bench_matrix.run(args)
+    if getattr(args, "plot", None):
+        print("uccl-ep bench: --plot draws the --matrix results (add --matrix, or --from-json RUN.json)",
+              file=sys.stderr)
+        return 2
     from ..errors import InvalidArgument
     try:
         nic_model_from_args(args)
