@@ -2,7 +2,6 @@
 stand-in on the reference backend), DeepEP detection that refuses uccl-ep's drop-in `deep_ep`,
 budgets that list what they skip, and the report's baseline and ratio columns."""
 
-import datetime
 import json
 import os
 import subprocess
@@ -10,9 +9,7 @@ import sys
 import textwrap
 
 import pytest
-import torch.distributed as dist
 
-from multirank import free_port
 
 pytestmark = pytest.mark.cpu
 
@@ -188,14 +185,6 @@ def test_matrix_flags_are_checked(capsys, clean_deep_ep):
     assert "--deepep require" in capsys.readouterr().err
 
 
-@pytest.fixture
-def world_of_one():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    yield
-    dist.destroy_process_group()
-
-
 def _spec(**kw):
     from uccl_ep.bench.matrix import MatrixSpec, spec_to_dict
     base = dict(backend="reference", ht_tokens=[8, 16], ll_tokens=[8], hiddens=[256], routings=[[2, 8]], sms=[24],
@@ -204,7 +193,7 @@ def _spec(**kw):
     return spec_to_dict(MatrixSpec(**base))
 
 
-def test_overall_budget_lists_skipped_points(world_of_one):
+def test_overall_budget_lists_skipped_points(world1):
     from uccl_ep.bench.matrix import run_matrix_rank
     out = run_matrix_rank(0, 1, _spec(budget_s=1e-6))
     rows = out["rows"]
@@ -212,7 +201,7 @@ def test_overall_budget_lists_skipped_points(world_of_one):
     assert all(r["verified"] == "skipped" and "overall budget" in r["note"] and "time_s" not in r for r in rows)
 
 
-def test_row_budget_skips_ops_that_cannot_fit(world_of_one):
+def test_row_budget_skips_ops_that_cannot_fit(world1):
     from uccl_ep.bench.matrix import run_matrix_rank
     rows = run_matrix_rank(0, 1, _spec(modes=["ht"], ht_tokens=[8], row_budget_s=1e-6))["rows"]
     assert len(rows) == 3
@@ -228,7 +217,7 @@ def test_plot_without_matplotlib_says_so(monkeypatch):
         matrix_report.plot([row], "/nonexistent/x.png", "t")
 
 
-def test_a_broken_baseline_is_seen(world_of_one, clean_deep_ep, tmp_path):
+def test_a_broken_baseline_is_seen(world1, clean_deep_ep, tmp_path):
     """DeepEP's results are checked too: wrong rows mark its column FAILED, uccl-ep's rows stay ok,
     and its buffers are destroyed at the end."""
     from uccl_ep.bench.matrix import run_matrix_rank
