@@ -178,6 +178,11 @@ def test_matrix_flags_are_checked(capsys, clean_deep_ep):
     assert "--matrix-sms" in capsys.readouterr().err
     assert main(["bench", "--cpu", "--matrix", "ll", "--matrix-ll-runs", "eager,replay"]) == 2
     assert "--matrix-ll-runs" in capsys.readouterr().err
+    with clean_deep_ep.context() as env:
+        for k, v in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+            env.setenv(k, v)
+        assert main(["bench", "--cpu", "--matrix"]) == 2
+    assert "without torchrun" in capsys.readouterr().err
     assert main(["bench", "--cpu", "--plot", "x.png"]) == 2
     assert "--matrix" in capsys.readouterr().err
     clean_deep_ep.syspath_prepend(SHIM)  # only uccl-ep's drop-in is importable: DeepEP is required but absent

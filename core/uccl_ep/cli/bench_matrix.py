@@ -133,6 +133,11 @@ def run(args) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             return _report(json.load(f), None, args.plot)
+    if args.dist == "env" or (args.dist == "auto" and all(
+            k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))):
+        print("uccl-ep bench: --matrix spawns its own local ranks; run it without torchrun/srun (or pass "
+              "--dist spawn)", file=sys.stderr)
+        return 2
     import torch
 
     from ..bench.matrix import run_matrix_rank
