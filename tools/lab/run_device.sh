@@ -227,7 +227,7 @@ for step in $STEPS; do
       echo "tune step: $(( SECONDS - t0 )) s" ;;
     matrix)
       m=${MATRIX:-ht}; so=.anchors/deepep-v1/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so
-      [[ -f $so.xz && ! -f $so ]] && xz -dk "$so.xz"
+      [[ -f $so.xz && ! -f $so ]] && chmod -R u+w .anchors/deepep-v1 && xz -dk "$so.xz"  # the copy keeps read-only modes
       PYTHONPATH=$PWD/.anchors/deepep-v1${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 $(( ${MATRIX_BUDGET_S:-420} + 150 )) \
         $PY -m uccl_ep.cli.main bench --backend cuda --matrix "$m" --deepep "${MATRIX_DEEPEP:-require}" \
         --matrix-budget "${MATRIX_BUDGET_S:-420}" --matrix-row-budget 30 ${MATRIX_ARGS:-} \
