@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht sanitize proxy proxydiag internode htproxy regress scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -32,6 +32,11 @@
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
 #          $OUT/ht_prof.log). TUNE_BUDGET_S
 #          (default 520 s). Kernels are compiled in parallel first (precompile.py --ht).
+#   matrix: `uccl-ep bench --matrix $MATRIX` (ht, ll or all; default ht) beside DeepEP V1 from
+#          .anchors/deepep-v1 (copied from ../shared/anchors and carried; its extension is unpacked
+#          here), under MATRIX_BUDGET_S (default 420 s) with a 30 s budget per point; MATRIX_ARGS adds
+#          flags (e.g. "--matrix-tokens 128,512"); MATRIX_DEEPEP=auto runs without DeepEP ->
+#          $OUT/matrix_<MATRIX>.{json,png,log} (and .json.partial.jsonl while it runs).
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
@@ -220,6 +225,14 @@ for step in $STEPS; do
         for k in ht_dispatch ht_combine; do grep "HTPROF $k rank 0" "$OUT/ht_prof.log" | tail -4; done
       fi
       echo "tune step: $(( SECONDS - t0 )) s" ;;
+    matrix)
+      m=${MATRIX:-ht}; so=.anchors/deepep-v1/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so
+      [[ -f $so.xz && ! -f $so ]] && chmod -R u+w .anchors/deepep-v1 && xz -dk "$so.xz"  # the copy keeps read-only modes
+      PYTHONPATH=$PWD/.anchors/deepep-v1${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 $(( ${MATRIX_BUDGET_S:-420} + 150 )) \
+        $PY -m uccl_ep.cli.main bench --backend cuda --matrix "$m" --deepep "${MATRIX_DEEPEP:-require}" \
+        --matrix-budget "${MATRIX_BUDGET_S:-420}" --matrix-row-budget 30 ${MATRIX_ARGS:-} \
+        --json "$OUT/matrix_$m.json" --plot "$OUT/matrix_$m.png" > "$OUT/matrix_$m.log" 2>&1
+      echo "rc=$?"; grep -E "DeepEP: |rows measured|FAILED|Error|error" "$OUT/matrix_$m.log" | cut -c1-300 | tail -20 ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
         $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;

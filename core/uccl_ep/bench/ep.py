@@ -25,11 +25,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .. import Buffer, utils
+from .. import Buffer
 from ..config import Config
-from ..refs.fp8 import per_token_cast_back, per_token_cast_to_fp8
-from .expect import check_ll_dispatch, expected_normal_recv
+from ..refs.fp8 import per_token_cast_to_fp8
 from .timing import time_op
+from .verify import check_ht, check_ll, ht_expected, ll_expected
 
 __all__ = ["BenchSpec", "run_rank", "nic_fields"]
 
@@ -54,17 +54,6 @@ class BenchSpec:
     rdma_chunk: int = 0           # > 0: Config.num_max_rdma_chunked_send_tokens of both ops (default: the table's)
     rdma_recv: int = 0            # > 0: Config.num_max_rdma_chunked_recv_tokens of both ops
     nic_model: str = ""           # the NIC model the proxies run under (UCCL_EP_NIC_MODEL), for the cap column
-
-
-def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
-    """All-gather tensors of equal shape (any dtype) through bytes."""
-    world = dist.get_world_size(group)
-    device = t.device if (t.device.type == "cuda" and "nccl" in str(dist.get_backend(group)).lower()) \
-        else torch.device("cpu")
-    b = t.contiguous().view(torch.uint8).reshape(-1).to(device)
-    out = [torch.empty_like(b) for _ in range(world)]
-    dist.all_gather(out, b, group=group)
-    return [o.view(t.dtype).view(t.shape).to(t.device) for o in out]
 
 
 def _routing(num_tokens: int, num_experts: int, num_topk: int, device, gen: torch.Generator):
@@ -135,20 +124,7 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     verified = "skipped"
     if spec.check:
         progress("ht: verifying")
-        all_x, all_topk = _gather(x, group), _gather(topk_idx, group)
-        exp_x, _, _ = expected_normal_recv(all_x, all_topk, rank, E, world)
-        if not torch.equal(recv_x.cpu(), exp_x.cpu()):
-            raise AssertionError(f"rank {rank}: HT dispatch rows differ from the expected rows")
-        all_q, all_s = _gather(x_fp8[0], group), _gather(x_fp8[1], group)
-        exp_q, _, _ = expected_normal_recv(all_q, all_topk, rank, E, world)
-        exp_s, _, _ = expected_normal_recv(all_s, all_topk, rank, E, world)
-        if not (torch.equal(recv_fp8[0].cpu().view(torch.uint8), exp_q.cpu().view(torch.uint8))
-                and torch.equal(recv_fp8[1].cpu(), exp_s.cpu())):
-            raise AssertionError(f"rank {rank}: HT FP8 dispatch bytes differ from the expected rows")
-        count = in_rank.sum(1, keepdim=True).float()
-        diff = utils.calc_diff(combined.float(), x.float() * count)
-        if diff > 5e-6:
-            raise AssertionError(f"rank {rank}: HT combine calc_diff {diff:.3g} > 5e-6")
+        check_ht("uccl-ep", rank, ht_expected(x, x_fp8, topk_idx, group, rank, E, world), recv_x, recv_fp8, combined)
         verified = "ok"
     n_recv = recv_x.shape[0]
     bf16_bytes = n_recv * H * 2
@@ -344,17 +320,8 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     if spec.check:
         progress("ll: verifying")
         _raise_pending_error(buf, device)
-        all_x, all_topk = _gather(x, group), _gather(topk_idx, group)
-        check_ll_dispatch(lambda e, b, n: bf16_x[e, b:b + n], recv_count_bf16, handle_bf16, all_x, all_topk, rank, E,
-                          world)
-        all_q = [per_token_cast_to_fp8(v)[0].view(torch.uint8) for v in all_x]
-        check_ll_dispatch(lambda e, b, n: q[e, b:b + n].view(torch.uint8), recv_count, handle, all_q, all_topk, rank,
-                          E, world)
-        expect = x.float() * torch.where(topk_idx >= 0, topk_weights, torch.zeros_like(topk_weights)).sum(1,
-                                                                                                    keepdim=True)
-        diff = utils.calc_diff(combined.float(), expect)
-        if diff > 1e-5:
-            raise AssertionError(f"rank {rank}: LL combine calc_diff {diff:.3g} > 1e-5")
+        check_ll("uccl-ep", rank, ll_expected(x, topk_idx, topk_weights, group), E, world, bf16_x, recv_count_bf16,
+                 handle_bf16, q, recv_count, handle, combined)
         verified = "ok"
     per_dest = [0] * world
     per_rank = E // world

@@ -2,6 +2,8 @@
 low-latency (LL) dispatch + combine, verify every result, and print a table against an
 all-to-all baseline measured in the same run.
 
+`--matrix` runs a grid of shapes beside NCCL and DeepEP (uccl_ep.cli.bench_matrix).
+
 Other benchmarks register as `uccl-ep bench <what>` (e.g. `fifo`, `transport`) through
 `BENCH_TARGETS`.
 """
@@ -65,6 +67,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dist", default="auto", choices=["auto", "spawn", "env"],
                    help="spawn local ranks, or join a job launched by torchrun/srun (env: RANK, WORLD_SIZE, "
                         "MASTER_ADDR, MASTER_PORT; LOCAL_RANK picks the GPU). auto = env when those are set")
+    from . import bench_matrix
+    bench_matrix.add_arguments(p)
     p.set_defaults(func=run)
     for name, (module_name, _) in BENCH_TARGETS.items():
         if name == "ep":
@@ -260,6 +264,13 @@ def run(args) -> int:
     if args.what != "ep":
         module = __import__(BENCH_TARGETS[args.what][0], fromlist=["run"])
         return int(module.run(args) or 0)
+    from . import bench_matrix
+    if bench_matrix.wants_matrix(args):
+        return bench_matrix.run(args)
+    if getattr(args, "plot", None):
+        print("uccl-ep bench: --plot draws the --matrix results (add --matrix, or --from-json RUN.json)",
+              file=sys.stderr)
+        return 2
     from ..errors import InvalidArgument
     try:
         nic_model_from_args(args)
