@@ -172,6 +172,8 @@ def _ops_with_fake_device(monkeypatch, log, peer_handle=b"peer", R=2, **env_valu
     for name, value in env_values.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
+    monkeypatch.setattr(ht_ce.CopyEngineOps, "_kernels", lambda self: {})  # no device to load them on
+    monkeypatch.setattr(ht_ce.CopyEngineOps, "_warm_copy_path", lambda self: log.append("warm copies"))
     monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
         slice(None), [obj, peer_handle]))
@@ -188,6 +190,8 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     assert ce.enabled
     assert ce.prepare([[100, 900], [1000, 50]], 2048, 8, 24)
     assert ce.cap == 1024 and log.count("barrier") == 2 and ce.peer_stage[1] == 0x7000000
+    # the peers' copy path is warmed while nothing is queued, before the closing barrier
+    assert log.index("warm copies") < len(log) - 1 and log[-1] == "barrier"
     log.clear()
     assert ce.prepare([[100, 1024], [3, 50]], 2048, 8, 24) and log == []  # fits: no collective
     old = ce.mem

@@ -242,3 +242,35 @@ def test_ranks_with_different_block_sizes_are_refused():
 
 if __name__ == "__main__":
     print(run_ranks(worker, min(torch.cuda.device_count(), 8), 2048, 512, 64, 1, backend="nccl", timeout_s=900))
+
+
+def _first_combine_worker(rank, world):
+    """The first copy-engine combine of a process whose group is gloo (no NCCL set up the peer paths
+    before): its copies must not wait for the device while the peer's sum kernel waits for them."""
+    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1"
+    os.environ["UCCL_EP_GPU_TIMEOUT_S"] = "5"
+    from uccl_ep import Buffer
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    T, H, E, K = 64, 2048, 16, 4
+    config = Buffer.get_dispatch_config(world)
+    ours = Buffer(dist.group.WORLD, config.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda")
+    gen = torch.Generator().manual_seed(rank + 5)
+    x = torch.randn(T, H, generator=gen).bfloat16().to(dev)
+    idx = torch.rand(T, E, generator=gen).topk(K, dim=1).indices.to(dev)
+    w = torch.rand(T, K, generator=gen).to(dev)
+    a, _, c, d, _ = ours.get_dispatch_layout(idx, E)
+    rx, _, rw, _, h, _ = ours.dispatch(x, topk_idx=idx, topk_weights=w, num_tokens_per_rank=a, is_token_in_rank=d,
+                                       num_tokens_per_expert=c, config=config)
+    comb, _, _ = ours.combine(rx, h, topk_weights=rw, config=config)
+    torch.cuda.synchronize()
+    ours._executor.check_error()
+    assert h.plan.ce, "the copy-engine combine was not taken"
+    want = (x.float() * d.sum(1, keepdim=True).float()).bfloat16()
+    assert torch.allclose(comb.float(), want.float(), rtol=1e-2, atol=1e-2)
+    return 1
+
+
+def test_first_copy_engine_combine_of_a_gloo_process():
+    out = run_ranks(_first_combine_worker, min(torch.cuda.device_count(), 8), backend="gloo", timeout_s=300)
+    assert all(n == 1 for n in out)

@@ -45,6 +45,7 @@ FREED_OFF = 8 * 8 * MAX_CHUNKS
 EPOCH_OFF = FREED_OFF + 8 * 8
 EPOCH_SRC_OFF = EPOCH_OFF + 64
 DONE_OFF = EPOCH_SRC_OFF + 64
+WARM_OFF = DONE_OFF + 64     # 8 scratch bytes a peer's warm-up copy writes (no kernel reads them)
 DATA_OFF = 64 * 1024
 D_FLAGS_OFF = 16 * 1024      # dispatch (kCED*)
 D_FREED_OFF = 24 * 1024
@@ -258,9 +259,25 @@ class CopyEngineOps:
         drv.synchronize(self.dev)
         self.peer_stage = [self.mem.ptr if r == self.rank else self.mem.open_peer(h) for r, h in enumerate(handles)]
         drv.memcpy_htod(self.dev, self.peer_table.ptr, struct.pack(f"<{self.R}Q", *self.peer_stage))
+        self._warm_copy_path()
         self.cap, self.hidden, self.topk = cap, hidden, topk
         self.ex.host_barrier()
         return True
+
+    def _warm_copy_path(self) -> None:
+        """One 8-byte copy into every peer's scratch word on that peer's copy stream, waited for here.
+
+        NOTES: a combine launches its sum kernel before the host issues the copies its peer waits
+        for. The first copy to a newly mapped peer, on a new stream, may block the host until the
+        device is idle (the driver setting up the peer path); the device then waits on a kernel that
+        waits on this rank's copies, so both ranks' kernels time out. Done once here, while nothing
+        is queued, later copies only enqueue."""
+        for j in range(self.R):
+            if j != self.rank:
+                self._side(j, [], lambda st, j=j: self.ex.drv.memcpy_dtod_async_batch(
+                    self.dev, st, struct.pack("<3Q", self.peer_stage[j] + WARM_OFF, self.mem.ptr + WARM_OFF, 8)),
+                    torch.device("cuda", self.dev))
+        self.ex.drv.synchronize(self.dev)
 
     # -- combine ------------------------------------------------------------------------------------
     def usable(self, plan, x, topk_weights) -> bool:
