@@ -21,7 +21,7 @@ import torch
 from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore, heartbeat_interval_s
-from . import ht_ce, ht_tuning, liveness, proxy_path
+from . import ht_ce, ht_tuning, liveness, proxy_path, proxy_session
 from .runtime import DeviceMemory, MappedHostMemory, driver
 from .shrink import DeviceMask, masked_barrier
 
@@ -125,6 +125,13 @@ class CudaExecutor(Executor):
                 if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
                     raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
                                       "executor needs NVLink/PCIe peer access")
+        # One proxy session serves both modes when both go through the proxy: one region for it, the
+        # NVL buffer first (proxy_session.shared_region; no peer maps these buffers in that case).
+        self.region = None
+        if self.ht_proxy and self.ll_proxy and self.nvl_mem is not None and self.ll_mem is not None:
+            self.region, self.nvl_mem, self.ll_mem = proxy_session.shared_region(self.device, self.nvl_mem,
+                                                                                 self.ll_mem)
+        self.session = None
         # Normal mode through the proxy: its transport reaches the peers' NVL buffers itself.
         self.nvl_peer_base = [] if self.ht_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
         # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process).
@@ -136,20 +143,29 @@ class CudaExecutor(Executor):
         self._watch = None if ctx.enable_shrink else liveness.PeerWatch(
             ctx.rank, [i[7] for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
         try:
-            if self.nvl_mem is not None and not self.ht_proxy:
+            # NOTES: the proxy session's bootstrap is collective: opened here, while every rank
+            # constructs its Buffer (as DeepEP sets everything up in the constructor), once for every
+            # engine that goes through the proxy, not at a mode's first call, which a rank that fails
+            # (shrink mode) never makes.
+            from .ht_internode import scope_reason
+            need_ht = self.nvl_mem is not None and self.ht_proxy and scope_reason(ctx, self.multi_host) is None
+            self.session = proxy_session.open_for(self, need_ht, self.ll_mem is not None and self.ll_proxy)
+            if self.nvl_mem is not None and (not self.ht_proxy or need_ht):
                 # NOTES: the normal-mode kernels are loaded (compiled on a cold JIT cache) before the
                 # barrier below, so the ranks leave the constructor together: loaded lazily at the first
                 # call, one rank compiling while its peer already waits made the peer's GPU wait time out.
                 self._ht_engine()
-            self.host_barrier("Buffer() (buffers mapped)")
             if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
-                # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while
-                # every rank constructs its Buffer (as DeepEP sets everything up in the constructor), not
-                # at the first low-latency call, which a rank that fails (shrink mode) never makes.
                 self._ll_engine()
+            self.host_barrier("Buffer() (buffers mapped)")
         except BaseException:
             if self._watch is not None:
                 self._watch.close()
+            for close in [getattr(e, "close", None) for e in (self._ll, self._ht)] + [getattr(self.session, "close", None)]:
+                try:
+                    close and close()
+                except Exception:  # noqa: BLE001 - the constructor's own error is the one raised
+                    pass
             raise
 
     def _open_peers(self, mem: DeviceMemory | None, handles: list) -> list[int]:
@@ -234,7 +250,7 @@ class CudaExecutor(Executor):
                 raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
                                     hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
             from .ll import LowLatencyEngine
-            self._ll = (proxy_path.ProxyLowLatencyEngine if self.ll_proxy else LowLatencyEngine)(self)
+            self._ll = proxy_path.ProxyLowLatencyEngine(self, self.session) if self.ll_proxy else LowLatencyEngine(self)
         return self._ll
 
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
@@ -269,7 +285,7 @@ class CudaExecutor(Executor):
     def _ht_engine(self):
         if self._ht is None and self.ht_proxy:
             from .ht_internode import ProxyNormalEngine
-            self._ht = ProxyNormalEngine(self)
+            self._ht = ProxyNormalEngine(self, self.session)
         if self._ht is None:
             from .ht import NormalEngine
             self._ht = NormalEngine(self)
@@ -319,7 +335,9 @@ class CudaExecutor(Executor):
             steps.append(self._ll.close)  # the proxy stops before the LL buffer it copies into is freed
         if self._ht is not None and hasattr(self._ht, "close"):
             steps.append(self._ht.close)  # likewise for normal mode through the proxy (the NVL buffer)
-        steps += [m.free for m in (self.nvl_mem, self.ll_mem) if m is not None]
+        if getattr(self, "session", None) is not None:
+            steps.append(self.session.close)  # the proxy stops before the region it copies into is freed
+        steps += [m.free for m in (self.nvl_mem, self.ll_mem, getattr(self, "region", None)) if m is not None]
         steps += [self.mask.free, self.channel.close]
         if self._ll is not None:
             steps.append(lambda: self._ll.work is not None and self._ll.work.free())
