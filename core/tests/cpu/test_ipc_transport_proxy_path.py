@@ -531,7 +531,7 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel([], name, defines))
-    monkeypatch.setattr(proxy_path, "_LOADING_WARNED", False)
+    monkeypatch.setattr(proxy_session, "_LOADING_WARNED", False)
     monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)

@@ -49,7 +49,7 @@ from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
 from . import gpu_transport
 from .ll import LowLatencyEngine
-from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS
+from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
 __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "PackedRegion",
@@ -73,30 +73,6 @@ def counter_base(s: int, phase: int) -> int:
     """Receiver counter for buffer set ``s``, phase 0 (dispatch) / 1 (combine): in the session's
     low-latency range (proxy_session.py)."""
     return LL_COUNTER_BASE + (2 * s + phase) * NUM_MAX_LOCAL_EXPERTS
-
-
-_LOADING_WARNED = False
-
-
-def warn_lazy_module_loading(rank: int) -> None:
-    """Warn once per process when CUDA loads kernels lazily while a same-host proxy path is in use.
-
-    NOTES: with the ipc transport the proxy thread itself calls CUDA (peer copies, events). Lazy
-    module loading makes the host's first launch of any not-yet-loaded kernel (a torch op between
-    our send and receive kernels, say) wait for the device, while holding the context: the proxy's
-    next CUDA call then waits behind it, and the device waits for the proxy -- every op stalls
-    until the bounded device wait gives up (docs/troubleshooting.md).
-    """
-    import os
-    import warnings
-    global _LOADING_WARNED
-    if _LOADING_WARNED or os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() == "EAGER":
-        return
-    _LOADING_WARNED = True
-    warnings.warn(f"uccl_ep rank {rank}: the proxy path between GPUs of one host (ipc transport) needs "
-                  "CUDA_MODULE_LOADING=EAGER in the environment before CUDA starts; with lazy loading the first "
-                  "launch of a new kernel while an op is in flight stalls it until the device timeout "
-                  "(docs/troubleshooting.md)", RuntimeWarning, stacklevel=3)
 
 
 def proxy_forced(ctx) -> bool:

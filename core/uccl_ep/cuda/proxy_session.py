@@ -34,12 +34,36 @@ from ..proxy.session import ProxySession
 from .runtime import DeviceMemory, raw_tensor
 
 __all__ = ["GpuProxySession", "RegionView", "shared_region", "LL_COUNTER_BASE", "NUM_COUNTERS", "FIFOS_PER_THREAD",
-           "open_for"]
+           "open_for", "warn_lazy_module_loading"]
 
 LL_COUNTER_BASE = 2048
 NUM_COUNTERS = LL_COUNTER_BASE + 4 * NUM_MAX_LOCAL_EXPERTS
 FIFOS_PER_THREAD = 2
 _PAGE = 4096
+
+
+_LOADING_WARNED = False
+
+
+def warn_lazy_module_loading(rank: int) -> None:
+    """Warn once per process when CUDA loads kernels lazily while a same-host proxy path is in use.
+
+    NOTES: with the ipc transport the proxy thread itself calls CUDA (peer copies, events). Lazy
+    module loading makes the host's first launch of any not-yet-loaded kernel (a torch op between
+    our send and receive kernels, say) wait for the device, while holding the context: the proxy's
+    next CUDA call then waits behind it, and the device waits for the proxy -- every op stalls
+    until the bounded device wait gives up (docs/troubleshooting.md).
+    """
+    import os
+    import warnings
+    global _LOADING_WARNED
+    if _LOADING_WARNED or os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() == "EAGER":
+        return
+    _LOADING_WARNED = True
+    warnings.warn(f"uccl_ep rank {rank}: the proxy path between GPUs of one host (ipc transport) needs "
+                  "CUDA_MODULE_LOADING=EAGER in the environment before CUDA starts; with lazy loading the first "
+                  "launch of a new kernel while an op is in flight stalls it until the device timeout "
+                  "(docs/troubleshooting.md)", RuntimeWarning, stacklevel=3)
 
 
 class RegionView:
@@ -91,7 +115,6 @@ class GpuProxySession(ProxySession):
 
     def __init__(self, ex, region, transport: str) -> None:
         from ..proxy import native
-        from .proxy_path import warn_lazy_module_loading
         ctx = ex.ctx
         self.dev, self.drv = ex.device, ex.drv
         self.region_ptr, self.region_bytes = region.ptr, region.nbytes
