@@ -40,19 +40,23 @@ pytestmark = pytest.mark.cpu
 C = native()
 
 
-class Drv(FakeDrv):
-    """FakeDrv whose stream copies happen at once (host memory) and are noted."""
+class Handover:
+    """copy_ring_handover (ll_proxy_dma.cu) run on host memory, as its comment says it works."""
 
-    def __init__(self):
-        super().__init__(offset=0)
-        self.batches = []
+    def __init__(self, log):
+        self.log, self.name = log, "copy_ring_handover"
 
-    def memcpy_dtod_async_batch(self, dev, stream, blob):
-        words = struct.unpack(f"<{len(blob) // 8}Q", blob)
-        triples = [words[i:i + 3] for i in range(0, len(words), 3)]
-        for dst, src, n in triples:
-            ctypes.memmove(dst, src, n)
-        self.batches.append(triples)
+    def launch(self, grid, block, params, stream, smem=0, cooperative=False, programmatic=False):
+        from ht_proxy_emulator import unpack
+        p = unpack("CopyRingHandoverParams", params)
+        self.log.append((self.name, grid, block, params))
+        for g in range(p["num_rings"]):
+            own = p["own"] + 8 * g * p["own_stride"]
+            at = _u64(p["other"] + 8 * g * p["other_stride"])
+            if at > _u64(own):
+                for k in (p["word0"], p["word1"], p["word2"]):
+                    if k >= 0:
+                        _set_u64(own + 8 * k, at)
 
 
 class Kernel(RecordingKernel):
@@ -85,6 +89,7 @@ def both(monkeypatch):
     monkeypatch.setattr(ht_internode, "MappedHostMemory", HostMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): Kernel(log, name))
     monkeypatch.setattr(ht_internode, "load_kernel", lambda dev, src, name: Kernel(log, name))
+    monkeypatch.setattr(proxy_session, "load_kernel", lambda dev, src, name: Handover(log))
     for mod in (proxy_path, ht_internode, ht):
         monkeypatch.setattr(mod, "current_stream", lambda: 0)
     monkeypatch.setattr(proxy_path, "device_arch", lambda dev: "sm_90a")
@@ -95,7 +100,7 @@ def both(monkeypatch):
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
                           topology=Topology(R, 1), enable_shrink=False)
     err = HostMem(0, 64)
-    ex = SimpleNamespace(ctx=ctx, device=0, drv=Drv(), region=region, nvl_mem=nvl, ll_mem=ll, error_dev_ptr=err.ptr,
+    ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), region=region, nvl_mem=nvl, ll_mem=ll, error_dev_ptr=err.ptr,
                          _err=err, timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None,
                          multi_host=False, mask=SimpleNamespace(ptr=0xD000), owner=object())
     session = proxy_session.open_for(ex, True, True)
@@ -114,7 +119,8 @@ def _ll_dispatch(b):
     x = torch.randn(b.T, b.H, generator=g).bfloat16()
     topk = torch.rand(b.T, b.E, generator=g).topk(4, dim=1).indices
     out = b.ll.dispatch(None, x, topk, b.T, b.E, False, False, False, set(), None, None)
-    return proxy_path_params("LLProxyDispatchParams", b.log[-2][3])
+    send = [e for e in b.log if e[0] == "ll_dispatch_proxy_send"][-1]
+    return proxy_path_params("LLProxyDispatchParams", send[3])
 
 
 def proxy_path_params(name, params):
@@ -166,30 +172,34 @@ def test_low_latency_clean_keeps_normal_mode_counters(both):
 
 
 def test_copy_rings_change_hands_on_the_stream(both):
-    drv, n = both.ex.drv, both.session.num_proxy_threads
+    n, log = both.session.num_proxy_threads, both.log
     ll_state = [both.ll.dma_mem.ptr + 16 * n + 128 * g for g in range(n)]
     ht_state = [both.ht.dma_ctx + both.ht.dma_offsets["state"] + 128 * g for g in range(n)]
-    _ll_dispatch(both)  # the first consumer: nothing to hand over
-    assert drv.batches == []
+    names = lambda: [e[0] for e in log]  # noqa: E731
+    _ll_dispatch(both)  # the hand-over precedes the copy kernel on the stream; nothing to take yet
+    assert names()[-3:] == ["ll_dispatch_proxy_send", "copy_ring_handover", "ll_proxy_dma"]
+    assert all(_u64(a) == 0 for a in ll_state)
     for g in range(n):  # where the LL copy kernel left each ring
         for off in (0, 16, 56):  # DmaConsumer base_idx, done, fetched
             _set_u64(ll_state[g] + off, 5 + g)
         _set_u64(ll_state[g] + 8, 1000 + g)  # its byte count stays its own
-    both.ht.role(4, 512)  # a normal-mode launch with the copy role: takes the rings over
+    del log[:]
+    grid, role = both.ht.role(4, 512)  # a normal-mode launch with the copy role takes the rings over
+    assert names() == ["copy_ring_handover"] and role["dma_blocks"] > 0
     assert [_u64(a) for a in ht_state] == [5 + g for g in range(n)]
     assert [_u64(a + 8) for a in ht_state] == [0] * n  # HtDmaRing.base_bytes: normal mode's own
-    assert len(drv.batches) == 1
-    both.ht.role(4, 512)  # still its own: nothing copied
-    assert len(drv.batches) == 1
     for g in range(n):
-        _set_u64(ht_state[g], 9 + g)
-    _ll_dispatch(both)  # the LL copy kernel's launch takes them back
-    assert len(drv.batches) == 2
+        _set_u64(ht_state[g], 9 + g)  # normal mode consumed more
+    both.ht.role(4, 512)  # the rings are normal mode's already: nothing changes
+    assert [_u64(a) for a in ht_state] == [9 + g for g in range(n)]
+    assert [_u64(a) for a in ll_state] == [5 + g for g in range(n)]
+    _ll_dispatch(both)  # the LL copy kernel's launch takes them back: position, done, fetched
     for g in range(n):
         assert [_u64(ll_state[g] + off) for off in (0, 16, 56)] == [9 + g] * 3
         assert _u64(ll_state[g] + 8) == 1000 + g
-    # the copies come before the copy kernel's launch on the stream
-    assert both.log[-1][0] == "ll_proxy_dma"
+        _set_u64(ll_state[g], 12 + g)
+    _ll_dispatch(both)  # LL ahead: the normal-mode position (behind) changes nothing
+    assert [_u64(a) for a in ll_state] == [12 + g for g in range(n)]
 
 
 def test_close_stops_once_and_releases_everything_once(both):

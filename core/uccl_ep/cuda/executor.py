@@ -155,7 +155,11 @@ class CudaExecutor(Executor):
                 # barrier below, so the ranks leave the constructor together: loaded lazily at the first
                 # call, one rank compiling while its peer already waits made the peer's GPU wait time out.
                 self._ht_engine()
-            if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
+            # NOTES: both engines exist before any op when their copy work shares the session's copy
+            # rings: a CUDA graph captured of one mode hands the rings over from the other
+            # (proxy_session.claim_copy_rings) only if that one is known at capture.
+            shared_rings = self.session is not None and self.session.copy_kernel and need_ht
+            if self.ll_mem is not None and self.ll_proxy and (ctx.low_latency_mode or shared_rings):
                 self._ll_engine()
             self.host_barrier("Buffer() (buffers mapped)")
         except BaseException:

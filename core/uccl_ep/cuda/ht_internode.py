@@ -184,8 +184,7 @@ class ProxyNormalEngine:
         self.dma_ctx = base
         self.dma_offsets = off
         # HtDmaRing.base_idx: where the next launch starts (its byte count stays this engine's own)
-        state = [base + off["state"] + DMA_RING_STATE_BYTES * g for g in range(n)]
-        self.session.add_ring_consumer("ht", state, [[a] for a in state])
+        self.session.add_ring_consumer("ht", base + off["state"], DMA_RING_STATE_BYTES // 8, (0,))
 
     def role(self, main_blocks: int, block: int, per_ring: int = _COPY_BLOCKS_PER_RING,
               senders: int | None = None) -> tuple[int, dict]:

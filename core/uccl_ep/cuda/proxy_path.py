@@ -67,6 +67,8 @@ _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 512, 128, 32
 # tests/cpu/test_kernels_compile.py against the header)
 _DMA_CONSUMER_DIAG_WORDS = {"wait_ns": 4, "copy_ns": 5, "descs": 6, "push_seen_ns": 10, "push_start_ns": 11,
                             "launches": 12}
+# DmaConsumer's words that equal the ring position between launches (copy_ring_handover sets them)
+_DMA_CONSUMER_POSITION_WORDS = {"base_idx": 0, "done": 2, "fetched": 7}
 
 
 def counter_base(s: int, phase: int) -> int:
@@ -272,10 +274,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
             finish=base + finish, mirror=base + finish + 4 * n * cap, status=self.status_dev, error=self.ex.error_dev_ptr,
             num_rings=n, blocks_per_ring=self.copy_blocks, rank=self.rank, timeout_ns=self.ex.timeout_ns)
-        # DmaConsumer: base_idx (where the next launch starts), done and fetched (dma_ring.h) all
-        # equal the ring position between launches
-        state = [base + 16 * n + _DMA_CONSUMER_BYTES * g for g in range(n)]
-        self.session.add_ring_consumer("ll", state, [[a, a + 16, a + 56] for a in state])
+        # DmaConsumer: base_idx (where the next launch starts), done and fetched all equal the ring
+        # position between launches
+        self.session.add_ring_consumer("ll", base + 16 * n, _DMA_CONSUMER_BYTES // 8,
+                                       tuple(_DMA_CONSUMER_POSITION_WORDS.values()))
 
     def transport_counters(self) -> dict:
         """The proxy's transport counters and, with the copy kernel, its summed diagnostics

@@ -16,22 +16,22 @@ the immediate carries below 1024), HEAD 512 + r, META 1024 + parity; low-latency
 [LL_COUNTER_BASE, NUM_COUNTERS), one counter per (buffer set, phase). The low-latency clean zeroes
 its range only: normal mode's counters keep growing across ops.
 
-Copy rings: each ring has one consumer at a time, the copy kernel of the engine whose kernels run
+Copy rings: each ring has one consumer at a time, the copy work of the engine whose kernels run
 (ll_proxy_dma.cu, or the copy role of the normal-mode kernels, device/ht_dma.cuh). Each keeps its
 ring position in device memory; its own byte count stays its own (only its senders add to it).
-When the other engine's kernels come next, `claim_copy_rings` copies the ring position of the last
-consumer into the new one's position words on the stream, before the kernel that consumes: every
-earlier consumer launch has completed by then (stream order) and the ring is drained up to it.
+Before a consumer's launch, `claim_copy_rings` puts copy_ring_handover (ll_proxy_dma.cu) on the
+stream: where the other consumer's position is ahead, this one's jumps to it. Every earlier launch
+on the stream has completed by then and drained the rings up to its position, so the one ahead is
+the ring's. Hence the modes' ops must be ordered on the device (one stream, or events), as DeepEP's
+modes sharing one RDMA buffer must be.
 """
 
 from __future__ import annotations
 
-import struct
-
 from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..proxy.session import ProxySession
-from .runtime import DeviceMemory, raw_tensor
+from .runtime import DeviceMemory, load_kernel, pack_params, raw_tensor
 
 __all__ = ["GpuProxySession", "RegionView", "shared_region", "LL_COUNTER_BASE", "NUM_COUNTERS", "FIFOS_PER_THREAD",
            "open_for", "warn_lazy_module_loading"]
@@ -130,8 +130,8 @@ class GpuProxySession(ProxySession):
         self._ring_bases: list[int] = []
         self.ring_dev: list[int] = []
         self.fifo_words = self.fifo_table = None
-        self._consumers: dict[str, tuple[list[int], list[list[int]]]] = {}
-        self._ring_owner: str | None = None
+        self._consumers: dict[str, tuple[int, int, tuple[int, int, int]]] = {}
+        self._handover = None
         super().__init__(ctx.group, rank=ctx.rank, num_ranks=ctx.num_ranks, num_counters=NUM_COUNTERS,
                          enable_shrink=bool(getattr(ctx, "enable_shrink", False)), region_bytes=region.nbytes,
                          transport=transport, num_threads=threads, fifos_per_thread=FIFOS_PER_THREAD,
@@ -192,23 +192,32 @@ class GpuProxySession(ProxySession):
         return self.drv.memcpy_dtoh(self.dev, self.fifo_table.ptr, self.num_fifos * self.C.FIFO_LAYOUT_BYTES)
 
     # -- copy rings: one consumer at a time ------------------------------------------------------
-    def add_ring_consumer(self, name: str, position: list[int], words: list[list[int]]) -> None:
-        """An engine's copy kernel: per ring, the device address of its ring position (u64, where its
-        next launch starts) and the words to set to the ring position when it takes the rings over."""
-        if len(position) != len(self.ring_dev) or len(words) != len(self.ring_dev):
-            raise ValueError(f"{name}: one position per copy ring ({len(self.ring_dev)})")
-        self._consumers[name] = (list(position), [list(w) for w in words])
+    def add_ring_consumer(self, name: str, state: int, stride_words: int, words: tuple[int, ...]) -> None:
+        """An engine's copy work over the rings: its ring position of ring 0 at ``state`` (device
+        memory, u64; ring g's ``stride_words`` u64 further), and the words (u64 offsets from there)
+        that take the ring position when it takes the rings over (copy_ring_handover)."""
+        if not self.copy_kernel or not 1 <= len(words) <= 3:
+            raise ValueError(f"{name}: copy-ring consumers need the ipc transport's kernel copies and 1-3 words")
+        self._consumers[name] = (int(state), int(stride_words), tuple(words) + (-1,) * (3 - len(words)))
+        if len(self._consumers) > 1 and self._handover is None:
+            # loaded with the second consumer (in the executor's constructor), never during a capture
+            self._handover = load_kernel(self.dev, "ll_proxy_dma.cu", "copy_ring_handover")
 
     def claim_copy_rings(self, name: str, stream: int) -> None:
-        """Before a launch whose copy work consumes the rings: hand them over from the last consumer
-        (stream-ordered copies of its ring positions; nothing when it was `name` already)."""
-        last, self._ring_owner = self._ring_owner, name
-        if last is None or last == name:
-            return
-        src, _ = self._consumers[last]
-        triples = [(w, src[g], 8) for g, words in enumerate(self._consumers[name][1]) for w in words]
-        self.drv.memcpy_dtod_async_batch(self.dev, stream, struct.pack(f"<{3 * len(triples)}Q",
-                                                                       *[v for t in triples for v in t]))
+        """Before a launch whose copy work consumes the rings (see the module doc): with another
+        consumer on the session, the hand-over kernel on `stream` first.
+        NOTES: launched every time, not only when the host saw the other engine run last: a CUDA
+        graph replays what it captured whatever ran eagerly in between, and the kernel is a no-op
+        when this consumer is ahead."""
+        own = self._consumers.get(name)
+        for other, (o_state, o_stride, _) in self._consumers.items():
+            if other == name or own is None:
+                continue
+            state, stride, words = own
+            params = pack_params("CopyRingHandoverParams", own=state, other=o_state, own_stride=stride,
+                                 other_stride=o_stride, word0=words[0], word1=words[1], word2=words[2],
+                                 num_rings=len(self.ring_dev))
+            self._handover.launch(1, 64, params, stream)
 
     # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
