@@ -176,8 +176,8 @@ def test_copy_rings_change_hands_on_the_stream(both):
     ll_state = [both.ll.dma_mem.ptr + 16 * n + 128 * g for g in range(n)]
     ht_state = [both.ht.dma_ctx + both.ht.dma_offsets["state"] + 128 * g for g in range(n)]
     names = lambda: [e[0] for e in log]  # noqa: E731
-    _ll_dispatch(both)  # the hand-over precedes the copy kernel on the stream; nothing to take yet
-    assert names()[-3:] == ["ll_dispatch_proxy_send", "copy_ring_handover", "ll_proxy_dma"]
+    _ll_dispatch(both)  # the hand-over precedes the send and copy kernels on the stream; nothing to take yet
+    assert names()[-3:] == ["copy_ring_handover", "ll_dispatch_proxy_send", "ll_proxy_dma"]
     assert all(_u64(a) == 0 for a in ll_state)
     for g in range(n):  # where the LL copy kernel left each ring
         for off in (0, 16, 56):  # DmaConsumer base_idx, done, fetched

@@ -296,6 +296,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                 out[f"copy_kernel_{key}"] = sum(words[r * per + i] for r in range(n))
         return out
 
+    def _claim_copy_rings(self) -> None:
+        """Before a send kernel: the session's copy rings handed over to this engine's copy kernel
+        (proxy_session.claim_copy_rings; a no-op kernel when its position is the rings'). Before the
+        send kernel rather than between it and the copy kernel, which may overlap it."""
+        if self.copy_kernel:
+            self.session.claim_copy_rings("ll", current_stream())
+
     def _launch_copies(self) -> None:
         """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel: in
         plain stream order, or overlapping it with UCCL_EP_LL_COPY_OVERLAP (sm_90+).
@@ -304,7 +311,6 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         106.0 / 106.4 us in one call; 14-19 us slower before the 16-byte descriptor reads). Why is not
         known; off by default (docs/benchmarks.md)."""
         if self.copy_kernel:
-            self.session.claim_copy_rings("ll", current_stream())
             self._k["ll_proxy_dma"].launch(self.num_proxy_threads * self.copy_blocks, _DMA_BLOCK,
                                            self._dma_params, current_stream(), programmatic=self.copy_overlap)
 
@@ -411,6 +417,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              chunk_bytes=lay.chunk_bytes,
                              self_counter=self._counter_words(s, 0)["counter_cache"] + 8 * self.rank,
                              **self._dma_fields, **shape)
+        self._claim_copy_rings()
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
         self._launch_copies()
@@ -472,6 +479,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
                              self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
                              own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape)
+        self._claim_copy_rings()
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
