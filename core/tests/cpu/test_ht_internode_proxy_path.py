@@ -384,7 +384,7 @@ def test_parameters_of_one_op_sequence(engine):
     assert n["num_counters"] == proxy_session.NUM_COUNTERS and n["counters"] == eng.counters_dev and n["num_worst_tokens"] == worst
     d = unpack("HTProxyDispatchParams", log[1][3])
     msg = plan.dispatch_msg_bytes(2 * H, 0, K)
-    geo = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x")
+    geo = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x", areas=1)  # one rank per node: one area
     assert log[1][1] == 6 and log[1][2] == 512
     for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring"):
         assert d[k] == getattr(geo, k), k

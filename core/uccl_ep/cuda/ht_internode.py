@@ -201,7 +201,10 @@ class ProxyNormalEngine:
     # -- shared pieces -----------------------------------------------------------------------------
     def ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
         """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix)."""
-        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area)
+        # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
+        # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
+        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area,
+                          areas=2 if self.forward else 1)
         pre = "nvl_" if area else ""
         out = {pre + k: getattr(g, k) for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base",
                                                 "first_ring")}
