@@ -10,6 +10,8 @@
 // as one (or a few) counted Write into j's recv region [this rank] plus the signal pair. Zero
 // copy (y is the send area, laid out by expert): no staging, one Write per segment (E_loc per j,
 // empty ones too, so the count is known) straight from y into the packed position.
+// Hybrid (proxy_ll.cuh): an NVLink peer's rows are staged straight into its recv area (in zero copy
+// too, read from y) and signalled by one system-scope add to its NVLink word.
 // Recv (ll_combine_proxy_recv, one block per token t; launched while the copies run, see
 // proxy_path.py): for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
 // region at (this rank's selections of the owner's experts below g) + (t's rank among this rank's
@@ -46,6 +48,10 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
     signal_own_region(p.self_counter, p.signal_total);
     return;
   }
+  if (is_nvl_peer(p.nvl_peers, j)) {  // staged in j's recv area already: released with the signal (hybrid)
+    signal_nvl_peer(p.peer_ll, j, p.nvl_signal_off, p.rank, p.signal_total);
+    return;
+  }
   const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
                       p.dma_pushed, p.num_proxy_threads, p.push_fence != 0};
   // push_region fences at system scope first (unless only the copy kernel reads the region: OpRoute):
@@ -76,15 +82,19 @@ extern "C" __global__ void __launch_bounds__(256)
   int* prefix = smem;
   int* scratch = smem + E_loc + 1;  // [2 * blockDim.x]
   int* first = scratch + 2 * blockDim.x;
-  // Rows staged per (e, j); none for this rank when its receive kernel reads them in y (own_in_y).
+  // Rows per (e, j) in j's region; none for this rank when its receive kernel reads them in y (own_in_y).
   const auto skipped = [&](int j) { return masked_now(j) || (p.own_in_y && j == int(p.rank)); };
   auto count_of = [&](int e, int j) { return skipped(j) ? 0 : int(lr[int64_t(e) * R + j] & 0xffffffff); };
+  // In zero copy every region but an NVLink peer's goes out as Writes from y (or is read in y): the
+  // staging below serves the NVLink peers only (hybrid), reading y in the send area.
+  const auto by_writes = [&](int j) { return p.zero_copy && !is_nvl_peer(p.nvl_peers, j); };
+  auto staged_of = [&](int e, int j) { return by_writes(j) ? 0 : count_of(e, j); };
   int carry = 0;
   for (int e0 = 0; e0 < E_loc; e0 += blockDim.x) {
     const int e = e0 + tid;
     int cnt = 0;
     if (e < E_loc)
-      for (int j = 0; j < R; ++j) cnt += count_of(e, j);
+      for (int j = 0; j < R; ++j) cnt += staged_of(e, j);
     int sum = 0;
     const int excl = block_exclusive_scan(cnt, scratch, &sum);
     if (e < E_loc) prefix[e] = carry + excl;
@@ -117,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(256)
     // One Write per segment (empty ones too), straight from y; then the signal pairs.
     for (int s = blockIdx.x * int(blockDim.x) + tid; s < E; s += int(gridDim.x) * int(blockDim.x)) {
       const int e = s / R, j = s % R;
-      if (masked_now(j) || j == int(p.rank)) continue;  // own rows: read in y by the receiver
+      if (masked_now(j) || !by_writes(j) || j == int(p.rank)) continue;  // own rows: read in y by the receiver
       const int64_t packed = lr[int64_t(e) * R + j];
       const int64_t begin = packed >> 32, count = packed & 0xffffffff;
       const int fifo = fifo_for(j, int(p.num_fifos));
@@ -135,12 +145,12 @@ extern "C" __global__ void __launch_bounds__(256)
       for (int j = tid; j < R; j += blockDim.x) {
         if (j == int(p.rank) && !masked_now(j))
           signal_own_region(p.self_counter, p.signal_total);  // y was complete before this kernel
-        else if (!masked_now(j))
+        else if (!masked_now(j) && by_writes(j))
           push_op_signal(fifo_of(p, j), j, uint32_t(p.counter), E_loc, int(p.signal_total), uint64_t(p.timeout_ns), err,
                          PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
       }
     }
-    return;
+    if (p.nvl_peers == 0) return;
   }
 
   const int total = prefix[E_loc];
@@ -162,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int e = lo;
     int r = row - prefix[e], j = 0, begin = 0;
     for (; j < R; ++j) {
-      if (skipped(j)) continue;
+      if (skipped(j) || by_writes(j)) continue;
       const int64_t packed = lr[int64_t(e) * R + j];
       const int count = int(packed & 0xffffffff);
       if (r < count) {
@@ -173,13 +183,13 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     const int64_t at = int64_t(part) * share;
     const int64_t len = at >= row_bytes ? 0 : (row_bytes - at < share ? row_bytes - at : share);
-    warp_copy16(reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes +
+    warp_copy16(region_for(p.send_area, p.region_bytes, p.peer_ll, p.nvl_peers, p.recv_off, p.rank, j) +
                     int64_t(first[e * R + j] + r) * row_bytes + at,
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes + at,
                 len);
     sync_warp();
     if (lane_id() == 0) {
-      __threadfence();  // this warp's staged share before its count (gpu scope: see ll_dispatch_proxy.cu)
+      fence_stage(p.nvl_peers, j);  // this warp's staged share before its count (see ll_dispatch_proxy.cu)
       const unsigned prev = atomicAdd(finish + j, 1u);
       if (int(prev) + 1 == s_dest_rows[j] * parts) {  // last share for j: every warp's are ordered before
         finish[j] = 0u;
@@ -189,10 +199,10 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     sync_warp();
   }
-  // Sources with no rows still get their signal.
+  // Sources with no rows still get their signal (in zero copy, those of Writes got theirs above).
   if (blockIdx.x == 0)
     for (int j = tid; j < R; j += blockDim.x)
-      if (s_dest_rows[j] == 0 && !masked_now(j)) publish_rows(p, j, 0);
+      if (s_dest_rows[j] == 0 && !masked_now(j) && !by_writes(j)) publish_rows(p, j, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -253,11 +263,9 @@ extern "C" __global__ void __launch_bounds__(256)
     int ok = 0;
     if (!is_masked(masked, tid)) {
       uint64_t waited = 0;
-      ok = wait_counter_shared_peer(counter_of(p.counters, p.num_counters, tid, p.counter),
-                                    reinterpret_cast<uint64_t*>(p.counter_cache) + tid,
-                                    reinterpret_cast<int*>(p.counter_lock) + tid, round_target(rounds, tid, p.signal_total),
-                                    status, timeout, err, kPhaseLLCombineRecv, int(p.rank), tid, -1, &waited, p.mask,
-                                    shrink) >= 0;
+      ok = wait_source_signal(p.nvl_peers, p.nvl_signal, p.counters, p.num_counters, p.counter, p.counter_cache,
+                              p.counter_lock, tid, round_target(rounds, tid, p.signal_total), status, timeout, err,
+                              kPhaseLLCombineRecv, int(p.rank), -1, &waited, p.mask, shrink) >= 0;
       if (p.wait_stats != 0 && t < p.num_tokens)
         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + tid, (unsigned long long)waited);
     }

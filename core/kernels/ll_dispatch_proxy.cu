@@ -12,6 +12,8 @@
 //      the region header {slots} and the per-expert slot counts, then pushes the region's used
 //      bytes as one (or a few, chunk_bytes each) counted Write into d's recv region [this rank]
 //      and the signal pair. Destinations no token selects get a header-only Write and the pair.
+//      Hybrid (proxy_ll.cuh): an NVLink peer's region is staged straight into its recv area and
+//      signalled by one system-scope add to its NVLink word instead.
 // Recv (ll_dispatch_proxy_recv, one block per local expert, now or in the recv hook): waits
 // (bounded) until the receiving proxy counted every source's signal -- released only after that
 // source's Writes landed -- reads the expert's count and first slot from the region's counts and
@@ -48,12 +50,16 @@ UCCL_DEVICE int64_t payload_at(int64_t counts_bytes, int64_t idx_bytes) { return
 // rows). `total` holds every expert's selections by this rank (shared memory).
 __device__ void publish_region(const LLProxyDispatchParams& p, int d, int n, int rows, const int* total) {
   const int E_loc = int(p.num_experts / p.num_ranks);
-  uint8_t* region = reinterpret_cast<uint8_t*>(p.send_area) + int64_t(d) * p.region_bytes;
+  uint8_t* region = region_for(p.send_area, p.region_bytes, p.peer_ll, p.nvl_peers, p.recv_off, p.rank, d);
   store_region_header(region, n);
   int* counts = reinterpret_cast<int*>(region + kCountsAt);
   for (int e = 0; e < E_loc; ++e) counts[e] = total[d * E_loc + e];
   if (d == int(p.rank)) {  // read in place by this rank's receive kernel
     signal_own_region(p.self_counter, p.signal_total);
+    return;
+  }
+  if (is_nvl_peer(p.nvl_peers, d)) {  // already in d's recv area: released with the signal (hybrid)
+    signal_nvl_peer(p.peer_ll, d, p.nvl_signal_off, p.rank, p.signal_total);
     return;
   }
   const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(d, int(p.num_fifos)),
@@ -124,7 +130,10 @@ extern "C" __global__ void __launch_bounds__(512)
     if (lane_id() == 0) s_dest_slots[d] = acc;
   }
   __syncthreads();
-  auto* stage = reinterpret_cast<uint8_t*>(p.send_area);
+  // The region for owner d: staged in the send area, or in d's recv area over NVLink (hybrid).
+  const auto region_of_owner = [&](int d) {
+    return region_for(p.send_area, p.region_bytes, p.peer_ll, p.nvl_peers, p.recv_off, p.rank, d);
+  };
 
   if (t < T) {
     if (warp_id() == 0) {  // K <= kMaxTopk <= the warp: lane k takes the token's k-th expert
@@ -140,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const int q = e >= 0 ? first[e] + before[e] : 0;
         if (e >= 0 && q < p.max_slots) {  // the slot names the token and its row in the owner's region
           const int owner = e / E_loc;      // (q >= max_slots only with a repeated expert: never past the index)
-          auto* index = reinterpret_cast<uint32_t*>(stage + int64_t(owner) * p.region_bytes + index_at(p.counts_bytes));
+          auto* index = reinterpret_cast<uint32_t*>(region_of_owner(owner) + index_at(p.counts_bytes));
           index[q] = uint32_t(t) | uint32_t(s_rows_before[owner]) << 16;  // num_max <= 65536 (proxy_path.py)
         }
       }
@@ -153,8 +162,7 @@ extern "C" __global__ void __launch_bounds__(512)
       for (int k2 = 0; k2 < k && k2 < K; ++k2) first_of_owner &= !(s_expert[k2] >= 0 && s_expert[k2] / E_loc == owner);
       const uint64_t firsts = warp_ballot(first_of_owner);
       if (first_of_owner)
-        s_row[popc64(firsts & lanemask_lt())] = stage + int64_t(owner) * p.region_bytes +
-                                                payload_at(p.counts_bytes, p.idx_bytes) +
+        s_row[popc64(firsts & lanemask_lt())] = region_of_owner(owner) + payload_at(p.counts_bytes, p.idx_bytes) +
                                                 int64_t(s_rows_before[owner]) * p.payload_bytes;
       if (k == 0) s_num_rows = popc64(firsts);
     }
@@ -194,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(512)
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
       const int d = s_expert[tid] / E_loc;
-      __threadfence();  // the block's staging stores (ordered by the barrier) before this count (see NOTES)
+      fence_stage(p.nvl_peers, d);  // the block's staging stores (ordered by the barrier) before this count (NOTES)
       const unsigned prev = atomicAdd(reinterpret_cast<unsigned*>(p.finish) + d, 1u);
       if (int(prev) + 1 == s_dest_slots[d]) {  // last stager for d: everyone's stores are ordered before
         reinterpret_cast<unsigned*>(p.finish)[d] = 0u;
@@ -231,15 +239,14 @@ extern "C" __global__ void __launch_bounds__(256)
                             : recv + int64_t(j) * p.region_bytes;
   };
 
-  if (tid < R) {  // this rank's own counter moves in device memory (counter_cache), the others' by the proxy
+  if (tid < R) {  // own counter: device memory (counter_cache); NVLink peers: their word; others: the proxy
     int ok = 0;
     if (!is_masked(masked, tid)) {
       uint64_t waited = 0;
-      const int64_t got = wait_counter_shared_peer(
-          counter_of(p.counters, p.num_counters, tid, p.counter), reinterpret_cast<uint64_t*>(p.counter_cache) + tid,
-          reinterpret_cast<int*>(p.counter_lock) + tid, round_target(rounds, tid, p.signal_total),
-          reinterpret_cast<const uint64_t*>(p.status), uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank),
-          tid, expert, &waited, p.mask, shrink);
+      const int64_t got = wait_source_signal(
+          p.nvl_peers, p.nvl_signal, p.counters, p.num_counters, p.counter, p.counter_cache, p.counter_lock, tid,
+          round_target(rounds, tid, p.signal_total), reinterpret_cast<const uint64_t*>(p.status),
+          uint64_t(p.timeout_ns), err, kPhaseLLDispatchRecv, int(p.rank), expert, &waited, p.mask, shrink);
       if (got >= 0) {
         if (load_region_slots(region_of(tid), p.max_slots) < 0)
           raise_error(err, kErrProtocol, kPhaseLLDispatchRecv, int(p.rank), tid, expert, 0);

@@ -86,8 +86,10 @@ _VARS: list[Var] = [
         "raises `Timeout`. Constructor argument `gpu_timeout_s`.",
         minimum=0.001, used_by="CUDA kernels"),
     Var("UCCL_EP_RANKS_PER_NODE", "int", 0,
-        "Ranks per node (NVLink domain) in the group. 0 = detect from host names. Lets 2 GPUs of "
-        "one host act as 2 nodes (set 1) to run the internode protocol through the proxy.",
+        "Ranks per node (NVLink domain) in the group. 0 = detect from host names. Lets the GPUs of "
+        "one host act as several nodes (2 GPUs as 2 nodes: set 1; 4 GPUs as 2 x 2: set 2) to run the "
+        "internode protocol through the proxy; low-latency mode then runs hybrid (a node's peers over "
+        "NVLink, the other nodes through the proxy).",
         minimum=0, used_by="Buffer topology"),
     Var("UCCL_EP_NUM_PROXY_THREADS", "int", 4,
         "CPU proxy threads per local rank; thread i talks only to thread i of each peer.",

@@ -1,6 +1,7 @@
 """Host path of eager calls, uccl-ep beside DeepEP (when `deep_ep` imports the real library): not a test.
 
-python tools/lab/host_path.py [ll|ht|all] [--profile]
+python tools/lab/host_path.py ll|ht|all uccl|deepep [--profile]   (one library per process: DeepEP's
+NVSHMEM takes one low-latency Buffer per process, and a crash of one library must not hide the other's rows)
 
 Per library and shape (every GPU as one rank):
   eager     mean device time of back-to-back calls between CUDA events (what DeepEP's bench sees)
@@ -143,12 +144,13 @@ def _ht(lib, group, rank, world, dev, shape, profile, name):
     return out, prof
 
 
-def worker(rank, world, what, profile):
+def worker(rank, world, what, which, profile):
     import uccl_ep
+    torch.cuda.set_device(rank % torch.cuda.device_count())
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
-    libs = [("uccl", uccl_ep)]
-    de = _deepep()
+    libs = [("uccl", uccl_ep)] if which == "uccl" else []
+    de = _deepep() if which == "deepep" else None
     if de is not None:
         libs.append(("deepep", de))
     rows, profs = {}, []
@@ -169,9 +171,10 @@ def worker(rank, world, what, profile):
 
 
 if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "all"
+    args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    what, which = (args + ["all", "uccl"][len(args):])[:2]
     # NOTES: gloo: a barrier must not queue GPU work behind (or in front of) the kernels it separates
-    res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, "--profile" in sys.argv, backend="gloo",
+    res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, which, "--profile" in sys.argv, backend="gloo",
                     timeout_s=600)
     for p in res[0]["profs"]:
         print(p)

@@ -347,6 +347,8 @@ def test_normal_mode_blocks_are_wavefronts_on_amd(tmp_path):
                UCCL_EP_HT_COMBINE_WARPS="16")
     assert out == {"block": 1024, "combine_block": 1024, "G": 2, "smem": 0}
     calls = _calls(log)
-    assert [c[1] for c in calls if c[0] == "hipModuleGetFunction"] == ["ht_layout", "ht_notify", "ht_dispatch",
-                                                                      "ht_combine"]
+    # the copy-engine kernels load with the engine too (before the constructor's barrier)
+    assert [c[1] for c in calls if c[0] == "hipModuleGetFunction"] == [
+        "ht_layout", "ht_notify", "ht_dispatch", "ht_combine", "ht_combine_ce", "ht_ce_begin", "ht_ce_wait",
+        "ht_dispatch_ce"]
     assert all(c == ["hipModuleLoadData", "elf=1", "mach=0x4c"] for c in calls if c[0] == "hipModuleLoadData")

@@ -553,8 +553,9 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
 
 
 def test_paths_of_a_group_on_several_hosts(monkeypatch):
-    """The cuda executor's routing from every rank's (host, GPU): one host keeps NVLink paths unless
-    the proxy is forced; several hosts put every path on the proxy and need nodes inside hosts."""
+    """The cuda executor's routing from every rank's (host, GPU): one node keeps NVLink paths unless
+    the proxy is forced; several nodes put every path on the proxy kernels (LL: hybrid, per peer in
+    test_ll_hybrid_paths.py) and need nodes inside hosts."""
     from uccl_ep.cuda.executor import plan_paths
     from uccl_ep.errors import Unsupported
     for name in ("UCCL_EP_FORCE_PROXY", "UCCL_EP_TRANSPORT"):
@@ -564,7 +565,7 @@ def test_paths_of_a_group_on_several_hosts(monkeypatch):
     one_host = [("a", d) for d in range(4)]
     assert plan_paths(ctx(4, 4), one_host) == (False, False, False)        # NVLink kernels
     assert plan_paths(ctx(4, 4, nvlink=False), one_host) == (False, False, True)
-    assert plan_paths(ctx(4, 2), one_host) == (False, True, False)         # GPUs as 2 nodes
+    assert plan_paths(ctx(4, 2), one_host) == (False, True, True)          # GPUs as 2 nodes (LL hybrid)
     two_hosts = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert plan_paths(ctx(4, 2), two_hosts) == (True, True, True)          # LL through the proxy too
     assert plan_paths(ctx(4, 1), two_hosts) == (True, True, True)

@@ -96,7 +96,7 @@ def both(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 256, 8
     ll_bytes = low_latency_rdma_size_hint(T, H, R, E)
-    region, nvl, ll = proxy_session.shared_region(0, HostMem(0, (4 << 20) + 100), HostMem(0, ll_bytes))
+    region, nvl, ll = proxy_session.shared_region(0, (4 << 20) + 100, ll_bytes)
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
                           topology=Topology(R, 1), enable_shrink=False)
     err = HostMem(0, 64)
@@ -292,3 +292,24 @@ def test_host_executor_one_session_for_both_modes():
         assert r["started"] == 1 and r["same_proxy"] and r["closed"]
         assert r["built"] > r["before"]  # the proxy's threads, started with the Buffer ...
         assert r["threads"] == [r["steady"]] * len(r["threads"]), (r["steady"], r["threads"])  # ... and only then
+
+
+def test_region_views_carry_their_offset_in_ipc_handles(monkeypatch):
+    """The LL buffer inside the shared region, as a hybrid rank's node peers map it: the region's
+    handle with the view's offset (the NVL buffer first, page-aligned LL buffer above it)."""
+    class Mem:
+        def __init__(self, device, nbytes):
+            self.device, self.nbytes, self.ptr, self.opened = device, nbytes, 0x10000, []
+
+        def ipc_handle(self):
+            return b"H" * 64
+
+        def open_peer(self, handle):
+            self.opened.append(handle)
+            return 0x900000
+
+    monkeypatch.setattr(proxy_session, "DeviceMemory", Mem)
+    region, nvl, ll = proxy_session.shared_region(0, 5000, 3000)
+    assert (nvl.ptr, nvl.nbytes) == (region.ptr, 5000) and (ll.ptr, ll.nbytes) == (region.ptr + 8192, 3000)
+    assert region.nbytes == 8192 + 3000
+    assert ll.open_peer(ll.ipc_handle()) == 0x900000 + 8192 and region.opened == [b"H" * 64]

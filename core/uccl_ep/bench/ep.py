@@ -328,9 +328,11 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     T, H, K, E = spec.ll_tokens, spec.hidden, spec.num_topk, spec.ll_experts
     rdma = Buffer.get_low_latency_rdma_size_hint(T, H, world, E)
     buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, E // world), backend=spec.backend,
-                 allow_nvlink_for_low_latency_mode=not spec.ll_proxy)
-    if spec.ll_proxy and buf.backend == "cuda":  # rows say which path they measured
-        rows.common["backend"] = f"{buf.backend}+proxy"
+                 allow_nvlink_for_low_latency_mode=not spec.ll_proxy, ranks_per_node=_ranks_per_node(spec, world))
+    # nodes of several ranks (--nodes): the node's peers over NVLink, the other nodes through the proxy
+    hybrid = bool(getattr(getattr(buf._executor, "_ll", None), "hybrid", None) and buf._executor._ll.hybrid.peers)
+    if (spec.ll_proxy or buf.topology.is_internode) and buf.backend == "cuda":  # rows say which path they measured
+        rows.common["backend"] = f"{buf.backend}+{'hybrid' if hybrid else 'proxy'}"
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(device)
     topk_idx, topk_weights = _routing(T, E, K, device, gen)
     num_sel = int((topk_idx >= 0).sum())
@@ -360,7 +362,7 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
         per_dest[r] = int(((topk_idx >= 0) & (topk_idx.div(per_rank, rounding_mode="floor") == r)).sum())
     progress("ll: timing dispatch fp8")
     # the engine's counters (the cuda proxy path adds its copy kernel's), else its proxy's (host executor)
-    ll_eng = getattr(buf._executor, "_ll", None) if spec.ll_proxy else None
+    ll_eng = getattr(buf._executor, "_ll", None) if spec.ll_proxy or buf.topology.is_internode else None
     counters = getattr(ll_eng, "transport_counters", None) or \
         getattr(getattr(ll_eng, "proxy", None), "transport_counters", None)
     t_disp, hop_disp = _timed_with_proxy(lambda: buf.low_latency_dispatch(x, topk_idx, T, E, use_fp8=True), spec,

@@ -43,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=0,
                    help="treat the ranks as N nodes (ranks_per_node = ranks / N; e.g. 2 GPUs of one host as 2 "
                         "nodes): normal mode then runs the internode protocol and rows add DeepEP's RDMA-formula "
-                        "GB/s and the bytes the proxy transport copied")
+                        "GB/s and the bytes the proxy transport copied; low-latency mode runs hybrid (a node's "
+                        "peers over NVLink, other nodes through the proxy; rows: cuda+hybrid, proxy writes/op)")
     p.add_argument("--rdma-chunk", type=int, default=0,
                    help="Config.num_max_rdma_chunked_send_tokens of normal-mode ops (default: the config table's): "
                         "the most tokens per Write through the proxy")

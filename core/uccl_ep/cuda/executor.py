@@ -21,7 +21,7 @@ import torch
 from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore, heartbeat_interval_s
-from . import ht_ce, ht_tuning, liveness, proxy_path, proxy_session
+from . import ht_ce, ht_tuning, liveness, ll_hybrid, proxy_path, proxy_session
 from .runtime import DeviceMemory, MappedHostMemory, driver
 from .shrink import DeviceMask, masked_barrier
 
@@ -44,8 +44,8 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
         return why
     from . import gpu_transport, proxy_path
     multi_host = gpu_transport.multi_host_guess(ctx)
-    if proxy_path.proxy_forced(ctx) or (multi_host and ctx.low_latency_mode):
-        why = proxy_path.unavailable_reason(ctx)  # LL through the proxy (forced, or peers on other hosts)
+    if proxy_path.proxy_forced(ctx) or ((multi_host or ctx.topology.is_internode) and ctx.low_latency_mode):
+        why = proxy_path.unavailable_reason(ctx)  # LL through the proxy (forced, or peers on other nodes)
         if why:
             return why
     if ctx.topology.is_internode:
@@ -68,9 +68,11 @@ def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool
     """(multi_host, normal mode through the proxy, LL through the proxy) for a group whose rank r
     runs on host devices[r][0], GPU devices[r][1]; `Unsupported` when no path fits.
 
-    NOTES: ranks on several hosts reach each other only through the proxy (every path: LL and
-    normal mode), over ipc+fabric with GPU memory registered for the NIC (gpu_transport.py); NVLink
-    kernels and IPC maps stay within one host."""
+    NOTES: ranks of different nodes (several hosts, or ranks_per_node below the group size) reach
+    each other only through the proxy (normal mode and LL), over ipc+fabric with GPU memory registered
+    for the NIC between hosts (gpu_transport.py); NVLink kernels and IPC maps stay within one host. LL
+    between nodes is hybrid: the proxy kernels store to the peers of the rank's own node over NVLink
+    (ll_hybrid.ll_peer_paths), unless the proxy is forced."""
     from .ht_internode import serves as ht_through_proxy
     if len(set(devices)) != len(devices):
         raise Unsupported(f"the cuda executor needs one distinct GPU per rank on each host; got (host, device) "
@@ -84,7 +86,7 @@ def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool
             raise Unsupported(f"ranks on several hosts with nodes of {G} ranks spanning hosts {sorted(set(hosts))}: "
                               "a node's ranks must share a host (leave ranks_per_node / UCCL_EP_RANKS_PER_NODE "
                               "unset, or a divisor of the ranks per host)")
-    return multi_host, ht_proxy, proxy_path.proxy_forced(ctx) or multi_host
+    return multi_host, ht_proxy, proxy_path.proxy_forced(ctx) or multi_host or ctx.topology.is_internode
 
 
 class CudaExecutor(Executor):
@@ -99,8 +101,17 @@ class CudaExecutor(Executor):
         self._failure: Exception | None = None
         self.errors = MappedHostMemory(self.device, 16384)  # error word at 0, HT receive counts at 4 KiB
         self.error_dev_ptr = self.errors.dev_ptr
-        self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
-        self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
+        # One proxy session serves every engine that goes through the proxy, over one registered
+        # region: with both buffers and normal mode through the proxy (which puts LL through it too:
+        # plan_paths), one allocation holds both, the NVL buffer first (proxy_session.shared_region).
+        from .ht_internode import serves as ht_through_proxy
+        self.region = None
+        if ctx.num_nvl_bytes and ctx.num_rdma_bytes and ht_through_proxy(ctx):
+            self.region, self.nvl_mem, self.ll_mem = proxy_session.shared_region(self.device, ctx.num_nvl_bytes,
+                                                                                 ctx.num_rdma_bytes)
+        else:
+            self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
+            self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
         # The rank mask the LL kernels read (shrink.py), and the host's bounded exchanges and barriers.
         self.mask = DeviceMask(self.device, ctx.num_ranks)
         self.channel = GroupStore(ctx.group, ctx.timeout_s, "cuda")
@@ -115,27 +126,33 @@ class CudaExecutor(Executor):
         infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
+        # The path of each peer's LL traffic: NVLink (a node's peers, also on the proxy path), or the proxy.
+        self.ll_paths = ll_hybrid.ll_peer_paths(ctx.rank, ctx.num_ranks, ctx.topology.ranks_per_node, self.ll_proxy,
+                                                proxy_path.proxy_forced(ctx))
+        ll_nvlink = [r for r, p in enumerate(self.ll_paths) if p == ll_hybrid.NVLINK] if self.ll_mem is not None else []
         if self.nvl_mem is not None and not self.ht_proxy:
             ht_tuning.check_same_block_sizes([i[4] for i in infos])
             ht_ce.check_same_settings([i[6] for i in infos])
         if self.ll_mem is not None and self.ll_proxy:
             proxy_path.check_same_shared_settings([i[5] for i in infos])
-        if not (self.ht_proxy and self.ll_proxy):
-            for r, (_, d) in enumerate(devices):
-                if r != ctx.rank and not self.drv.can_access_peer(self.device, d):
+        for r, (_, d) in enumerate(devices):
+            if r != ctx.rank and (not (self.ht_proxy and self.ll_proxy) or r in ll_nvlink):
+                if not self.drv.can_access_peer(self.device, d):
                     raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
-                                      "executor needs NVLink/PCIe peer access")
-        # One proxy session serves both modes when both go through the proxy: one region for it, the
-        # NVL buffer first (proxy_session.shared_region; no peer maps these buffers in that case).
-        self.region = None
-        if self.ht_proxy and self.ll_proxy and self.nvl_mem is not None and self.ll_mem is not None:
-            self.region, self.nvl_mem, self.ll_mem = proxy_session.shared_region(self.device, self.nvl_mem,
-                                                                                 self.ll_mem)
+                                      "executor needs NVLink/PCIe peer access" + (
+                                          " for the low-latency peers of a node (or pass allow_nvlink_for_low_latency_"
+                                          "mode=False: every peer through the proxy)" if self.ll_proxy else ""))
+        if self.region is not None and not (self.ht_proxy and self.ll_proxy):
+            raise RuntimeError(f"rank {ctx.rank}: one proxy region was laid out for both modes, but plan_paths "
+                               f"routes normal mode {'through' if self.ht_proxy else 'around'} the proxy and "
+                               f"low-latency mode {'through' if self.ll_proxy else 'around'} it")
         self.session = None
         # Normal mode through the proxy: its transport reaches the peers' NVL buffers itself.
         self.nvl_peer_base = [] if self.ht_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
-        # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process).
-        self.ll_peer_base = [] if self.ll_proxy else self._open_peers(self.ll_mem, [i[3] for i in infos])
+        # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process); its
+        # kernels store to the NVLink peers of the rank's node (hybrid) through these maps (0: no map).
+        self.ll_peer_base = [] if self.ll_proxy and not ll_nvlink else \
+            self._open_peers(self.ll_mem, [i[3] for i in infos], None if not self.ll_proxy else ll_nvlink)
         self._ll = None
         self._ht = None
         # A peer on this host whose process exits fails the buffer at once (PeerFailure), instead of
@@ -172,10 +189,12 @@ class CudaExecutor(Executor):
                     pass
             raise
 
-    def _open_peers(self, mem: DeviceMemory | None, handles: list) -> list[int]:
+    def _open_peers(self, mem: DeviceMemory | None, handles: list, only: list[int] | None = None) -> list[int]:
+        """Each rank's buffer mapped here (this rank's own; with ``only``, 0 for the ranks not in it)."""
         if mem is None:
             return []
-        return [mem.ptr if r == self.ctx.rank else mem.open_peer(h) for r, h in enumerate(handles)]
+        return [mem.ptr if r == self.ctx.rank else (mem.open_peer(h) if only is None or r in only else 0)
+                for r, h in enumerate(handles)]
 
     # -- errors, barrier -------------------------------------------------------------------------
     def _peer_gone(self, peer: int, why: str) -> None:

@@ -3,7 +3,8 @@ transport -> proxy -> counter (ARCHITECTURE.md, "Data path, one LL dispatch").
 
 Used instead of the NVLink-direct kernels when ``UCCL_EP_FORCE_PROXY=1`` or the Buffer is built
 with ``allow_nvlink_for_low_latency_mode=False`` (DeepEP's meaning: LL traffic goes through the
-network path even between GPUs of one host). On one host the transport is ``ipc``: the sending
+network path even between GPUs of one host), or between nodes, the node's own peers then over NVLink
+(hybrid, ll_hybrid.py). On one host the transport is ``ipc``: the sending
 proxy copies into the receiver's LL buffer (CUDA IPC) and then hands the immediate to the
 receiving proxy, exactly like an RDMA write with immediate, so two GPUs act as two nodes.
 
@@ -49,6 +50,7 @@ from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
 from . import gpu_transport
 from .ll import LowLatencyEngine
+from .ll_hybrid import HybridPeers
 from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
@@ -245,6 +247,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.fifo_words, self.fifo_table = session.fifo_words, session.fifo_table
         self.status_dev, self.counters_dev = session.status_dev, session.counters_dev
         self.dma_mem: DeviceMemory | None = None
+        self.hybrid = HybridPeers(self.dev, drv, getattr(ex, "ll_paths", ()), getattr(ex, "ll_peer_base", []))
         try:
             if self.copy_kernel:
                 self._map_copy_rings()
@@ -326,7 +329,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             torch.cuda.synchronize(self.dev)
         except RuntimeError:  # a failed context: still release what we can
             pass
-        for m in (self.work, getattr(self, "dma_mem", None)):
+        for m in (self.work, getattr(self, "dma_mem", None), self.hybrid.table):
             if m is not None:
                 m.free()
         self.work = None
@@ -360,6 +363,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
                                 f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
+        self.hybrid.check_fits(lay, self.mem.nbytes)
         if lay.signal_total > _MAX_SIGNAL:  # an Atomic carries 15 bits of value
             raise LimitExceeded("UCCL_EP_PROXY_WRITE_KB", f"Writes per (op, peer) of the proxy path (regions of up to "
                                 f"{lay.set_bytes // 2} bytes in {lay.chunk_bytes}-byte Writes)",
@@ -389,6 +393,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # every rank idle: nothing in flight through the proxies
         self.ex.host_barrier("low_latency buffer clean (before)", masks=True)
         self.drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
+        self.hybrid.clean(self.mem, self.layout)
         self.drv.synchronize(self.dev)
         self.session.reset_counters(LL_COUNTER_BASE, NUM_COUNTERS - LL_COUNTER_BASE)
         self.idx = 0
@@ -416,7 +421,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
                              chunk_bytes=lay.chunk_bytes,
                              self_counter=self._counter_words(s, 0)["counter_cache"] + 8 * self.rank,
-                             **self._dma_fields, **shape)
+                             **self._dma_fields, **self.hybrid.send_fields(lay, s, 0), **shape)
         self._claim_copy_rings()
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
@@ -430,7 +435,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
-            num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape)
+            num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape,
+            **self.hybrid.recv_fields(self.mem, lay, s, 0))
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
         def finish(follows_send: bool = False) -> None:
@@ -478,7 +484,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
                              self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
-                             own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape)
+                             own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape,
+                             **self.hybrid.send_fields(lay, s, 1))
         self._claim_copy_rings()
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
@@ -493,7 +500,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
             num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, shrink=shrink["shrink"],
-            **shape)
+            **shape, **self.hybrid.recv_fields(self.mem, lay, s, 1))
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
 
         def finish(follows_send: bool = False) -> None:

@@ -28,6 +28,8 @@ modes sharing one RDMA buffer must be.
 
 from __future__ import annotations
 
+import struct
+
 from .. import env
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..proxy.session import ProxySession
@@ -68,7 +70,7 @@ def warn_lazy_module_loading(rank: int) -> None:
 
 class RegionView:
     """A part of the session's region standing for one engine's buffer (``ptr``, ``nbytes``,
-    ``tensor()``, ``free()``); the region itself is freed once, by its owner."""
+    ``tensor()``, IPC handles, ``free()``); the region itself is freed once, by its owner."""
 
     def __init__(self, region: DeviceMemory, offset: int, nbytes: int) -> None:
         self.region, self.offset, self.nbytes = region, offset, nbytes
@@ -78,6 +80,14 @@ class RegionView:
     def ptr(self) -> int:
         return self.region.ptr + self.offset if self.region.ptr else 0
 
+    def ipc_handle(self) -> bytes:
+        """The region's handle and this part's offset in it (a peer's may differ from ours)."""
+        return self.region.ipc_handle() + struct.pack("<Q", self.offset)
+
+    def open_peer(self, handle: bytes) -> int:
+        """A peer's part, mapped here (its region is closed with ours)."""
+        return self.region.open_peer(handle[:-8]) + struct.unpack("<Q", handle[-8:])[0]
+
     def tensor(self):
         return raw_tensor(self.ptr, self.nbytes, self.device, self)
 
@@ -85,17 +95,13 @@ class RegionView:
         pass
 
 
-def shared_region(device: int, nvl_mem: DeviceMemory, ll_mem: DeviceMemory):
-    """(region, NVL view at 0, low-latency view above it) in place of two separate buffers, which
-    are freed first (nothing maps them yet: with both modes through the proxy no peer opens them).
+def shared_region(device: int, nvl_bytes: int, ll_bytes: int):
+    """(region, NVL view at 0, low-latency view above it): one allocation for both buffers.
     NOTES: one region because the proxy registers one (one key per peer; a command carries offsets
     into it, protocol.h); normal mode's kernels address it from its base, so the NVL buffer comes first."""
-    nvl, ll = nvl_mem.nbytes, ll_mem.nbytes
-    nvl_mem.free()
-    ll_mem.free()
-    off = (nvl + _PAGE - 1) // _PAGE * _PAGE
-    region = DeviceMemory(device, off + ll)
-    return region, RegionView(region, 0, nvl), RegionView(region, off, ll)
+    off = (nvl_bytes + _PAGE - 1) // _PAGE * _PAGE
+    region = DeviceMemory(device, off + ll_bytes)
+    return region, RegionView(region, 0, nvl_bytes), RegionView(region, off, ll_bytes)
 
 
 def open_for(ex, need_ht: bool, need_ll: bool):

@@ -389,7 +389,8 @@ struct HTCombineCEParams {
 // Writes (the region's used bytes, in chunks of at most chunk_bytes) and a signal pair (fenced
 // Atomic n + 1, plain Atomic signal_total - n - 1; device/proxy_ll.cuh) on one counter, so that
 // counter grows by signal_total per op: receivers wait for signal_total * (rounds[src] + 1),
-// rounds counting the ops seen from src on that set and phase.
+// rounds counting the ops seen from src on that set and phase. Peers of the rank's own node may be
+// reached over NVLink instead (hybrid: nvl_peers, device/proxy_ll.cuh), same regions and targets.
 constexpr uint32_t kLLProxyBlockMagic = 0x55454c4cu;  // "LLEU"
 
 struct LLProxyDispatchParams {
@@ -429,6 +430,9 @@ struct LLProxyDispatchParams {
   int64_t push_fence;       // 1: a system fence before an op's pushes (a NIC or the proxy's driver
                             // copies read the staged bytes); 0: only the copy kernel reads them, after
                             // this kernel in stream order (proxy_ll.cuh, OpRoute)
+  uint64_t peer_ll;         // u64 [R]: NVLink peers' LL buffers mapped here (0 for the others), or 0
+  uint64_t nvl_peers;       // bit d: rank d is an NVLink peer (region stored there, signalled there)
+  int64_t nvl_signal_off;   // byte offset in every LL buffer of this (set, phase)'s NVLink words u64 [R]
 };
 
 struct LLProxyDispatchRecvParams {
@@ -468,6 +472,8 @@ struct LLProxyDispatchRecvParams {
   uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
   int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t timeout_ns;
+  uint64_t nvl_peers;       // as in LLProxyDispatchParams: those sources signal nvl_signal[src]
+  uint64_t nvl_signal;      // u64 [R] device words of this (set, phase) (nvl_signal_off in this buffer)
 };
 
 struct LLProxyCombineParams {
@@ -502,6 +508,9 @@ struct LLProxyCombineParams {
                             // as in zero copy: it follows this kernel directly on the stream)
   int64_t push_fence;       // as in LLProxyDispatchParams
   int64_t row_split;        // most warps that stage one row (>= 1; fewer when the grid has no spare warps)
+  uint64_t peer_ll;         // as in LLProxyDispatchParams
+  uint64_t nvl_peers;
+  int64_t nvl_signal_off;
 };
 
 struct LLProxyCombineRecvParams {
@@ -535,6 +544,8 @@ struct LLProxyCombineRecvParams {
   int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t zero_copy;        // the rank's own rows: y (send_area, by layout_range) instead of region [rank]
   int64_t timeout_ns;
+  uint64_t nvl_peers;       // as in LLProxyDispatchRecvParams
+  uint64_t nvl_signal;
 };
 
 // The copy kernel of the ipc transport's "kernel" engine (ll_proxy_dma.cu, dma_ring.h): launched

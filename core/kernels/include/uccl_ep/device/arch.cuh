@@ -215,6 +215,16 @@ UCCL_DEVICE void max_release_gpu(uint64_t* p, uint64_t v) {
 #endif
 }
 
+// *p += v with release semantics at system scope: what this thread stored or observed is visible
+// to a thread (of any GPU) that acquires the sum (an LL hybrid NVLink signal, device/proxy_ll.cuh).
+UCCL_DEVICE void add_release_sys(uint64_t* p, uint64_t v) {
+#if UCCL_EP_HIP
+  __hip_atomic_fetch_add(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
 UCCL_DEVICE void st_release_gpu(uint64_t* p, uint64_t v) {
 #if UCCL_EP_HIP
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);

@@ -177,6 +177,83 @@ UCCL_DEVICE void last_block_bumps_rounds(unsigned* done, int64_t* rounds, int nu
   __threadfence();
 }
 
+// ---- hybrid: the peers of this rank's node over NVLink ------------------------------------------
+// With nodes of several ranks (ranks_per_node below the group size; not with the proxy forced), a
+// peer of the rank's own node is reached over NVLink and the others through the proxy, as DeepEP,
+// UCCL-EP and pplx-garden do. An NVLink peer d gets the same packed region as a proxy peer, but
+// stored by the send kernel straight into d's recv area (region [this rank], peer_ll[d]: d's LL
+// buffer mapped here), and instead of the Writes and signal pair one system-scope release add of
+// signal_total to d's NVLink signal word of this rank (device memory in d's LL buffer, after both
+// buffer sets; nvl_signal_off). The receive kernels read one format and wait for one target,
+// signal_total * (rounds[src] + 1), on the source's NVLink word or its proxy counter.
+UCCL_DEVICE bool is_nvl_peer(uint64_t nvl_peers, int r) { return ((nvl_peers >> r) & 1u) != 0; }
+
+// Where this rank builds its region for rank d: in d's recv area when d is an NVLink peer, else in
+// its own send area (pushed by the proxy, or read in place when d is this rank).
+UCCL_DEVICE uint8_t* region_for(uint64_t send_area, int64_t region_bytes, uint64_t peer_ll, uint64_t nvl_peers,
+                                int64_t recv_off, int64_t rank, int d) {
+  if (is_nvl_peer(nvl_peers, d))
+    return reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(peer_ll)[d] + uint64_t(recv_off) +
+                                      uint64_t(rank * region_bytes));
+  return reinterpret_cast<uint8_t*>(send_area) + int64_t(d) * region_bytes;
+}
+
+// A stager's share of NVLink peer d's region is stored (ordered before this by the caller's barrier):
+// release it at system scope before the gpu-scope count the last stager acquires, so every share has
+// reached d before d's signal moves; a proxy or own region needs the gpu-scope fence only.
+UCCL_DEVICE void fence_stage(uint64_t nvl_peers, int d) {
+  if (is_nvl_peer(nvl_peers, d))
+    fence_release_sys();
+  else
+    __threadfence();
+}
+
+// NVLink peer d's region from this rank is complete (every stager's share observed by the caller):
+// d's signal word of this rank grows by signal_total, a release at system scope.
+UCCL_DEVICE void signal_nvl_peer(uint64_t peer_ll, int d, int64_t nvl_signal_off, int64_t rank, int64_t signal_total) {
+  auto* word = reinterpret_cast<uint64_t*>(reinterpret_cast<const uint64_t*>(peer_ll)[d] + uint64_t(nvl_signal_off) +
+                                           8 * uint64_t(rank));
+  add_release_sys(word, uint64_t(signal_total));
+}
+
+// A receive kernel's bounded wait until NVLink source j's signal word (this rank's device memory)
+// reaches `target`, with shrink mode as in wait_counter_shared_peer. Returns the value, or -1.
+UCCL_DEVICE int64_t wait_nvl_signal_peer(const uint64_t* word, int64_t target, uint64_t timeout_ns, ErrorWord* err,
+                                         int phase, int rank, int peer, int expert, uint64_t* waited, uint64_t mask,
+                                         bool shrink) {
+  const uint64_t start = clock_ns();
+  for (uint32_t spins = 0;; ++spins) {
+    const int64_t v = int64_t(ld_acquire_sys(word));  // pairs with the sender's add_release_sys
+    if (v >= target) {
+      if (waited != nullptr) *waited = clock_ns() - start;
+      return v;
+    }
+    if ((spins & 1023u) == 1023u) {
+      const uint64_t now = clock_ns();
+      if (waited != nullptr) *waited = now - start;
+      if (now - start > timeout_ns) {
+        peer_missed(mask, shrink, err, phase, rank, peer, expert, now - start);
+        return -1;
+      }
+      if (error_raised(err) || (shrink && rank_masked(mask, peer))) return -1;
+    }
+  }
+}
+
+// The wait of a receive kernel on source j's op signal: j's NVLink word, or its proxy counter through
+// the shared reader (wait_counter_shared_peer; the rank's own moves in counter_cache[rank]).
+UCCL_DEVICE int64_t wait_source_signal(uint64_t nvl_peers, uint64_t nvl_signal, uint64_t counters, int64_t num_counters,
+                                       int64_t counter, uint64_t counter_cache, uint64_t counter_lock, int j,
+                                       int64_t target, const uint64_t* status, uint64_t timeout_ns, ErrorWord* err,
+                                       int phase, int rank, int expert, uint64_t* waited, uint64_t mask, bool shrink) {
+  if (is_nvl_peer(nvl_peers, j))
+    return wait_nvl_signal_peer(reinterpret_cast<const uint64_t*>(nvl_signal) + j, target, timeout_ns, err, phase,
+                                rank, j, expert, waited, mask, shrink);
+  return wait_counter_shared_peer(counter_of(counters, num_counters, j, counter),
+                                  reinterpret_cast<uint64_t*>(counter_cache) + j, reinterpret_cast<int*>(counter_lock) + j,
+                                  target, status, timeout_ns, err, phase, rank, j, expert, waited, mask, shrink);
+}
+
 // Header of a packed dispatch region: {slots, magic, 0, 0}.
 UCCL_DEVICE void store_region_header(uint8_t* region, int slots) {
   Vec16 h = {{uint32_t(slots), kLLProxyBlockMagic, 0u, 0u}};
