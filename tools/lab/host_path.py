@@ -85,7 +85,9 @@ def _cprofile(fn, n=100):
     prof.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(28)
+    st = pstats.Stats(prof, stream=text)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumulative").print_stats(40)
     return text.getvalue()
 
 
@@ -106,7 +108,7 @@ def _ll(lib, group, rank, world, dev, shape, profile, name):
         buf.low_latency_combine(y, idx, w, h)
     out = {f"ll {T}x{H} e{E} k{K} d+c": _time(step)}
     out[f"ll {T}x{H} e{E} k{K} dispatch"] = _time(lambda: buf.low_latency_dispatch(x, idx, T, E, use_fp8=True))
-    prof = _cprofile(step) if profile and rank == 0 else None
+    prof = _cprofile(step) if profile else None  # every rank runs the calls (they are collective)
     torch.cuda.synchronize()
     dist.barrier()
     buf.destroy() if hasattr(buf, "destroy") and name != "deepep" else None
@@ -137,7 +139,7 @@ def _ht(lib, group, rank, world, dev, shape, profile, name):
            f"{tag} cached dispatch": _time(lambda: buf.dispatch(x, handle=h, config=cfg)),
            f"{tag} combine": _time(lambda: buf.combine(rx, h, topk_weights=rw, config=ccfg))}
     prof = None
-    if profile and rank == 0:
+    if profile:  # every rank runs the calls (they are collective)
         prof = _cprofile(lambda: (fresh(), buf.combine(rx, h, topk_weights=rw, config=ccfg)), n=50)
     torch.cuda.synchronize()
     dist.barrier()
@@ -176,7 +178,7 @@ if __name__ == "__main__":
     # NOTES: gloo: a barrier must not queue GPU work behind (or in front of) the kernels it separates
     res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, which, "--profile" in sys.argv, backend="gloo",
                     timeout_s=600)
-    for p in res[0]["profs"]:
+    for p in res[0]["profs"]:  # rank 0's
         print(p)
     print(f"{'rank':4s} {'row':52s} {'eager us':>9s} {'host us':>9s} {'synced us':>9s}")
     for r, out in enumerate(res):
