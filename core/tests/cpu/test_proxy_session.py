@@ -313,3 +313,19 @@ def test_region_views_carry_their_offset_in_ipc_handles(monkeypatch):
     assert (nvl.ptr, nvl.nbytes) == (region.ptr, 5000) and (ll.ptr, ll.nbytes) == (region.ptr + 8192, 3000)
     assert region.nbytes == 8192 + 3000
     assert ll.open_peer(ll.ipc_handle()) == 0x900000 + 8192 and region.opened == [b"H" * 64]
+
+
+def test_a_wait_on_a_peer_the_session_marked_dead_is_a_peer_failure():
+    """Shrink mode excludes every peer in the session (a dead peer no longer fails the proxy), so a
+    normal-mode kernel's timed-out wait on a peer the proxy marked dead reads as PeerFailure; on a
+    live peer it stays a Timeout."""
+    from uccl_ep.cuda.executor import CudaExecutor
+    from uccl_ep.errors import PeerFailure, Timeout
+    for dead, kind in ((True, PeerFailure), (False, Timeout)):
+        ex = CudaExecutor.__new__(CudaExecutor)
+        ex._failure, ex.ctx = None, SimpleNamespace(num_ranks=2, rank=0)
+        ex.errors = SimpleNamespace(int32=lambda i: 1, int32_array=lambda i, n: [1, 5, 0, 1, 3, 2_000_000])
+        ex.session = SimpleNamespace(closed=False, proxy=SimpleNamespace(peer_dead=lambda j: dead and j == 1))
+        with pytest.raises(kind) as err:
+            ex.check_error()
+        assert err.value.peer == 1 and "ht_dispatch_recv" in str(err.value)

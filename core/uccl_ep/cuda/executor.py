@@ -223,6 +223,12 @@ class CudaExecutor(Executor):
                                     hint="this rank's CPU proxy did not queue the copies of the Writes it was "
                                          "given (starved of CPU, or stopped); the buffer is unusable now "
                                          "(destroy it and build a new one)")
+        elif code == 1 and self._peer_dead(peer):
+            # NOTES: shrink mode excludes every peer in the proxy session, so a dead peer no longer
+            # fails the proxy under normal mode's kernels; their bounded wait names it, and the proxy
+            # knows it died.
+            self._failure = PeerFailure(rank, peer, what, "the proxy marked it dead (it stopped responding); the "
+                                        "buffer is unusable now (destroy it and build a new one on the surviving ranks)")
         elif code == 1:
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
@@ -244,6 +250,12 @@ class CudaExecutor(Executor):
             from ..errors import PeerProtocolError
             self._failure = PeerProtocolError(f"rank {rank}: device error {code} in {what} (peer {peer})")
         raise self._failure
+
+    def _peer_dead(self, peer: int) -> bool:
+        """Whether the proxy session marked `peer` dead (shrink mode's excluded peers)."""
+        session = getattr(self, "session", None)
+        return (session is not None and not session.closed and 0 <= peer < self.ctx.num_ranks
+                and bool(session.proxy.peer_dead(peer)))
 
     def host_barrier(self, phase: str = "barrier", masks: bool = False) -> None:
         """Every rank here, within the timeout (a Timeout / PeerFailure names the missing one). With
