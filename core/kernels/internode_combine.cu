@@ -156,7 +156,7 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
     __syncthreads();  // every read of this round's slots done before their credits go back
     if (tid < R) {
       for (int u = tb; u < tb_end; ++u) consumed += in_rank[int64_t(u) * R + tid];
-      const int64_t lazy = half > 1 ? half : 1;
+      const int64_t lazy = credit_batch(a);
       if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
         if (!return_credit(a, tid, c, s_base[tid] + consumed, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
         credited = consumed;

@@ -285,6 +285,21 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   }
 }
 
+// The copy rings change consumers (CopyRingHandoverParams, proxy_session.py): launched on the stream
+// before a consumer's launch when the session's rings have two; after every earlier launch on the
+// stream, so plain loads see the positions they left.
+extern "C" __global__ void __launch_bounds__(64) copy_ring_handover(const UCCL_GRID_CONSTANT CopyRingHandoverParams p) {
+  for (int64_t g = threadIdx.x; g < p.num_rings; g += blockDim.x) {
+    auto* own = reinterpret_cast<unsigned long long*>(p.own) + g * p.own_stride;
+    const unsigned long long at = reinterpret_cast<const unsigned long long*>(p.other)[g * p.other_stride];
+    if (at <= *own) continue;
+    const int64_t words[3] = {p.word0, p.word1, p.word2};
+#pragma unroll
+    for (int k = 0; k < 3; ++k)
+      if (words[k] >= 0) own[words[k]] = at;
+  }
+}
+
 // Diagnostics (CopyProbeParams): copy_share alone over the whole grid, without rings, so a probe can
 // tell the copy loop's own rate from what the ring protocol around it costs.
 extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma_probe(const UCCL_GRID_CONSTANT CopyProbeParams p) {

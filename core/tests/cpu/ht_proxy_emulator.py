@@ -41,6 +41,12 @@ def unpack(struct_name: str, params: bytes) -> dict:
     return dict(zip((f for _, f in fields), struct.unpack(fmt, params)))
 
 
+def credit_batch(p: dict) -> int:
+    """Messages a receiver consumes before it returns their credits (internode_ring.cuh credit_batch):
+    a sender's round, at most half a ring."""
+    return max(1, min(p["ring_slots"] // 2, p["chunk"]))
+
+
 def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
@@ -352,7 +358,7 @@ class _Kernels:
     def _recv(self, p, st, src, c, n, consume, hooks=None):
         S, ring = p["ring_slots"], p["first_ring"] + c
         base = int(st.recv_pos[src, ring])
-        tail, credited, k0, lazy = 0, base, 0, max(1, S // 2)
+        tail, credited, k0, lazy = 0, base, 0, credit_batch(p)
         while k0 < n:
             pos = base + k0
             while tail <= pos:
@@ -451,7 +457,7 @@ class _Kernels:
             tail = [0] * R
             consumed, credited = [0] * R, [0] * R
             B = max(1, min(16, S // 2))
-            lazy = max(1, S // 2)
+            lazy = credit_batch(p)
             t0, t1 = min(T, c * per), min(T, c * per + per)
             for tb in range(t0, t1, B):
                 for t in range(tb, min(tb + B, t1)):

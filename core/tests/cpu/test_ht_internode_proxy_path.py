@@ -36,7 +36,7 @@ from ht_proxy_emulator import Emulator, unpack  # noqa: E402
 from multirank import run_ranks  # noqa: E402
 from test_proxy import make_group, stop_all  # noqa: E402
 from uccl_ep.config import Config  # noqa: E402
-from uccl_ep.cuda import ht_internode, jit, proxy_path  # noqa: E402
+from uccl_ep.cuda import gpu_transport, ht_internode, jit, proxy_path, proxy_session  # noqa: E402
 from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
 from uccl_ep.errors import LimitExceeded, Unsupported  # noqa: E402
 from uccl_ep.host.ht_common import pack_table  # noqa: E402
@@ -123,11 +123,28 @@ def _install_fakes(log, emulator=None, start_proxy=None):
     ht_internode.DeviceMemory = HostMem
     ht_internode.MappedHostMemory = HostMem
     proxy_path.DeviceMemory = HostMem
+    proxy_session.DeviceMemory = HostMem
     ht_internode.load_kernel = lambda dev, src, name: RecordingKernel(log, name, emulator)
     ht_internode.current_stream = ht.current_stream = lambda: 0
     torch.cuda.synchronize = lambda *a, **k: None
     if start_proxy is not None:
         uccl_ep.proxy.start_proxy = start_proxy
+
+
+def _engine(ex):
+    """The executor's proxy session over the NVL buffer (proxy_session.open_for) and the engine on it;
+    engine.close() frees the engine's memory, _close() the session too."""
+    session = proxy_session.GpuProxySession(ex, ex.nvl_mem, gpu_transport.choose(ex.multi_host))
+    try:
+        return ht_internode.ProxyNormalEngine(ex, session)
+    except BaseException:
+        session.close()
+        raise
+
+
+def _close(eng):
+    eng.close()
+    eng.session.close()
 
 
 def _fake_ex(rank, R, rpn, nvl_bytes, drv=None, group=None):
@@ -272,20 +289,21 @@ def engine(monkeypatch):
     """The engine of rank 0 of 2 over a loop proxy, without the copy role (the proxy's own copies)."""
     monkeypatch.setenv("UCCL_EP_IPC_COPY", "cuda")
     R, rank = 2, 0
-    proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=4 << 20)
+    proxies = make_group(R, "loop", num_counters=proxy_session.NUM_COUNTERS, region_bytes=4 << 20)
     asked, log = {}, []
-    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory,
+    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
              ht_internode.load_kernel, ht_internode.current_stream, torch.cuda.synchronize)
     import uccl_ep.proxy
     from uccl_ep.cuda import ht
     saved_sp, saved_cs = uccl_ep.proxy.start_proxy, ht.current_stream
     _install_fakes(log, start_proxy=lambda group, **kw: asked.update(kw) or proxies[rank])
     ex = _fake_ex(rank, R, 1, 4 << 20, drv=FakeDrv(offset=1 << 46))
-    eng = ht_internode.ProxyNormalEngine(ex)
+    eng = _engine(ex)
     yield SimpleNamespace(eng=eng, ex=ex, asked=asked, log=log, proxy=proxies[rank], R=R)
-    eng.close()
+    _close(eng)
     stop_all(proxies)
-    (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, ht_internode.load_kernel,
+    (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
+     ht_internode.load_kernel,
      ht_internode.current_stream, torch.cuda.synchronize) = saved
     uccl_ep.proxy.start_proxy, ht.current_stream = saved_sp, saved_cs
 
@@ -293,7 +311,7 @@ def engine(monkeypatch):
 def test_proxy_on_the_nvl_buffer_over_ipc(engine):
     a = engine.asked
     assert a["transport"] == "ipc" and a["external_region"] == engine.ex.nvl_mem.ptr
-    assert a["region_bytes"] == engine.ex.nvl_mem.nbytes and a["num_counters"] == plan.NUM_COUNTERS
+    assert a["region_bytes"] == engine.ex.nvl_mem.nbytes and a["num_counters"] == proxy_session.NUM_COUNTERS
     assert a["ranks_per_node"] == 1 and a["num_threads"] == 2
     drv, p = engine.ex.drv, engine.proxy
     covered = lambda lo, hi: any(b <= lo and hi <= b + n for b, n in drv.registered)  # noqa: E731
@@ -315,9 +333,9 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
     import uccl_ep.proxy
     from uccl_ep.cuda import ht
     R = 2
-    proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=4 << 20)
+    proxies = make_group(R, "loop", num_counters=proxy_session.NUM_COUNTERS, region_bytes=4 << 20)
     asked, log = {}, []
-    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory,
+    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
              ht_internode.load_kernel, ht_internode.current_stream, torch.cuda.synchronize,
              uccl_ep.proxy.start_proxy, ht.current_stream)
     _install_fakes(log, start_proxy=lambda group, **kw: asked.update(kw) or proxies[0])
@@ -326,15 +344,16 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
         ex.multi_host = True
         monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
         with pytest.raises(Unsupported, match="UCCL_EP_TRANSPORT=fabric"):
-            ht_internode.ProxyNormalEngine(ex)
+            _engine(ex)
         monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
         monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
-        eng = ht_internode.ProxyNormalEngine(ex)
+        eng = _engine(ex)
         assert asked["transport"] == "ipc+fabric" and asked["external_region"] == ex.nvl_mem.ptr
-        eng.close()
+        _close(eng)
     finally:
         stop_all(proxies)
-        (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, ht_internode.load_kernel,
+        (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
+     ht_internode.load_kernel,
          ht_internode.current_stream, torch.cuda.synchronize, uccl_ep.proxy.start_proxy, ht.current_stream) = saved
 
 
@@ -362,10 +381,10 @@ def test_parameters_of_one_op_sequence(engine):
     n = unpack("HTProxyNotifyParams", log[0][3])
     assert n["handshake"] == 0 and n["record_ints"] == R + 3 + E // R + 1 and n["check_col"] == R + 3 + E // R
     assert n["meta_base"] == eng.meta.base == eng.shared and n["meta_slot_bytes"] == eng.meta.slot
-    assert n["num_counters"] == plan.NUM_COUNTERS and n["counters"] == eng.counters_dev and n["num_worst_tokens"] == worst
+    assert n["num_counters"] == proxy_session.NUM_COUNTERS and n["counters"] == eng.counters_dev and n["num_worst_tokens"] == worst
     d = unpack("HTProxyDispatchParams", log[1][3])
     msg = plan.dispatch_msg_bytes(2 * H, 0, K)
-    geo = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x")
+    geo = plan.geometry(R, eng.shared, 60.0, msg, 3, config, "x", areas=1)  # one rank per node: one area
     assert log[1][1] == 6 and log[1][2] == 512
     for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring"):
         assert d[k] == getattr(geo, k), k
@@ -395,15 +414,16 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
     import uccl_ep.proxy
     monkeypatch.setenv("UCCL_EP_IPC_COPY", "cuda")  # a loop proxy: no copy rings, no copy role
     R, rank = 4, 1
-    proxies = make_group(R, "loop", num_counters=plan.NUM_COUNTERS, region_bytes=8 << 20)
+    proxies = make_group(R, "loop", num_counters=proxy_session.NUM_COUNTERS, region_bytes=8 << 20)
     log = []
     for mod, name in ((ht_internode, "DeviceMemory"), (ht_internode, "MappedHostMemory"), (proxy_path, "DeviceMemory"),
+                      (proxy_session, "DeviceMemory"),
                       (ht_internode, "load_kernel"), (ht_internode, "current_stream"), (ht, "current_stream"),
                       (ht_internode_forward, "current_stream"), (torch.cuda, "synchronize"),
                       (uccl_ep.proxy, "start_proxy")):
         monkeypatch.setattr(mod, name, getattr(mod, name))
     _install_fakes(log, start_proxy=lambda group, **kw: proxies[rank])
-    eng = ht_internode.ProxyNormalEngine(_fake_ex(rank, R, 2, 8 << 20))
+    eng = _engine(_fake_ex(rank, R, 2, 8 << 20))
     try:
         assert eng.forward and set(eng.kernels) >= {"ht_proxy_forward_dispatch", "ht_proxy_forward_combine"}
         g = torch.Generator().manual_seed(4)
@@ -441,7 +461,7 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
             eng.dispatch(x, None, idx, w, in_rank.sum(0, dtype=torch.int32), in_rank, ntpe, 1, worst,
                          Config(12, 4, 32, 4, 16))
     finally:
-        eng.close()
+        _close(eng)
         stop_all(proxies)
 
 
@@ -479,7 +499,7 @@ def test_scope_refusals(monkeypatch):
     ex = _fake_ex(0, 32, 16, 1 << 20)
     monkeypatch.delenv("UCCL_EP_TRANSPORT")
     with pytest.raises(Unsupported, match="ranks per node"):
-        ht_internode.ProxyNormalEngine(ex)
+        ht_internode.ProxyNormalEngine(ex, None)
     monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
     assert ht_internode.serves(SimpleNamespace(topology=Topology(2, 2)))
     monkeypatch.delenv("UCCL_EP_FORCE_PROXY")
@@ -510,7 +530,7 @@ def _e2e_worker(rank, world, rpn, seed):
                                                                         if k != "external_region"}))
     topo_rpn = rpn or world
     ex = _fake_ex(rank, world, topo_rpn, 6 << 20, group=dist.group.WORLD)
-    eng = ht_internode.ProxyNormalEngine(ex)
+    eng = _engine(ex)
     emu.proxy = eng.proxy
     ref = Buffer(dist.group.WORLD, 6 << 20, 0, backend="reference", **({"ranks_per_node": rpn} if rpn else {}))
     bad = []
@@ -599,7 +619,7 @@ def _e2e_worker(rank, world, rpn, seed):
             cmp(f"{case} combined weights bias={nb}", co[1], cr[1])
     counters = eng.proxy.transport_counters()
     copies = int(counters.get("ipc_host_copies", 0)) + int(counters.get("ipc_kernel_copies", 0))
-    eng.close()
+    _close(eng)
     return bad, copies, len(emu.launches)
 
 

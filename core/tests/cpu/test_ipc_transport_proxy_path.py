@@ -16,7 +16,7 @@ import torch
 
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
-from uccl_ep.cuda import proxy_path, runtime
+from uccl_ep.cuda import gpu_transport, proxy_path, proxy_session, runtime
 from uccl_ep.cuda.proxy_path import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
                                      fifo_table_entry, write_chunk_bytes)
 from uccl_ep.proxy import native
@@ -104,6 +104,7 @@ def engine(monkeypatch, request):
     asked, launches = {}, []
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
+    monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel(launches, name, defines))
     monkeypatch.setattr(proxy_path, "device_arch", lambda dev: arch)
     monkeypatch.setattr(proxy_path, "current_stream", lambda: 0)
@@ -115,10 +116,18 @@ def engine(monkeypatch, request):
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000,
                          timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=False,
                          mask=SimpleNamespace(ptr=0xD000))
-    eng = ProxyLowLatencyEngine(ex)
-    yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R)
+    session = _open_session(ex)
+    eng = ProxyLowLatencyEngine(ex, session)
+    yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R,
+                          session=session)
     eng.close()
+    session.close()
     stop_all(proxies)
+
+
+def _open_session(ex):
+    """The executor's proxy session over the LL buffer alone (proxy_session.open_for)."""
+    return proxy_session.GpuProxySession(ex, ex.ll_mem, gpu_transport.choose(ex.multi_host))
 
 
 def test_proxy_is_started_on_the_ll_buffer_over_ipc(engine):
@@ -386,17 +395,21 @@ class _StopSpy:
 
 
 def test_close_unregisters_everything(engine):
-    eng, drv = engine.eng, engine.ex.drv
+    eng, drv, session = engine.eng, engine.ex.drv, engine.session
     bases = [b for b, _ in drv.registered]
     rings = [r["memory"] for r in engine.proxy.copy_rings()]
-    eng.proxy = _StopSpy(eng.proxy, drv.unregistered)
-    eng.close()
+    session.proxy = _StopSpy(session.proxy, drv.unregistered)
+    eng.close()  # the engine frees its own memory only: the proxy runs on
+    assert drv.unregistered == [] and eng.proxy is None and not session.closed
+    session.close()
     stopped = drv.unregistered.index("stop")
     drv.unregistered.remove("stop")
-    assert sorted(drv.unregistered) == sorted(bases) and eng.proxy is None
+    assert sorted(drv.unregistered) == sorted(bases)
     # the copy rings (freed with their endpoints when the proxy stops) are unregistered before it
     assert len(rings) == 2 and sorted(drv.unregistered[:stopped]) == sorted(rings)
     eng.close()  # idempotent
+    session.close()
+    assert drv.unregistered.count(rings[0]) == 1  # once
 
 
 def test_copy_kernel_timeout_names_the_proxy_thread():
@@ -516,8 +529,9 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     asked = {}
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[0])
     monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
+    monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel([], name, defines))
-    monkeypatch.setattr(proxy_path, "_LOADING_WARNED", False)
+    monkeypatch.setattr(proxy_session, "_LOADING_WARNED", False)
     monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
@@ -529,9 +543,11 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            eng = ProxyLowLatencyEngine(ex)
+            session = _open_session(ex)
+            eng = ProxyLowLatencyEngine(ex, session)
         assert asked["transport"] == "ipc+fabric" and asked["external_region"] == ex.ll_mem.ptr
         eng.close()
+        session.close()
     finally:
         stop_all(proxies)
 

@@ -21,7 +21,7 @@ import torch
 from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore, heartbeat_interval_s
-from . import ht_ce, ht_tuning, liveness, ll_hybrid, proxy_path
+from . import ht_ce, ht_tuning, liveness, ll_hybrid, proxy_path, proxy_session
 from .runtime import DeviceMemory, MappedHostMemory, driver
 from .shrink import DeviceMask, masked_barrier
 
@@ -101,8 +101,17 @@ class CudaExecutor(Executor):
         self._failure: Exception | None = None
         self.errors = MappedHostMemory(self.device, 16384)  # error word at 0, HT receive counts at 4 KiB
         self.error_dev_ptr = self.errors.dev_ptr
-        self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
-        self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
+        # One proxy session serves every engine that goes through the proxy, over one registered
+        # region: with both buffers and normal mode through the proxy (which puts LL through it too:
+        # plan_paths), one allocation holds both, the NVL buffer first (proxy_session.shared_region).
+        from .ht_internode import serves as ht_through_proxy
+        self.region = None
+        if ctx.num_nvl_bytes and ctx.num_rdma_bytes and ht_through_proxy(ctx):
+            self.region, self.nvl_mem, self.ll_mem = proxy_session.shared_region(self.device, ctx.num_nvl_bytes,
+                                                                                 ctx.num_rdma_bytes)
+        else:
+            self.nvl_mem = DeviceMemory(self.device, ctx.num_nvl_bytes) if ctx.num_nvl_bytes else None
+            self.ll_mem = DeviceMemory(self.device, ctx.num_rdma_bytes) if ctx.num_rdma_bytes else None
         # The rank mask the LL kernels read (shrink.py), and the host's bounded exchanges and barriers.
         self.mask = DeviceMask(self.device, ctx.num_ranks)
         self.channel = GroupStore(ctx.group, ctx.timeout_s, "cuda")
@@ -133,6 +142,11 @@ class CudaExecutor(Executor):
                                       "executor needs NVLink/PCIe peer access" + (
                                           " for the low-latency peers of a node (or pass allow_nvlink_for_low_latency_"
                                           "mode=False: every peer through the proxy)" if self.ll_proxy else ""))
+        if self.region is not None and not (self.ht_proxy and self.ll_proxy):
+            raise RuntimeError(f"rank {ctx.rank}: one proxy region was laid out for both modes, but plan_paths "
+                               f"routes normal mode {'through' if self.ht_proxy else 'around'} the proxy and "
+                               f"low-latency mode {'through' if self.ll_proxy else 'around'} it")
+        self.session = None
         # Normal mode through the proxy: its transport reaches the peers' NVL buffers itself.
         self.nvl_peer_base = [] if self.ht_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
         # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process); its
@@ -146,20 +160,33 @@ class CudaExecutor(Executor):
         self._watch = None if ctx.enable_shrink else liveness.PeerWatch(
             ctx.rank, [i[7] for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
         try:
-            if self.nvl_mem is not None and not self.ht_proxy:
+            # NOTES: the proxy session's bootstrap is collective: opened here, while every rank
+            # constructs its Buffer (as DeepEP sets everything up in the constructor), once for every
+            # engine that goes through the proxy, not at a mode's first call, which a rank that fails
+            # (shrink mode) never makes.
+            from .ht_internode import scope_reason
+            need_ht = self.nvl_mem is not None and self.ht_proxy and scope_reason(ctx, self.multi_host) is None
+            self.session = proxy_session.open_for(self, need_ht, self.ll_mem is not None and self.ll_proxy)
+            if self.nvl_mem is not None and (not self.ht_proxy or need_ht):
                 # NOTES: the normal-mode kernels are loaded (compiled on a cold JIT cache) before the
                 # barrier below, so the ranks leave the constructor together: loaded lazily at the first
                 # call, one rank compiling while its peer already waits made the peer's GPU wait time out.
                 self._ht_engine()
-            self.host_barrier("Buffer() (buffers mapped)")
-            if ctx.low_latency_mode and self.ll_mem is not None and self.ll_proxy:
-                # NOTES: the proxy path's engine starts a proxy, a collective bootstrap: made here, while
-                # every rank constructs its Buffer (as DeepEP sets everything up in the constructor), not
-                # at the first low-latency call, which a rank that fails (shrink mode) never makes.
+            # NOTES: both engines exist before any op when their copy work shares the session's copy
+            # rings: a CUDA graph captured of one mode hands the rings over from the other
+            # (proxy_session.claim_copy_rings) only if that one is known at capture.
+            shared_rings = self.session is not None and self.session.copy_kernel and need_ht
+            if self.ll_mem is not None and self.ll_proxy and (ctx.low_latency_mode or shared_rings):
                 self._ll_engine()
+            self.host_barrier("Buffer() (buffers mapped)")
         except BaseException:
             if self._watch is not None:
                 self._watch.close()
+            for close in [getattr(e, "close", None) for e in (self._ll, self._ht)] + [getattr(self.session, "close", None)]:
+                try:
+                    close and close()
+                except Exception:  # noqa: BLE001 - the constructor's own error is the one raised
+                    pass
             raise
 
     def _open_peers(self, mem: DeviceMemory | None, handles: list, only: list[int] | None = None) -> list[int]:
@@ -196,6 +223,12 @@ class CudaExecutor(Executor):
                                     hint="this rank's CPU proxy did not queue the copies of the Writes it was "
                                          "given (starved of CPU, or stopped); the buffer is unusable now "
                                          "(destroy it and build a new one)")
+        elif code == 1 and self._peer_dead(peer):
+            # NOTES: shrink mode excludes every peer in the proxy session, so a dead peer no longer
+            # fails the proxy under normal mode's kernels; their bounded wait names it, and the proxy
+            # knows it died.
+            self._failure = PeerFailure(rank, peer, what, "the proxy marked it dead (it stopped responding); the "
+                                        "buffer is unusable now (destroy it and build a new one on the surviving ranks)")
         elif code == 1:
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
@@ -217,6 +250,12 @@ class CudaExecutor(Executor):
             from ..errors import PeerProtocolError
             self._failure = PeerProtocolError(f"rank {rank}: device error {code} in {what} (peer {peer})")
         raise self._failure
+
+    def _peer_dead(self, peer: int) -> bool:
+        """Whether the proxy session marked `peer` dead (shrink mode's excluded peers)."""
+        session = getattr(self, "session", None)
+        return (session is not None and not session.closed and 0 <= peer < self.ctx.num_ranks
+                and bool(session.proxy.peer_dead(peer)))
 
     def host_barrier(self, phase: str = "barrier", masks: bool = False) -> None:
         """Every rank here, within the timeout (a Timeout / PeerFailure names the missing one). With
@@ -246,7 +285,7 @@ class CudaExecutor(Executor):
                 raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
                                     hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
             from .ll import LowLatencyEngine
-            self._ll = (proxy_path.ProxyLowLatencyEngine if self.ll_proxy else LowLatencyEngine)(self)
+            self._ll = proxy_path.ProxyLowLatencyEngine(self, self.session) if self.ll_proxy else LowLatencyEngine(self)
         return self._ll
 
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
@@ -281,7 +320,7 @@ class CudaExecutor(Executor):
     def _ht_engine(self):
         if self._ht is None and self.ht_proxy:
             from .ht_internode import ProxyNormalEngine
-            self._ht = ProxyNormalEngine(self)
+            self._ht = ProxyNormalEngine(self, self.session)
         if self._ht is None:
             from .ht import NormalEngine
             self._ht = NormalEngine(self)
@@ -331,7 +370,9 @@ class CudaExecutor(Executor):
             steps.append(self._ll.close)  # the proxy stops before the LL buffer it copies into is freed
         if self._ht is not None and hasattr(self._ht, "close"):
             steps.append(self._ht.close)  # likewise for normal mode through the proxy (the NVL buffer)
-        steps += [m.free for m in (self.nvl_mem, self.ll_mem) if m is not None]
+        if getattr(self, "session", None) is not None:
+            steps.append(self.session.close)  # the proxy stops before the region it copies into is freed
+        steps += [m.free for m in (self.nvl_mem, self.ll_mem, getattr(self, "region", None)) if m is not None]
         steps += [self.mask.free, self.channel.close]
         if self._ll is not None:
             steps.append(lambda: self._ll.work is not None and self._ll.work.free())

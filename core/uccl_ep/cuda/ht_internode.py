@@ -20,9 +20,10 @@ Per op:
   combine   the rows back along the same streams (BF16 row + weights), reduced at the source in
             rank order, fp32, biases first (bit-exact with uccl_ep.refs)
 
-Region: this rank's NVL buffer (the proxy registers it; the executor does not open the peers'
-NVL buffers in this mode, the ipc transport does). Counters, FIFOs and their device mappings:
-the LL proxy path's plumbing (proxy_path.py), reused as is.
+Region: this rank's NVL buffer, at the base of the Buffer's proxy session's region (the executor
+does not open the peers' NVL buffers in this mode, the ipc transport does). The proxy, its FIFOs,
+counters and copy rings and their device mappings: the session (proxy_session.py), shared with
+low-latency mode through the proxy.
 
 Topologies: one rank per node (ranks_per_node = 1, or a forced proxy on one host, where every
 rank is treated as its own node and the handle is the intranode 6-tuple): the kernels above;
@@ -47,7 +48,7 @@ from . import ht_internode_plan as plan
 from .ht_internode_plan import ProxyNormalPlan, check_scales
 from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params, warp_size
 
-__all__ = ["serves", "unavailable_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
+__all__ = ["serves", "unavailable_reason", "scope_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
 
 _BLOCK = 512
 _NOTIFY_BLOCK = 256
@@ -70,7 +71,7 @@ def serves(ctx) -> bool:
     return ctx.topology.is_internode or bool(env.get("UCCL_EP_FORCE_PROXY"))
 
 
-def _scope_reason(ctx, multi_host: bool) -> str | None:
+def scope_reason(ctx, multi_host: bool) -> str | None:
     topo = ctx.topology
     if topo.is_internode and topo.ranks_per_node > plan.MAX_LOCAL:
         return (f"{topo.ranks_per_node} ranks per node; normal mode through the proxy forwards inside a node of at "
@@ -85,36 +86,35 @@ def _scope_reason(ctx, multi_host: bool) -> str | None:
 
 def unavailable_reason(ctx) -> str | None:
     """None when the proxy path can serve normal mode of ``ctx`` (cheap, no collective)."""
-    return _scope_reason(ctx, gpu_transport.multi_host_guess(ctx))
+    return scope_reason(ctx, gpu_transport.multi_host_guess(ctx))
 
 
 class ProxyNormalEngine:
-    """Normal mode through the proxy (see the module doc)."""
+    """Normal mode through the Buffer's proxy session (see the module doc and proxy_session.py)."""
 
-    def __init__(self, ex) -> None:
-        from ..proxy import native, start_proxy
-        from .proxy_path import ProxyLowLatencyEngine, warn_lazy_module_loading
+    def __init__(self, ex, session) -> None:
         ctx = ex.ctx
-        transport = gpu_transport.choose(ex.multi_host)
-        # Between GPUs of one host the Writes' bytes are copied by the kernels' own copy role from the
-        # proxy threads' descriptor rings (device/ht_dma.cuh): the proxy posts them as it would to a
-        # NIC, with no CUDA call; UCCL_EP_IPC_COPY=cuda keeps the proxy's driver copies (which need
-        # eager module loading).
-        self.dma_role = transport == "ipc" and env.get("UCCL_EP_IPC_COPY") == "kernel"
-        if transport == "ipc" and not self.dma_role:
-            warn_lazy_module_loading(ctx.rank)
-        why = _scope_reason(ctx, ex.multi_host)
+        why = scope_reason(ctx, ex.multi_host)
         if why:
             raise Unsupported(f"normal mode of the cuda backend: {why}")
         if ex.nvl_mem is None:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
+        # Between GPUs of one host the Writes' bytes are copied by the kernels' own copy role from the
+        # proxy threads' descriptor rings (device/ht_dma.cuh): the proxy posts them as it would to a
+        # NIC, with no CUDA call; UCCL_EP_IPC_COPY=cuda keeps the proxy's driver copies (which need
+        # eager module loading).
+        self.session = session
+        self.dma_role = session.copy_kernel
         self.ex, self.dev, self.drv = ex, ex.device, ex.drv
         self.R, self.rank = ctx.num_ranks, ctx.rank
         self.internode = ctx.topology.is_internode
         self.G = ctx.topology.ranks_per_node if self.internode else 1
         self.forward = self.G > 1  # several ranks per node: dedup per node, forwarding inside it
         self.mem: DeviceMemory = ex.nvl_mem
+        if self.mem.ptr != session.region_ptr:
+            raise RuntimeError(f"rank {self.rank}: the NVL buffer must start the proxy session's region (the "
+                               "normal-mode kernels address the region from its base)")
         self.shared, self.meta = plan.region_layout(self.mem.nbytes, self.R)
         self.num_sms = self.drv.device_attribute(self.dev, self.drv.ATTR_SM_COUNT)
         self.kernels = {n: load_kernel(self.dev, src, n) for src, n in (
@@ -123,23 +123,19 @@ class ProxyNormalEngine:
             ("internode_forward_dispatch.cu", "ht_proxy_forward_dispatch"),
             ("internode_forward_combine.cu", "ht_proxy_forward_combine"))
             if self.forward or "forward" not in n}
-        threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
-        self.C = native()
-        self._registered: list[int] = []
-        self._ring_bases: list[int] = []
+        # the session's proxy and mappings, under the names the kernels' parameters use; this
+        # engine's counters are the session's normal-mode range, from 0 (ordered counters < 1024)
+        self.C, self.proxy = session.C, session.proxy
+        self.num_fifos, self.num_proxy_threads = session.num_fifos, session.num_proxy_threads
+        self.fifo_words, self.fifo_table = session.fifo_words, session.fifo_table
+        self.status_dev, self.counters_dev = session.status_dev, session.counters_dev
+        self.num_counters = session.num_counters
+        self.region_dev = session.region_dev
         self.state = self.host = self.dma_mem = None
         self.dma_ctx = 0
-        self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=plan.NUM_COUNTERS,
-                                 transport=transport, num_threads=threads, fifos_per_thread=2, timeout_s=ctx.timeout_s,
-                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr,
-                                 ipc_copy="kernel" if self.dma_role else "")
         try:
-            # NOTES: the LL proxy path's mapping of FIFOs and counters, reused unchanged: it sets
-            # num_fifos, fifo_words, fifo_table, status_dev and counters_dev on this object.
-            ProxyLowLatencyEngine._map_proxy_memory(self)
             if self.dma_role:
                 self._map_dma_role()
-            self.region_dev = self.C.proxy_region_address(self.proxy)
             self.state = DeviceMemory(self.dev, plan.STATE_BYTES)
             self.drv.memset_d8(self.dev, self.state.ptr, 0, plan.STATE_BYTES, 0)
             self.drv.synchronize(self.dev)
@@ -155,23 +151,14 @@ class ProxyNormalEngine:
         """The Buffer this engine's handles belong to."""
         return self.ex.owner
 
-    def _register(self, start: int, end: int) -> int:
-        from .proxy_path import ProxyLowLatencyEngine
-        return ProxyLowLatencyEngine._register(self, start, end)
-
     def _map_dma_role(self) -> None:
-        """The copy role's memory (dma_ring.h, HtDmaContext): context | ring table u64[n] | pushed
-        u64[n] | signals, exited | HtDmaRing[n] | left u32[n][cap] | finish u32[n][cap] |
-        unit_end u64[n][cap] | units HtDmaUnit[n][units cap]."""
-        rings = self.proxy.copy_rings()
-        if len(rings) != self.num_proxy_threads or any(r is None for r in rings):
-            raise RuntimeError(f"rank {self.rank}: the ipc transport did not create its copy rings "
-                               f"({self.proxy.transport_name})")
-        n, cap = len(rings), rings[0]["capacity"]
+        """The copy role's memory over the session's copy rings (dma_ring.h, HtDmaContext): context |
+        ring table u64[n] | pushed u64[n] | signals, exited | HtDmaRing[n] | left u32[n][cap] |
+        finish u32[n][cap] | unit_end u64[n][cap] | units HtDmaUnit[n][units cap]."""
+        n, cap = self.num_proxy_threads, self.session.ring_capacity
         if cap != DMA_RING_CAPACITY:
             raise RuntimeError(f"copy rings of {cap} descriptors; the kernels are built for {DMA_RING_CAPACITY}")
-        table = [self._register(r["memory"], r["memory"] + r["memory_bytes"]) for r in rings]
-        self._ring_bases = self._registered[-n:]
+        table = self.session.ring_dev
         off = {"table": DMA_CONTEXT_BYTES}
         off["pushed"] = off["table"] + 8 * n
         off["signals"] = off["pushed"] + 8 * n
@@ -196,6 +183,8 @@ class ProxyNormalEngine:
         self.drv.synchronize(self.dev)
         self.dma_ctx = base
         self.dma_offsets = off
+        # HtDmaRing.base_idx: where the next launch starts (its byte count stays this engine's own)
+        self.session.add_ring_consumer("ht", base + off["state"], DMA_RING_STATE_BYTES // 8, (0,))
 
     def role(self, main_blocks: int, block: int, per_ring: int = _COPY_BLOCKS_PER_RING,
               senders: int | None = None) -> tuple[int, dict]:
@@ -203,6 +192,7 @@ class ProxyNormalEngine:
         follow them when this engine has one; ``senders`` defaults to one signal per warp."""
         if not self.dma_role:
             return main_blocks, dict(dma_blocks=0, dma_senders=0)
+        self.session.claim_copy_rings("ht", current_stream())  # the launch that follows consumes the rings
         extra = per_ring * self.num_proxy_threads
         if senders is None:
             senders = main_blocks * (block // warp_size())  # lane 0 of every warp (64-lane wavefronts on AMD)
@@ -211,12 +201,15 @@ class ProxyNormalEngine:
     # -- shared pieces -----------------------------------------------------------------------------
     def ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
         """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix)."""
-        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area)
+        # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
+        # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
+        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area,
+                          areas=2 if self.forward else 1)
         pre = "nvl_" if area else ""
         out = {pre + k: getattr(g, k) for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base",
                                                 "first_ring")}
         if not area:
-            out.update(head_base=plan.HEAD_BASE, num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos,
+            out.update(head_base=plan.HEAD_BASE, num_counters=self.num_counters, num_fifos=self.num_fifos,
                        timeout_ns=self.ex.timeout_ns)
         return out
 
@@ -243,7 +236,7 @@ class ProxyNormalEngine:
             "HTProxyNotifyParams", per_dst=0 if handshake else per_dst.data_ptr(),
             meta_out=0 if handshake else meta_out.data_ptr(), host=self.host.dev_ptr,
             record_ints=0 if handshake else cols["ints"], num_ranks=self.R, rank=self.rank,
-            num_counters=plan.NUM_COUNTERS, num_fifos=self.num_fifos, meta_base=self.meta.base,
+            num_counters=self.num_counters, num_fifos=self.num_fifos, meta_base=self.meta.base,
             meta_slot_bytes=self.meta.slot, expert_col=0 if handshake else cols["expert"], num_local_experts=E_loc,
             node_col=-1 if handshake else cols["node"], ranks_per_node=self.G, num_channels=channels,
             check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
@@ -408,37 +401,21 @@ class ProxyNormalEngine:
     # -- failures, lifetime ------------------------------------------------------------------------
     def proxy_failure(self):
         """The proxy's own error (it stopped or failed under a kernel), as an exception."""
-        from ..errors import Aborted
-        try:
-            self.proxy.raise_if_failed()
-        except Exception as e:  # noqa: BLE001 - the typed uccl_ep error of the proxy
-            return e
-        return Aborted(f"rank {self.rank}: the CPU proxy of normal mode stopped while a kernel pushed to or waited on it")
+        return self.session.failure("normal mode")
 
     def transport_counters(self) -> dict:
         """The proxy transport's counters (bytes copied, commands): the bench's transport split."""
         return dict(self.proxy.transport_counters()) if getattr(self, "proxy", None) is not None else {}
 
     def close(self) -> None:
-        """Stop the proxy (before the NVL buffer it copies from/into is freed) and release mappings."""
-        proxy = getattr(self, "proxy", None)
-        if proxy is None:
+        """Release this engine's memory (the session stops the proxy before the NVL buffer is freed)."""
+        if getattr(self, "proxy", None) is None:
             return
         try:
             torch.cuda.synchronize(self.dev)
-        except RuntimeError:  # a failed context: still stop the proxy and release what we can
+        except RuntimeError:  # a failed context: still release what we can
             pass
-        # NOTES: the copy rings go with their transport endpoints when the proxy stops, so their pages
-        # are unregistered first (as in proxy_path.ProxyLowLatencyEngine.close).
-        for base in self._ring_bases:
-            self.drv.host_unregister(self.dev, base)
-        proxy.stop()
-        for base in self._registered:
-            if base not in self._ring_bases:
-                self.drv.host_unregister(self.dev, base)
-        self._registered.clear()
-        self._ring_bases = []
-        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.state, self.dma_mem):
+        for m in (self.state, self.dma_mem):
             if m is not None:
                 m.free()
         self.dma_mem = None

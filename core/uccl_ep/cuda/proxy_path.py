@@ -8,10 +8,11 @@ network path even between GPUs of one host), or between nodes, the node's own pe
 proxy copies into the receiver's LL buffer (CUDA IPC) and then hands the immediate to the
 receiving proxy, exactly like an RDMA write with immediate, so two GPUs act as two nodes.
 
-Set-up (collective): a Proxy per rank whose registered region is this rank's LL buffer (device
-memory); its FIFO rings, completion words and receive counters (pinned host memory of the proxy)
-are registered with the driver and mapped for the device; each FIFO's producer words (head,
-cached tail) live in device memory. Kernels: ll_dispatch_proxy.cu, ll_combine_proxy.cu.
+Set-up: the Buffer's proxy session (proxy_session.py, opened by the executor, shared with normal
+mode through the proxy) registers this rank's LL buffer (device memory; above the NVL buffer in one
+region when both modes use the proxy: the Writes' offsets add ``region_offset``) and maps the FIFOs
+and receive counters for the device; this engine's counters are the session's low-latency range.
+Kernels: ll_dispatch_proxy.cu, ll_combine_proxy.cu.
 
 Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy"):
   send  [R] packed regions (dispatch: header, per-expert counts, slots naming token and row, one
@@ -20,7 +21,7 @@ Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy
   recv  [R] packed regions, one per peer
 The rank's own region is staged in the send area and read there by its receive kernel: it never
 goes through the proxy (no NIC would carry it), except in zero-copy combine, which stages nothing.
-Counters per source: one per (set, phase), (2 * set + phase) * 1024; each op adds signal_total
+Counters per source: one per (set, phase), counter_base(set, phase); each op adds signal_total
 (ProxyLayout.signal_total) from every unmasked peer: a few counted Writes per (op, peer), then a
 fenced Atomic and a padding Atomic.
 
@@ -50,6 +51,7 @@ from ..protocol.ll_plan import LowLatencyPlan
 from . import gpu_transport
 from .ll import LowLatencyEngine
 from .ll_hybrid import HybridPeers
+from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
 
 __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "PackedRegion",
@@ -58,9 +60,7 @@ __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "Pr
 _ALIGN = 128
 _SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
 _MAX_RANKS, _MAX_TOPK = 64, 32
-NUM_COUNTERS = 4 * NUM_MAX_LOCAL_EXPERTS
 _MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
-_FIFOS_PER_THREAD = 2
 # The copy kernel (ll_proxy_dma.cu): threads per block, and the size of its per-ring DmaConsumer
 # state and of a descriptor (blocks per ring: UCCL_EP_IPC_COPY_BLOCKS; rings without work cost a
 # launch only, their blocks leave at once).
@@ -69,35 +69,14 @@ _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 512, 128, 32
 # tests/cpu/test_kernels_compile.py against the header)
 _DMA_CONSUMER_DIAG_WORDS = {"wait_ns": 4, "copy_ns": 5, "descs": 6, "push_seen_ns": 10, "push_start_ns": 11,
                             "launches": 12}
+# DmaConsumer's words that equal the ring position between launches (copy_ring_handover sets them)
+_DMA_CONSUMER_POSITION_WORDS = {"base_idx": 0, "done": 2, "fetched": 7}
 
 
 def counter_base(s: int, phase: int) -> int:
-    """Receiver counter of local expert 0 for buffer set ``s``, phase 0 (dispatch) / 1 (combine)."""
-    return (2 * s + phase) * NUM_MAX_LOCAL_EXPERTS
-
-
-_LOADING_WARNED = False
-
-
-def warn_lazy_module_loading(rank: int) -> None:
-    """Warn once per process when CUDA loads kernels lazily while a same-host proxy path is in use.
-
-    NOTES: with the ipc transport the proxy thread itself calls CUDA (peer copies, events). Lazy
-    module loading makes the host's first launch of any not-yet-loaded kernel (a torch op between
-    our send and receive kernels, say) wait for the device, while holding the context: the proxy's
-    next CUDA call then waits behind it, and the device waits for the proxy -- every op stalls
-    until the bounded device wait gives up (docs/troubleshooting.md).
-    """
-    import os
-    import warnings
-    global _LOADING_WARNED
-    if _LOADING_WARNED or os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() == "EAGER":
-        return
-    _LOADING_WARNED = True
-    warnings.warn(f"uccl_ep rank {rank}: the proxy path between GPUs of one host (ipc transport) needs "
-                  "CUDA_MODULE_LOADING=EAGER in the environment before CUDA starts; with lazy loading the first "
-                  "launch of a new kernel while an op is in flight stalls it until the device timeout "
-                  "(docs/troubleshooting.md)", RuntimeWarning, stacklevel=3)
+    """Receiver counter for buffer set ``s``, phase 0 (dispatch) / 1 (combine): in the session's
+    low-latency range (proxy_session.py)."""
+    return LL_COUNTER_BASE + (2 * s + phase) * NUM_MAX_LOCAL_EXPERTS
 
 
 def proxy_forced(ctx) -> bool:
@@ -222,21 +201,20 @@ class ProxyLayout:
 
 
 class ProxyLowLatencyEngine(LowLatencyEngine):
-    """LowLatencyEngine whose send phases push commands to the proxy (see the module doc)."""
+    """LowLatencyEngine whose send phases push commands to the Buffer's proxy session (see the
+    module doc and proxy_session.py)."""
 
-    def __init__(self, ex) -> None:  # noqa: D107 - replaces the NVLink engine's set-up
-        from ..proxy import native, start_proxy
+    def __init__(self, ex, session) -> None:  # noqa: D107 - replaces the NVLink engine's set-up
         self.ex = ex
         self.dev = ex.device
         self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
-        self.transport = gpu_transport.choose(ex.multi_host)
-        # ipc between GPUs of one host: Writes are copied by our copy kernel from the proxy's
-        # descriptor rings (dma_ring.h) unless UCCL_EP_IPC_COPY=cuda (the proxy's driver copies).
-        self.copy_kernel = self.transport == "ipc" and env.get("UCCL_EP_IPC_COPY") == "kernel"
+        self.session = session
+        self.transport = session.transport
+        self.copy_kernel = session.copy_kernel  # Writes copied by ll_proxy_dma.cu from the copy rings
         self.copy_blocks = int(env.get("UCCL_EP_IPC_COPY_BLOCKS"))  # the copy kernel's blocks per ring
-        if self.transport == "ipc" and not self.copy_kernel:
-            warn_lazy_module_loading(self.rank)
         self.mem: DeviceMemory = ex.ll_mem
+        # where this engine's buffer sits in the session's region (the Writes' offsets are the region's)
+        self.region_offset = self.mem.ptr - session.region_ptr
         self.idx = 0
         self.layout: ProxyLayout | None = None
         self.work: DeviceMemory | None = None
@@ -263,85 +241,32 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # the path after the peer's signal; it waits for the copy kernel before it completes.
         self.recv_pdl = (self.copy_kernel and not self.copy_overlap and bool(env.get("UCCL_EP_LL_PDL"))
                          and sm_number(device_arch(self.dev)) >= 90)
-        ctx = ex.ctx
-        threads = int(ctx.options.get("num_proxy_threads") or env.get("UCCL_EP_NUM_PROXY_THREADS"))
-        self.C = native()
-        self.proxy = start_proxy(ctx.group, region_bytes=self.mem.nbytes, num_counters=NUM_COUNTERS,
-                                 transport=self.transport,
-                                 num_threads=threads, fifos_per_thread=_FIFOS_PER_THREAD, timeout_s=ctx.timeout_s,
-                                 ranks_per_node=ctx.topology.ranks_per_node, external_region=self.mem.ptr,
-                                 ipc_copy="kernel" if self.copy_kernel else "")
-        if ctx.enable_shrink:
-            # NOTES: shrink mode: a peer that dies is marked dead in the proxy (commands to it are
-            # dropped, waits on it end) instead of failing the proxy under every kernel; the kernels'
-            # bounded waits then mask it (device/shrink.cuh).
-            for j in range(self.R):
-                if j != self.rank:
-                    self.proxy.set_excluded(j, True)
-        self._registered: list[int] = []
+        # the session's proxy and mappings, under the names the kernels' parameters use
+        self.C, self.proxy = session.C, session.proxy
+        self.num_fifos, self.num_proxy_threads = session.num_fifos, session.num_proxy_threads
+        self.fifo_words, self.fifo_table = session.fifo_words, session.fifo_table
+        self.status_dev, self.counters_dev = session.status_dev, session.counters_dev
         self.dma_mem: DeviceMemory | None = None
         self.hybrid = HybridPeers(self.dev, drv, getattr(ex, "ll_paths", ()), getattr(ex, "ll_peer_base", []))
         try:
-            self._map_proxy_memory()
+            if self.copy_kernel:
+                self._map_copy_rings()
         except BaseException:
             self.close()
             raise
-
-    # -- proxy memory as the kernels see it -----------------------------------------------------
-    def _register(self, start: int, end: int) -> int:
-        """Register the pages of [start, end) for the device; returns the device address of start."""
-        page = 4096
-        base = start // page * page
-        self.drv.host_register(self.dev, base, (end - base + page - 1) // page * page)
-        self._registered.append(base)
-        return self.drv.host_device_pointer(self.dev, start)
-
-    def _map_proxy_memory(self) -> None:
-        C, drv, p = self.C, self.drv, self.proxy
-        nf = p.num_fifos
-        self.num_fifos = nf
-        # Producer words: head and cached tail of every FIFO, one cache line each.
-        self.fifo_words = DeviceMemory(self.dev, 128 * nf)
-        drv.memset_d8(self.dev, self.fifo_words.ptr, 0, 128 * nf, 0)
-        table = []
-        for f in range(nf):
-            lay = C.proxy_fifo_layout(p, f)
-            parts = [lay[k] for k in ("slots", "head", "tail", "tail_cache", "completed", "status")]
-            self._register(min(parts), lay["slots_end"])
-            dev = {k: drv.host_device_pointer(self.dev, lay[k]) for k in ("slots", "tail", "completed", "status")}
-            table.append(C.pack_fifo_layout(dev["slots"], self.fifo_words.ptr + 128 * f, dev["tail"],
-                                            self.fifo_words.ptr + 128 * f + 64, dev["completed"], dev["status"],
-                                            lay["capacity"], lay["capacity_log2"]))
-            if f == 0:
-                self.status_dev = dev["status"]
-        blob = b"".join(table)
-        self.fifo_table = DeviceMemory(self.dev, len(blob))
-        drv.memcpy_htod(self.dev, self.fifo_table.ptr, blob)
-        addr, nbytes = C.proxy_counters_address(p)
-        self.counters_dev = self._register(addr, addr + nbytes)
-        self.num_proxy_threads = nf // _FIFOS_PER_THREAD
-        # NOTES: ht_internode.ProxyNormalEngine reuses this method; its proxy copies through the driver.
-        if getattr(self, "copy_kernel", False):
-            self._map_copy_rings()
         # The send kernels' copy-ring fields (LLProxy*Params): where they count pushed bytes (0: none).
         # push_fence: a system fence before the pushes unless only the copy kernel, which follows the
         # send kernel on the stream, reads the staged bytes (OpRoute, device/proxy_ll.cuh).
-        copy_kernel = getattr(self, "copy_kernel", False)
-        self._dma_fields = dict(dma_pushed=self.dma_pushed if copy_kernel else 0,
+        self._dma_fields = dict(dma_pushed=self.dma_pushed if self.copy_kernel else 0,
                                 num_proxy_threads=self.num_proxy_threads,
-                                push_fence=int(not copy_kernel or env.get("UCCL_EP_LL_PUSH_FENCE") == "system"))
+                                push_fence=int(not self.copy_kernel or env.get("UCCL_EP_LL_PUSH_FENCE") == "system"))
 
     def _map_copy_rings(self) -> None:
-        """Map every proxy thread's copy ring for the device and lay out the copy kernel's state:
-        ring table u64[n] | pushed bytes u64[n] | DmaConsumer [n] (128 B) | finish u32[n][capacity] |
-        descriptor mirror DmaDesc[n][capacity]."""
-        rings = self.proxy.copy_rings()
-        if len(rings) != self.num_proxy_threads or any(r is None for r in rings):
-            raise RuntimeError(f"rank {self.rank}: the ipc transport did not create its copy rings "
-                               f"({self.proxy.transport_name})")
-        n, cap = len(rings), rings[0]["capacity"]
-        table = struct.pack(f"<{n}Q", *[self._register(r["memory"], r["memory"] + r["memory_bytes"]) for r in rings])
-        self._ring_bases = self._registered[-n:]
+        """Lay out the copy kernel's state over the session's copy rings: ring table u64[n] | pushed
+        bytes u64[n] | DmaConsumer [n] (128 B) | finish u32[n][capacity] | descriptor mirror
+        DmaDesc[n][capacity]."""
+        n, cap = self.num_proxy_threads, self.session.ring_capacity
+        table = struct.pack(f"<{n}Q", *self.session.ring_dev)
         finish = 16 * n + _DMA_CONSUMER_BYTES * n
         self.dma_mem = DeviceMemory(self.dev, finish + 4 * n * cap + _DMA_DESC_BYTES * n * cap)
         self.drv.memset_d8(self.dev, self.dma_mem.ptr, 0, self.dma_mem.nbytes, 0)
@@ -352,6 +277,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
             finish=base + finish, mirror=base + finish + 4 * n * cap, status=self.status_dev, error=self.ex.error_dev_ptr,
             num_rings=n, blocks_per_ring=self.copy_blocks, rank=self.rank, timeout_ns=self.ex.timeout_ns)
+        # DmaConsumer: base_idx (where the next launch starts), done and fetched all equal the ring
+        # position between launches
+        self.session.add_ring_consumer("ll", base + 16 * n, _DMA_CONSUMER_BYTES // 8,
+                                       tuple(_DMA_CONSUMER_POSITION_WORDS.values()))
 
     def transport_counters(self) -> dict:
         """The proxy's transport counters and, with the copy kernel, its summed diagnostics
@@ -370,6 +299,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                 out[f"copy_kernel_{key}"] = sum(words[r * per + i] for r in range(n))
         return out
 
+    def _claim_copy_rings(self) -> None:
+        """Before a send kernel: the session's copy rings handed over to this engine's copy kernel
+        (proxy_session.claim_copy_rings; a no-op kernel when its position is the rings'). Before the
+        send kernel rather than between it and the copy kernel, which may overlap it."""
+        if self.copy_kernel:
+            self.session.claim_copy_rings("ll", current_stream())
+
     def _launch_copies(self) -> None:
         """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel: in
         plain stream order, or overlapping it with UCCL_EP_LL_COPY_OVERLAP (sm_90+).
@@ -383,34 +319,17 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
 
     def proxy_failure(self):
         """The proxy's own error (it stopped or failed under a kernel), as an exception."""
-        try:
-            self.proxy.raise_if_failed()
-        except Exception as e:  # noqa: BLE001 - the typed uccl_ep error of the proxy
-            return e
-        return Aborted(f"rank {self.rank}: the CPU proxy stopped while a kernel pushed to or waited on it")
+        return self.session.failure()
 
     def close(self) -> None:
-        """Stop the proxy (before the LL buffer it copies from/into is freed) and release mappings."""
-        proxy = getattr(self, "proxy", None)
-        if proxy is None:
+        """Release this engine's device memory (the session stops the proxy and frees the rest)."""
+        if getattr(self, "proxy", None) is None:
             return
         try:
             torch.cuda.synchronize(self.dev)
-        except RuntimeError:  # a failed context: still stop the proxy and release what we can
+        except RuntimeError:  # a failed context: still release what we can
             pass
-        # NOTES: the copy rings go with their transport endpoints when the proxy stops (the ipc
-        # transport drops its copy engine at shutdown), so their pages are unregistered first; the
-        # FIFOs and counters live as long as the proxy object.
-        rings = getattr(self, "_ring_bases", [])
-        for base in rings:
-            self.drv.host_unregister(self.dev, base)
-        proxy.stop()
-        for base in self._registered:
-            if base not in rings:
-                self.drv.host_unregister(self.dev, base)
-        self._registered.clear()
-        for m in (getattr(self, "fifo_words", None), getattr(self, "fifo_table", None), self.work,
-                  getattr(self, "dma_mem", None), self.hybrid.table):
+        for m in (self.work, getattr(self, "dma_mem", None), self.hybrid.table):
             if m is not None:
                 m.free()
         self.work = None
@@ -476,7 +395,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
         self.hybrid.clean(self.mem, self.layout)
         self.drv.synchronize(self.dev)
-        self.proxy.reset_counters()
+        self.session.reset_counters(LL_COUNTER_BASE, NUM_COUNTERS - LL_COUNTER_BASE)
         self.idx = 0
         self.ex.host_barrier("low_latency buffer clean (after)", masks=True)
 
@@ -497,11 +416,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                      mask=shrink["mask"], timeout_ns=self.ex.timeout_ns, counter=counter_base(s, 0))
         params = pack_params("LLProxyDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
-                             error=self.ex.error_dev_ptr, send_off=lay.send(s), recv_off=lay.recv(s), num_tokens=T,
+                             error=self.ex.error_dev_ptr, send_off=self.region_offset + lay.send(s),
+                             recv_off=self.region_offset + lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
                              chunk_bytes=lay.chunk_bytes,
                              self_counter=self._counter_words(s, 0)["counter_cache"] + 8 * self.rank,
                              **self._dma_fields, **self.hybrid.send_fields(lay, s, 0), **shape)
+        self._claim_copy_rings()
         self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
                                                  smem=12 * num_experts)
         self._launch_copies()
@@ -559,11 +480,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         params = pack_params("LLProxyCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
                              layout_range=layout_range.data_ptr(), fifos=self.fifo_table.ptr,
                              finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
-                             send_off=lay.send(s), recv_off=lay.recv(s), num_local_experts=E_loc,
+                             send_off=self.region_offset + lay.send(s), recv_off=self.region_offset + lay.recv(s),
+                             num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
                              self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
                              own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape,
                              **self.hybrid.send_fields(lay, s, 1))
+        self._claim_copy_rings()
         self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
@@ -589,7 +512,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return result, finish
 
     def fifo_table_bytes(self) -> bytes:  # diagnostics: the packed FifoLayout table the kernels read
-        return self.drv.memcpy_dtoh(self.dev, self.fifo_table.ptr, self.num_fifos * self.C.FIFO_LAYOUT_BYTES)
+        return self.session.fifo_table_bytes()
 
 
 def fifo_table_entry(blob: bytes, index: int, entry_bytes: int) -> dict:

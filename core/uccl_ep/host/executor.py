@@ -18,7 +18,8 @@ from .. import env
 from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument
 from ..protocol.layout import NUM_COUNTERS, region_plan
-from ..proxy import check_protocol_limits, native, start_proxy
+from ..proxy import check_protocol_limits, native
+from ..proxy.session import ProxySession
 from . import ht, ll
 
 __all__ = ["HostExecutor", "unavailable_reason", "machine_unavailable_reason"]
@@ -82,11 +83,15 @@ class HostExecutor(Executor):
         self.timeout_s = ctx.timeout_s
         self.shared_bytes, self.meta = region_plan(ctx.num_ranks, ctx.num_nvl_bytes, ctx.num_rdma_bytes)
         options = dict(ctx.options.get("host", {})) if ctx.options else {}
-        self.proxy = start_proxy(ctx.group, region_bytes=self.shared_bytes + self.meta.bytes,
-                                 num_counters=NUM_COUNTERS, num_threads=options.get("proxy_threads", _proxy_threads(ctx)),
-                                 fifos_per_thread=2, timeout_s=ctx.timeout_s,
-                                 ranks_per_node=ctx.topology.ranks_per_node, transport=options.get("transport"),
-                                 fault=options.get("fault"))
+        # NOTES: one proxy session per Buffer, opened here (the bootstrap is collective) and shared by
+        # normal and low-latency mode, which use one counter plan and one region (protocol/layout.py).
+        self.session = ProxySession(ctx.group, rank=ctx.rank, num_ranks=ctx.num_ranks, num_counters=NUM_COUNTERS,
+                                    region_bytes=self.shared_bytes + self.meta.bytes,
+                                    num_threads=options.get("proxy_threads", _proxy_threads(ctx)),
+                                    fifos_per_thread=2, timeout_s=ctx.timeout_s,
+                                    ranks_per_node=ctx.topology.ranks_per_node, transport=options.get("transport"),
+                                    fault=options.get("fault"))
+        self.proxy = self.session.proxy
         C = native()
         self.C = C
         self.engine = C.RingEngine(self.proxy)
@@ -180,9 +185,9 @@ class HostExecutor(Executor):
         return raw
 
     def destroy(self) -> None:
-        proxy = getattr(self, "proxy", None)
-        if proxy is not None:
-            proxy.stop()
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.close()
             self.proxy = None
         self._raw_buffers.clear()
 

@@ -565,6 +565,22 @@ struct LLProxyDmaParams {
   int64_t timeout_ns;
 };
 
+// copy_ring_handover (ll_proxy_dma.cu; uccl_ep/cuda/proxy_session.py): the copy rings of one proxy
+// session change consumers (the LL copy kernel, the normal-mode kernels' copy role). Per ring g:
+// when the other consumer's position other[g * other_stride] is ahead of this one's own[g *
+// own_stride], the words own[g * own_stride + word_k] (k < 3, -1: none) take it. Positions only
+// grow, and the consumer that ran last is the one ahead.
+struct CopyRingHandoverParams {
+  uint64_t own;             // u64*: this consumer's position of ring 0 (device memory)
+  uint64_t other;           // u64*: the other consumer's position of ring 0
+  int64_t own_stride;       // u64 words from one ring's state to the next (own)
+  int64_t other_stride;     // likewise (other)
+  int64_t word0;            // u64 offsets from own's position of the words to set (-1: none)
+  int64_t word1;
+  int64_t word2;
+  int64_t num_rings;
+};
+
 // ll_proxy_dma_probe (diagnostics only, tools/lab/probe_copy_kernel.py): the copy kernel's copy
 // loop alone, `reps` times over [src, +len) -> dst, optionally with its per-descriptor system fence.
 struct CopyProbeParams {

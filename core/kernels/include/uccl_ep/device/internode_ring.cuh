@@ -11,9 +11,11 @@
 //                an unfenced Atomic HEAD(ring) (lazily: at least half a ring, or the end)
 //
 // Positions are cumulative per (peer, ring) across ops (HTProxyState), so nothing is reset.
-// NOTES: credits are returned once half a ring is consumed and the sender's rounds are at most
-// half a ring (ring_spec: chunk <= slots / 2), so the message a receiver waits for is always
-// within the sender's credit: the lazy return cannot deadlock a stream.
+// NOTES: credits are returned once a sender's round (`chunk` messages) is consumed, at most half a
+// ring (credit_batch), and the sender's rounds are at most half a ring (ring_spec: chunk <=
+// slots / 2), so the message a receiver waits for is always within the sender's credit: the lazy
+// return cannot deadlock a stream. Returning them per round rather than per half ring keeps the
+// sender's window near the whole ring (bandwidth x round trip) instead of between half and all of it.
 #pragma once
 
 #include "uccl_ep/device/arch.cuh"
@@ -178,6 +180,12 @@ UCCL_DEVICE int64_t warp_wait_tail(const RingArgs& a, int src, int c, int64_t po
                  (uint64_t(uint32_t(shfl_idx(int(uint64_t(got) >> 32), 0))) << 32));
 }
 
+// Messages a receiver consumes before it returns their credits: a sender's round, at most half a ring.
+UCCL_DEVICE int64_t credit_batch(const RingArgs& a) {
+  const int64_t half = a.slots / 2, n = a.chunk < half ? a.chunk : half;
+  return n > 1 ? n : 1;
+}
+
 // Leader only: an unfenced Atomic HEAD(ring) += n to `src` (credits for its stream).
 UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int phase) {
   const int64_t ring = a.first_ring + c;
@@ -266,7 +274,7 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
   const int64_t ring = a.first_ring + c;
   const int64_t base = int64_t(a.state->recv_pos[src][ring]);
   const bool leader = group_leader(g);
-  const int64_t lazy = a.slots / 2 > 1 ? a.slots / 2 : 1;
+  const int64_t lazy = credit_batch(a);
   int64_t tail = 0, credited = base;
   bool failed = false;
   for (int64_t k0 = 0; k0 < n;) {
