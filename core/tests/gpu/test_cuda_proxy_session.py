@@ -40,6 +40,7 @@ def _world():
 def worker(rank, world, H, T, E, seed):
     import uccl_ep.proxy
     from uccl_ep import Buffer
+    torch.cuda.set_device(rank % torch.cuda.device_count())  # a gloo group: the launcher sets no device
     real, started = uccl_ep.proxy.start_proxy, []
     uccl_ep.proxy.start_proxy = lambda *a, **k: started.append(1) or real(*a, **k)
     group = dist.group.WORLD
