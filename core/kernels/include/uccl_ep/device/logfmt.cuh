@@ -1,0 +1,152 @@
+// LogFMT-10, the format of low_latency_combine(use_logfmt=True): encode and decode of 128-channel
+// divisions, bit-exact with uccl_ep.refs.logfmt (the format and its numerics are described there).
+//
+// A message for a row of H channels: the payload (2H bytes of room) with division d at byte
+// d * 256 -- 160 bytes of codes when the division is cast, its 256 BF16 bytes otherwise -- and one
+// meta word per division, amax | amin << 16 (BF16 bits of the largest / smallest |x|), from which
+// the receiver recomputes the cast decision and the levels. 16 lanes take a division, 8 channels
+// (16 bytes of BF16, 80 bits of codes) each; channel i of a division is bits [10i, 10i + 10) of
+// its 160-byte payload (bit 9 the sign, bits 0-8 the code).
+//
+// NOTES: divisions sit at fixed offsets, not packed: a receiver finds any channel without a prefix
+// sum over the row, and a fallback division is where the BF16 row has it. What crosses the link is
+// still only the 160 bytes of a cast division (the rest of its 256 stays untouched).
+// NOTES: log2 / exp2 in fp64 rounded to fp32 (the correctly rounded fp32 value, as the reference):
+// fp32 libm functions differ between vendors and torch by an ulp, and a code is a floor of one.
+#pragma once
+
+#include "uccl_ep/device/arch.cuh"
+#include "uccl_ep/device/numeric.cuh"
+
+namespace uccl_ep::dev {
+
+constexpr int kLogfmtLanes = 16;          // lanes per division (8 channels each)
+constexpr int kLogfmtDivBytes = 256;      // room of a division in the payload (its BF16 size)
+constexpr int kLogfmtStageWords = 40;     // 160 bytes of codes: a 16-lane group's staging words
+constexpr uint32_t kLogfmtMaxCode = 511;  // 9-bit magnitude codes
+
+UCCL_DEVICE float logfmt_log2(float x) { return static_cast<float>(log2(static_cast<double>(x))); }
+UCCL_DEVICE float logfmt_exp2(float x) { return static_cast<float>(exp2(static_cast<double>(x))); }
+
+struct LogfmtDiv {
+  float log_amin, step, step_inv, bias;
+  bool cast;
+};
+
+// The levels of a division from its meta word, one IEEE-rounded op at a time in the reference's order.
+UCCL_DEVICE LogfmtDiv logfmt_division(uint32_t meta) {
+  LogfmtDiv d;
+  const float log_amax = logfmt_log2(bf16_to_float(meta & 0xffffu));
+  d.log_amin = fmaxf(logfmt_log2(bf16_to_float(meta >> 16)), __fsub_rn(log_amax, 32.0f));
+  d.cast = log_amax < 0.0f && d.log_amin < log_amax;  // NaN: false (BF16 fallback)
+  d.step = __fdiv_rn(__fsub_rn(log_amax, d.log_amin), 510.0f);
+  d.step_inv = __fdiv_rn(1.0f, d.step);
+  const float half = logfmt_log2(__fmul_rn(__fadd_rn(logfmt_exp2(d.step), 1.0f), 0.5f));
+  d.bias = __fsub_rn(__fsub_rn(2.0f, __fmul_rn(half, d.step_inv)), __fmul_rn(d.log_amin, d.step_inv));
+  return d;
+}
+
+// 10-bit code of one BF16 value of a cast division (garbage, but defined, for other divisions).
+UCCL_DEVICE uint32_t logfmt_code(uint32_t bits16, const LogfmtDiv& d) {
+  const float mag = bf16_to_float(bits16 & 0x7fffu);
+  const float u = __fadd_rn(__fmul_rn(logfmt_log2(mag), d.step_inv), d.bias);
+  const uint32_t c = uint32_t(floorf(fminf(fmaxf(u, 0.0f), float(kLogfmtMaxCode))));  // NaN -> 0
+  return c | (((bits16 >> 15) & 1u) << 9);
+}
+
+UCCL_DEVICE float logfmt_value(uint32_t code, const LogfmtDiv& d) {
+  const uint32_t c = code & kLogfmtMaxCode;
+  const float mag = c == 0 ? 0.0f : logfmt_exp2(__fadd_rn(__fmul_rn(float(c - 1), d.step), d.log_amin));
+  return ((code >> 9) & 1u) ? -mag : mag;
+}
+
+// One warp encodes the BF16 row `src` (divisions [0, num_div)) into `dst` (payload) and `meta`
+// (u32 per division). `stage`: this block's staging, kLogfmtStageWords per 16 threads, 16-byte
+// aligned. Every lane of the warp must call it (shuffles and warp barriers inside).
+UCCL_DEVICE void warp_logfmt_encode_row(uint8_t* dst, uint8_t* meta, const uint8_t* src, int num_div,
+                                        uint32_t* stage) {
+  const int lane = lane_id(), li = lane % kLogfmtLanes;
+  uint32_t* my_stage = stage + (threadIdx.x / kLogfmtLanes) * kLogfmtStageWords;
+  for (int d0 = 0; d0 < num_div; d0 += kWarpSize / kLogfmtLanes) {
+    const int d = d0 + lane / kLogfmtLanes;
+    const bool active = d < num_div;
+    Vec16 v{};
+    if (active) v = ld16(src + int64_t(d) * kLogfmtDivBytes + li * 16);
+    // amax / amin of the magnitudes as BF16 bit patterns (integer order = float order; NaN on top)
+    int hi = 0, lo = 0x7fff;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int m = int((v.w[i / 2] >> (16 * (i % 2))) & 0x7fffu);
+      hi = m > hi ? m : hi;
+      lo = m < lo ? m : lo;
+    }
+#pragma unroll
+    for (int s = kLogfmtLanes / 2; s >= 1; s >>= 1) {
+      const int oh = shfl_xor(hi, s), ol = shfl_xor(lo, s);
+      hi = oh > hi ? oh : hi;
+      lo = ol < lo ? ol : lo;
+    }
+    const uint32_t m = uint32_t(hi) | (uint32_t(lo) << 16);
+    const LogfmtDiv p = logfmt_division(m);
+    uint32_t w[3] = {0u, 0u, 0u};  // this lane's 80 bits
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t c = logfmt_code((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu, p);
+      const int bit = 10 * i;
+      w[bit / 32] |= c << (bit % 32);
+      if (bit % 32 > 22) w[bit / 32 + 1] |= c >> (32 - bit % 32);
+    }
+    // a lane pair's 160 bits are 5 words at word 5 * (li / 2) of the division's codes
+    const uint32_t o0 = uint32_t(shfl_xor(int(w[0]), 1)), o1 = uint32_t(shfl_xor(int(w[1]), 1)),
+                   o2 = uint32_t(shfl_xor(int(w[2]), 1));
+    if (active && p.cast && li % 2 == 0) {
+      uint32_t* s = my_stage + 5 * (li / 2);
+      s[0] = w[0];
+      s[1] = w[1];
+      s[2] = (w[2] & 0xffffu) | (o0 << 16);
+      s[3] = (o0 >> 16) | (o1 << 16);
+      s[4] = (o1 >> 16) | (o2 << 16);
+    }
+    sync_warp();
+    if (active) {
+      uint8_t* out = dst + int64_t(d) * kLogfmtDivBytes + li * 16;
+      if (!p.cast) st16(out, v);
+      else if (li < 10) st16(out, reinterpret_cast<const Vec16*>(my_stage)[li]);
+      if (li == 0) *reinterpret_cast<uint32_t*>(meta + 4 * int64_t(d)) = m;
+    }
+    sync_warp();  // the stage is reused by the next division
+  }
+}
+
+// Channels [8c, 8c + 8) of a LogFMT message (payload `row`, meta words `meta`; written by peers,
+// so read through L2) decoded to fp32.
+UCCL_DEVICE void logfmt_decode8(const uint8_t* row, const uint8_t* meta, int64_t c, float* v) {
+  const int64_t d = c / kLogfmtLanes;
+  const int li = int(c % kLogfmtLanes);
+  const LogfmtDiv p = logfmt_division(ld_u32_cg(meta + 4 * d));
+  if (!p.cast) {
+    unpack_bf16x8(ld16_cg(row + c * 16), v);
+    return;
+  }
+  const uint8_t* base = row + d * kLogfmtDivBytes + (li / 2) * 20;
+  uint32_t w[3];
+  if (li % 2 == 0) {
+    w[0] = ld_u32_cg(base);
+    w[1] = ld_u32_cg(base + 4);
+    w[2] = ld_u32_cg(base + 8) & 0xffffu;
+  } else {
+    const uint32_t a = ld_u32_cg(base + 8), b = ld_u32_cg(base + 12), e = ld_u32_cg(base + 16);
+    w[0] = (a >> 16) | (b << 16);
+    w[1] = (b >> 16) | (e << 16);
+    w[2] = e >> 16;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int bit = 10 * i;
+    uint32_t code = w[bit / 32] >> (bit % 32);
+    if (bit % 32 > 22) code |= w[bit / 32 + 1] << (32 - bit % 32);
+    v[i] = logfmt_value(code & 0x3ffu, p);
+  }
+}
+
+}  // namespace uccl_ep::dev
