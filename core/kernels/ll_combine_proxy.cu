@@ -19,11 +19,17 @@
 // in fp32, k ascending,
 // one IEEE-rounded multiply and add each, cast to BF16.
 //
+// LogFMT (built with UCCL_EP_LL_LOGFMT=1; device/logfmt.cuh): a region of n rows holds their
+// payloads [n][2H] (each row encoded where its BF16 row would be) and then their meta words
+// [n][H/128] u32, and goes as one Write of n * (2H + H/32) bytes; the rank's own rows are staged
+// too (never read from y, which holds BF16), and zero copy is refused on the host. The receiver
+// also counts n (this rank's selections of the owner's experts) to find the meta words.
 // NOTES: every block waits for every owner's signal, so the kernel ends only after every peer's
 // combine send -- which each peer issues after reading this rank's dispatch data. That is what lets
 // the next op on this buffer set overwrite the send area the proxy copied from, with no extra
 // handshake.
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/logfmt.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
 
@@ -34,6 +40,14 @@ namespace {
 
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
+#if UCCL_EP_LL_LOGFMT
+constexpr bool kLogfmt = true;
+#else
+constexpr bool kLogfmt = false;
+#endif
+
+// Bytes a staged row takes in a region: its payload, and with LogFMT its meta words.
+UCCL_DEVICE int64_t region_row_bytes(int64_t hidden) { return hidden * 2 + (kLogfmt ? hidden / 32 : 0); }
 
 UCCL_DEVICE const FifoLayout& fifo_of(const LLProxyCombineParams& p, int j) {
   return reinterpret_cast<const FifoLayout*>(p.fifos)[fifo_for(j, int(p.num_fifos))];
@@ -51,7 +65,7 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
   // push_region fences at system scope first (unless only the copy kernel reads the region: OpRoute):
   // every staged row, ordered before by the caller
   push_region(route, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
-              uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0, uint32_t(p.counter),
+              uint64_t(rows) * uint64_t(region_row_bytes(p.hidden)), uint64_t(p.chunk_bytes), 0, uint32_t(p.counter),
               int(p.signal_total), uint64_t(p.timeout_ns), reinterpret_cast<ErrorWord*>(p.error),
               PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
 }
@@ -65,6 +79,9 @@ extern "C" __global__ void __launch_bounds__(256)
   extern __shared__ int smem[];
   __shared__ int s_dest_rows[kMaxRanks];
   __shared__ int s_base[kMaxRanks];
+#if UCCL_EP_LL_LOGFMT
+  __shared__ __align__(16) uint32_t s_logfmt_stage[256 / kLogfmtLanes * kLogfmtStageWords];
+#endif
   allow_dependent_launch();  // the copy kernel may start now (as in ll_dispatch_proxy_send)
   const int tid = threadIdx.x;
   const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
@@ -152,6 +169,10 @@ extern "C" __global__ void __launch_bounds__(256)
   int parts = total > 0 ? nw / total : 1;
   parts = parts < 1 ? 1 : (parts > int(p.row_split) ? int(p.row_split) : parts);
   const int64_t share = ((row_bytes / 16 + parts - 1) / parts) * 16;
+#if UCCL_EP_LL_LOGFMT
+  const int num_div = int(p.hidden / 128);
+  const int share_div = (num_div + parts - 1) / parts;  // a part encodes whole divisions
+#endif
   for (int item = gw; item < total * parts; item += nw) {
     const int row = item / parts, part = item % parts;
     int lo = 0, hi = E_loc;  // largest e with prefix[e] <= row
@@ -171,12 +192,24 @@ extern "C" __global__ void __launch_bounds__(256)
       }
       r -= count;
     }
+#if UCCL_EP_LL_LOGFMT
+    {
+      const int d0 = part * share_div, d1 = d0 + share_div < num_div ? d0 + share_div : num_div;
+      uint8_t* region = reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes;
+      const int64_t at = int64_t(d0) * kLogfmtDivBytes, idx = first[e * R + j] + r;
+      warp_logfmt_encode_row(region + idx * row_bytes + at,
+                             region + int64_t(s_dest_rows[j]) * row_bytes + idx * (p.hidden / 32) + 4 * d0,
+                             reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes + at,
+                             d1 > d0 ? d1 - d0 : 0, s_logfmt_stage);
+    }
+#else
     const int64_t at = int64_t(part) * share;
     const int64_t len = at >= row_bytes ? 0 : (row_bytes - at < share ? row_bytes - at : share);
     warp_copy16(reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes +
                     int64_t(first[e * R + j] + r) * row_bytes + at,
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes + at,
                 len);
+#endif
     sync_warp();
     if (lane_id() == 0) {
       __threadfence();  // this warp's staged share before its count (gpu scope: see ll_dispatch_proxy.cu)
@@ -199,6 +232,10 @@ extern "C" __global__ void __launch_bounds__(256)
     ll_combine_proxy_recv(const UCCL_GRID_CONSTANT LLProxyCombineRecvParams p) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ const uint8_t* s_row[kMaxTopk];  // the row of each selected expert
+#if UCCL_EP_LL_LOGFMT
+  __shared__ const uint8_t* s_meta[kMaxTopk];  // its meta words
+  __shared__ int s_total[kMaxTopk];            // rows of this rank in the owner's region
+#endif
   __shared__ float s_weight[kMaxTopk];
   __shared__ int s_owner_ok[kMaxRanks];
   __shared__ int s_slot[kMaxTopk], s_below[kMaxTopk];
@@ -224,6 +261,9 @@ extern "C" __global__ void __launch_bounds__(256)
       s_expert[lane] = g;
       s_slot[lane] = 0;
       s_below[lane] = 0;
+#if UCCL_EP_LL_LOGFMT
+      s_total[lane] = 0;
+#endif
     }
   }
   __syncthreads();
@@ -237,13 +277,23 @@ extern "C" __global__ void __launch_bounds__(256)
     if (g < 0) continue;  // uniform across the block
     const int64_t lo = int64_t(g / E_loc) * E_loc;
     int slot = 0, below = 0;
+#if UCCL_EP_LL_LOGFMT
+    int all = 0;
+#endif
     for (int64_t i = tid; i < n_sel; i += blockDim.x) {
       const int64_t v = topk[i];
       slot += (v == g && i < int64_t(t) * K) ? 1 : 0;
       below += (v >= lo && v < g) ? 1 : 0;
+#if UCCL_EP_LL_LOGFMT
+      all += (v >= lo && v < lo + E_loc) ? 1 : 0;
+#endif
     }
     slot = warp_sum(slot);
     below = warp_sum(below);
+#if UCCL_EP_LL_LOGFMT
+    all = warp_sum(all);
+    if (lane_id() == 0) atomicAdd(&s_total[k], all);
+#endif
     if (lane_id() == 0) {
       atomicAdd(&s_slot[k], slot);
       atomicAdd(&s_below[k], below);
@@ -267,10 +317,19 @@ extern "C" __global__ void __launch_bounds__(256)
   if (t < p.num_tokens && tid < K) {
     int g = s_expert[tid];
     const uint8_t* row = nullptr;
+#if UCCL_EP_LL_LOGFMT
+    const uint8_t* meta = nullptr;
+#endif
     if (g >= 0) {
       const int owner = g / E_loc;
       const int64_t row_bytes = p.hidden * 2;
-      if ((int64_t(s_below[tid]) + s_slot[tid] + 1) * row_bytes > p.region_bytes) {  // never read past a region
+#if UCCL_EP_LL_LOGFMT
+      const bool past = int64_t(s_total[tid]) * region_row_bytes(p.hidden) > p.region_bytes ||
+                        s_below[tid] + s_slot[tid] >= s_total[tid];
+#else
+      const bool past = (int64_t(s_below[tid]) + s_slot[tid] + 1) * row_bytes > p.region_bytes;
+#endif
+      if (past) {  // never read past a region
         raise_error(err, kErrProtocol, kPhaseLLCombineRecv, int(p.rank), owner, g, 0);
         g = -1;
       } else if (owner != int(p.rank)) {  // a peer's rows, in its recv region
@@ -286,9 +345,18 @@ extern "C" __global__ void __launch_bounds__(256)
               (int64_t(e) * R * p.num_max + begin + s_slot[tid]) * row_bytes;
       }
       if (!s_owner_ok[owner]) g = -1;
+#if UCCL_EP_LL_LOGFMT
+      // the meta words follow the region's payloads (zero copy, the branch above, is refused on the host)
+      if (row != nullptr)
+        meta = row + int64_t(s_total[tid] - s_below[tid] - s_slot[tid]) * row_bytes +
+               int64_t(s_below[tid] + s_slot[tid]) * (p.hidden / 32);
+#endif
     }
     s_expert[tid] = g;
     s_row[tid] = row;
+#if UCCL_EP_LL_LOGFMT
+    s_meta[tid] = meta;
+#endif
     s_weight[tid] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + tid];
   }
   __syncthreads();
@@ -299,6 +367,16 @@ extern "C" __global__ void __launch_bounds__(256)
       float acc[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+#if UCCL_EP_LL_LOGFMT
+      for (int k = 0; k < K; ++k) {  // decoded, then the BF16 path's multiply and add, in k order
+        if (s_expert[k] < 0) continue;
+        float v[8];
+        logfmt_decode8(s_row[k], s_meta[k], c, v);
+        const float w = s_weight[k];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
+      }
+#else
       for (int k0 = 0; k0 < K; k0 += 8) {  // 8 experts' loads in flight, summed in k order
         Vec16 r[8];
 #pragma unroll
@@ -317,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(256)
           for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
         }
       }
+#endif
       st16(out + c * 16, pack_bf16x8(acc));
     }
   }

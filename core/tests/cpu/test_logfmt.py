@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from multirank import run_ranks
 from uccl_ep import Buffer
-from uccl_ep.errors import InvalidArgument
+from uccl_ep.errors import InvalidArgument, LimitExceeded
 from uccl_ep.refs import logfmt
 from uccl_ep.utils import calc_diff
 
@@ -136,3 +136,43 @@ def test_host_logfmt_combine_equals_the_reference_bit_for_bit():
     ref = run_ranks(_worker, 2, "reference")
     host = run_ranks(_worker, 2, "host")
     assert ref == host
+
+
+_SHAPES = [(T, H, R, E) for T in (1, 3, 16, 128) for H in (128, 384, 640, 2048, 7168) for R in (2, 4, 8)
+           for E in (R, 3 * R, 64, 288) if E % R == 0]
+
+
+def test_nvlink_layout_has_room_for_logfmt_within_deepeps_hint():
+    from uccl_ep.cuda.ll import _Layout
+    for T, H, R, E in _SHAPES:
+        lay = _Layout.make(T, H, E, R)
+        assert 2 * lay.set_bytes <= Buffer.get_low_latency_rdma_size_hint(T, H, R, E), (T, H, R, E)
+        assert lay.meta_off >= lay.flag_off + E * T * 8  # past the row flags
+        assert lay.recv_off + lay.meta_off + E * T * H // 32 <= lay.sig_off  # before the signals
+        assert E * T * 2 * H <= lay.flag_off  # a LogFMT row stays in its BF16 row's room
+
+
+def test_proxy_layout_has_room_for_logfmt_within_deepeps_hint():
+    from uccl_ep.cuda.proxy_path import ProxyLayout
+    for T, H, R, E in _SHAPES:
+        hint = Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+        bf16_only, lay = ProxyLayout.make(T, H, E, R), ProxyLayout.make(T, H, E, R, budget=hint)
+        if 2 * bf16_only.set_bytes > hint:
+            continue  # a tiny shape the proxy path refuses in BF16 too (LimitExceeded at set-up)
+        assert 2 * lay.set_bytes <= hint, (T, H, R, E)
+        e_loc = E // R
+        for K in (1, 8, e_loc):
+            assert lay.combine_region(K).region_bytes == T * min(K, e_loc) * 2 * H  # BF16 as before
+            need = T * min(K, e_loc) * (2 * H + H // 32)
+            try:
+                assert lay.combine_region(K, True).region_bytes >= need
+            except LimitExceeded:  # only where the hint leaves no room for 16-byte aligned regions
+                assert 4 * R * ((need + 15) // 16 * 16) > hint, (T, H, R, E, K)
+
+
+def test_proxy_logfmt_combine_below_the_hint_is_a_typed_error():
+    from uccl_ep.cuda.proxy_path import ProxyLayout
+    lay = ProxyLayout.make(16, 7168, 8, 2)  # no room beyond the BF16 layout
+    lay.combine_region(4)
+    with pytest.raises(LimitExceeded, match="num_rdma_bytes"):
+        lay.combine_region(4, True)
