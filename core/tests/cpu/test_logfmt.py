@@ -176,3 +176,43 @@ def test_proxy_logfmt_combine_below_the_hint_is_a_typed_error():
     lay.combine_region(4)
     with pytest.raises(LimitExceeded, match="num_rdma_bytes"):
         lay.combine_region(4, True)
+
+
+def _device_code_on_host(x: torch.Tensor, tmp_path) -> torch.Tensor:
+    """Run device/logfmt.cuh's per-lane code on the CPU (data/logfmt_host/logfmt_host.cc)."""
+    import shutil
+    import struct
+    import subprocess
+    from pathlib import Path
+
+    from uccl_ep.cuda import jit
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    here = Path(__file__).parent / "data" / "logfmt_host"
+    exe = tmp_path / "logfmt_host"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wno-unknown-pragmas", f"-I{here}",
+                    f"-I{jit.include_dir()}", str(here / "logfmt_host.cc"), "-o", str(exe)], check=True, timeout=120)
+    n, h = x.shape
+    blob = struct.pack("<II", n, h) + x.contiguous().view(torch.int16).numpy().tobytes()
+    out = subprocess.run([str(exe)], input=blob, capture_output=True, check=True, timeout=60).stdout
+    return torch.frombuffer(bytearray(out), dtype=torch.float32).view(n, h)
+
+
+def test_device_encode_decode_equals_the_reference_bit_for_bit(tmp_path):
+    """The kernels' per-lane encode (extremes, levels, codes, lane-pair words) and decode, run on the
+    CPU, give refs.logfmt's round trip bit for bit: the bit layout and the float ops agree."""
+    g = torch.Generator().manual_seed(7)
+    rows = [(torch.randn(40, 1024, generator=g) * 0.1),
+            (torch.randn(8, 1024, generator=g) * 0.3).clamp(-0.99, 0.99),
+            torch.rand(8, 1024, generator=g) * 1e-3 - 5e-4]
+    mixed = (torch.randn(8, 1024, generator=g) * 0.05)
+    mixed[:, :64] = 0
+    mixed[:, 300] = 3.0
+    mixed[1, 600] = float("nan")
+    mixed[2, 700] = 2.0 ** -40
+    mixed[3, 896:] = -0.125
+    x = torch.cat(rows + [mixed]).to(torch.bfloat16)
+    got = _device_code_on_host(x, tmp_path)
+    want = logfmt.round_trip(x)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -60,6 +60,38 @@ UCCL_DEVICE float logfmt_value(uint32_t code, const LogfmtDiv& d) {
   return ((code >> 9) & 1u) ? -mag : mag;
 }
 
+// Largest / smallest magnitude of 8 BF16 values as bit patterns (for non-negative BF16 the integer
+// order is the float order, and a NaN (0x7f81..) ranks above every number, so it forces the fallback).
+UCCL_DEVICE void logfmt_extremes8(const Vec16& v, int& hi, int& lo) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int m = int((v.w[i / 2] >> (16 * (i % 2))) & 0x7fffu);
+    hi = m > hi ? m : hi;
+    lo = m < lo ? m : lo;
+  }
+}
+
+// One lane's 8 codes as 80 bits: code i at bit 10 i of w.
+UCCL_DEVICE void logfmt_pack8(const Vec16& v, const LogfmtDiv& p, uint32_t (&w)[3]) {
+  w[0] = w[1] = w[2] = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t c = logfmt_code((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu, p);
+    const int bit = 10 * i;
+    w[bit / 32] |= c << (bit % 32);
+    if (bit % 32 > 22) w[bit / 32 + 1] |= c >> (32 - bit % 32);
+  }
+}
+
+// A lane pair's 160 bits as 5 words: the even lane's 80 bits (w), then the odd lane's (o).
+UCCL_DEVICE void logfmt_pair_words(const uint32_t (&w)[3], const uint32_t (&o)[3], uint32_t* s) {
+  s[0] = w[0];
+  s[1] = w[1];
+  s[2] = (w[2] & 0xffffu) | (o[0] << 16);
+  s[3] = (o[0] >> 16) | (o[1] << 16);
+  s[4] = (o[1] >> 16) | (o[2] << 16);
+}
+
 // One warp encodes the BF16 row `src` (divisions [0, num_div)) into `dst` (payload) and `meta`
 // (u32 per division). `stage`: this block's staging, kLogfmtStageWords per 16 threads, 16-byte
 // aligned. Every lane of the warp must call it (shuffles and warp barriers inside).
@@ -72,41 +104,21 @@ UCCL_DEVICE void warp_logfmt_encode_row(uint8_t* dst, uint8_t* meta, const uint8
     const bool active = d < num_div;
     Vec16 v{};
     if (active) v = ld16(src + int64_t(d) * kLogfmtDivBytes + li * 16);
-    // amax / amin of the magnitudes as BF16 bit patterns (integer order = float order; NaN on top)
     int hi = 0, lo = 0x7fff;
+    logfmt_extremes8(v, hi, lo);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int m = int((v.w[i / 2] >> (16 * (i % 2))) & 0x7fffu);
-      hi = m > hi ? m : hi;
-      lo = m < lo ? m : lo;
-    }
-#pragma unroll
-    for (int s = kLogfmtLanes / 2; s >= 1; s >>= 1) {
+    for (int s = kLogfmtLanes / 2; s >= 1; s >>= 1) {  // over the division's 16 lanes
       const int oh = shfl_xor(hi, s), ol = shfl_xor(lo, s);
       hi = oh > hi ? oh : hi;
       lo = ol < lo ? ol : lo;
     }
     const uint32_t m = uint32_t(hi) | (uint32_t(lo) << 16);
     const LogfmtDiv p = logfmt_division(m);
-    uint32_t w[3] = {0u, 0u, 0u};  // this lane's 80 bits
+    uint32_t w[3], o[3];
+    logfmt_pack8(v, p, w);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t c = logfmt_code((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu, p);
-      const int bit = 10 * i;
-      w[bit / 32] |= c << (bit % 32);
-      if (bit % 32 > 22) w[bit / 32 + 1] |= c >> (32 - bit % 32);
-    }
-    // a lane pair's 160 bits are 5 words at word 5 * (li / 2) of the division's codes
-    const uint32_t o0 = uint32_t(shfl_xor(int(w[0]), 1)), o1 = uint32_t(shfl_xor(int(w[1]), 1)),
-                   o2 = uint32_t(shfl_xor(int(w[2]), 1));
-    if (active && p.cast && li % 2 == 0) {
-      uint32_t* s = my_stage + 5 * (li / 2);
-      s[0] = w[0];
-      s[1] = w[1];
-      s[2] = (w[2] & 0xffffu) | (o0 << 16);
-      s[3] = (o0 >> 16) | (o1 << 16);
-      s[4] = (o1 >> 16) | (o2 << 16);
-    }
+    for (int k = 0; k < 3; ++k) o[k] = uint32_t(shfl_xor(int(w[k]), 1));
+    if (active && p.cast && li % 2 == 0) logfmt_pair_words(w, o, my_stage + 5 * (li / 2));
     sync_warp();
     if (active) {
       uint8_t* out = dst + int64_t(d) * kLogfmtDivBytes + li * 16;
