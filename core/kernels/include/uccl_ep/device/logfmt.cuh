@@ -78,8 +78,8 @@ UCCL_DEVICE void logfmt_pack8(const Vec16& v, const LogfmtDiv& p, uint32_t (&w)[
   for (int i = 0; i < 8; ++i) {
     const uint32_t c = logfmt_code((v.w[i / 2] >> (16 * (i % 2))) & 0xffffu, p);
     const int bit = 10 * i;
-    w[bit / 32] |= c << (bit % 32);
-    if (bit % 32 > 22) w[bit / 32 + 1] |= c >> (32 - bit % 32);
+    w[bit >> 5] |= c << (bit & 31);
+    if ((bit & 31) > 22) w[(bit >> 5) + 1] |= c >> (32 - (bit & 31));
   }
 }
 
@@ -155,8 +155,8 @@ UCCL_DEVICE void logfmt_decode8(const uint8_t* row, const uint8_t* meta, int64_t
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int bit = 10 * i;
-    uint32_t code = w[bit / 32] >> (bit % 32);
-    if (bit % 32 > 22) code |= w[bit / 32 + 1] << (32 - bit % 32);
+    uint32_t code = w[bit >> 5] >> (bit & 31);
+    if ((bit & 31) > 22) code |= w[(bit >> 5) + 1] << (32 - (bit & 31));
     v[i] = logfmt_value(code & 0x3ffu, p);
   }
 }
