@@ -11,6 +11,8 @@ from uccl_ep.errors import InvalidArgument, LimitExceeded
 from uccl_ep.refs import logfmt
 from uccl_ep.utils import calc_diff
 
+from test_ipc_transport_proxy_path import _unpack, engine  # noqa: F401 - the recording engine fixture
+
 pytestmark = pytest.mark.cpu
 
 
@@ -216,3 +218,32 @@ def test_device_encode_decode_equals_the_reference_bit_for_bit(tmp_path):
     got = _device_code_on_host(x, tmp_path)
     want = logfmt.round_trip(x)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_proxy_engine_launches_the_logfmt_build_with_its_regions(engine):
+    """The proxy path's host side (recording fakes, test_ipc_transport_proxy_path): use_logfmt
+    launches the -DUCCL_EP_LL_LOGFMT=1 kernels, with regions of 2H + H/32 bytes per row, and stages
+    this rank's own rows (they are encoded) instead of leaving them in y."""
+    eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
+    assert all(k.defines[-1] == "UCCL_EP_LL_LOGFMT=1" for k in eng._k_logfmt.values())
+    assert all("UCCL_EP_LL_LOGFMT=1" not in k.defines for k in eng._k.values())
+    own = []
+    for k in eng._k_logfmt.values():
+        k.log = own
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
+    w = torch.rand(T, 4, generator=g)
+    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
+    out[3]()
+    y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
+    _, finish = eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True, use_logfmt=True)
+    finish(follows_send=True)
+    assert [name for name, *_ in own] == ["ll_combine_proxy_send", "ll_combine_proxy_recv"]
+    c, cr = _unpack("LLProxyCombineParams", own[0][3]), _unpack("LLProxyCombineRecvParams", own[1][3])
+    region = eng.layout.combine_region(4, True).region_bytes
+    assert c["region_bytes"] == cr["region_bytes"] == region >= T * min(4, E // R) * (2 * H + H // 32)
+    assert c["own_in_y"] == 0 and c["zero_copy"] == 0 and cr["zero_copy"] == 0 and cr["send_area"] == c["send_area"]
+    n = len(engine.launches)
+    eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True)[1](follows_send=True)
+    assert len(own) == 2 and len(engine.launches) == n + 3  # BF16: the usual kernels (and the copy kernel)
