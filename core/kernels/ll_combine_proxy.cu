@@ -168,10 +168,8 @@ extern "C" __global__ void __launch_bounds__(256)
   // at 128 tokens the grid has ~4 warps per row, so one warp per row left most of them idle.
   int parts = total > 0 ? nw / total : 1;
   parts = parts < 1 ? 1 : (parts > int(p.row_split) ? int(p.row_split) : parts);
+#if !UCCL_EP_LL_LOGFMT
   const int64_t share = ((row_bytes / 16 + parts - 1) / parts) * 16;
-#if UCCL_EP_LL_LOGFMT
-  const int num_div = int(p.hidden / 128);
-  const int share_div = (num_div + parts - 1) / parts;  // a part encodes whole divisions
 #endif
   for (int item = gw; item < total * parts; item += nw) {
     const int row = item / parts, part = item % parts;
@@ -194,6 +192,8 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 #if UCCL_EP_LL_LOGFMT
     {
+      const int num_div = int(p.hidden / 128);
+      const int share_div = (num_div + parts - 1) / parts;  // a part encodes whole divisions
       const int d0 = part * share_div, d1 = d0 + share_div < num_div ? d0 + share_div : num_div;
       uint8_t* region = reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes;
       const int64_t at = int64_t(d0) * kLogfmtDivBytes, idx = first[e * R + j] + r;

@@ -27,8 +27,7 @@ def clang() -> str | None:
 
 def compat_flags() -> list[str]:
     flags = ["-nogpulib", "-mcode-object-version=5", "-D__AMDGCN_WAVEFRONT_SIZE=64"]
-    # oclc_finite_only_off: what ROCm's hipcc links by default; OCML's fp64 log2 / exp2 read it
-    for lib in ("hip", "ockl", "ocml", "oclc_abi_version_500", "oclc_finite_only_off"):
+    for lib in ("hip", "ockl", "ocml", "oclc_abi_version_500"):
         flags += ["-Xclang", "-mlink-builtin-bitcode", "-Xclang", str(BITCODE / f"{lib}.bc")]
     return flags
 

@@ -18,12 +18,14 @@ The receiver decodes to fp32 (no BF16 rounding) and sums ``acc + value * w`` as 
 does. Every step below is one IEEE-rounded fp32 operation in a fixed order, the order the kernels
 use (``kernels/include/uccl_ep/device/logfmt.cuh``).
 
-NOTES: ``log2`` and ``exp2`` are evaluated in fp64 and rounded to fp32, which gives the correctly
-rounded fp32 result (but for double-rounding cases of probability ~2^-28 per call). fp32 ``log2f``
-differs between libm, SLEEF (torch on CPU) and CUDA's libdevice by an ulp here and there, and a code
-is a floor of it; with fp64 the reference on any device and the kernels agree bit for bit.
-DeepEP evaluates both with the hardware approximations (``lg2.approx`` / ``ex2.approx``), so its
-codes may differ from these by one level; the error bound and the tolerance are the same.
+NOTES: ``log2`` / ``exp2``: on a GPU, torch's fp32 functions, which are the vendor's ``log2f`` /
+``exp2f`` the kernels call, so the reference and the kernels on one GPU agree bit for bit; on the
+CPU, fp64 rounded to fp32 (the correctly rounded value), because torch's CPU fp32 functions differ by
+an ulp between their vector and scalar paths, i.e. by a value's position in a tensor, and a code is a
+floor of one. So the CPU backends agree bit for bit with each other, and with a GPU up to an ulp of
+these functions (a code one level off, rarely). DeepEP evaluates both with the hardware
+approximations (``lg2.approx`` / ``ex2.approx``), so its codes may differ from these by one level;
+the error bound and the tolerance are the same.
 """
 
 from __future__ import annotations
@@ -74,11 +76,11 @@ def _magnitudes(x: torch.Tensor) -> torch.Tensor:
 
 
 def _log2(t: torch.Tensor) -> torch.Tensor:
-    return torch.log2(t.double()).float()
+    return torch.log2(t) if t.is_cuda else torch.log2(t.double()).float()
 
 
 def _exp2(t: torch.Tensor) -> torch.Tensor:
-    return torch.exp2(t.double()).float()
+    return torch.exp2(t) if t.is_cuda else torch.exp2(t.double()).float()
 
 
 def division_params(amax: torch.Tensor, amin: torch.Tensor):

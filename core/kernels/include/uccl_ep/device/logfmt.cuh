@@ -11,8 +11,10 @@
 // NOTES: divisions sit at fixed offsets, not packed: a receiver finds any channel without a prefix
 // sum over the row, and a fallback division is where the BF16 row has it. What crosses the link is
 // still only the 160 bytes of a cast division (the rest of its 256 stays untouched).
-// NOTES: log2 / exp2 in fp64 rounded to fp32 (the correctly rounded fp32 value, as the reference):
-// fp32 libm functions differ between vendors and torch by an ulp, and a code is a floor of one.
+// NOTES: log2 / exp2 are the vendor's fp32 log2f / exp2f (libdevice, OCML), the functions torch's
+// own GPU kernels call, so the reference run on the same GPU gives the same codes and values; DeepEP
+// uses the approximate instructions instead. fp64 would be the same on every device (correctly
+// rounded) but costs an fp64 exp2 per value in the receiver, several microseconds per op.
 #pragma once
 
 #include "uccl_ep/device/arch.cuh"
@@ -25,8 +27,13 @@ constexpr int kLogfmtDivBytes = 256;      // room of a division in the payload (
 constexpr int kLogfmtStageWords = 40;     // 160 bytes of codes: a 16-lane group's staging words
 constexpr uint32_t kLogfmtMaxCode = 511;  // 9-bit magnitude codes
 
+#if UCCL_EP_LOGFMT_HOST_MATH  // tests/cpu/data/logfmt_host: the reference's CPU math (fp64, rounded)
 UCCL_DEVICE float logfmt_log2(float x) { return static_cast<float>(log2(static_cast<double>(x))); }
 UCCL_DEVICE float logfmt_exp2(float x) { return static_cast<float>(exp2(static_cast<double>(x))); }
+#else
+UCCL_DEVICE float logfmt_log2(float x) { return log2f(x); }
+UCCL_DEVICE float logfmt_exp2(float x) { return exp2f(x); }
+#endif
 
 struct LogfmtDiv {
   float log_amin, step, step_inv, bias;
