@@ -326,8 +326,9 @@ def combine(ex, set_idx, y, topk_idx, topk_weights, handle, masked, out, combine
     """LL combine; with ``use_logfmt`` the receiver sums each row as refs.logfmt.round_trip(row).
 
     NOTES: the rows still cross the host transport as BF16 and are put through LogFMT's round trip
-    where they are summed: the same sum as the kernels' (each row encoded once, decoded once),
-    without a byte format of our own on the CPU path, whose byte counts no one measures."""
+    where they are summed: the same sum as the kernels' (each row encoded once, decoded once). The
+    CPU path carries the semantics into CI; a wire format of its own would be a second copy of the
+    kernels' (device/logfmt.cuh) that no kernel runs."""
     R, me = ex.num_ranks, ex.rank
     src_info, layout_range, num_max, H, E = handle
     lay = LowLatencyLayout(num_max, H, R, E, ex.shared_bytes)
