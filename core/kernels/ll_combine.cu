@@ -93,11 +93,14 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
     const int g = int(p.rank) * E_loc + e;
     const int t = reinterpret_cast<const int*>(p.src_info)[int64_t(e) * rows_per_expert + row];
 #if UCCL_EP_LL_LOGFMT
-    warp_logfmt_encode_row(reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes,
-                           reinterpret_cast<uint8_t*>(peer_recv[j]) + p.meta_off +
-                               (int64_t(g) * p.num_max + t) * (p.hidden / 128) * 4,
-                           reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes,
-                           int(p.hidden / 128), s_logfmt_stage);
+    {  // parts A / B in the BF16 row's own places (logfmt.cuh)
+      uint8_t* dst = reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes;
+      warp_logfmt_encode_row(dst, kLogfmtDivBytes, dst + kLogfmtPartA, kLogfmtDivBytes,
+                             reinterpret_cast<uint8_t*>(peer_recv[j]) + p.meta_off +
+                                 (int64_t(g) * p.num_max + t) * (p.hidden / 128) * 4,
+                             reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes,
+                             int(p.hidden / 128), s_logfmt_stage);
+    }
 #else
     warp_copy16(reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes,
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes, row_bytes);
@@ -158,7 +161,8 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
         const int g = s_expert[k];
         if (g < 0) continue;
         float v[8];
-        logfmt_decode8(recv + (int64_t(g) * p.num_max + t) * H * 2,
+        const uint8_t* row = recv + (int64_t(g) * p.num_max + t) * H * 2;
+        logfmt_decode8(row, kLogfmtDivBytes, row + kLogfmtPartA, kLogfmtDivBytes,
                        recv + p.meta_off + (int64_t(g) * p.num_max + t) * (H / 128) * 4, c, v);
         const float w = s_weight[k];
 #pragma unroll

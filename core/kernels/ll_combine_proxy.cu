@@ -19,11 +19,12 @@
 // in fp32, k ascending,
 // one IEEE-rounded multiply and add each, cast to BF16.
 //
-// LogFMT (built with UCCL_EP_LL_LOGFMT=1; device/logfmt.cuh): a region of n rows holds their
-// payloads [n][2H] (each row encoded where its BF16 row would be) and then their meta words
-// [n][H/128] u32, and goes as one Write of n * (2H + H/32) bytes; the rank's own rows are staged
-// too (never read from y, which holds BF16), and zero copy is refused on the host. The receiver
-// also counts n (this rank's selections of the owner's experts) to find the meta words.
+// LogFMT (built with UCCL_EP_LL_LOGFMT=1; device/logfmt.cuh): a region of n rows of D divisions
+// holds parts A [n][D][160 B], then the meta words [n][D] u32, then parts B [n][D][96 B]; its Write
+// stops after the meta words (DeepEP's 10H/8 + H/32 bytes per row) unless a division of one of its
+// rows fell back to BF16 (a flag bit in the destination's finish counter tells the publishing
+// warp). The rank's own rows are staged too (never read from y, which holds BF16), and zero copy is
+// refused on the host. The receiver also counts n (this rank's selections of the owner's experts).
 // NOTES: every block waits for every owner's signal, so the kernel ends only after every peer's
 // combine send -- which each peer issues after reading this rank's dispatch data. That is what lets
 // the next op on this buffer set overwrite the send area the proxy copied from, with no extra
@@ -40,14 +41,6 @@ namespace {
 
 constexpr int kMaxRanks = 64;
 constexpr int kMaxTopk = 32;
-#if UCCL_EP_LL_LOGFMT
-constexpr bool kLogfmt = true;
-#else
-constexpr bool kLogfmt = false;
-#endif
-
-// Bytes a staged row takes in a region: its payload, and with LogFMT its meta words.
-UCCL_DEVICE int64_t region_row_bytes(int64_t hidden) { return hidden * 2 + (kLogfmt ? hidden / 32 : 0); }
 
 UCCL_DEVICE const FifoLayout& fifo_of(const LLProxyCombineParams& p, int j) {
   return reinterpret_cast<const FifoLayout*>(p.fifos)[fifo_for(j, int(p.num_fifos))];
@@ -65,10 +58,28 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
   // push_region fences at system scope first (unless only the copy kernel reads the region: OpRoute):
   // every staged row, ordered before by the caller
   push_region(route, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
-              uint64_t(rows) * uint64_t(region_row_bytes(p.hidden)), uint64_t(p.chunk_bytes), 0, uint32_t(p.counter),
+              uint64_t(rows) * uint64_t(p.hidden * 2), uint64_t(p.chunk_bytes), 0, uint32_t(p.counter),
               int(p.signal_total), uint64_t(p.timeout_ns), reinterpret_cast<ErrorWord*>(p.error),
               PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
 }
+
+#if UCCL_EP_LL_LOGFMT
+// publish_rows for a LogFMT region: parts A and the meta words, and parts B if a division fell back
+// (rounded up to 16 bytes, the copy engines' unit; the region has room past them).
+__device__ void publish_logfmt_rows(const LLProxyCombineParams& p, int j, int rows, bool fell_back) {
+  if (j == int(p.rank)) {
+    signal_own_region(p.self_counter, p.signal_total);
+    return;
+  }
+  const int64_t nd = p.hidden / 128;
+  const uint64_t len = (uint64_t(rows) * nd * (kLogfmtPartA + 4 + (fell_back ? kLogfmtPartB : 0)) + 15) & ~uint64_t(15);
+  const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
+                      p.dma_pushed, p.num_proxy_threads, p.push_fence != 0};
+  push_region(route, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
+              len, uint64_t(p.chunk_bytes), 0, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
+              reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
+}
+#endif
 
 }  // namespace
 
@@ -191,16 +202,19 @@ extern "C" __global__ void __launch_bounds__(256)
       r -= count;
     }
 #if UCCL_EP_LL_LOGFMT
+    bool fell_back;
     {
       const int num_div = int(p.hidden / 128);
       const int share_div = (num_div + parts - 1) / parts;  // a part encodes whole divisions
       const int d0 = part * share_div, d1 = d0 + share_div < num_div ? d0 + share_div : num_div;
-      uint8_t* region = reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes;
-      const int64_t at = int64_t(d0) * kLogfmtDivBytes, idx = first[e * R + j] + r;
-      warp_logfmt_encode_row(region + idx * row_bytes + at,
-                             region + int64_t(s_dest_rows[j]) * row_bytes + idx * (p.hidden / 32) + 4 * d0,
-                             reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes + at,
-                             d1 > d0 ? d1 - d0 : 0, s_logfmt_stage);
+      const LogfmtRegion at = logfmt_region(reinterpret_cast<uint8_t*>(p.send_area) + int64_t(j) * p.region_bytes,
+                                            s_dest_rows[j], first[e * R + j] + r, p.hidden);
+      fell_back = warp_logfmt_encode_row(
+          at.a + int64_t(d0) * kLogfmtPartA, kLogfmtPartA, at.b + int64_t(d0) * kLogfmtPartB, kLogfmtPartB,
+          at.meta + 4 * d0,
+          reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes +
+              int64_t(d0) * kLogfmtDivBytes,
+          d1 > d0 ? d1 - d0 : 0, s_logfmt_stage);
     }
 #else
     const int64_t at = int64_t(part) * share;
@@ -211,6 +225,19 @@ extern "C" __global__ void __launch_bounds__(256)
                 len);
 #endif
     sync_warp();
+#if UCCL_EP_LL_LOGFMT
+    if (lane_id() == 0) {
+      __threadfence();  // as below
+      // the flag bit before the count: the last count's atomic sees every earlier warp's flag
+      if (fell_back) atomicOr(finish + j, 0x80000000u);
+      const unsigned prev = atomicAdd(finish + j, 1u);
+      if (int(prev & 0x7fffffffu) + 1 == s_dest_rows[j] * parts) {
+        finish[j] = 0u;
+        __threadfence();
+        publish_logfmt_rows(p, j, s_dest_rows[j], fell_back || (prev >> 31) != 0);
+      }
+    }
+#else
     if (lane_id() == 0) {
       __threadfence();  // this warp's staged share before its count (gpu scope: see ll_dispatch_proxy.cu)
       const unsigned prev = atomicAdd(finish + j, 1u);
@@ -220,6 +247,7 @@ extern "C" __global__ void __launch_bounds__(256)
         publish_rows(p, j, s_dest_rows[j]);
       }
     }
+#endif
     sync_warp();
   }
   // Sources with no rows still get their signal.
@@ -234,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(256)
   __shared__ const uint8_t* s_row[kMaxTopk];  // the row of each selected expert
 #if UCCL_EP_LL_LOGFMT
   __shared__ const uint8_t* s_meta[kMaxTopk];  // its meta words
+  __shared__ const uint8_t* s_b[kMaxTopk];     // its parts B
   __shared__ int s_total[kMaxTopk];            // rows of this rank in the owner's region
 #endif
   __shared__ float s_weight[kMaxTopk];
@@ -319,12 +348,14 @@ extern "C" __global__ void __launch_bounds__(256)
     const uint8_t* row = nullptr;
 #if UCCL_EP_LL_LOGFMT
     const uint8_t* meta = nullptr;
+    const uint8_t* part_b = nullptr;
+    const uint8_t* region = nullptr;
 #endif
     if (g >= 0) {
       const int owner = g / E_loc;
       const int64_t row_bytes = p.hidden * 2;
 #if UCCL_EP_LL_LOGFMT
-      const bool past = int64_t(s_total[tid]) * region_row_bytes(p.hidden) > p.region_bytes ||
+      const bool past = int64_t(s_total[tid]) * (row_bytes + p.hidden / 32) > p.region_bytes ||
                         s_below[tid] + s_slot[tid] >= s_total[tid];
 #else
       const bool past = (int64_t(s_below[tid]) + s_slot[tid] + 1) * row_bytes > p.region_bytes;
@@ -335,9 +366,15 @@ extern "C" __global__ void __launch_bounds__(256)
       } else if (owner != int(p.rank)) {  // a peer's rows, in its recv region
         row = reinterpret_cast<const uint8_t*>(p.recv_area) + int64_t(owner) * p.region_bytes +
               int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
+#if UCCL_EP_LL_LOGFMT
+        region = reinterpret_cast<const uint8_t*>(p.recv_area) + int64_t(owner) * p.region_bytes;
+#endif
       } else if (!p.zero_copy) {  // this rank's own, staged in its send region
         row = reinterpret_cast<const uint8_t*>(p.send_area) + int64_t(owner) * p.region_bytes +
               int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
+#if UCCL_EP_LL_LOGFMT
+        region = reinterpret_cast<const uint8_t*>(p.send_area) + int64_t(owner) * p.region_bytes;
+#endif
       } else {  // zero copy: in y (the send area) at the dispatch segment of (local expert, this rank)
         const int e = g - owner * E_loc;
         const int64_t begin = reinterpret_cast<const int64_t*>(p.layout_range)[int64_t(e) * R + owner] >> 32;
@@ -346,16 +383,20 @@ extern "C" __global__ void __launch_bounds__(256)
       }
       if (!s_owner_ok[owner]) g = -1;
 #if UCCL_EP_LL_LOGFMT
-      // the meta words follow the region's payloads (zero copy, the branch above, is refused on the host)
-      if (row != nullptr)
-        meta = row + int64_t(s_total[tid] - s_below[tid] - s_slot[tid]) * row_bytes +
-               int64_t(s_below[tid] + s_slot[tid]) * (p.hidden / 32);
+      if (region != nullptr) {  // (zero copy, the last branch above, is refused on the host)
+        const LogfmtRegion at = logfmt_region(const_cast<uint8_t*>(region), s_total[tid], s_below[tid] + s_slot[tid],
+                                              p.hidden);
+        row = at.a;
+        meta = at.meta;
+        part_b = at.b;
+      }
 #endif
     }
     s_expert[tid] = g;
     s_row[tid] = row;
 #if UCCL_EP_LL_LOGFMT
     s_meta[tid] = meta;
+    s_b[tid] = part_b;
 #endif
     s_weight[tid] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + tid];
   }
@@ -371,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(256)
       for (int k = 0; k < K; ++k) {  // decoded, then the BF16 path's multiply and add, in k order
         if (s_expert[k] < 0) continue;
         float v[8];
-        logfmt_decode8(s_row[k], s_meta[k], c, v);
+        logfmt_decode8(s_row[k], kLogfmtPartA, s_b[k], kLogfmtPartB, s_meta[k], c, v);
         const float w = s_weight[k];
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));

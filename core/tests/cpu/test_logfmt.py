@@ -180,8 +180,9 @@ def test_proxy_logfmt_combine_below_the_hint_is_a_typed_error():
         lay.combine_region(4, True)
 
 
-def _device_code_on_host(x: torch.Tensor, tmp_path) -> torch.Tensor:
-    """Run device/logfmt.cuh's per-lane code on the CPU (data/logfmt_host/logfmt_host.cc)."""
+def _device_code_on_host(x: torch.Tensor, tmp_path, layout: int) -> tuple[torch.Tensor, bool]:
+    """Run device/logfmt.cuh's per-lane code on the CPU (data/logfmt_host/logfmt_host.cc): the rows
+    decoded, and whether a division fell back."""
     import shutil
     import struct
     import subprocess
@@ -196,14 +197,18 @@ def _device_code_on_host(x: torch.Tensor, tmp_path) -> torch.Tensor:
     subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wno-unknown-pragmas", f"-I{here}",
                     f"-I{jit.include_dir()}", str(here / "logfmt_host.cc"), "-o", str(exe)], check=True, timeout=120)
     n, h = x.shape
-    blob = struct.pack("<II", n, h) + x.contiguous().view(torch.int16).numpy().tobytes()
+    blob = struct.pack("<III", n, h, layout) + x.contiguous().view(torch.int16).numpy().tobytes()
     out = subprocess.run([str(exe)], input=blob, capture_output=True, check=True, timeout=60).stdout
-    return torch.frombuffer(bytearray(out), dtype=torch.float32).view(n, h)
+    assert len(out) == 4 * n * h + 1
+    return torch.frombuffer(bytearray(out[:-1]), dtype=torch.float32).view(n, h), out[-1] == 1
 
 
-def test_device_encode_decode_equals_the_reference_bit_for_bit(tmp_path):
-    """The kernels' per-lane encode (extremes, levels, codes, lane-pair words) and decode, run on the
-    CPU, give refs.logfmt's round trip bit for bit: the bit layout and the float ops agree."""
+@pytest.mark.parametrize("layout", [0, 1], ids=["nvlink-slots", "proxy-region"])
+def test_device_encode_decode_equals_the_reference_bit_for_bit(tmp_path, layout):
+    """The kernels' per-lane encode (extremes, levels, codes, lane-pair words, parts A / B, meta
+    words) and decode, run on the CPU, give refs.logfmt's round trip bit for bit: the bit layout and
+    the float ops agree, in the NVLink row slots and in a proxy region -- there also when the
+    region's Write stops after the meta words because every division was cast."""
     g = torch.Generator().manual_seed(7)
     rows = [(torch.randn(40, 1024, generator=g) * 0.1),
             (torch.randn(8, 1024, generator=g) * 0.3).clamp(-0.99, 0.99),
@@ -214,10 +219,12 @@ def test_device_encode_decode_equals_the_reference_bit_for_bit(tmp_path):
     mixed[1, 600] = float("nan")
     mixed[2, 700] = 2.0 ** -40
     mixed[3, 896:] = -0.125
-    x = torch.cat(rows + [mixed]).to(torch.bfloat16)
-    got = _device_code_on_host(x, tmp_path)
-    want = logfmt.round_trip(x)
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    for x, any_fallback in ((torch.cat([mixed] + rows).to(torch.bfloat16), True),
+                            (torch.cat(rows).to(torch.bfloat16), False)):
+        got, fell_back = _device_code_on_host(x, tmp_path, layout)
+        assert fell_back == any_fallback
+        want = logfmt.round_trip(x)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
 def test_proxy_engine_launches_the_logfmt_build_with_its_regions(engine):

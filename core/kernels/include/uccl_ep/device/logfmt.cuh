@@ -1,16 +1,19 @@
 // LogFMT-10, the format of low_latency_combine(use_logfmt=True): encode and decode of 128-channel
 // divisions, bit-exact with uccl_ep.refs.logfmt (the format and its numerics are described there).
 //
-// A message for a row of H channels: the payload (2H bytes of room) with division d at byte
-// d * 256 -- 160 bytes of codes when the division is cast, its 256 BF16 bytes otherwise -- and one
-// meta word per division, amax | amin << 16 (BF16 bits of the largest / smallest |x|), from which
-// the receiver recomputes the cast decision and the levels. 16 lanes take a division, 8 channels
-// (16 bytes of BF16, 80 bits of codes) each; channel i of a division is bits [10i, 10i + 10) of
-// its 160-byte payload (bit 9 the sign, bits 0-8 the code).
+// A message for a row of H channels: its divisions' payloads and one meta word per division,
+// amax | amin << 16 (BF16 bits of the largest / smallest |x|), from which the receiver recomputes
+// the cast decision and the levels. 16 lanes take a division, 8 channels (16 bytes of BF16, 80 bits
+// of codes) each; channel i of a cast division is bits [10i, 10i + 10) of its 160 bytes of codes
+// (bit 9 the sign, bits 0-8 the code). A division's payload is two parts: part A (160 bytes: the
+// codes, or the first 160 BF16 bytes of a fallback division) and part B (the last 96 BF16 bytes of
+// a fallback division, unused when cast), at dst_a + d * a_stride and dst_b + d * b_stride. The
+// NVLink kernels use the BF16 row's own places (a_stride = b_stride = 256, dst_b = dst_a + 160); the
+// proxy path packs a region's parts A, then the meta words, then parts B, so a region whose
+// divisions are all cast goes as 164 bytes per division, DeepEP's count.
 //
-// NOTES: divisions sit at fixed offsets, not packed: a receiver finds any channel without a prefix
-// sum over the row, and a fallback division is where the BF16 row has it. What crosses the link is
-// still only the 160 bytes of a cast division (the rest of its 256 stays untouched).
+// NOTES: divisions sit at fixed offsets, not packed by their cast decisions: a receiver finds any
+// channel without a prefix sum over the row.
 // NOTES: log2 / exp2 are the vendor's fp32 log2f / exp2f (libdevice, OCML), the functions torch's
 // own GPU kernels call, so the reference run on the same GPU gives the same codes and values; DeepEP
 // uses the approximate instructions instead. fp64 would be the same on every device (correctly
@@ -23,7 +26,9 @@
 namespace uccl_ep::dev {
 
 constexpr int kLogfmtLanes = 16;          // lanes per division (8 channels each)
-constexpr int kLogfmtDivBytes = 256;      // room of a division in the payload (its BF16 size)
+constexpr int kLogfmtDivBytes = 256;      // BF16 bytes of a division
+constexpr int kLogfmtPartA = 160;         // bytes of a division's part A (its codes)
+constexpr int kLogfmtPartB = 96;          // bytes of a fallback division's part B
 constexpr int kLogfmtStageWords = 40;     // 160 bytes of codes: a 16-lane group's staging words
 constexpr uint32_t kLogfmtMaxCode = 511;  // 9-bit magnitude codes
 
@@ -99,13 +104,32 @@ UCCL_DEVICE void logfmt_pair_words(const uint32_t (&w)[3], const uint32_t (&o)[3
   s[4] = (o[1] >> 16) | (o[2] << 16);
 }
 
-// One warp encodes the BF16 row `src` (divisions [0, num_div)) into `dst` (payload) and `meta`
-// (u32 per division). `stage`: this block's staging, kLogfmtStageWords per 16 threads, 16-byte
-// aligned. Every lane of the warp must call it (shuffles and warp barriers inside).
-UCCL_DEVICE void warp_logfmt_encode_row(uint8_t* dst, uint8_t* meta, const uint8_t* src, int num_div,
-                                        uint32_t* stage) {
+// The 16 bytes of lane li (channels 8 li .. 8 li + 7 as BF16) of division d: in part A for the
+// first 10 lanes, in part B for the other 6.
+UCCL_DEVICE uint8_t* logfmt_chunk(uint8_t* dst_a, int64_t a_stride, uint8_t* dst_b, int64_t b_stride, int64_t d,
+                                  int li) {
+  return li < kLogfmtPartA / 16 ? dst_a + d * a_stride + li * 16 : dst_b + d * b_stride + (li - kLogfmtPartA / 16) * 16;
+}
+
+// A packed region of n rows (the proxy path): where row i's parts A, meta words and parts B start.
+struct LogfmtRegion {
+  uint8_t *a, *meta, *b;
+};
+UCCL_DEVICE LogfmtRegion logfmt_region(uint8_t* region, int64_t n, int64_t i, int64_t hidden) {
+  const int64_t nd = hidden / 128;
+  return {region + i * nd * kLogfmtPartA, region + n * nd * kLogfmtPartA + i * nd * 4,
+          region + n * nd * (kLogfmtPartA + 4) + i * nd * kLogfmtPartB};
+}
+
+// One warp encodes the BF16 row `src` (divisions [0, num_div)) into parts A / B and `meta` (u32 per
+// division); true (in every lane) when a division fell back, i.e. part B was written. `stage`: this
+// block's staging, kLogfmtStageWords per 16 threads, 16-byte aligned. Every lane of the warp must
+// call it (shuffles and warp barriers inside).
+UCCL_DEVICE bool warp_logfmt_encode_row(uint8_t* dst_a, int64_t a_stride, uint8_t* dst_b, int64_t b_stride,
+                                        uint8_t* meta, const uint8_t* src, int num_div, uint32_t* stage) {
   const int lane = lane_id(), li = lane % kLogfmtLanes;
   uint32_t* my_stage = stage + (threadIdx.x / kLogfmtLanes) * kLogfmtStageWords;
+  bool fell_back = false;
   for (int d0 = 0; d0 < num_div; d0 += kWarpSize / kLogfmtLanes) {
     const int d = d0 + lane / kLogfmtLanes;
     const bool active = d < num_div;
@@ -128,26 +152,29 @@ UCCL_DEVICE void warp_logfmt_encode_row(uint8_t* dst, uint8_t* meta, const uint8
     if (active && p.cast && li % 2 == 0) logfmt_pair_words(w, o, my_stage + 5 * (li / 2));
     sync_warp();
     if (active) {
-      uint8_t* out = dst + int64_t(d) * kLogfmtDivBytes + li * 16;
+      uint8_t* out = logfmt_chunk(dst_a, a_stride, dst_b, b_stride, d, li);
       if (!p.cast) st16(out, v);
-      else if (li < 10) st16(out, reinterpret_cast<const Vec16*>(my_stage)[li]);
+      else if (li < kLogfmtPartA / 16) st16(out, reinterpret_cast<const Vec16*>(my_stage)[li]);
       if (li == 0) *reinterpret_cast<uint32_t*>(meta + 4 * int64_t(d)) = m;
+      fell_back = fell_back || !p.cast;
     }
     sync_warp();  // the stage is reused by the next division
   }
+  return warp_ballot(fell_back) != 0;
 }
 
-// Channels [8c, 8c + 8) of a LogFMT message (payload `row`, meta words `meta`; written by peers,
-// so read through L2) decoded to fp32.
-UCCL_DEVICE void logfmt_decode8(const uint8_t* row, const uint8_t* meta, int64_t c, float* v) {
+// Channels [8c, 8c + 8) of a LogFMT message (parts A / B as in warp_logfmt_encode_row, meta words
+// `meta`; written by peers, so read through L2) decoded to fp32.
+UCCL_DEVICE void logfmt_decode8(const uint8_t* a, int64_t a_stride, const uint8_t* b, int64_t b_stride,
+                                const uint8_t* meta, int64_t c, float* v) {
   const int64_t d = c / kLogfmtLanes;
   const int li = int(c % kLogfmtLanes);
   const LogfmtDiv p = logfmt_division(ld_u32_cg(meta + 4 * d));
   if (!p.cast) {
-    unpack_bf16x8(ld16_cg(row + c * 16), v);
+    unpack_bf16x8(ld16_cg(logfmt_chunk(const_cast<uint8_t*>(a), a_stride, const_cast<uint8_t*>(b), b_stride, d, li)), v);
     return;
   }
-  const uint8_t* base = row + d * kLogfmtDivBytes + (li / 2) * 20;
+  const uint8_t* base = a + d * a_stride + (li / 2) * 20;
   uint32_t w[3];
   if (li % 2 == 0) {
     w[0] = ld_u32_cg(base);

@@ -36,44 +36,79 @@ UCCL_DEVICE uint32_t ld_u32_cg(const uint8_t* p) { uint32_t v; std::memcpy(&v, p
 UCCL_DEVICE int lane_id() { return 0; }
 UCCL_DEVICE int shfl_xor(int v, int) { return v; }
 UCCL_DEVICE void sync_warp() {}
+UCCL_DEVICE uint64_t warp_ballot(bool pred) { return pred ? 1u : 0u; }
 }  // namespace uccl_ep::dev
 
 #include "uccl_ep/device/logfmt.cuh"
 
 using namespace uccl_ep::dev;
 
+// Encodes division d of a row as its 16 lanes would (warp_logfmt_encode_row); returns "fell back".
+static bool encode_division(const uint8_t* row, int d, uint8_t* a, int64_t a_stride, uint8_t* b, int64_t b_stride,
+                            uint8_t* meta) {
+  Vec16 v[kLogfmtLanes];
+  int hi = 0, lo = 0x7fff;
+  for (int li = 0; li < kLogfmtLanes; ++li) {
+    v[li] = ld16(row + d * kLogfmtDivBytes + li * 16);
+    logfmt_extremes8(v[li], hi, lo);  // the shuffle reduction's result, in every lane
+  }
+  const uint32_t m = uint32_t(hi) | (uint32_t(lo) << 16);
+  const LogfmtDiv p = logfmt_division(m);
+  uint32_t w[kLogfmtLanes][3], stage[kLogfmtStageWords];
+  for (int li = 0; li < kLogfmtLanes; ++li) logfmt_pack8(v[li], p, w[li]);
+  for (int li = 0; li < kLogfmtLanes; li += 2) logfmt_pair_words(w[li], w[li + 1], stage + 5 * (li / 2));
+  for (int li = 0; li < kLogfmtLanes; ++li) {
+    uint8_t* out = logfmt_chunk(a, a_stride, b, b_stride, d, li);
+    if (!p.cast) st16(out, v[li]);
+    else if (li < kLogfmtPartA / 16) std::memcpy(out, reinterpret_cast<const uint8_t*>(stage) + li * 16, 16);
+  }
+  std::memcpy(meta + 4 * d, &m, 4);
+  return !p.cast;
+}
+
+// stdin: u32 rows, u32 hidden, u32 layout (0: the NVLink row slots, 1: one proxy region of all the
+// rows, cut after the meta words unless a division fell back, the rest poisoned), then the rows.
 int main() {
-  uint32_t n = 0, h = 0;
-  if (std::fread(&n, 4, 1, stdin) != 1 || std::fread(&h, 4, 1, stdin) != 1) return 2;
+  uint32_t n = 0, h = 0, layout = 0;
+  if (std::fread(&n, 4, 1, stdin) != 1 || std::fread(&h, 4, 1, stdin) != 1 || std::fread(&layout, 4, 1, stdin) != 1)
+    return 2;
   std::vector<uint16_t> x(size_t(n) * h);
   if (std::fread(x.data(), 2, x.size(), stdin) != x.size()) return 2;
   const int nd = int(h / 128);
-  std::vector<uint8_t> payload(size_t(h) * 2), meta(size_t(nd) * 4);
-  std::vector<float> out(h);
+  std::vector<uint8_t> region(size_t(n) * (2 * h + h / 32) + 16, 0xab);  // untouched bytes stay 0xab
+  std::vector<float> out(size_t(n) * h);
+  bool fell_back = false;
   for (uint32_t r = 0; r < n; ++r) {
     const uint8_t* row = reinterpret_cast<const uint8_t*>(x.data() + size_t(r) * h);
-    std::memset(payload.data(), 0xab, payload.size());  // untouched bytes of cast divisions
     for (int d = 0; d < nd; ++d) {
-      Vec16 v[kLogfmtLanes];
-      int hi = 0, lo = 0x7fff;
-      for (int li = 0; li < kLogfmtLanes; ++li) {
-        v[li] = ld16(row + d * kLogfmtDivBytes + li * 16);
-        logfmt_extremes8(v[li], hi, lo);  // the shuffle reduction's result, in every lane
+      if (layout == 0) {
+        uint8_t* slot = region.data() + size_t(r) * 2 * h;
+        fell_back |= encode_division(row, d, slot, kLogfmtDivBytes, slot + kLogfmtPartA, kLogfmtDivBytes,
+                                     region.data() + size_t(n) * 2 * h + size_t(r) * nd * 4);
+      } else {
+        const LogfmtRegion at = logfmt_region(region.data(), n, r, h);
+        fell_back |= encode_division(row, d, at.a, kLogfmtPartA, at.b, kLogfmtPartB, at.meta);
       }
-      const uint32_t m = uint32_t(hi) | (uint32_t(lo) << 16);
-      const LogfmtDiv p = logfmt_division(m);
-      uint32_t w[kLogfmtLanes][3], stage[kLogfmtStageWords];
-      for (int li = 0; li < kLogfmtLanes; ++li) logfmt_pack8(v[li], p, w[li]);
-      for (int li = 0; li < kLogfmtLanes; li += 2) logfmt_pair_words(w[li], w[li + 1], stage + 5 * (li / 2));
-      for (int li = 0; li < kLogfmtLanes; ++li) {
-        uint8_t* o = payload.data() + d * kLogfmtDivBytes + li * 16;
-        if (!p.cast) st16(o, v[li]);
-        else if (li < 10) std::memcpy(o, reinterpret_cast<const uint8_t*>(stage) + li * 16, 16);
-      }
-      std::memcpy(meta.data() + 4 * d, &m, 4);
     }
-    for (int64_t c = 0; c < int64_t(h) / 8; ++c) logfmt_decode8(payload.data(), meta.data(), c, out.data() + c * 8);
-    std::fwrite(out.data(), 4, h, stdout);
   }
+  if (layout == 1) {  // what the Write carries (publish_logfmt_rows); the receiver sees nothing past it
+    const size_t len = (size_t(n) * nd * (kLogfmtPartA + 4 + (fell_back ? kLogfmtPartB : 0)) + 15) & ~size_t(15);
+    std::memset(region.data() + len, 0x7f, region.size() - len);
+  }
+  for (uint32_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < int64_t(h) / 8; ++c) {
+      float* o = out.data() + size_t(r) * h + c * 8;
+      if (layout == 0) {
+        const uint8_t* slot = region.data() + size_t(r) * 2 * h;
+        logfmt_decode8(slot, kLogfmtDivBytes, slot + kLogfmtPartA, kLogfmtDivBytes,
+                       region.data() + size_t(n) * 2 * h + size_t(r) * nd * 4, c, o);
+      } else {
+        const LogfmtRegion at = logfmt_region(region.data(), n, r, h);
+        logfmt_decode8(at.a, kLogfmtPartA, at.b, kLogfmtPartB, at.meta, c, o);
+      }
+    }
+  }
+  std::fwrite(out.data(), 4, out.size(), stdout);
+  std::fputc(fell_back ? 1 : 0, stdout);
   return 0;
 }
