@@ -25,7 +25,15 @@
 // expert is refused (error word, InvalidArgument on the host) and the repeat counted once.
 // NOTES: zero_copy needs no special path here: the caller wrote the expert outputs into this
 // rank's registered send area, which is simply passed as `y`.
+// LogFMT (built with UCCL_EP_LL_LOGFMT=1, low_latency_combine(use_logfmt=True); device/logfmt.cuh):
+// the warp encodes its row into the peer's row slot (same place, at most the same bytes) and the
+// division meta words into the [E][T][H/128] u32 area at meta_off; the receiver decodes each
+// channel before the same multiply and add.
+// NOTES: a -D variant, not a kernel parameter: the BF16 kernels stay the same code (no branch, no
+// registers or shared memory for the encoder), so their speed cannot move; the executor loads both
+// builds when it starts (a first-call compile on one rank would keep its peers waiting).
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/logfmt.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/shrink.cuh"
 #include "uccl_ep/device/wait.cuh"
@@ -41,6 +49,9 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
   // [E + 1] prefix of rows per (local expert, source rank) segment, [E] each segment's first row
   // in its expert's slab, [2 * blockDim.x] scan scratch.
   extern __shared__ int smem[];
+#if UCCL_EP_LL_LOGFMT
+  __shared__ __align__(16) uint32_t s_logfmt_stage[256 / kLogfmtLanes * kLogfmtStageWords];
+#endif
   const int tid = threadIdx.x;
   const int R = int(p.num_ranks), E_loc = int(p.num_local_experts), E = E_loc * R;
   const int64_t rows_per_expert = int64_t(R) * p.num_max;
@@ -81,8 +92,19 @@ extern "C" __global__ void __launch_bounds__(256) ll_combine_send(const UCCL_GRI
     const int row = first_row[lo] + (item - prefix[lo]);
     const int g = int(p.rank) * E_loc + e;
     const int t = reinterpret_cast<const int*>(p.src_info)[int64_t(e) * rows_per_expert + row];
+#if UCCL_EP_LL_LOGFMT
+    {  // parts A / B in the BF16 row's own places (logfmt.cuh)
+      uint8_t* dst = reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes;
+      warp_logfmt_encode_row(dst, kLogfmtDivBytes, dst + kLogfmtPartA, kLogfmtDivBytes,
+                             reinterpret_cast<uint8_t*>(peer_recv[j]) + p.meta_off +
+                                 (int64_t(g) * p.num_max + t) * (p.hidden / 128) * 4,
+                             reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes,
+                             int(p.hidden / 128), s_logfmt_stage);
+    }
+#else
     warp_copy16(reinterpret_cast<uint8_t*>(peer_recv[j]) + (int64_t(g) * p.num_max + t) * row_bytes,
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + row) * row_bytes, row_bytes);
+#endif
     sync_warp();
     if (lane_id() == 0)  // release (system scope): the warp's row before its flag
       st_release_sys(ll_flags(peer_recv[j], p.flag_off) + int64_t(g) * p.num_max + t,
@@ -134,6 +156,19 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
       float acc[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+#if UCCL_EP_LL_LOGFMT
+      for (int k = 0; k < K; ++k) {  // decoded, then the BF16 path's multiply and add, in k order
+        const int g = s_expert[k];
+        if (g < 0) continue;
+        float v[8];
+        const uint8_t* row = recv + (int64_t(g) * p.num_max + t) * H * 2;
+        logfmt_decode8(row, kLogfmtDivBytes, row + kLogfmtPartA, kLogfmtDivBytes,
+                       recv + p.meta_off + (int64_t(g) * p.num_max + t) * (H / 128) * 4, c, v);
+        const float w = s_weight[k];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
+      }
+#else
       for (int k0 = 0; k0 < K; k0 += 8) {  // 8 experts' loads in flight, summed in k order
         Vec16 r[8];
 #pragma unroll
@@ -152,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
           for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
         }
       }
+#endif
       st16(out + c * 16, pack_bf16x8(acc));
     }
   }

@@ -21,11 +21,18 @@
 // in fp32, k ascending,
 // one IEEE-rounded multiply and add each, cast to BF16.
 //
+// LogFMT (built with UCCL_EP_LL_LOGFMT=1; device/logfmt.cuh): a region of n rows of D divisions
+// holds parts A [n][D][160 B], then the meta words [n][D] u32, then parts B [n][D][96 B]; its Write
+// stops after the meta words (DeepEP's 10H/8 + H/32 bytes per row) unless a division of one of its
+// rows fell back to BF16 (a flag bit in the destination's finish counter tells the publishing
+// warp). The rank's own rows are staged too (never read from y, which holds BF16), and zero copy is
+// refused on the host. The receiver also counts n (this rank's selections of the owner's experts).
 // NOTES: every block waits for every owner's signal, so the kernel ends only after every peer's
 // combine send -- which each peer issues after reading this rank's dispatch data. That is what lets
 // the next op on this buffer set overwrite the send area the proxy copied from, with no extra
 // handshake.
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/logfmt.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
 
@@ -62,6 +69,28 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
               PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
 }
 
+#if UCCL_EP_LL_LOGFMT
+// publish_rows for a LogFMT region: parts A and the meta words, and parts B if a division fell back
+// (rounded up to 16 bytes, the copy engines' unit; the region has room past them).
+__device__ void publish_logfmt_rows(const LLProxyCombineParams& p, int j, int rows, bool fell_back) {
+  if (j == int(p.rank)) {
+    signal_own_region(p.self_counter, p.signal_total);
+    return;
+  }
+  if (is_nvl_peer(p.nvl_peers, j)) {  // encoded in j's recv area already: released with the signal (hybrid)
+    signal_nvl_peer(p.peer_ll, j, p.nvl_signal_off, p.rank, p.signal_total);
+    return;
+  }
+  const int64_t nd = p.hidden / 128;
+  const uint64_t len = (uint64_t(rows) * nd * (kLogfmtPartA + 4 + (fell_back ? kLogfmtPartB : 0)) + 15) & ~uint64_t(15);
+  const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
+                      p.dma_pushed, p.num_proxy_threads, p.push_fence != 0};
+  push_region(route, j, uint64_t(p.send_off + int64_t(j) * p.region_bytes), uint64_t(p.recv_off + p.rank * p.region_bytes),
+              len, uint64_t(p.chunk_bytes), 0, uint32_t(p.counter), int(p.signal_total), uint64_t(p.timeout_ns),
+              reinterpret_cast<ErrorWord*>(p.error), PushSite{kPhaseLLCombineSend, int(p.rank), j, -1});
+}
+#endif
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -71,6 +100,9 @@ extern "C" __global__ void __launch_bounds__(256)
   extern __shared__ int smem[];
   __shared__ int s_dest_rows[kMaxRanks];
   __shared__ int s_base[kMaxRanks];
+#if UCCL_EP_LL_LOGFMT
+  __shared__ __align__(16) uint32_t s_logfmt_stage[256 / kLogfmtLanes * kLogfmtStageWords];
+#endif
   allow_dependent_launch();  // the copy kernel may start now (as in ll_dispatch_proxy_send)
   const int tid = threadIdx.x;
   const int R = int(p.num_ranks), E_loc = int(p.num_local_experts);
@@ -161,7 +193,9 @@ extern "C" __global__ void __launch_bounds__(256)
   // at 128 tokens the grid has ~4 warps per row, so one warp per row left most of them idle.
   int parts = total > 0 ? nw / total : 1;
   parts = parts < 1 ? 1 : (parts > int(p.row_split) ? int(p.row_split) : parts);
+#if !UCCL_EP_LL_LOGFMT
   const int64_t share = ((row_bytes / 16 + parts - 1) / parts) * 16;
+#endif
   for (int item = gw; item < total * parts; item += nw) {
     const int row = item / parts, part = item % parts;
     int lo = 0, hi = E_loc;  // largest e with prefix[e] <= row
@@ -181,13 +215,45 @@ extern "C" __global__ void __launch_bounds__(256)
       }
       r -= count;
     }
+#if UCCL_EP_LL_LOGFMT
+    bool fell_back;
+    {
+      const int num_div = int(p.hidden / 128);
+      const int share_div = (num_div + parts - 1) / parts;  // a part encodes whole divisions
+      const int d0 = part * share_div, d1 = d0 + share_div < num_div ? d0 + share_div : num_div;
+      // NOTES: an NVLink peer's (hybrid) region is its receive area: encoded there directly, as BF16 rows are
+      const LogfmtRegion at = logfmt_region(region_for(p.send_area, p.region_bytes, p.peer_ll, p.nvl_peers, p.recv_off,
+                                                       p.rank, j),
+                                            s_dest_rows[j], first[e * R + j] + r, p.hidden);
+      fell_back = warp_logfmt_encode_row(
+          at.a + int64_t(d0) * kLogfmtPartA, kLogfmtPartA, at.b + int64_t(d0) * kLogfmtPartB, kLogfmtPartB,
+          at.meta + 4 * d0,
+          reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes +
+              int64_t(d0) * kLogfmtDivBytes,
+          d1 > d0 ? d1 - d0 : 0, s_logfmt_stage);
+    }
+#else
     const int64_t at = int64_t(part) * share;
     const int64_t len = at >= row_bytes ? 0 : (row_bytes - at < share ? row_bytes - at : share);
     warp_copy16(region_for(p.send_area, p.region_bytes, p.peer_ll, p.nvl_peers, p.recv_off, p.rank, j) +
                     int64_t(first[e * R + j] + r) * row_bytes + at,
                 reinterpret_cast<const uint8_t*>(p.y) + (int64_t(e) * rows_per_expert + begin + r) * row_bytes + at,
                 len);
+#endif
     sync_warp();
+#if UCCL_EP_LL_LOGFMT
+    if (lane_id() == 0) {
+      __threadfence();  // as below
+      // the flag bit before the count: the last count's atomic sees every earlier warp's flag
+      if (fell_back) atomicOr(finish + j, 0x80000000u);
+      const unsigned prev = atomicAdd(finish + j, 1u);
+      if (int(prev & 0x7fffffffu) + 1 == s_dest_rows[j] * parts) {
+        finish[j] = 0u;
+        __threadfence();
+        publish_logfmt_rows(p, j, s_dest_rows[j], fell_back || (prev >> 31) != 0);
+      }
+    }
+#else
     if (lane_id() == 0) {
       fence_stage(p.nvl_peers, j);  // this warp's staged share before its count (see ll_dispatch_proxy.cu)
       const unsigned prev = atomicAdd(finish + j, 1u);
@@ -197,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(256)
         publish_rows(p, j, s_dest_rows[j]);
       }
     }
+#endif
     sync_warp();
   }
   // Sources with no rows still get their signal (in zero copy, those of Writes got theirs above).
@@ -209,6 +276,11 @@ extern "C" __global__ void __launch_bounds__(256)
     ll_combine_proxy_recv(const UCCL_GRID_CONSTANT LLProxyCombineRecvParams p) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ const uint8_t* s_row[kMaxTopk];  // the row of each selected expert
+#if UCCL_EP_LL_LOGFMT
+  __shared__ const uint8_t* s_meta[kMaxTopk];  // its meta words
+  __shared__ const uint8_t* s_b[kMaxTopk];     // its parts B
+  __shared__ int s_total[kMaxTopk];            // rows of this rank in the owner's region
+#endif
   __shared__ float s_weight[kMaxTopk];
   __shared__ int s_owner_ok[kMaxRanks];
   __shared__ int s_slot[kMaxTopk], s_below[kMaxTopk];
@@ -234,6 +306,9 @@ extern "C" __global__ void __launch_bounds__(256)
       s_expert[lane] = g;
       s_slot[lane] = 0;
       s_below[lane] = 0;
+#if UCCL_EP_LL_LOGFMT
+      s_total[lane] = 0;
+#endif
     }
   }
   __syncthreads();
@@ -247,13 +322,23 @@ extern "C" __global__ void __launch_bounds__(256)
     if (g < 0) continue;  // uniform across the block
     const int64_t lo = int64_t(g / E_loc) * E_loc;
     int slot = 0, below = 0;
+#if UCCL_EP_LL_LOGFMT
+    int all = 0;
+#endif
     for (int64_t i = tid; i < n_sel; i += blockDim.x) {
       const int64_t v = topk[i];
       slot += (v == g && i < int64_t(t) * K) ? 1 : 0;
       below += (v >= lo && v < g) ? 1 : 0;
+#if UCCL_EP_LL_LOGFMT
+      all += (v >= lo && v < lo + E_loc) ? 1 : 0;
+#endif
     }
     slot = warp_sum(slot);
     below = warp_sum(below);
+#if UCCL_EP_LL_LOGFMT
+    all = warp_sum(all);
+    if (lane_id() == 0) atomicAdd(&s_total[k], all);
+#endif
     if (lane_id() == 0) {
       atomicAdd(&s_slot[k], slot);
       atomicAdd(&s_below[k], below);
@@ -275,18 +360,35 @@ extern "C" __global__ void __launch_bounds__(256)
   if (t < p.num_tokens && tid < K) {
     int g = s_expert[tid];
     const uint8_t* row = nullptr;
+#if UCCL_EP_LL_LOGFMT
+    const uint8_t* meta = nullptr;
+    const uint8_t* part_b = nullptr;
+    const uint8_t* region = nullptr;
+#endif
     if (g >= 0) {
       const int owner = g / E_loc;
       const int64_t row_bytes = p.hidden * 2;
-      if ((int64_t(s_below[tid]) + s_slot[tid] + 1) * row_bytes > p.region_bytes) {  // never read past a region
+#if UCCL_EP_LL_LOGFMT
+      const bool past = int64_t(s_total[tid]) * (row_bytes + p.hidden / 32) > p.region_bytes ||
+                        s_below[tid] + s_slot[tid] >= s_total[tid];
+#else
+      const bool past = (int64_t(s_below[tid]) + s_slot[tid] + 1) * row_bytes > p.region_bytes;
+#endif
+      if (past) {  // never read past a region
         raise_error(err, kErrProtocol, kPhaseLLCombineRecv, int(p.rank), owner, g, 0);
         g = -1;
       } else if (owner != int(p.rank)) {  // a peer's rows, in its recv region
         row = reinterpret_cast<const uint8_t*>(p.recv_area) + int64_t(owner) * p.region_bytes +
               int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
+#if UCCL_EP_LL_LOGFMT
+        region = reinterpret_cast<const uint8_t*>(p.recv_area) + int64_t(owner) * p.region_bytes;
+#endif
       } else if (!p.zero_copy) {  // this rank's own, staged in its send region
         row = reinterpret_cast<const uint8_t*>(p.send_area) + int64_t(owner) * p.region_bytes +
               int64_t(s_below[tid] + s_slot[tid]) * row_bytes;
+#if UCCL_EP_LL_LOGFMT
+        region = reinterpret_cast<const uint8_t*>(p.send_area) + int64_t(owner) * p.region_bytes;
+#endif
       } else {  // zero copy: in y (the send area) at the dispatch segment of (local expert, this rank)
         const int e = g - owner * E_loc;
         const int64_t begin = reinterpret_cast<const int64_t*>(p.layout_range)[int64_t(e) * R + owner] >> 32;
@@ -294,9 +396,22 @@ extern "C" __global__ void __launch_bounds__(256)
               (int64_t(e) * R * p.num_max + begin + s_slot[tid]) * row_bytes;
       }
       if (!s_owner_ok[owner]) g = -1;
+#if UCCL_EP_LL_LOGFMT
+      if (region != nullptr) {  // (zero copy, the last branch above, is refused on the host)
+        const LogfmtRegion at = logfmt_region(const_cast<uint8_t*>(region), s_total[tid], s_below[tid] + s_slot[tid],
+                                              p.hidden);
+        row = at.a;
+        meta = at.meta;
+        part_b = at.b;
+      }
+#endif
     }
     s_expert[tid] = g;
     s_row[tid] = row;
+#if UCCL_EP_LL_LOGFMT
+    s_meta[tid] = meta;
+    s_b[tid] = part_b;
+#endif
     s_weight[tid] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + tid];
   }
   __syncthreads();
@@ -307,6 +422,16 @@ extern "C" __global__ void __launch_bounds__(256)
       float acc[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+#if UCCL_EP_LL_LOGFMT
+      for (int k = 0; k < K; ++k) {  // decoded, then the BF16 path's multiply and add, in k order
+        if (s_expert[k] < 0) continue;
+        float v[8];
+        logfmt_decode8(s_row[k], kLogfmtPartA, s_b[k], kLogfmtPartB, s_meta[k], c, v);
+        const float w = s_weight[k];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
+      }
+#else
       for (int k0 = 0; k0 < K; k0 += 8) {  // 8 experts' loads in flight, summed in k order
         Vec16 r[8];
 #pragma unroll
@@ -325,6 +450,7 @@ extern "C" __global__ void __launch_bounds__(256)
           for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
         }
       }
+#endif
       st16(out + c * 16, pack_bf16x8(acc));
     }
   }

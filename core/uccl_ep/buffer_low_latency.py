@@ -125,14 +125,18 @@ class LowLatencyMixin:
                             async_finish: bool = False, return_recv_hook: bool = False,
                             out: Optional[torch.Tensor] = None,
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None, **extra_kwargs: Any):
-        """-> (combined_x [T, H] bf16, EventOverlap, hook): sum_k w[t,k] * y[expert][slot of t]."""
+        """-> (combined_x [T, H] bf16, EventOverlap, hook): sum_k w[t,k] * y[expert][slot of t].
+
+        With ``use_logfmt`` every row travels in LogFMT-10 (``uccl_ep.refs.logfmt``) and is summed
+        as decoded (docs/api.md, "LogFMT combine")."""
         self._check_ll_mode("low_latency_combine")
         check_extra_kwargs("low_latency_combine()", extra_kwargs)
         self._check_handle(handle, LowLatencyHandle, "low_latency_combine")
-        if use_logfmt:
-            from .errors import Unsupported
-            raise Unsupported("low_latency_combine(use_logfmt=True): LogFMT combine compression is not "
-                              "implemented; use BF16 combine (use_logfmt=False)")
+        use_logfmt = check_bool("use_logfmt", use_logfmt)
+        zero_copy = bool(zero_copy)
+        if use_logfmt and zero_copy:  # DeepEP refuses it too: the sender encodes into its own staging
+            raise InvalidArgument("zero_copy", "False with use_logfmt=True (LogFMT rows are encoded by the "
+                                  "send kernel, not written by the caller)", True)
         _, _, num_max, hidden, num_experts = handle
         R = self.group_size
         num_local = num_experts // R
@@ -155,7 +159,7 @@ class LowLatencyMixin:
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         combined, finish = self._executor.low_latency_combine(
             x, topk_idx, topk_weights, handle, self._masked_ranks, out, combine_wait_recv_cost_stats,
-            zero_copy=bool(zero_copy), recv_follows=not return_recv_hook)
+            zero_copy=zero_copy, recv_follows=not return_recv_hook, use_logfmt=use_logfmt)
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, (x, topk_idx, topk_weights, combined))
         return combined, event, hook
 

@@ -83,8 +83,9 @@ class Executor:
         raise NotImplementedError
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
-                            recv_follows=False):
-        """Returns (combined_x, finish)."""
+                            recv_follows=False, use_logfmt=False):
+        """Returns (combined_x, finish). ``use_logfmt``: rows travel in LogFMT-10 (refs.logfmt);
+        never with ``zero_copy`` (Buffer refuses the pair)."""
         raise NotImplementedError
 
     def clean_low_latency_buffer(self, num_max: int, hidden: int, num_experts: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 def jobs(kernel_dir: Path) -> list[tuple[str, tuple[str, ...]]]:
     """Every source without -D, plus the -D sets of the engines (HT block size and group size, the
-    profiling and register-pipeline builds, the LL proxy parts experiment)."""
+    profiling and register-pipeline builds, the LL proxy parts experiment, LogFMT combine)."""
     out = [(src, ()) for src in sorted(p.name for p in kernel_dir.glob("*.cu"))]
     for ranks in (2, 4, 8):
         threads = 16 // ranks * ranks * 32
@@ -36,6 +36,7 @@ def jobs(kernel_dir: Path) -> list[tuple[str, tuple[str, ...]]]:
             ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PROF=1")),
             ("intranode_combine.cu", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0"))]
     out += [(src, ("UCCL_EP_LL_PARTS=2",)) for src in ("ll_dispatch_proxy.cu", "ll_combine_proxy.cu")]
+    out += [(src, ("UCCL_EP_LL_LOGFMT=1",)) for src in ("ll_combine.cu", "ll_combine_proxy.cu")]  # use_logfmt
     return [j for j in dict.fromkeys(out) if (kernel_dir / j[0]).is_file()]
 
 

@@ -32,8 +32,11 @@ def test_bench_spawns_cpu_ranks_and_verifies(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gloo a2a" in proc.stdout and "verified" in proc.stdout
     data = json.loads(out.read_text())
-    assert data["ranks"] == 2 and len(data["rows"]) == 5
+    assert data["ranks"] == 2 and len(data["rows"]) == 6
     _check_rows(data["rows"], 2)
+    # LogFMT combine: DeepEP's bytes per selection, 10H/8 + H/128 * 4, next to BF16's 2H
+    comb = {r["dtype"]: r for r in data["rows"] if r["mode"] == "ll" and r["op"] == "combine"}
+    assert comb["logfmt"]["bytes"] * 2 * 256 == comb["bf16"]["bytes"] * (256 * 10 // 8 + 256 // 128 * 4)
 
 
 def test_bench_joins_torchrun_job(tmp_path):

@@ -133,7 +133,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
 
 def test_executors_share_definitions_through_protocol():
     """cuda/ imports neither host/ nor refs/; host/ imports from refs/ only what defines the semantics it
-    must match bit for bit (the FP8 cast, the top-k check, the dispatch layout); no executor imports
+    must match bit for bit (the FP8 cast, LogFMT, the top-k check, the dispatch layout); no executor imports
     the registry (backends) that imports it."""
     graph = import_graph(ROOT, "uccl_ep")
     bad = []
@@ -142,7 +142,7 @@ def test_executors_share_definitions_through_protocol():
             if mod.startswith("uccl_ep.cuda") and dep.startswith(("uccl_ep.host", "uccl_ep.refs")):
                 bad.append(f"{mod} -> {dep}")
             if mod.startswith("uccl_ep.host") and dep.startswith("uccl_ep.refs") and \
-                    dep not in ("uccl_ep.refs.fp8", "uccl_ep.refs.low_latency", "uccl_ep.refs.normal"):
+                    dep not in ("uccl_ep.refs.fp8", "uccl_ep.refs.logfmt", "uccl_ep.refs.low_latency", "uccl_ep.refs.normal"):
                 bad.append(f"{mod} -> {dep}")
             if mod.startswith(("uccl_ep.cuda", "uccl_ep.host", "uccl_ep.refs")) and dep == "uccl_ep.backends":
                 bad.append(f"{mod} -> {dep}")

@@ -88,7 +88,7 @@ def test_vendor_code_lives_in_the_arch_header():
     assert not hits, "\n".join(hits)
 
 
-def _hip_build(source: str, archs: tuple[str, ...]) -> tuple[dict[str, bytes], str]:
+def _hip_build(source: str, archs: tuple[str, ...], defines: tuple[str, ...] = ()) -> tuple[dict[str, bytes], str]:
     """Device code objects of core/kernels/<source> for `archs` (one clang call) and the compiler's
     stderr. NOTES: cached under ~/.cache/uccl_ep/ci-hip by the JIT's key (source, every header it
     includes, flags, targets, compiler version), with the stderr kept beside the code objects, so a
@@ -96,7 +96,7 @@ def _hip_build(source: str, archs: tuple[str, ...]) -> tuple[dict[str, bytes], s
     clang = _tool_or_skip("clang-22 with Debian's HIP headers", hip_toolchain.clang())
     src = jit.kernel_dir() / source
     flags = ["-x", "hip", "-std=c++17", "-O3", *(f"--offload-arch={a}" for a in archs), "--offload-device-only",
-             "--no-gpu-bundle-output", "-DNDEBUG", *hip_toolchain.compat_flags()]
+             "--no-gpu-bundle-output", "-DNDEBUG", *(f"-D{d}" for d in defines), *hip_toolchain.compat_flags()]
     key = jit.cache_key(src, jit.include_closure(src, [jit.include_dir()]), flags, "+".join(archs),
                         jit.compiler_version(Path(clang)))
     cache = Path(os.path.expanduser("~/.cache/uccl_ep/ci-hip"))
@@ -378,3 +378,39 @@ def test_ht_staged_combine_builds_with_cp_async(tmp_path):
     assert "cp.async" not in _default_ht_ptx(nvcc, "intranode_combine.cu",
                                              ht_tuning.kernel_defines(2, 768, "UCCL_EP_HT_COMBINE_STAGES=0")[1],
                                              tmp_path)
+
+
+# ---- LogFMT combine: the -D build of the LL combine kernels (use_logfmt=True) ----------------------
+_LOGFMT_SOURCES = ("ll_combine.cu", "ll_combine_proxy.cu")
+
+
+@pytest.mark.parametrize("source", _LOGFMT_SOURCES)
+def test_logfmt_combine_builds_for_sm90a_without_spills(source, tmp_path):
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    info = _ptxas_info(nvcc, source, ("UCCL_EP_LL_LOGFMT=1",), tmp_path)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", info)]
+    assert spills and not any(spills), info
+
+
+@pytest.mark.parametrize("source", _LOGFMT_SOURCES)
+def test_bf16_combine_build_carries_no_logfmt_code(source, tmp_path):
+    """The encoder and decoder (exp2f's ex2.approx among them) are in the LogFMT build only: the BF16
+    combine's device code is what it was."""
+    nvcc = _tool_or_skip("nvcc", _nvcc())
+    ex2 = {}
+    for name, defines in (("bf16", ()), ("logfmt", ("-DUCCL_EP_LL_LOGFMT=1",))):
+        res = subprocess.run([str(nvcc), "-std=c++17", "-O3", f"-I{jit.include_dir()}", "-ptx", "-arch=sm_90a",
+                              "-DNDEBUG", *defines, str(jit.kernel_dir() / source), "-o", str(tmp_path / "k.ptx")],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "warning" not in res.stderr, res.stderr[-3000:]
+        ex2[name] = len(re.findall(r"\bex2\.approx", (tmp_path / "k.ptx").read_text()))
+    assert ex2["bf16"] == 0 and ex2["logfmt"] > 0, ex2
+
+
+def test_logfmt_combine_builds_for_amd():
+    """gfx90a / gfx942 / gfx950 without a warning (the -D build is not in HIP_KERNELS' default set)."""
+    for source in _LOGFMT_SOURCES:
+        objects, stderr = _hip_build(source, tuple(hip_toolchain.TARGETS), ("UCCL_EP_LL_LOGFMT=1",))
+        assert "warning" not in stderr, stderr[-3000:]
+        assert {a: hip_toolchain.elf_mach(img) for a, img in objects.items()} == hip_toolchain.TARGETS

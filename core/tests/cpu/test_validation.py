@@ -190,7 +190,9 @@ def test_low_latency_errors(ll, normal, world1):
     # fork kwargs that ask for nothing are accepted
     ll.low_latency_dispatch(xb, topk, 16, E, use_nvfp4=False, x_global_scale=None)
     recv, _, handle, _, _ = ll.low_latency_dispatch(xb, topk, 16, E, use_fp8=False)
-    _raises(Unsupported, None, ll.low_latency_combine, recv, topk, w, handle, use_logfmt=True, match="LogFMT")
+    _raises(InvalidArgument, "zero_copy", ll.low_latency_combine, recv, topk, w, handle, use_logfmt=True,
+            zero_copy=True)  # DeepEP refuses the pair too
+    _raises(InvalidArgument, "use_logfmt", ll.low_latency_combine, recv, topk, w, handle, use_logfmt="yes")
     _raises(Unsupported, None, ll.low_latency_combine, recv, topk, w, handle, overlap=True, match="overlap")
     _raises(InvalidArgument, "x", ll.low_latency_combine, recv[:, :8], topk, w, handle, match="shape")
     _raises(InvalidArgument, "topk_weights", ll.low_latency_combine, recv, topk, w.bfloat16(), handle)

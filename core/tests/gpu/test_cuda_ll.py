@@ -339,6 +339,101 @@ def worker_timeout(rank, world, H, E, T_max, seed):
     return outcome
 
 
+def worker_logfmt(rank, world, H, E, T_max, seed):
+    """use_logfmt=True: our combine equals the reference's LogFMT combine bit for bit (same encode,
+    decode and sum, refs.logfmt), and is within DeepEP's tolerance (calc_diff < 9e-4 after an FP8
+    dispatch) of the BF16 combine and of x * sum(w); eagerly, with a receive hook, and replayed
+    from a CUDA graph with new inputs."""
+    from uccl_ep.utils import calc_diff
+    group = dist.group.WORLD
+    ours, ref = _ll_pair(group, T_max, H, E)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(seed * 13 + rank)
+    K, R = 8, world
+    topk_idx, topk_w = _routing(T_max, E, K, gen, dev)
+    w_sum = topk_w.masked_fill(topk_idx < 0, 0).sum(1, keepdim=True)
+
+    def dequant(recv):
+        q, sc = recv
+        return (q.float() * sc.repeat_interleave(128, dim=2)).to(torch.bfloat16)
+
+    def check(tag, x, y, got, handle_ref, from_dispatch):
+        want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, handle_ref, use_logfmt=True)
+        bf16, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, handle_ref)
+        torch.cuda.synchronize()
+        diff = (got.float() - want.float()).abs().max().item()
+        assert torch.equal(got.cpu(), want.cpu()), f"{tag}: LogFMT combine differs from the reference (max {diff})"
+        assert not bool(torch.isnan(got).any()), f"{tag}: NaN"
+        assert calc_diff(bf16.float(), got.float()) < 9e-4, f"{tag}: {calc_diff(bf16.float(), got.float())} vs BF16"
+        if from_dispatch:  # DeepEP's own check: the combined rows against x * sum(w)
+            assert calc_diff((x.float() * w_sum), got.float()) < 9e-4, f"{tag}: {calc_diff(x.float() * w_sum, got)}"
+
+    cases = 0
+    inputs = {"randn*0.1": (torch.randn(T_max, H, generator=gen) * 0.1).to(torch.bfloat16),
+              "4*randn": (torch.randn(T_max, H, generator=gen) * 4).to(torch.bfloat16),  # mostly BF16 fallback
+              "rank-128": torch.full((T_max, H), float(rank - 128), dtype=torch.bfloat16)}
+    for name, x in inputs.items():
+        x = x.to(dev)
+        for hook_mode in (False, True):
+            recv, _, h, _, hook = ours.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True,
+                                                          return_recv_hook=hook_mode)
+            if hook_mode:
+                hook()
+            _, _, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
+            y = dequant(recv)  # what an expert returns unchanged: the dispatched rows
+            got, _, chook = ours.low_latency_combine(y, topk_idx, topk_w, h, use_logfmt=True,
+                                                     return_recv_hook=hook_mode)
+            if hook_mode:
+                chook()
+            check(f"rank {rank} {name} hook={hook_mode}", x, y, got, rh, name != "4*randn")  # DeepEP's inputs
+            # mixed rows: small values, zeros, and divisions with a value >= 1 side by side
+            y2 = (torch.randn(y.shape, generator=gen) * 0.05).to(torch.bfloat16).to(dev)
+            y2[..., :64] = 0
+            y2[..., 300] = 3.0
+            got2, _, _ = ours.low_latency_combine(y2, topk_idx, topk_w, h, use_logfmt=True)
+            check(f"rank {rank} {name} mixed", x, y2, got2, rh, False)
+            cases += 2
+    # BF16 combine after LogFMT combine on the same buffer still matches the reference bit for bit
+    _, _, h, _, _ = ours.low_latency_dispatch(inputs["randn*0.1"].to(dev), topk_idx, T_max, E, use_fp8=True)
+    _, _, rh, _, _ = ref.low_latency_dispatch(inputs["randn*0.1"].to(dev), topk_idx, T_max, E, use_fp8=True)
+    y = (torch.randn(E // R, R * T_max, H, generator=gen) * 0.1).to(torch.bfloat16).to(dev)
+    got, _, _ = ours.low_latency_combine(y, topk_idx, topk_w, h)
+    want, _, _ = ref.low_latency_combine(y, topk_idx, topk_w, rh)
+    torch.cuda.synchronize()
+    assert torch.equal(got.cpu(), want.cpu()), f"rank {rank}: BF16 combine after LogFMT differs"
+
+    # CUDA graph: dispatch + LogFMT combine captured, replayed with new inputs
+    x = inputs["randn*0.1"].to(dev)
+    y = y.clone()
+    _, _, h, _, _ = ours.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
+    ours.low_latency_combine(y, topk_idx, topk_w, h, use_logfmt=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            _, _, gh, _, _ = ours.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
+            gout, _, _ = ours.low_latency_combine(y, topk_idx, topk_w, gh, use_logfmt=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    for it in range(3):
+        x.copy_((torch.randn(T_max, H, generator=gen) * 0.1).to(torch.bfloat16))
+        new_idx, new_w = _routing(T_max, E, K, gen, dev)
+        topk_idx.copy_(new_idx)
+        topk_w.copy_(new_w)
+        w_sum = topk_w.masked_fill(topk_idx < 0, 0).sum(1, keepdim=True)
+        y.copy_((torch.randn(E // R, R * T_max, H, generator=gen) * 0.1).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, _, rh, _, _ = ref.low_latency_dispatch(x, topk_idx, T_max, E, use_fp8=True)
+        check(f"rank {rank} graph replay {it}", x, y, gout, rh, False)
+        dist.barrier()
+        cases += 1
+    ours._executor.check_error()
+    return cases
+
+
 SMALL = dict(H=2048, E=32, T_max=64, seed=1)
 BIG = dict(H=7168, E=288, T_max=128, seed=2)
 
@@ -363,6 +458,12 @@ def test_ll_cuda_graph_capture():
 
 def test_ll_input_overwritten_after_return():
     run_ranks(worker_input_reuse, _world(), *BIG.values(), backend="nccl", timeout_s=300)
+
+
+@pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
+def test_ll_logfmt_combine(shape):
+    out = run_ranks(worker_logfmt, _world(), *shape.values(), backend="nccl", timeout_s=600)
+    assert all(n > 0 for n in out)
 
 
 def test_ll_device_wait_timeout():

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multirank import run_ranks  # noqa: E402
 from test_cuda_ll import BIG, SMALL, _routing, _world, worker_graph, worker_mask_clean, worker_options  # noqa: E402
-from test_cuda_ll import worker_timeout  # noqa: E402
+from test_cuda_ll import worker_logfmt, worker_timeout  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
@@ -83,6 +83,14 @@ def test_ll_proxy_carries_the_traffic(copy):
         # own region is read in place, never pushed
         assert commands == 2 * (_world() - 1) * 3, commands
         assert copies > 0
+
+
+@pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
+def test_ll_proxy_logfmt_combine(shape):
+    """LogFMT combine through the proxy (rows encoded into the packed regions): bit for bit the
+    reference's, within DeepEP's tolerance of BF16, also under a CUDA graph (worker_logfmt)."""
+    out = run_ranks(worker_logfmt, _world(), *shape.values(), backend="nccl", timeout_s=600, env=PROXY_ENV)
+    assert all(n > 0 for n in out)
 
 
 def test_ll_proxy_mask_and_clean():

@@ -27,7 +27,13 @@ import torch.distributed as dist
 
 from .. import Buffer
 from ..config import Config
+<<<<<<< HEAD
 from ..refs.fp8 import per_token_cast_to_fp8
+=======
+from ..refs import logfmt
+from ..refs.fp8 import per_token_cast_back, per_token_cast_to_fp8
+from .expect import check_ll_dispatch, expected_normal_recv
+>>>>>>> h-logfmt
 from .timing import time_op
 from .verify import check_ht, check_ll, ht_expected, ll_expected
 
@@ -344,9 +350,32 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     rows.add(mode="ll", op="combine", dtype="bf16", tokens=T, experts=E, bytes=num_sel * H * 2,
              time_s=t_comb["median"], synced_s=t_comb["synced_mean"], baseline_s=base_disp, verified=verified,
              **hop_comb)
+    _bench_ll_logfmt(spec, buf, group, x, topk_idx, topk_weights, y, handle_bf16, device, rows, num_sel, base_disp,
+                     counters, progress)
     if buf.backend == "cuda":
         _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows, num_sel, base_disp, verified,
                         progress)
+
+
+def _bench_ll_logfmt(spec, buf, group, x, topk_idx, topk_weights, y, handle, device, rows: _Rows, num_sel, base_s,
+                     counters, progress):
+    """LogFMT combine (use_logfmt=True) of the same rows scaled by 0.1, so that divisions are cast
+    (|x| < 1); bytes by DeepEP's formula, 10H/8 + H/128 * 4 per selection."""
+    T, H, E = spec.ll_tokens, spec.hidden, spec.ll_experts
+    y_small = (y.float() * 0.1).to(torch.bfloat16)
+    verified = "skipped"
+    if spec.check:
+        got, _, _ = buf.low_latency_combine(y_small, topk_idx, topk_weights, handle, use_logfmt=True)
+        want, _, _ = buf.low_latency_combine(y_small, topk_idx, topk_weights, handle)
+        diff = utils.calc_diff(got.float(), want.float())
+        if diff >= 9e-4:  # DeepEP's tolerance for LogFMT combine
+            raise AssertionError(f"rank {dist.get_rank(group)}: LL LogFMT combine calc_diff {diff:.3g} >= 9e-4")
+        verified = "ok"
+    progress("ll: timing combine (LogFMT)")
+    t, hop = _timed_with_proxy(lambda: buf.low_latency_combine(y_small, topk_idx, topk_weights, handle,
+                                                               use_logfmt=True), spec, device, group, counters)
+    rows.add(mode="ll", op="combine", dtype="logfmt", tokens=T, experts=E, bytes=num_sel * logfmt.message_bytes(H),
+             time_s=t["median"], synced_s=t["synced_mean"], baseline_s=base_s, verified=verified, **hop)
 
 
 def _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows: _Rows, num_sel, base_s, verified,

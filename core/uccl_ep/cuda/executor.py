@@ -298,13 +298,13 @@ class CudaExecutor(Executor):
                                           use_ue8m0, masked, cumulative_stats, wait_stats)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
-                            recv_follows=False):
+                            recv_follows=False, use_logfmt=False):
         self.check_error()
         self._check_cuda("x", x)
         if topk_idx.shape[1] > 32:
             raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
         return self._ll_engine().combine(x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy,
-                                         recv_follows)
+                                         recv_follows, use_logfmt=use_logfmt)
 
     def clean_low_latency_buffer(self, num_max, hidden, num_experts):
         self.check_error()

@@ -5,7 +5,8 @@ Buffer layout (inside this rank's `num_rdma_bytes` IPC buffer), two alternating 
   recv     dispatch: token area [R][T] messages (payload, then FP8 scales); or combine: [E][T][H]
            bf16 rows (one op at a time uses a set); then, past both, the flags [E][T] u64
            (tag << 32 | ...): the dispatch's per slot [E_loc][R][T], the combine's per row [E][T];
-           never cleared (tags tell ops apart)
+           never cleared (tags tell ops apart); then the LogFMT combine's meta words [E][T][H/128]
+           u32 (its rows use the BF16 rows' room; device/logfmt.cuh)
   signals  dispatch [E_loc][R] u64; (tag << 32) | count, never cleared
 Device words (a small workspace): seq[2] (completed ops per set: the tag of the next op on a set
 is seq + 1), done[2] (the recv kernels' last-block counters).
@@ -38,6 +39,8 @@ __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 _ALIGN = 16
 # Threads per block of each kernel (one block per expert or token; see the kernels' notes).
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
+# The -D build of the combine kernels for use_logfmt=True (ll_combine.cu, ll_combine_proxy.cu).
+_LOGFMT = ("UCCL_EP_LL_LOGFMT=1",)
 
 
 def _align(n: int) -> int:
@@ -64,6 +67,7 @@ class _Layout:
     flag_off: int  # of the dispatch's slot flags and the combine's row flags, from recv_off
     sig_off: int
     set_bytes: int
+    meta_off: int  # of the LogFMT combine's meta words, from recv_off
 
     @staticmethod
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "_Layout":
@@ -74,10 +78,11 @@ class _Layout:
         # flag is read before its writer is known to be done, so no other op's bytes may land there)
         token_area = _align(num_ranks * num_max * msg)
         flags = _align(max(num_experts * num_max * 2 * hidden, token_area))
-        recv = flags + _align(num_experts * num_max * 8)
+        meta = flags + _align(num_experts * num_max * 8)
+        recv = meta + _align(num_experts * num_max * hidden // 32)
         sig = _align(num_experts * 8)
         return _Layout(num_max, hidden, num_experts, num_ranks, msg, 0, send, flags, send + recv,
-                       send + recv + sig)
+                       send + recv + sig, meta)
 
     def dispatch_signal_off(self, s: int) -> int:
         return s * self.set_bytes + self.sig_off
@@ -136,6 +141,9 @@ class LowLatencyEngine:
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
             ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}
+        # LogFMT combine: the -D build of ll_combine.cu (loaded now, see its NOTES)
+        self._k_logfmt = {n: load_kernel(self.dev, "ll_combine.cu", n, _LOGFMT) for n in
+                          ("ll_combine_send", "ll_combine_recv")}
 
     # -- layout ------------------------------------------------------------------------------
     def _table(self, i: int) -> int:
@@ -255,11 +263,13 @@ class LowLatencyEngine:
         t = raw_tensor(self.mem.ptr + off, nbytes, self.dev, self.mem)
         return t.view(torch.bfloat16).view(E_loc, self.R * num_max, hidden)
 
-    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False):
+    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,
+                use_logfmt=False):
         src_info, layout_range, num_max, H, num_experts = handle
         R = self.R
         E_loc = num_experts // R
         lay = self.ensure_layout(num_max, H, num_experts)
+        kernels = self._k_logfmt if use_logfmt else self._k
         s = self._flip()
         T, K = topk_idx.shape
         if zero_copy:
@@ -274,8 +284,9 @@ class LowLatencyEngine:
         params = pack_params("LLCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
                              layout_range=layout_range.data_ptr(), peer_recv=self._table(2 * s), seq=self._seq(s),
                              flag_off=lay.flag_off, num_max=num_max, hidden=H,
-                             num_local_experts=E_loc, num_ranks=R, rank=self.rank, mask=shrink["mask"])
-        self._k["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
+                             num_local_experts=E_loc, num_ranks=R, rank=self.rank, mask=shrink["mask"],
+                             meta_off=lay.meta_off)
+        kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                           smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
         recv_params = pack_params(
             "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
@@ -283,14 +294,14 @@ class LowLatencyEngine:
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
             wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
-            timeout_ns=self.ex.timeout_ns, **shrink)
+            timeout_ns=self.ex.timeout_ns, meta_off=lay.meta_off, **shrink)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         recv_threads = self.combine_recv_threads
 
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(),
+            kernels["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(),
                                               programmatic=follows_send and self.pdl)
 
         return result, finish

@@ -49,7 +49,7 @@ from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
 from . import gpu_transport
-from .ll import LowLatencyEngine
+from .ll import _LOGFMT, LowLatencyEngine
 from .ll_hybrid import HybridPeers
 from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
@@ -148,13 +148,15 @@ class ProxyLayout:
 
     @staticmethod
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int,
-             chunk_bytes: int = CHUNK_BYTES, parts: int = 1) -> "ProxyLayout":
-        # an area (send or recv) holds the zero-copy combine input (every local expert's rows) and the
-        # largest packed regions (every token selects every local expert; BF16), one per rank
+             chunk_bytes: int = CHUNK_BYTES, parts: int = 1, budget: int = 0) -> "ProxyLayout":
+        # an area (send or recv) holds the zero-copy combine input (every local expert's rows) and the largest
+        # packed regions (every token selects every local expert; BF16, or LogFMT where `budget` has room)
         rows = num_experts * num_max * 2 * hidden
         e_loc = max(1, num_experts // num_ranks)
         packed = num_ranks * ProxyLayout._region(num_max, hidden, e_loc, e_loc, False).region_bytes
         area = _align(max(rows, packed))
+        logfmt = _align(num_ranks * _align16(num_max * e_loc * (2 * hidden + hidden // 32)))
+        area = logfmt if logfmt > area and 4 * logfmt <= budget else area
         return ProxyLayout(num_max, hidden, num_experts, num_ranks, 0, area, 2 * area, chunk_bytes, parts)
 
     @staticmethod
@@ -187,10 +189,12 @@ class ProxyLayout:
         return replace(self._region(self.num_max, self.hidden, num_topk, e_loc, use_fp8),
                        signal_total=self.signal_total)
 
-    def combine_region(self, num_topk: int) -> PackedRegion:
-        """Stride of the combine regions (rows of 2 * hidden bytes)."""
+    def combine_region(self, num_topk: int, logfmt: bool = False) -> PackedRegion:
+        """Stride of the combine regions: rows of 2H bytes (64H / 32), LogFMT's 2H + H/32 (meta words)."""
         e_loc = self.num_experts // self.num_ranks
-        region = self.num_max * max(1, min(num_topk, e_loc)) * 2 * self.hidden
+        region = _align16(self.num_max * max(1, min(num_topk, e_loc)) * (64 + int(logfmt)) * self.hidden // 32)
+        if self.num_ranks * region > self.set_bytes // 2:  # LogFMT in a buffer below DeepEP's size hint
+            raise LimitExceeded("num_rdma_bytes", "bytes of a combine area", self.num_ranks * region, self.set_bytes // 2)
         return PackedRegion(region, signal_total=self.signal_total)
 
     def send(self, s: int) -> int:
@@ -230,6 +234,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
             ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
             ("ll_combine_proxy.cu", "ll_combine_proxy_send", send_defines), ("ll_combine_proxy.cu", "ll_combine_proxy_recv", ()))}
+        self._k_logfmt = {n: load_kernel(self.dev, "ll_combine_proxy.cu", n, d + _LOGFMT) for n, d in (
+            ("ll_combine_proxy_send", send_defines), ("ll_combine_proxy_recv", ()))}
         if self.copy_kernel:
             self._k["ll_proxy_dma"] = load_kernel(self.dev, "ll_proxy_dma.cu", "ll_proxy_dma")
         # The copy kernel may start while its send kernel runs (programmatic dependent launch, sm_90+;
@@ -359,7 +365,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if num_experts // self.R > NUM_MAX_LOCAL_EXPERTS:
             raise LimitExceeded("num_experts", "experts per rank of the proxy path", num_experts // self.R,
                                 NUM_MAX_LOCAL_EXPERTS)
-        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes(), self.parts)
+        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes(), self.parts, self.mem.nbytes)
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
                                 f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
@@ -451,13 +457,15 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
 
     # -- combine ---------------------------------------------------------------------------------
-    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False):
+    def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,
+                use_logfmt=False):
         src_info, layout_range, num_max, H, num_experts = handle
         R = self.R
         E_loc = num_experts // R
         lay = self.ensure_layout(num_max, H, num_experts)
-        s = self._flip()
         T, K = topk_idx.shape
+        reg, kernels = lay.combine_region(K, use_logfmt), self._k_logfmt if use_logfmt else self._k  # before the flip
+        s = self._flip()
         send_area = self.mem.ptr + lay.send(s)
         if zero_copy:
             y_ptr = send_area
@@ -468,12 +476,11 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # kernel follows directly on the stream (y cannot change in between), so the send kernel
         # skips staging them (~6 us at 128 tokens, ~16 at 512); behind a receive hook they are
         # staged, as y may be reused before the hook runs.
-        own_in_y = self.own_rows_in_y and bool(recv_follows) and not zero_copy
+        own_in_y = self.own_rows_in_y and bool(recv_follows) and not zero_copy and not use_logfmt
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
         shrink = self._shrink_fields()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
-        reg = lay.combine_region(K)
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, mask=shrink["mask"],
                      region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ex.timeout_ns,
                      counter=counter_base(s, 1))
@@ -487,7 +494,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape,
                              **self.hybrid.send_fields(lay, s, 1))
         self._claim_copy_rings()
-        self._k["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
+        kernels["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
         recv_params = pack_params(
@@ -506,7 +513,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(),
+            kernels["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(),
                                                     programmatic=follows_send and self.recv_pdl)
 
         return result, finish

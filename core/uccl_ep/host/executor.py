@@ -160,11 +160,12 @@ class HostExecutor(Executor):
                            masked, cumulative_stats, wait_stats)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
-                            recv_follows=False):
+                            recv_follows=False, use_logfmt=False):
         _require_cpu("low_latency_combine", "x", x)
         set_idx = self._ll_buffer_idx
         self._ll_buffer_idx ^= 1
-        return ll.combine(self, set_idx, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy)
+        return ll.combine(self, set_idx, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy,
+                          use_logfmt)
 
     def get_next_low_latency_combine_buffer(self, handle):
         return ll.combine_send_view(self, self._ll_buffer_idx, handle)

@@ -33,6 +33,7 @@ from ..handles import LowLatencyHandle
 from ..protocol.layout import LL_MAX_LOCAL_EXPERTS, LL_SYNC_COUNTER, align16, ll_counter, ll_ctrl_counter
 from ..protocol.ll_plan import LowLatencyPlan
 from ..proxy import check_protocol_limits
+from ..refs import logfmt
 from ..refs.fp8 import pack_ue8m0, per_token_cast_to_fp8
 from ..refs.low_latency import check_distinct_experts
 from .ht_common import plain
@@ -320,7 +321,14 @@ def combine_send_view(ex, set_idx: int, handle) -> torch.Tensor:
         lay.num_local, ex.num_ranks * num_max, H)
 
 
-def combine(ex, set_idx, y, topk_idx, topk_weights, handle, masked, out, combine_wait_recv_cost_stats, zero_copy):
+def combine(ex, set_idx, y, topk_idx, topk_weights, handle, masked, out, combine_wait_recv_cost_stats, zero_copy,
+            use_logfmt=False):
+    """LL combine; with ``use_logfmt`` the receiver sums each row as refs.logfmt.round_trip(row).
+
+    NOTES: the rows still cross the host transport as BF16 and are put through LogFMT's round trip
+    where they are summed: the same sum as the kernels' (each row encoded once, decoded once). The
+    CPU path carries the semantics into CI; a wire format of its own would be a second copy of the
+    kernels' (device/logfmt.cuh) that no kernel runs."""
     R, me = ex.num_ranks, ex.rank
     src_info, layout_range, num_max, H, E = handle
     lay = LowLatencyLayout(num_max, H, R, E, ex.shared_bytes)
@@ -375,6 +383,8 @@ def combine(ex, set_idx, y, topk_idx, topk_weights, handle, masked, out, combine
         for k in range(topk_idx.shape[1]):
             ids = topk_idx[:, k]
             rows = slabs[ids.clamp_min(0), tokens]
+            if use_logfmt:
+                rows = logfmt.round_trip(rows)
             contrib = rows.float() * topk_weights[:, k].float().view(-1, 1)
             acc = torch.where(use_all[:, k].view(-1, 1), acc + contrib, acc)
         result.copy_(acc.to(result.dtype))

@@ -56,12 +56,12 @@ class ReferenceExecutor(Executor):
                                     use_ue8m0, masked, self.ctx.enable_shrink, cumulative_stats, wait_stats)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
-                            recv_follows=False):
+                            recv_follows=False, use_logfmt=False):
         if zero_copy:
             x = self._combine_buffer(handle, self._ll_buffer_idx)
         self._ll_buffer_idx ^= 1
         return low_latency.combine(self.comm, x, topk_idx, topk_weights, handle, masked, self.ctx.enable_shrink, out,
-                                   wait_stats)
+                                   wait_stats, use_logfmt=use_logfmt)
 
     def _combine_buffer(self, handle, idx: int) -> torch.Tensor:
         _, _, num_max, hidden, num_experts = handle

@@ -23,6 +23,7 @@ from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
 from ..protocol.packing import pack_rows, unpack_rows
 from .comm import GroupComm
+from . import logfmt
 from .fp8 import pack_ue8m0, per_token_cast_to_fp8
 
 __all__ = ["LowLatencyPlan", "dispatch", "combine", "exchange_control", "check_distinct_experts", "shrink_masker"]
@@ -182,8 +183,11 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
 
 def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
             handle: LowLatencyHandle, masked: set[int], shrink: bool, out: torch.Tensor | None,
-            combine_wait_recv_cost_stats: torch.Tensor | None):
-    """Returns (combined_x, finish) where ``finish()`` computes the weighted sum into the output."""
+            combine_wait_recv_cost_stats: torch.Tensor | None, use_logfmt: bool = False):
+    """Returns (combined_x, finish) where ``finish()`` computes the weighted sum into the output.
+
+    ``use_logfmt``: each expert output row is summed as ``logfmt.round_trip(row)`` (fp32), in the
+    same order and with the same operations as the BF16 sum."""
     device = y.device
     me, num_ranks = comm.rank, comm.size
     src_info, layout_range, num_max, hidden, num_experts = handle
@@ -230,7 +234,7 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
             if j in recv_masked or tag.shape[0] == 0:
                 continue
             keys.append(tag[:, 0].long() * max(num_tokens, 1) + tag[:, 1].long())
-            values.append(rows)
+            values.append(logfmt.round_trip(rows) if use_logfmt else rows)
         acc = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=device)
         if keys:
             all_keys = torch.cat(keys)

@@ -114,6 +114,7 @@ struct LLCombineParams {
   int64_t num_ranks;
   int64_t rank;
   uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
+  int64_t meta_off;         // LogFMT build only: bytes from a combine area to its [E][T][H/128] u32 meta words
 };
 
 struct LLCombineRecvParams {
@@ -135,6 +136,7 @@ struct LLCombineRecvParams {
   uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
   int64_t shrink;           // 1: an expired wait on a peer masks it instead of failing the op
   int64_t timeout_ns;
+  int64_t meta_off;         // LogFMT build only (as in LLCombineParams)
 };
 
 // ---- normal (high-throughput) intranode ---------------------------------------------------------
