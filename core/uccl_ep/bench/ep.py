@@ -25,15 +25,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .. import Buffer
+from .. import Buffer, utils
 from ..config import Config
-<<<<<<< HEAD
-from ..refs.fp8 import per_token_cast_to_fp8
-=======
 from ..refs import logfmt
-from ..refs.fp8 import per_token_cast_back, per_token_cast_to_fp8
-from .expect import check_ll_dispatch, expected_normal_recv
->>>>>>> h-logfmt
+from ..refs.fp8 import per_token_cast_to_fp8
 from .timing import time_op
 from .verify import check_ht, check_ll, ht_expected, ll_expected
 
