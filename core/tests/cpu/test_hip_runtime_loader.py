@@ -296,11 +296,10 @@ def test_block_sizes_count_wavefronts_under_a_rocm_torch(monkeypatch):
     assert runtime.warp_size() == 32
     monkeypatch.setattr(torch.version, "hip", "7.2.0")
     assert runtime.warp_size() == 64
-    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "96")  # three CUDA warps, 1.5 wavefronts
-    with pytest.raises(InvalidArgument, match="a multiple of 64"):
-        ll._combine_recv_threads()
-    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "128")
-    assert ll._combine_recv_threads() == 128
+    from uccl_ep.tuning import Tuning
+    with pytest.raises(InvalidArgument, match="a multiple of 64"):  # three CUDA warps, 1.5 wavefronts
+        ll._combine_recv_threads(Tuning(ll_combine_recv_threads=96))
+    assert ll._combine_recv_threads(Tuning(ll_combine_recv_threads=128)) == 128
 
 
 def test_doctor_reports_the_runtime_found_and_why_the_other_is_absent(tmp_path):
@@ -343,8 +342,7 @@ def test_normal_mode_blocks_are_wavefronts_on_amd(tmp_path):
     lib, log = tmp_path / "lib", tmp_path / "calls.log"
     _standin(lib)
     out = _run(lib, log, NORMAL, UCCL_EP_CUDA_ARCH="gfx942", UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(tmp_path)),
-               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"), UCCL_EP_HT_WARPS="16",
-               UCCL_EP_HT_COMBINE_WARPS="16")
+               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"))
     assert out == {"block": 1024, "combine_block": 1024, "G": 2, "smem": 0}
     calls = _calls(log)
     # the copy-engine kernels load with the engine too (before the constructor's barrier)

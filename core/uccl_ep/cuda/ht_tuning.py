@@ -55,9 +55,9 @@ def load_kernels(device: int, num_ranks: int, block_threads: int = 512, combine_
             "ht_combine": load_kernel(device, *COMBINE, defines=c_defs)}
 
 
-def warps_per_peer(num_ranks: int, tuning: Tuning = DEFAULT_TUNING) -> tuple[int, int] | str:
+def warps_per_peer(num_ranks: int, tuning: Tuning = DEFAULT_TUNING) -> tuple[int, int]:
     """(dispatch, combine) warps per peer rank of the normal-mode intranode kernels, from
-    Tuning.ht_warps / Tuning.ht_combine_warps (with the text of ht_defines' error instead, if invalid). Both kernels of a ring pair wait on the other
+    Tuning.ht_warps / Tuning.ht_combine_warps. Both kernels of a ring pair wait on the other
     rank's per-warp counters, so every rank of a group must get the same pair (the cuda executor
     checks it when the Buffer is built)."""
     warps = tuning.ht_warps
