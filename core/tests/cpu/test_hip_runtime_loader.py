@@ -182,6 +182,7 @@ from types import SimpleNamespace
 import torch
 from uccl_ep import _C
 from uccl_ep.cuda import ll, runtime
+from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
 torch.cuda.synchronize = lambda *a, **k: None  # CPU torch here; the stand-in completes every call at once
@@ -194,7 +195,7 @@ class Executor:
     def __init__(self):
         self.drv = runtime.driver()
         self.device, self.timeout_ns = 0, 10**9
-        self.ctx = SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False)
+        self.ctx = SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning())
         self.errors = runtime.MappedHostMemory(0, 16384)
         self.error_dev_ptr = self.errors.dev_ptr
         self.ll_mem = runtime.DeviceMemory(0, 1 << 22)
@@ -321,11 +322,12 @@ import json
 from types import SimpleNamespace
 import torch
 from uccl_ep.cuda import ht, runtime
+from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
 drv = runtime.driver()
 nvl = runtime.DeviceMemory(0, 1 << 22)
-ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0), nvl_mem=nvl, drv=drv,
+ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0, tuning=Tuning()), nvl_mem=nvl, drv=drv,
                      nvl_peer_base=[nvl.ptr] * 8)
 eng = ht.NormalEngine(ex)
 print(json.dumps({"block": eng.block, "combine_block": eng.combine_block, "G": eng.G, "smem": eng.combine_smem}))
