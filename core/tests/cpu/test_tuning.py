@@ -90,3 +90,14 @@ def test_bench_tune_flag_fills_the_spec():
     assert tuple(spec["tune"]) == ("ht_warps=24", "ll_pdl=0")
     with pytest.raises(InvalidArgument, match="--tune"):
         bench._spec_from_args(p.parse_args(["--cpu", "--tune", "ht_wraps=24"]), on_gpu=False)
+
+
+def test_bench_matrix_refuses_tune():
+    """The matrix measures the defaults: --tune with --matrix is an error, not silently ignored."""
+    import argparse
+    from uccl_ep.cli import bench, bench_matrix
+    sub = argparse.ArgumentParser().add_subparsers()
+    bench.add_parser(sub)
+    args = sub.choices["bench"].parse_args(["--matrix", "ht", "--tune", "ht_warps=24"])
+    with pytest.raises(InvalidArgument, match="--tune"):
+        bench_matrix.spec_from_args(args, False)
