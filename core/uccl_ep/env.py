@@ -23,8 +23,7 @@ from typing import Any, Mapping
 
 from .errors import InvalidArgument
 
-__all__ = ["Var", "REGISTRY", "get", "is_set", "snapshot", "render_markdown", "shared_values",
-           "require_same_across_ranks"]
+__all__ = ["Var", "REGISTRY", "get", "is_set", "snapshot", "render_markdown"]
 
 
 @dataclass(frozen=True)
@@ -217,30 +216,6 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
 def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """All registered variables with their effective values (for `uccl-ep doctor` and logs)."""
     return {name: get(name, environ) for name in REGISTRY}
-
-
-def shared_values(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> tuple | str:
-    """This process's values of variables every rank must agree on, for an exchange between ranks;
-    the text of the first invalid one instead of raising, so that a bad value on one rank is refused
-    on every rank after the exchange (require_same_across_ranks) rather than leaving the others
-    waiting in it."""
-    try:
-        return tuple(get(name, environ) for name in names)
-    except InvalidArgument as e:
-        return str(e)
-
-
-def require_same_across_ranks(names: tuple[str, ...], per_rank: list, why: str = "") -> None:
-    """Raise on every rank alike when the ranks' shared_values() answers differ or one is invalid."""
-    label = " / ".join(names)
-    errors = [(r, v) for r, v in enumerate(per_rank) if isinstance(v, str)]
-    if errors:
-        raise InvalidArgument(label, "valid settings on every rank", f"rank {errors[0][0]}: {errors[0][1]}")
-    if len(set(per_rank)) > 1:
-        show = lambda x: str(int(x)) if isinstance(x, bool) else str(x)  # noqa: E731
-        listing = ", ".join(f"rank {r}: {'/'.join(show(x) for x in v)}" for r, v in enumerate(per_rank))
-        raise InvalidArgument(label, "the same values on every rank" + (f" ({why})" if why else ""), listing,
-                              hint="set these variables alike for every process")
 
 
 def render_markdown() -> str:
