@@ -27,6 +27,7 @@ from .handles import NormalHandle
 from .log import get_logger
 from .proxy.limits import check_protocol_limits
 from .topology import detect_topology
+from .tuning import Tuning, resolve as resolve_tuning
 from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
                        exclusive, split_fp8_tuple)
 
@@ -49,7 +50,8 @@ class Buffer(LowLatencyMixin):
     - ``backend``: "auto" (default), "reference", "host" or "cuda" (see `uccl_ep.backends`);
     - ``timeout_s`` / ``gpu_timeout_s``: bound of every host / device wait;
     - ``ranks_per_node``: NVLink-domain size (0 = detect from host names);
-    - ``num_proxy_threads``: CPU proxy threads per rank (host and proxy paths).
+    - ``num_proxy_threads``: CPU proxy threads per rank (host and proxy paths);
+    - ``tuning``: a `uccl_ep.Tuning` (kernel tuning of the cuda executor; None = the defaults).
 
     Extra keyword arguments that other DeepEP forks accept are tolerated when they ask for
     nothing (None/False/0) and refused with `Unsupported` otherwise.
@@ -68,7 +70,8 @@ class Buffer(LowLatencyMixin):
                  use_fabric: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
                  comm: Any = None, *, backend: str = "auto", timeout_s: Optional[float] = None,
                  gpu_timeout_s: Optional[float] = None, ranks_per_node: Optional[int] = None,
-                 num_proxy_threads: Optional[int] = None, **extra_kwargs: Any) -> None:
+                 num_proxy_threads: Optional[int] = None, tuning: Optional[Tuning] = None,
+                 **extra_kwargs: Any) -> None:
         self._destroyed = True  # until construction completes
         check_extra_kwargs("Buffer()", extra_kwargs)
         if group is None:
@@ -112,6 +115,7 @@ class Buffer(LowLatencyMixin):
         if num_proxy_threads is None:
             num_proxy_threads = env.get("UCCL_EP_NUM_PROXY_THREADS")
         check_int("num_proxy_threads", num_proxy_threads, minimum=1, maximum=64, what="proxy threads per rank")
+        self.tuning = resolve_tuning(tuning)
         # The TransferCmd / immediate field widths bound ranks and region sizes.
         check_protocol_limits(self.group_size, num_rdma_bytes=self.num_rdma_bytes, num_nvl_bytes=self.num_nvl_bytes)
         hostnames = exchange_hostnames(group, float(timeout_s))
@@ -123,7 +127,7 @@ class Buffer(LowLatencyMixin):
                             low_latency_mode=self.low_latency_mode,
                             allow_nvlink_for_low_latency_mode=self.allow_nvlink_for_low_latency_mode,
                             enable_shrink=self.enable_shrink, num_qps_per_rank=self.num_qps_per_rank,
-                            timeout_s=float(timeout_s), gpu_timeout_s=float(gpu_timeout_s),
+                            timeout_s=float(timeout_s), gpu_timeout_s=float(gpu_timeout_s), tuning=self.tuning,
                             options={"num_proxy_threads": int(num_proxy_threads) if explicit_threads else None})
         self._executor = create_executor(backend, ctx, self)
         self.backend = self._executor.name

@@ -5,7 +5,8 @@ Rules (see docs/env.md, generated from this file by ``python -m uccl_ep.env``):
 - values are parsed by typed parsers that reject bad input with ``InvalidArgument`` naming the
   variable (no silent ``atoi``-style zero);
 - uccl_ep never writes ``os.environ``;
-- an env var only overrides a default: every knob is also a constructor/CLI argument.
+- an env var only overrides a default: every knob is also a constructor/CLI argument;
+- only what an operator sets for a machine or a job; kernel tuning is `uccl_ep.Tuning`.
 
 Usage::
 
@@ -22,8 +23,7 @@ from typing import Any, Mapping
 
 from .errors import InvalidArgument
 
-__all__ = ["Var", "REGISTRY", "get", "is_set", "snapshot", "render_markdown", "shared_values",
-           "require_same_across_ranks"]
+__all__ = ["Var", "REGISTRY", "get", "is_set", "snapshot", "render_markdown"]
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,6 @@ _VARS: list[Var] = [
         "`spin`: spin only, never yield the core (dedicated cores). "
         "`auto`: 0 on hosts with >= 16 CPUs, 50 on smaller ones (CI).",
         used_by="proxy"),
-    Var("UCCL_EP_PROXY_WRITE_KB", "int", 16383,
-        "Largest Write the low-latency proxy path pushes, in KiB (1..16383; a 16-byte command carries "
-        "24 bits of length). Each (op, peer) region goes out as ceil(bytes / this) Writes. Every rank must "
-        "use the same value (checked when a Buffer is built).",
-        minimum=1, maximum=16383, used_by="cuda"),
     Var("UCCL_EP_TRANSPORT", "choice", "auto",
         "Proxy transport: `fabric` (libfabric RDM), `ipc` (same-host peer copies), `ipc+fabric` (ipc to the "
         "ranks of this node, fabric to the others), `loop` (in-process, tests). `auto`: host executor loop on one "
@@ -135,112 +130,10 @@ _VARS: list[Var] = [
         "on the proxy thread, like a NIC's DMA engine); `cuda`: the proxy thread calls cuMemcpyDtoDAsync "
         "per Write (can wait inside the driver behind the application thread: ms per op).",
         choices=("kernel", "cuda"), used_by="CUDA kernels (low-latency proxy path)"),
-    Var("UCCL_EP_IPC_COPY_BLOCKS", "int", 16,
-        "Blocks of the `ipc` copy kernel (UCCL_EP_IPC_COPY=kernel) per proxy thread's descriptor ring "
-        "(512 threads each); groups whose ring has nothing to copy leave at once (2 x H200, 128 tokens: "
-        "graph D+C 106.4 / 106.4 / 106.5 us with 16, 105.6 / 107.1 with 8, 114.1 with 32; 16 copies 0.5-1 us "
-        "faster per op).",
-        minimum=1, maximum=64, used_by="CUDA kernels (low-latency proxy path)"),
     Var("UCCL_EP_FORCE_PROXY", "bool", False,
         "Send same-host GPU peers' traffic through the CPU proxy instead of NVLink stores, so the "
         "whole GPU -> queue -> proxy -> transport -> counter path runs on one host.",
         used_by="CUDA kernels"),
-    Var("UCCL_EP_LL_COMBINE_RECV_THREADS", "int", 512,
-        "Threads per block of the low-latency combine's receive kernel over NVLink (one block per token; a multiple "
-        "of 32). Its loads of the top-k rows are what it waits on, so more threads keep more of them in "
-        "flight (2 x H200, 128 tokens: CUDA-graph D+C 73.3 / 70.0 / 68.3 us at 128 / 256 / 512 threads; "
-        "flat at 512 tokens). A tuning switch, read when a Buffer first runs a low-latency op; ranks may differ.",
-        minimum=32, maximum=512, used_by="CUDA kernels (low-latency mode)"),
-    Var("UCCL_EP_LL_OWN_ROWS_IN_Y", "bool", True,
-        "LL proxy-path combine without a receive hook: leave the rank's own rows in the caller's tensor "
-        "(the receive kernel, which follows on the stream, reads them there as in zero copy) instead of "
-        "staging them (2 x H200, graph D+C: 113.4 / 114.5 vs 119.9 / 121.3 us at 128 tokens, 260.6 vs "
-        "276.3 at 512). 0 stages them as behind a hook.",
-        used_by="CUDA kernels (low-latency proxy path)"),
-    Var("UCCL_EP_LL_PROXY_PARTS", "int", 1,
-        "Most parts an LL proxy-path op's region towards a peer is spread over, each part through another "
-        "proxy thread (so another copy ring and receiving thread) with its own fenced Atomic; parts of at "
-        "least 256 KiB, at most one per proxy thread. An experiment switch (1: one part), not yet measured on "
-        "a GPU. Every rank must use the same value (checked when a Buffer is built).",
-        minimum=1, maximum=8, used_by="CUDA kernels (low-latency proxy path)"),
-    Var("UCCL_EP_LL_COPY_OVERLAP", "bool", False,
-        "Launch the LL proxy path's copy kernel (UCCL_EP_IPC_COPY=kernel) with programmatic dependent launch "
-        "(sm_90+), so it polls its descriptor ring while the send kernel still runs. An experiment switch, off "
-        "by default: on 2 x H200 graph D+C at 128 tokens is 111.7 / 111.8 us with it vs 106.0 / 106.4 without "
-        "(push -> descriptor seen 5.2-5.7 vs 7.8-8.2 us, yet slower; docs/benchmarks.md).",
-        used_by="CUDA kernels (low-latency proxy path)"),
-    Var("UCCL_EP_LL_STAGE_SPLIT", "int", 4,
-        "LL proxy-path combine send: most warps that stage one row into the send region (each a contiguous "
-        "share), used when the grid has that many warps per row to spare. 1: a warp per row (2 x H200, 128 "
-        "tokens: combine send 16.3-17.4 -> 13.3 us with 4, graph D+C 114.9 / 116.8 -> 112.9 / 112.9 us).",
-        minimum=1, maximum=16, used_by="CUDA kernels (low-latency proxy path)"),
-    Var("UCCL_EP_LL_PUSH_FENCE", "choice", "auto",
-        "LL proxy-path send kernels: the system fence before an op's pushes. `auto`: only where a NIC or the "
-        "proxy's driver copies read the staged bytes (not with UCCL_EP_IPC_COPY=kernel, whose copy kernel "
-        "reads them after the send kernel on the stream); `system`: always (the earlier behaviour, for "
-        "comparison; 2 x H200 graph D+C at 128 tokens 116.2 / 116.3 vs 114.9 / 116.8 us without it).",
-        choices=("auto", "system"), used_by="CUDA kernels (low-latency proxy path)"),
-    Var("UCCL_EP_LL_PDL", "bool", True,
-        "Launch the low-latency receive kernels over NVLink with programmatic dependent launch (sm_90+), so they "
-        "start while the send kernel's last blocks run instead of after it; they synchronize with it through "
-        "flags in memory anyway, and wait for it to complete before they do. Only when the receive phase "
-        "follows the send directly (not through a return_recv_hook). Off: plain stream order. On the proxy "
-        "path (UCCL_EP_IPC_COPY=kernel) the same for the receive kernels after their copy kernel (2 x H200, "
-        "128 tokens: graph D+C 99.5 / 99.4 us vs 104.8 / 104.1 off). Read when a Buffer first runs a "
-        "low-latency op.",
-        used_by="CUDA kernels (low-latency mode)"),
-    Var("UCCL_EP_HT_WARPS", "int", 16,
-        "Warps per block of the cuda backend's normal (HT) intranode kernels: "
-        "each rank's share is warps / ranks. More warps keep more bytes in flight per SM. Read when "
-        "a Buffer first runs a normal-mode op; every rank of a group must use the same value (a Buffer whose "
-        "ranks differ is refused when it is built).",
-        minimum=8, maximum=32, used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_COMBINE_WARPS", "int", 16,
-        "Warps per block of the HT intranode combine kernel (0: UCCL_EP_HT_WARPS). Its receivers are "
-        "bound by loads in flight; on sm_80+ they stage rows through shared memory by cp.async (1 KiB "
-        "per warp per stage and vector of unroll), which 16 warps fill best (2 x H200: 332 GB/s; 20 "
-        "warps 280, 24 warps 215; without staging 24 warps were best at 310). Both kernels use the same "
-        "rings and per-warp counters, which only grow, so a counter one kernel leaves unused is never "
-        "ahead of the other's positions.",
-        minimum=0, maximum=32, used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_COMBINE_CE", "bool", True,
-        "HT intranode combine with the copy engines moving the rows (intranode_combine_ce.cu): x's rows "
-        "from each source rank are one contiguous run, so they go back in R - 1 plain copies on a side "
-        "stream while every SM of the combine sums (2 x H200, EP2: 415 GB/s at 12 SMs vs 192 with the "
-        "ring combine; 466 vs 349 at 24). Needs the row counts of a non-cached dispatch (num_worst_tokens "
-        "handles keep the ring combine) and a staging buffer per rank beside the NVL buffer: (ranks - 1) "
-        "x the largest per-pair token count x (hidden x 2 + top-k x 4) bytes (EP2, 4096 tokens, hidden "
-        "7168: 59 MB). 0: the ring combine. Every rank must use the same value (checked when a Buffer "
-        "is built).",
-        used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_DISPATCH_CE", "choice", "auto",
-        "HT intranode dispatch with the receiver's copy engines (intranode_dispatch_ce.cu): the SMs copy "
-        "each row once (own rows into recv_x, peers' rows into the peer's staging buffer) and the "
-        "receiving rank's copy engines move each source's run into recv_x, chunk by chunk after a "
-        "bounded one-thread wait for the chunk's flag. auto: at EP2 for calls whose Config has <= 12 "
-        "SMs (2 x H200, 12 SMs: 416.8 GB/s BF16 vs the ring's 269.2; 24 SMs: 441.5 vs 479.6; not yet "
-        "measured at EP4 / EP8, which keep the ring); 1: every call; 0: never. Needs UCCL_EP_HT_COMBINE_CE (same staging buffer, grown by the dispatch "
-        "regions, ~the combine's size again) and handles with host counts. Every rank must use the "
-        "same value.",
-        choices=("auto", "1", "0"), used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_CE_CHUNK_KB", "int", 8192,
-        "KiB of rows per copy-engine chunk of the copy-engine HT ops (UCCL_EP_HT_COMBINE_CE / "
-        "_DISPATCH_CE): each chunk has its own flag, so the receiver starts on a chunk as soon as it "
-        "landed; smaller chunks start earlier, each costs a flag and (dispatch) a wait + copy step (2 x "
-        "H200, EP2, 12 SMs: dispatch 416.8 / combine 393.5 GB/s at 8 MiB, 399.8 / 371.1 at 4 MiB). At "
-        "most 128 chunks per region (larger chunks then). Every rank must use the same value.",
-        minimum=64, used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_COMBINE_CE_MAX_MB", "int", 2048,
-        "Most MiB of the copy-engine combine's staging buffer per rank (UCCL_EP_HT_COMBINE_CE); a "
-        "dispatch whose token counts need more keeps the ring combine for its handle (every rank "
-        "decides alike from the same counts).",
-        minimum=1, used_by="CUDA kernels (normal mode)"),
-    Var("UCCL_EP_HT_DEFINES", "str", "",
-        "Extra compile-time settings of the `default` HT intranode kernels, space-separated NAME=VALUE "
-        "(names in core/kernels/include/uccl_ep/device/ht_tuning.cuh, e.g. "
-        "`UCCL_EP_HT_PUBLISH_EVERY=8 UCCL_EP_HT_RELAXED_HEAD=1`). A tuning experiment switch: every "
-        "rank must use the same values, and a setting that wins becomes the header's default.",
-        used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_JIT_CACHE_DIR", "str", "~/.cache/uccl_ep/jit",
         "Where JIT-compiled kernels are cached (keyed by a hash of sources, headers, flags, arch "
         "and compiler version; published by atomic rename, safe on shared file systems).",
@@ -325,30 +218,6 @@ def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {name: get(name, environ) for name in REGISTRY}
 
 
-def shared_values(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> tuple | str:
-    """This process's values of variables every rank must agree on, for an exchange between ranks;
-    the text of the first invalid one instead of raising, so that a bad value on one rank is refused
-    on every rank after the exchange (require_same_across_ranks) rather than leaving the others
-    waiting in it."""
-    try:
-        return tuple(get(name, environ) for name in names)
-    except InvalidArgument as e:
-        return str(e)
-
-
-def require_same_across_ranks(names: tuple[str, ...], per_rank: list, why: str = "") -> None:
-    """Raise on every rank alike when the ranks' shared_values() answers differ or one is invalid."""
-    label = " / ".join(names)
-    errors = [(r, v) for r, v in enumerate(per_rank) if isinstance(v, str)]
-    if errors:
-        raise InvalidArgument(label, "valid settings on every rank", f"rank {errors[0][0]}: {errors[0][1]}")
-    if len(set(per_rank)) > 1:
-        show = lambda x: str(int(x)) if isinstance(x, bool) else str(x)  # noqa: E731
-        listing = ", ".join(f"rank {r}: {'/'.join(show(x) for x in v)}" for r, v in enumerate(per_rank))
-        raise InvalidArgument(label, "the same values on every rank" + (f" ({why})" if why else ""), listing,
-                              hint="set these variables alike for every process")
-
-
 def render_markdown() -> str:
     lines = [
         "# Environment variables",
@@ -356,6 +225,8 @@ def render_markdown() -> str:
         "Generated from `core/uccl_ep/env.py` (`python -m uccl_ep.env > docs/env.md`); a test keeps",
         "the two identical. uccl_ep reads only these variables and never writes the environment.",
         "Each one overrides a default; the same knob is also a constructor or CLI argument.",
+        "They are what an operator sets for a machine or a job; kernel tuning is not here but in",
+        "`uccl_ep.Tuning`, passed as `Buffer(..., tuning=Tuning(...))` (docs/api.md, \"Tuning\").",
         "",
         "| variable | type | default | used by | meaning |",
         "|---|---|---|---|---|",

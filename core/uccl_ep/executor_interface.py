@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from .events import OpScope
 from .topology import Topology
+from .tuning import DEFAULT as DEFAULT_TUNING
 
 __all__ = ["BufferContext", "Executor"]
 
@@ -37,6 +38,7 @@ class BufferContext:
     num_qps_per_rank: int
     timeout_s: float
     gpu_timeout_s: float
+    tuning: Tuning = DEFAULT_TUNING
     options: dict[str, Any] = field(default_factory=dict)
 
 

@@ -6,7 +6,7 @@ Usage (repo root):
       the sources (names under core/kernels) as the engines without -D settings load them
   python tools/lab/precompile.py --ht RANKS "label:warps[/combine warps]:DEFINES;..."
       the HT dispatch and combine kernels of every tuning configuration (run_device.sh
-      `tune`): block sizes from the warps, -D settings from DEFINES (UCCL_EP_HT_DEFINES' syntax)
+      `tune`): block sizes from the warps, -D settings from DEFINES (Tuning.ht_defines' syntax)
 """
 
 from __future__ import annotations

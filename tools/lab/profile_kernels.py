@@ -1,15 +1,16 @@
 """Per-kernel device times of the cuda backend (torch profiler), and the host time of one call, for
 tuning; not a test.
 
-python tools/lab/profile_kernels.py [ll|ht]   (every GPU; prints each rank's table)
+python tools/lab/profile_kernels.py [ll|ht] [KEY=VALUE ...]   (every GPU; prints each rank's table;
+                                                   KEY=VALUE: uccl_ep.Tuning fields, as bench --tune)
 python tools/lab/profile_kernels.py llhost    (cProfile of rank 0's eager LL dispatch + combine
                                                    host path: where the per-call host time goes)
 
 `host/call` is the wall time of issuing one call without waiting for the device (mean over a
 back-to-back loop): when it exceeds the call's kernel times, back-to-back calls are host-bound.
 LL is profiled as dispatch + combine (what the graph replays) and as dispatch alone (what the
-bench's eager dispatch row repeats). The LL receive kernels run with UCCL_EP_LL_PDL=0 here unless
-the caller sets it: launched early (the default), a receive kernel's span includes waiting for its
+bench's eager dispatch row repeats). The LL receive kernels run with Tuning(ll_pdl=False) here unless
+the caller passes ll_pdl=1: launched early (the default), a receive kernel's span includes waiting for its
 send kernel and the peer, so its device time no longer says what it costs.
 """
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
+from uccl_ep.tuning import Tuning  # noqa: E402
 
 
 def _profile(fn, iters=20, tag=""):
@@ -48,7 +50,7 @@ def _profile(fn, iters=20, tag=""):
     return rows
 
 
-def worker(rank, world, what):
+def worker(rank, world, what, tune=()):
     from uccl_ep import Buffer
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -57,7 +59,7 @@ def worker(rank, world, what):
     if what in ("ll", "llhost"):
         T, H, E = 128, 7168, 288
         buf = Buffer(group, 0, Buffer.get_low_latency_rdma_size_hint(T, H, world, E), low_latency_mode=True,
-                     backend="cuda")
+                     backend="cuda", tuning=Tuning.from_pairs(("ll_pdl=0",) + tuple(tune)))
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
         idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(8, -1).indices.to(dev)
         w = torch.rand(T, 8, generator=gen).to(dev)
@@ -93,7 +95,8 @@ def worker(rank, world, what):
         T, H, E = 4096, 7168, 256
         Buffer.set_num_sms(24)
         cfg = Buffer.get_dispatch_config(world)
-        buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda")
+        buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda",
+                     tuning=Tuning.from_pairs(tune))
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
         idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(8, -1).indices.to(dev)
         a, _, c, d, _ = buf.get_dispatch_layout(idx, E)
@@ -109,8 +112,9 @@ def worker(rank, world, what):
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "ll"
-    os.environ.setdefault("UCCL_EP_LL_PDL", "0")
-    res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, backend="nccl", timeout_s=300)
+    tune = tuple(sys.argv[2:])
+    Tuning.from_pairs(tune)  # a bad KEY=VALUE is refused before any rank starts
+    res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, tune, backend="nccl", timeout_s=300)
     for r, rows in enumerate(res):
         if "cprofile" in rows:
             print(rows.pop("cprofile"))

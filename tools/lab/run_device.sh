@@ -12,11 +12,11 @@
 #   scale: runs on 4+ GPUs (EP = every GPU), in priority order under SCALE_BUDGET_S
 #          (default 520 s), each command under its own timeout: HT intranode small bitwise tests
 #          (copy-engine combine, copy-engine dispatch, then the ring), then
-#          `bench --mode ht` at 24/12/8 SMs (and 12 with UCCL_EP_HT_DISPATCH_CE=1); LL NVLink small test + `bench --mode ll` at 128 tokens;
+#          `bench --mode ht` at 24/12/8 SMs (and 12 with --tune ht_dispatch_ce=1); LL NVLink small test + `bench --mode ll` at 128 tokens;
 #          2 nodes x (GPUs/2) through the proxy: small test + `bench --mode ht --nodes 2`; LL forced
 #          proxy `bench` at 128 tokens; then the deepseek-size tests while time remains.
 #   llcheck: the LL NVLink kernels in one go: every test of test_cuda_ll.py (node ids, -rA), then the
-#          bench at LL_TOKENS (default "128 256 512") with UCCL_EP_LL_PDL=1 and =0 in alternation (an
+#          bench at LL_TOKENS (default "128 256 512") with --tune ll_pdl=1 and =0 in alternation (an
 #          A/B of programmatic dependent launch in the same run) -> $OUT/ll_pdl<0|1>_<T>.json and a
 #          one-line summary per row; then per-kernel times (profile_kernels.py ll, PDL off).
 #   proxydiag: where the LL proxy path's time goes: its small + traffic tests, the
@@ -26,7 +26,7 @@
 #   sweep: `uccl-ep bench` rows for the records: for R in SWEEP_RANKS (default "2 4", capped at the
 #          GPUs present): HT at SWEEP_SMS (default "24 16 12 8") SMs and LL at 128/256/512 tokens
 #          (NVLink) -> $OUT/sweep_r<R>_*.json, under SWEEP_BUDGET_S (default 480 s).
-#   tune: the default HT kernels' tuning matrix (UCCL_EP_HT_WARPS, UCCL_EP_HT_DEFINES): TUNE_CONFIGS =
+#   tune: the default HT kernels' tuning matrix (bench --tune ht_warps / ht_combine_warps / ht_defines): TUNE_CONFIGS =
 #          "label:warps[/combine warps]:DEFINES;..." each benchmarked (TUNE_ITERS, default 10 (30 for decisions: 10 is noisy); TUNE_RANKS, default 2) (bench-verified) at TUNE_SMS (default 24) ->
 #          $OUT/ht_tune_<label>_<sms>.json and a table ($OUT/ht_tune.md); then, unless TUNE_PROF=0,
 #          one bench with UCCL_EP_HT_PROF=1 and TUNE_PROF_DEFINES (per-launch wait shares,
@@ -83,7 +83,7 @@ for step in $STEPS; do
         tee "$OUT/ll_tests.log" | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tail -12
       for t in ${LL_TOKENS:-128 256 512}; do
         for pdl in 1 0; do
-          UCCL_EP_LL_PDL=$pdl timeout -k 10 ${BENCH_TIMEOUT_S:-120} $PY -m uccl_ep.cli.main bench --backend cuda \
+          timeout -k 10 ${BENCH_TIMEOUT_S:-120} $PY -m uccl_ep.cli.main bench --backend cuda --tune ll_pdl=$pdl \
             --mode ll --num-tokens $t --iters 50 --warmup 10 --json "$OUT/ll_pdl${pdl}_$t.json" 2>&1 | \
             grep "│ ll" | sed "s/^/pdl=$pdl /" | cut -c1-190
         done
@@ -161,11 +161,11 @@ for step in $STEPS; do
       bounded 240 $PT "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small-ce]" \
         "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small-dce]" \
         "core/tests/gpu/test_cuda_ht.py::test_ht_matches_reference[small]" 2>&1 | tee "$OUT/scale_tests.log" | tail -3
-      for sms in 24 12 8; do  # the default: combine by copy engines (UCCL_EP_HT_COMBINE_CE)
+      for sms in 24 12 8; do  # the default: combine by copy engines (Tuning.ht_combine_ce)
         bounded 90 $B --mode ht --num-sms $sms --iters 20 --warmup 3 --timeout 80 --json "$OUT/scale_ht_$sms.json" 2>&1 | tail -6
       done
-      # the copy-engine dispatch at EP > 2 (UCCL_EP_HT_DISPATCH_CE=auto is EP2-only until measured here)
-      UCCL_EP_HT_DISPATCH_CE=1 bounded 90 $B --mode ht --num-sms 12 --iters 20 --warmup 3 --timeout 80 \
+      # the copy-engine dispatch at EP > 2 (Tuning.ht_dispatch_ce=auto is EP2-only until measured here)
+      bounded 90 $B --tune ht_dispatch_ce=1 --mode ht --num-sms 12 --iters 20 --warmup 3 --timeout 80 \
         --json "$OUT/scale_ht_dce_12.json" 2>&1 | tail -6
       echo "--- LL NVLink EP$G"
       bounded 120 $PT "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[small]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
@@ -210,16 +210,16 @@ for step in $STEPS; do
           [[ $label == prof ]] && continue
           IFS=/ read -r dw cw <<< "$warps"
           echo "--- $label (warps $warps; $defs) $sms SMs, $(left) s left"
-          UCCL_EP_HT_WARPS=$dw UCCL_EP_HT_COMBINE_WARPS=${cw:-0} UCCL_EP_HT_DEFINES="$defs" bounded 75 \
-            $PY -m uccl_ep.cli.main bench --backend cuda \
+          bounded 75 $PY -m uccl_ep.cli.main bench --backend cuda \
+            --tune ht_warps=$dw --tune ht_combine_warps=${cw:-0} --tune "ht_defines=$defs" \
             --ranks ${TUNE_RANKS:-2} --mode ht --num-sms $sms --iters ${TUNE_ITERS:-10} --warmup 3 --timeout 70 \
             --json "$OUT/ht_tune_${label}_${sms}.json" 2>&1 | grep -E "dispatch|combine" | tail -3
         done
       done
       $PY tools/lab/summarize_ht_tune.py "$OUT" | tee "$OUT/ht_tune.md"
       if [[ ${TUNE_PROF:-1} != 0 ]]; then
-        UCCL_EP_HT_WARPS=16 UCCL_EP_HT_COMBINE_WARPS=16 UCCL_EP_HT_DEFINES="$PROF_DEFS" bounded 75 $PY -m uccl_ep.cli.main bench \
-          --backend cuda --ranks ${TUNE_RANKS:-2} --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
+        bounded 75 $PY -m uccl_ep.cli.main bench --tune ht_warps=16 --tune ht_combine_warps=16 \
+          --tune "ht_defines=$PROF_DEFS" --backend cuda --ranks ${TUNE_RANKS:-2} --mode ht --num-sms 24 --iters 10 --warmup 3 --timeout 70 --no-check \
           > "$OUT/ht_prof.log" 2>&1
         grep HTPROF "$OUT/ht_prof.log" | awk '{print $2}' | sort | uniq -c
         for k in ht_dispatch ht_combine; do grep "HTPROF $k rank 0" "$OUT/ht_prof.log" | tail -4; done

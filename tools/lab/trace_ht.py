@@ -1,9 +1,10 @@
 """Device timeline of one HT op per kind (torch profiler, CUPTI): every kernel and copy of one cached
 BF16 dispatch, one cached FP8 dispatch and one combine, per rank, with its stream, start (us after
 the op's first device event) and duration. For finding what bounds a path (e.g. the copy-engine
-dispatch, UCCL_EP_HT_DISPATCH_CE=1); not a test.
+dispatch, ht_dispatch_ce=1); not a test.
 
-python tools/lab/trace_ht.py [num_sms] [out_dir]   (every GPU; the caller's UCCL_EP_* settings)
+python tools/lab/trace_ht.py [num_sms] [out_dir] [KEY=VALUE ...]   (every GPU; KEY=VALUE: uccl_ep.Tuning
+fields, as bench --tune; the caller's UCCL_EP_* settings)
 
 Prints each rank's timelines; with out_dir, also writes the chrome traces there
 (trace_<op>_r<rank>.json).
@@ -35,8 +36,8 @@ def _timeline(path: str) -> list[tuple]:
     return sorted((e["ts"] - t0, e["dur"], e.get("tid"), e["name"][:60]) for e in events)
 
 
-def worker(rank, world, num_sms, out_dir):
-    from uccl_ep import Buffer
+def worker(rank, world, num_sms, out_dir, tune=()):
+    from uccl_ep import Buffer, Tuning
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -44,7 +45,7 @@ def worker(rank, world, num_sms, out_dir):
     T, H, E = 4096, 7168, 256
     Buffer.set_num_sms(num_sms)
     cfg = Buffer.get_dispatch_config(world)
-    buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda")
+    buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda", tuning=Tuning.from_pairs(tune))
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
     x_fp8 = per_token_cast_to_fp8(x)
     idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(8, -1).indices.to(dev)
@@ -73,7 +74,8 @@ def worker(rank, world, num_sms, out_dir):
 if __name__ == "__main__":
     sms = int(sys.argv[1]) if len(sys.argv) > 1 else 24
     out_dir = sys.argv[2] if len(sys.argv) > 2 else ""
-    res = run_ranks(worker, min(torch.cuda.device_count(), 8), sms, out_dir, backend="nccl", timeout_s=300)
+    tune = tuple(sys.argv[3:])
+    res = run_ranks(worker, min(torch.cuda.device_count(), 8), sms, out_dir, tune, backend="nccl", timeout_s=300)
     for r, per_op in enumerate(res):
         for name, rows in per_op.items():
             end = max((s + d for s, d, _, _ in rows), default=0)

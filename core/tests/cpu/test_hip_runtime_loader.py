@@ -182,6 +182,7 @@ from types import SimpleNamespace
 import torch
 from uccl_ep import _C
 from uccl_ep.cuda import ll, runtime
+from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
 torch.cuda.synchronize = lambda *a, **k: None  # CPU torch here; the stand-in completes every call at once
@@ -194,7 +195,7 @@ class Executor:
     def __init__(self):
         self.drv = runtime.driver()
         self.device, self.timeout_ns = 0, 10**9
-        self.ctx = SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False)
+        self.ctx = SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning())
         self.errors = runtime.MappedHostMemory(0, 16384)
         self.error_dev_ptr = self.errors.dev_ptr
         self.ll_mem = runtime.DeviceMemory(0, 1 << 22)
@@ -297,11 +298,10 @@ def test_block_sizes_count_wavefronts_under_a_rocm_torch(monkeypatch):
     assert runtime.warp_size() == 32
     monkeypatch.setattr(torch.version, "hip", "7.2.0")
     assert runtime.warp_size() == 64
-    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "96")  # three CUDA warps, 1.5 wavefronts
-    with pytest.raises(InvalidArgument, match="a multiple of 64"):
-        ll._combine_recv_threads()
-    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "128")
-    assert ll._combine_recv_threads() == 128
+    from uccl_ep.tuning import Tuning
+    with pytest.raises(InvalidArgument, match="a multiple of 64"):  # three CUDA warps, 1.5 wavefronts
+        ll._combine_recv_threads(Tuning(ll_combine_recv_threads=96))
+    assert ll._combine_recv_threads(Tuning(ll_combine_recv_threads=128)) == 128
 
 
 def test_doctor_reports_the_runtime_found_and_why_the_other_is_absent(tmp_path):
@@ -323,11 +323,12 @@ import json
 from types import SimpleNamespace
 import torch
 from uccl_ep.cuda import ht, runtime
+from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
 drv = runtime.driver()
 nvl = runtime.DeviceMemory(0, 1 << 22)
-ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0), nvl_mem=nvl, drv=drv,
+ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0, tuning=Tuning()), nvl_mem=nvl, drv=drv,
                      nvl_peer_base=[nvl.ptr] * 8)
 eng = ht.NormalEngine(ex)
 print(json.dumps({"block": eng.block, "combine_block": eng.combine_block, "G": eng.G, "smem": eng.combine_smem}))
@@ -344,8 +345,7 @@ def test_normal_mode_blocks_are_wavefronts_on_amd(tmp_path):
     lib, log = tmp_path / "lib", tmp_path / "calls.log"
     _standin(lib)
     out = _run(lib, log, NORMAL, UCCL_EP_CUDA_ARCH="gfx942", UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(tmp_path)),
-               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"), UCCL_EP_HT_WARPS="16",
-               UCCL_EP_HT_COMBINE_WARPS="16")
+               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"))
     assert out == {"block": 1024, "combine_block": 1024, "G": 2, "smem": 0}
     calls = _calls(log)
     # the copy-engine kernels load with the engine too (before the constructor's barrier)

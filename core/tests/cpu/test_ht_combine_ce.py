@@ -1,4 +1,4 @@
-"""The copy-engine HT combine (UCCL_EP_HT_COMBINE_CE; uccl_ep/cuda/ht_ce.py, intranode_combine_ce.cu)
+"""The copy-engine HT combine (Tuning.ht_combine_ce; uccl_ep/cuda/ht_ce.py, intranode_combine_ce.cu)
 on CPU: the staging layout constants against kernel_abi.h (compiled), the per-handle decision and
 sizes, the copy list a rank issues (checked by replaying it on host memory: every peer's region
 ends up holding exactly its tokens' rows, in its token order, and a flag per chunk after the chunk),
@@ -16,6 +16,7 @@ import torch
 
 from uccl_ep.cuda import ht_ce, jit
 from uccl_ep.errors import InvalidArgument
+from uccl_ep.tuning import Tuning
 
 pytestmark = pytest.mark.cpu
 
@@ -119,31 +120,23 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
 
 
 def test_ranks_must_agree():
-    ht_ce.check_same_settings([(True, 2048, False, 4096), (True, 2048, False, 4096)])
-    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_COMBINE_CE.*rank 1: 0/2048/0/4096"):
-        ht_ce.check_same_settings([(True, 2048, False, 4096), (False, 2048, False, 4096)])
-    with pytest.raises(InvalidArgument, match="rank 0: 1/2048/1/4096"):
-        ht_ce.check_same_settings([(True, 2048, True, 4096), (True, 2048, False, 4096)])
-    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_CE_CHUNK_KB.*rank 1: 1/2048/0/1024"):
-        ht_ce.check_same_settings([(True, 2048, False, 4096), (True, 2048, False, 1024)])
-
-
-def test_an_invalid_setting_is_refused_on_every_rank(monkeypatch):
-    """An invalid value on one rank travels as text through the exchange (shared_settings does not
-    raise before it, which would leave the other ranks waiting) and is refused on every rank."""
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE_MAX_MB", "0")  # below its minimum
-    bad = ht_ce.shared_settings()
-    assert isinstance(bad, str) and "UCCL_EP_HT_COMBINE_CE_MAX_MB" in bad
-    with pytest.raises(InvalidArgument, match="valid settings on every rank.*rank 1"):
-        ht_ce.check_same_settings([(True, 2048, False), bad])
+    same = ht_ce.shared_settings(Tuning())
+    assert same == (True, 2048, "auto", 8192, "")
+    ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning())])
+    with pytest.raises(InvalidArgument, match="tuning.ht_combine_ce.*rank 1: False/2048/auto/8192/"):
+        ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning(ht_combine_ce=False))])
+    with pytest.raises(InvalidArgument, match="rank 0: True/2048/1/8192/"):
+        ht_ce.check_same_settings([ht_ce.shared_settings(Tuning(ht_dispatch_ce="1")), same])
+    with pytest.raises(InvalidArgument, match="tuning.ht_ce_chunk_kb.*rank 1: True/2048/auto/1024/"):
+        ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning(ht_ce_chunk_kb=1024))])
 
 
 class _Ex:
-    def __init__(self, R, rank, log):
+    def __init__(self, R, rank, log, tuning):
         from types import SimpleNamespace
         self.drv = SimpleNamespace(memset_d8=lambda *a: log.append("memset"), synchronize=lambda *a: None,
                                    memcpy_htod=lambda dev, ptr, blob: log.append(("peers", blob)))
-        self.ctx = SimpleNamespace(group=None)
+        self.ctx = SimpleNamespace(group=None, tuning=tuning)
         self.host_barrier = lambda: log.append("barrier")
 
 
@@ -164,29 +157,27 @@ class _Mem:
         self.freed = True
 
 
-def _ops_with_fake_device(monkeypatch, log, peer_handle=b"peer", R=2, **env_values):
+def _ops_with_fake_device(monkeypatch, log, peer_handle=b"peer", R=2, **tuning):
     """A CopyEngineOps over fake device memory and a fake handle exchange (the peer answers
-    `peer_handle`); UCCL_EP_HT_COMBINE_CE on plus `env_values`."""
+    `peer_handle`); Tuning(ht_combine_ce=True, **tuning)."""
     from types import SimpleNamespace
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "1")
-    for name, value in env_values.items():
-        monkeypatch.setenv(name, value)
+    tuning = Tuning(**{"ht_combine_ce": True, **tuning})
     monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
     monkeypatch.setattr(ht_ce.CopyEngineOps, "_kernels", lambda self: {})  # no device to load them on
     monkeypatch.setattr(ht_ce.CopyEngineOps, "_warm_copy_path", lambda self: log.append("warm copies"))
     monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
         slice(None), [obj, peer_handle]))
-    eng = SimpleNamespace(ex=_Ex(R, 0, log), dev=0, R=R, rank=0, combine_block=512)
+    eng = SimpleNamespace(ex=_Ex(R, 0, log, tuning), dev=0, R=R, rank=0, combine_block=512)
     return eng, ht_ce.CopyEngineOps(eng)
 
 
 def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     """The decision and growth come from the counts alone (the same on every rank): growth is a
     collective (barrier, handle exchange, barrier) only when the counts outgrow the buffer; a
-    buffer over UCCL_EP_HT_COMBINE_CE_MAX_MB keeps the ring combine without a collective."""
+    buffer over Tuning.ht_combine_ce_max_mb keeps the ring combine without a collective."""
     log = []
-    eng, ce = _ops_with_fake_device(monkeypatch, log, UCCL_EP_HT_COMBINE_CE_MAX_MB="64")
+    eng, ce = _ops_with_fake_device(monkeypatch, log, ht_combine_ce_max_mb=64)
     assert ce.enabled
     assert ce.prepare([[100, 900], [1000, 50]], 2048, 8, 24)
     assert ce.cap == 1024 and log.count("barrier") == 2 and ce.peer_stage[1] == 0x7000000
@@ -198,18 +189,18 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     assert ce.prepare([[0, 1500], [3, 0]], 2048, 8, 24) and ce.cap == 1536 and old.freed
     log.clear()
     assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8, 24) and log == []  # 5120 x 14 KiB > 64 MiB
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_CE", "0")
+    eng.ex.ctx.tuning = Tuning(ht_combine_ce=False)
     assert not ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 2048, 8, 24)
 
 
 @pytest.mark.parametrize("mode", ["auto", "1", "0"])
 def test_dispatch_by_copy_engines_is_chosen_by_the_configs_sm_count(monkeypatch, mode):
-    """UCCL_EP_HT_DISPATCH_CE=auto: calls whose Config has <= 12 SMs dispatch by copy engines (the
+    """Tuning.ht_dispatch_ce=auto: calls whose Config has <= 12 SMs dispatch by copy engines (the
     staging buffer grows by the dispatch regions once, collectively, and keeps them); calls with more
     SMs keep the ring dispatch. 1: every call; 0: none (no dispatch regions at all)."""
     from types import SimpleNamespace
     log = []
-    _, ce = _ops_with_fake_device(monkeypatch, log, UCCL_EP_HT_DISPATCH_CE=mode)
+    _, ce = _ops_with_fake_device(monkeypatch, log, ht_dispatch_ce=mode)
     counts = [[100, 900], [1000, 50]]
     assert ce.prepare(counts, 2048, 8, 24)
     assert (ce.d_region > 0) == (mode == "1")
@@ -224,7 +215,7 @@ def test_dispatch_by_copy_engines_is_chosen_by_the_configs_sm_count(monkeypatch,
         lay = ce.dispatch_layout_for(plan, 2048 * 2, 0, 8, sms)
         assert (lay is not None) == expect, (sms, mode)
     # auto at EP > 2: the ring dispatch (not yet measured there)
-    assert _ops_with_fake_device(monkeypatch, log, R=4)[1].wants_dispatch(8) == (mode == "1")
+    assert _ops_with_fake_device(monkeypatch, log, R=4, ht_dispatch_ce=mode)[1].wants_dispatch(8) == (mode == "1")
 
 
 def test_dispatch_layout_and_receive_chain():

@@ -1,5 +1,5 @@
-"""The HT kernels' tuning switches (UCCL_EP_HT_WARPS, UCCL_EP_HT_COMBINE_WARPS, UCCL_EP_HT_DEFINES):
-parsed and refused with errors that name the variable; the -D lists the engine builds and loads its
+"""The HT kernels' tuning (Tuning.ht_warps, .ht_combine_warps, .ht_defines): parsed and refused with
+errors that name the argument; the -D lists the engine builds and loads its
 kernels with (uccl_ep/cuda/ht_tuning.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from uccl_ep import env
+from uccl_ep.tuning import Tuning
 from uccl_ep.cuda import ht_tuning, jit
 from uccl_ep.errors import InvalidArgument
 
@@ -27,27 +27,25 @@ def test_defines_parse_into_the_build_flags():
 def test_bad_defines_are_refused_by_name(bad):
     with pytest.raises(InvalidArgument) as e:
         ht_tuning.tuning_defines(bad)
-    assert "UCCL_EP_HT_DEFINES" in str(e.value) and bad in str(e.value)
+    assert "tuning.ht_defines" in str(e.value) and bad in str(e.value)
 
 
-def test_defines_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("UCCL_EP_HT_DEFINES", "UCCL_EP_HT_PROF=1")
-    assert ht_tuning.tuning_defines() == ("UCCL_EP_HT_PROF=1",)
-    assert ht_tuning.kernel_defines(2, 512)[1][-1] == "UCCL_EP_HT_PROF=1"
+def test_defines_reach_the_build_flags():
+    assert ht_tuning.tuning_defines() == ()
+    assert ht_tuning.kernel_defines(2, 512, Tuning(ht_defines="UCCL_EP_HT_PROF=1").ht_defines)[1][-1] == \
+        "UCCL_EP_HT_PROF=1"
 
 
-@pytest.mark.parametrize("name,value", [("UCCL_EP_HT_WARPS", "4"), ("UCCL_EP_HT_WARPS", "33"),
-                                        ("UCCL_EP_HT_COMBINE_WARPS", "40"), ("UCCL_EP_HT_COMBINE_WARPS", "many")])
-def test_warps_out_of_range_are_refused(monkeypatch, name, value):
-    monkeypatch.setenv(name, value)
+@pytest.mark.parametrize("name,value", [("ht_warps", 4), ("ht_warps", 33), ("ht_combine_warps", 40),
+                                        ("ht_combine_warps", "many")])
+def test_warps_out_of_range_are_refused(name, value):
     with pytest.raises(InvalidArgument) as e:
-        env.get(name)
-    assert name in str(e.value)
+        Tuning(**{name: value})
+    assert f"tuning.{name}" in str(e.value)
 
 
 def test_warp_defaults():
-    assert env.REGISTRY["UCCL_EP_HT_WARPS"].default == 16
-    assert env.REGISTRY["UCCL_EP_HT_COMBINE_WARPS"].default == 16
+    assert (Tuning().ht_warps, Tuning().ht_combine_warps) == (16, 16)
 
 
 def test_combine_stage_areas_are_sized_and_bounded():
@@ -63,7 +61,7 @@ def test_combine_stage_areas_are_sized_and_bounded():
     for warps, bad in ((32, "UCCL_EP_HT_COMBINE_STAGES=1"), (32, "UCCL_EP_HT_COMBINE_STAGES=8"), (32, "")):
         with pytest.raises(InvalidArgument) as e:
             ht_tuning.combine_smem_bytes(warps * 32, bad)
-        assert "UCCL_EP_HT_DEFINES" in str(e.value)
+        assert "tuning.ht_defines" in str(e.value)
     assert ht_tuning.combine_smem_bytes(32 * 32, "UCCL_EP_HT_COMBINE_UNROLL=2") == 32 * 2 * 2 * 2 * 32 * 16
 
 
@@ -76,30 +74,23 @@ def test_combine_staging_defaults_match_the_header():
     assert "#define UCCL_EP_HT_COMBINE_UNROLL (UCCL_EP_HT_COMBINE_STAGES ? 4 : 2)" in text
 
 
-def test_warps_per_peer_follows_the_env(monkeypatch):
-    for name in ("UCCL_EP_HT_WARPS", "UCCL_EP_HT_COMBINE_WARPS"):
-        monkeypatch.delenv(name, raising=False)
+def test_warps_per_peer_follows_the_tuning():
     assert ht_tuning.warps_per_peer(2) == (8, 8)
     assert ht_tuning.warps_per_peer(8) == (2, 2)
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_WARPS", "24")
-    assert ht_tuning.warps_per_peer(2) == (8, 12)
-    assert ht_tuning.warps_per_peer(8) == (2, 3)
-    monkeypatch.setenv("UCCL_EP_HT_COMBINE_WARPS", "0")  # 0: as dispatch
-    assert ht_tuning.warps_per_peer(4) == (4, 4)
-    monkeypatch.delenv("UCCL_EP_HT_COMBINE_WARPS")
-    assert ht_tuning.warps_per_peer(2) == (8, 8)
-    monkeypatch.setenv("UCCL_EP_HT_WARPS", "8")
-    with pytest.raises(InvalidArgument, match="UCCL_EP_HT_WARPS"):
-        ht_tuning.warps_per_peer(9)
+    assert ht_tuning.warps_per_peer(2, Tuning(ht_combine_warps=24)) == (8, 12)
+    assert ht_tuning.warps_per_peer(8, Tuning(ht_combine_warps=24)) == (2, 3)
+    assert ht_tuning.warps_per_peer(4, Tuning(ht_combine_warps=0)) == (4, 4)  # 0: as dispatch
+    with pytest.raises(InvalidArgument, match="tuning.ht_warps"):
+        ht_tuning.warps_per_peer(9, Tuning(ht_warps=8))
 
 
 def test_ranks_must_agree_on_block_sizes():
     ht_tuning.check_same_block_sizes([(8, 12), (8, 12)])
     with pytest.raises(InvalidArgument) as e:
         ht_tuning.check_same_block_sizes([(8, 12), (8, 8)])
-    assert "rank 1: 8/8" in str(e.value) and "UCCL_EP_HT_COMBINE_WARPS" in str(e.value)
+    assert "rank 1: 8/8" in str(e.value) and "tuning.ht_combine_warps" in str(e.value)
     with pytest.raises(InvalidArgument) as e:
-        ht_tuning.check_same_block_sizes([(8, 12), "invalid argument `UCCL_EP_HT_WARPS`: expected a value <= 32"])
+        ht_tuning.check_same_block_sizes([(8, 12), "invalid argument `tuning.ht_warps`: expected a value <= 32"])
     assert "rank 1" in str(e.value) and "<= 32" in str(e.value)
 
 
@@ -120,17 +111,15 @@ def fake_loader(monkeypatch):
     return calls
 
 
-def test_kernels_load_for_the_block_sizes(fake_loader, monkeypatch):
-    monkeypatch.delenv("UCCL_EP_HT_DEFINES", raising=False)
+def test_kernels_load_for_the_block_sizes(fake_loader):
     ks = ht_tuning.load_kernels(0, 4, block_threads=512, combine_threads=768)
     assert fake_loader == [("intranode_dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512",)),
                            ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768"))]
     assert {n: k.name for n, k in ks.items()} == {"ht_dispatch": "ht_dispatch", "ht_combine": "ht_combine"}
 
 
-def test_kernels_take_the_tuning_defines(fake_loader, monkeypatch):
-    monkeypatch.setenv("UCCL_EP_HT_DEFINES", "UCCL_EP_HT_PUBLISH_EVERY=8")
-    ht_tuning.load_kernels(0, 2)
+def test_kernels_take_the_tuning_defines(fake_loader):
+    ht_tuning.load_kernels(0, 2, defines="UCCL_EP_HT_PUBLISH_EVERY=8")
     assert fake_loader == [
         ("intranode_dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8")),
         ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8"))]

@@ -21,6 +21,7 @@ from uccl_ep.cuda.proxy_path import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, Pro
                                      fifo_table_entry, write_chunk_bytes)
 from uccl_ep.proxy import native
 from uccl_ep.topology import Topology
+from uccl_ep.tuning import Tuning
 
 pytestmark = pytest.mark.cpu
 
@@ -89,15 +90,11 @@ def _unpack(struct_name, params):
 @pytest.fixture
 def engine(monkeypatch, request):
     R, rank = 2, 0
-    # param: the copy engine, or (copy engine, UCCL_EP_LL_COPY_OVERLAP, device arch[, UCCL_EP_LL_PROXY_PARTS])
+    # param: the copy engine, or (copy engine, Tuning.ll_pdl, device arch[, Tuning.ll_proxy_parts])
     param = request.param if hasattr(request, "param") else "kernel"
-    copy, overlap, arch, parts = (param + (1,))[:4] if isinstance(param, tuple) else (param, None, "sm_90a", 1)
-    monkeypatch.setenv("UCCL_EP_LL_PROXY_PARTS", str(parts))
+    copy, pdl, arch, parts = (param + (1,))[:4] if isinstance(param, tuple) else (param, True, "sm_90a", 1)
+    tuning = Tuning(ll_proxy_parts=parts, ll_pdl=pdl)
     monkeypatch.setenv("UCCL_EP_IPC_COPY", copy)
-    if overlap is None:
-        monkeypatch.delenv("UCCL_EP_LL_COPY_OVERLAP", raising=False)
-    else:
-        monkeypatch.setenv("UCCL_EP_LL_COPY_OVERLAP", overlap)
     # real ipc proxies over host regions; with "kernel" their endpoints queue copies in rings
     proxies = make_group(R, "ipc", num_counters=NUM_COUNTERS, region_bytes=1 << 16,
                          ipc_copy="kernel" if copy == "kernel" else "")
@@ -112,7 +109,7 @@ def engine(monkeypatch, request):
     T, H, E = 16, 512, 8
     nbytes = low_latency_rdma_size_hint(T, H, R, E)
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
-                          topology=Topology(R, 1), enable_shrink=False)
+                          topology=Topology(R, 1), enable_shrink=False, tuning=tuning)
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000,
                          timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=False,
                          mask=SimpleNamespace(ptr=0xD000))
@@ -206,7 +203,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         _assert_copy_launch(eng, log[-1], c)
         assert c["counter"] == counter_base(1 - s, 1) and c["send_off"] == lay.send(1 - s)
         assert c["y"] == y.data_ptr() != c["send_area"] and c["zero_copy"] == 0
-        assert c["row_split"] == 4  # UCCL_EP_LL_STAGE_SPLIT's default
+        assert c["row_split"] == 4  # Tuning.ll_stage_split's default
         assert c["region_bytes"] == T * min(4, E // R) * 2 * H and R * c["region_bytes"] <= lay.set_bytes // 2
         assert c["signal_total"] == lay.signal_total >= E // R + 2  # zero copy: E_loc writes + fenced
         cfinish()
@@ -232,8 +229,8 @@ def _assert_copy_launch(eng, launch, send):
     """The copy kernel follows the send kernel and reads the byte counters the send kernel adds to."""
     name, grid, block, params, _, programmatic = launch
     assert name == "ll_proxy_dma" and block == proxy_path._DMA_BLOCK
-    # plain stream order after its send kernel unless UCCL_EP_LL_COPY_OVERLAP (proxy_path._launch_copies)
-    assert programmatic == eng.copy_overlap
+    # plain stream order after its send kernel (proxy_path._launch_copies)
+    assert programmatic is False
     k = _unpack("LLProxyDmaParams", params)
     n = eng.num_proxy_threads
     assert grid == n * k["blocks_per_ring"] and k["num_rings"] == n == send["num_proxy_threads"]
@@ -250,24 +247,20 @@ def _assert_copy_launch(eng, launch, send):
     assert k["mirror"] + 32 * n * cap == eng.dma_mem.ptr + eng.dma_mem.nbytes
 
 
-@pytest.mark.parametrize("engine,overlapped,recv_pdl", [(("kernel", None, "sm_90a"), False, True),
-                                                        (("kernel", "1", "sm_90a"), True, False),
-                                                        (("kernel", "1", "sm_80"), False, False),
-                                                        (("kernel", None, "sm_80"), False, False)],
-                         indirect=["engine"], ids=["default", "overlap-sm90", "overlap-sm80", "default-sm80"])
-def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped, recv_pdl):
-    """The copy kernel follows its send kernel in plain stream order unless UCCL_EP_LL_COPY_OVERLAP
-    asks for programmatic dependent launch (sm_90+ only). The receive kernel after it starts by
-    programmatic launch (UCCL_EP_LL_PDL, sm_90+) when it follows the copy kernel directly and the copy
-    kernel is not itself overlapped; behind a receive hook, in plain stream order."""
+@pytest.mark.parametrize("engine,recv_pdl", [(("kernel", True, "sm_90a"), True), (("kernel", False, "sm_90a"), False),
+                                             (("kernel", True, "sm_80"), False)],
+                         indirect=["engine"], ids=["default", "pdl-off", "default-sm80"])
+def test_copy_kernel_follows_its_send_kernel_in_stream_order(engine, recv_pdl):
+    """The copy kernel follows its send kernel in plain stream order. The receive kernel after it
+    starts by programmatic launch (Tuning.ll_pdl, sm_90+) when it follows the copy kernel directly;
+    behind a receive hook, in plain stream order."""
     eng, T, E = engine.eng, engine.T, engine.E
     g = torch.Generator().manual_seed(5)
     x = torch.randn(T, engine.H, generator=g).bfloat16()
     topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
     out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
-    assert eng.copy_overlap is overlapped
     name, *_, programmatic = engine.launches[-1]
-    assert name == "ll_proxy_dma" and programmatic is overlapped
+    assert name == "ll_proxy_dma" and programmatic is False
     out[3]()
     name, *_, programmatic = engine.launches[-1]
     assert name == "ll_dispatch_proxy_recv" and programmatic is False
@@ -277,9 +270,9 @@ def test_copy_kernel_overlaps_its_send_kernel_only_when_asked(engine, overlapped
     assert name == "ll_dispatch_proxy_recv" and programmatic is recv_pdl
 
 
-@pytest.mark.parametrize("engine", [("kernel", None, "sm_90a", 3)], indirect=True)
+@pytest.mark.parametrize("engine", [("kernel", True, "sm_90a", 3)], indirect=True)
 def test_proxy_parts_setting_reaches_send_kernels_and_layout(engine):
-    """UCCL_EP_LL_PROXY_PARTS (an experiment): the send kernels are compiled with UCCL_EP_LL_PARTS
+    """Tuning.ll_proxy_parts (an experiment): the send kernels are compiled with UCCL_EP_LL_PARTS
     (device/proxy_ll.cuh push_region), the receive kernels are not, and the counters' growth per op
     leaves room for a fenced Atomic and one more Write per part."""
     eng, T, E, R = engine.eng, engine.T, engine.E, engine.R
@@ -297,23 +290,18 @@ def test_proxy_parts_setting_reaches_send_kernels_and_layout(engine):
     assert d["signal_total"] == eng.layout.signal_total
 
 
-def test_ranks_must_share_the_settings_of_the_counters_growth(monkeypatch):
-    """UCCL_EP_LL_PROXY_PARTS and UCCL_EP_PROXY_WRITE_KB set signal_total: the executor gathers every
-    rank's values and refuses differing or invalid ones by name, on every rank alike, instead of
-    letting the receive kernels wait for a growth their peers never send."""
+def test_ranks_must_share_the_settings_of_the_counters_growth():
+    """Tuning.ll_proxy_parts and .proxy_write_kb set signal_total: the executor gathers every rank's
+    values and refuses differing ones by name, on every rank alike, instead of letting the receive
+    kernels wait for a growth their peers never send; an invalid value never gets as far as a Tuning."""
     from uccl_ep.errors import InvalidArgument
-    monkeypatch.setenv("UCCL_EP_LL_PROXY_PARTS", "2")
-    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "1024")
-    mine = proxy_path.shared_settings()
+    mine = proxy_path.shared_settings(Tuning(ll_proxy_parts=2, proxy_write_kb=1024))
     assert mine == (2, 1024)
     proxy_path.check_same_shared_settings([mine, mine, mine])
-    with pytest.raises(InvalidArgument, match=r"UCCL_EP_LL_PROXY_PARTS.*rank 1: 4/1024"):
+    with pytest.raises(InvalidArgument, match=r"tuning.ll_proxy_parts.*rank 1: 4/1024"):
         proxy_path.check_same_shared_settings([mine, (4, 1024)])
-    monkeypatch.setenv("UCCL_EP_LL_PROXY_PARTS", "9")  # above its maximum
-    bad = proxy_path.shared_settings()
-    assert isinstance(bad, str) and "UCCL_EP_LL_PROXY_PARTS" in bad
-    with pytest.raises(InvalidArgument, match="rank 1"):
-        proxy_path.check_same_shared_settings([mine, bad])
+    with pytest.raises(InvalidArgument, match="tuning.ll_proxy_parts"):
+        Tuning(ll_proxy_parts=9)  # above its maximum
 
 
 def test_signal_total_covers_every_part():
@@ -328,7 +316,7 @@ def test_signal_total_covers_every_part():
 
 @pytest.mark.parametrize("switch", [True, False])
 def test_own_rows_stay_in_y_when_the_receive_follows(engine, switch):
-    """UCCL_EP_LL_OWN_ROWS_IN_Y (default on): combine without a receive hook (recv_follows)
+    """Tuning.ll_own_rows_in_y (default on): combine without a receive hook (recv_follows)
     stages no rows for this rank (own_in_y) and the receive kernel reads them in y as in zero copy;
     behind a hook, or with the switch off, they are staged in the send area as before."""
     eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
@@ -441,30 +429,29 @@ def test_layout_fits_deepep_size_hint(T, H):
             assert R * lay.combine_region(K).region_bytes <= lay.set_bytes // 2, (T, H, R, E, K)
 
 
-def test_write_size_setting(monkeypatch):
-    """UCCL_EP_PROXY_WRITE_KB sets the largest Write; the counter growth per op follows it, and a
+def test_write_size_setting():
+    """Tuning.proxy_write_kb sets the largest Write; the counter growth per op follows it, and a
     size that would need more Writes per op than an Atomic can count is refused up front."""
     from uccl_ep.errors import InvalidArgument
-    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "64")
-    assert write_chunk_bytes() == 64 * 1024
-    lay = ProxyLayout.make(128, 7168, 288, 2, write_chunk_bytes())
+    t = Tuning(proxy_write_kb=64)
+    assert write_chunk_bytes(t) == 64 * 1024
+    lay = ProxyLayout.make(128, 7168, 288, 2, write_chunk_bytes(t))
     assert lay.signal_total == -(-(lay.set_bytes // 2) // (64 * 1024)) + 2 > 144 + 2
-    for bad in ("0", "16384"):
-        monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", bad)
-        with pytest.raises(InvalidArgument, match="UCCL_EP_PROXY_WRITE_KB"):
-            write_chunk_bytes()
+    for bad in (0, 16384):
+        with pytest.raises(InvalidArgument, match="tuning.proxy_write_kb"):
+            Tuning(proxy_write_kb=bad)
 
 
-def test_write_size_too_small_for_the_layout_is_refused(engine, monkeypatch):
+def test_write_size_too_small_for_the_layout_is_refused(engine):
     """More Writes per (op, peer) than an Atomic's 15 bits can count: a typed error naming the
     setting, before any kernel runs."""
     from uccl_ep.errors import LimitExceeded
     eng = engine.eng
     eng.mem = FakeMem(0, 1 << 30)  # room for the big layout below, so only the Write count can fail
-    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "1")
-    with pytest.raises(LimitExceeded, match="UCCL_EP_PROXY_WRITE_KB"):
+    eng.tuning = Tuning(proxy_write_kb=1)
+    with pytest.raises(LimitExceeded, match="tuning.proxy_write_kb"):
         eng.ensure_layout(512, 7168, 8)
-    monkeypatch.setenv("UCCL_EP_PROXY_WRITE_KB", "4096")
+    eng.tuning = Tuning(proxy_write_kb=4096)
     lay = eng.ensure_layout(512, 7168, 8)
     assert lay.chunk_bytes == 4096 * 1024 and lay.signal_total <= (1 << 15) - 1
 
@@ -536,7 +523,7 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     ctx = SimpleNamespace(num_ranks=R, rank=0, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
-                          topology=Topology(R, 1), enable_shrink=False)
+                          topology=Topology(R, 1), enable_shrink=False, tuning=Tuning())
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, 1 << 16), error_dev_ptr=0xE000,
                          timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=True,
                          mask=SimpleNamespace(ptr=0xD000))

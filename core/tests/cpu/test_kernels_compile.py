@@ -286,7 +286,7 @@ def test_device_push_on_amd_releases_the_commit_at_system_scope(arch, tmp_path):
 
 @pytest.mark.parametrize("parts", [2, 4])
 def test_ll_proxy_send_kernels_build_with_parts(parts, tmp_path):
-    """The send kernels of UCCL_EP_LL_PROXY_PARTS (an experiment: compile-time UCCL_EP_LL_PARTS) build
+    """The send kernels of Tuning.ll_proxy_parts (an experiment: compile-time UCCL_EP_LL_PARTS) build
     for sm_90a without spills."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for source in ("ll_dispatch_proxy.cu", "ll_combine_proxy.cu"):
@@ -333,7 +333,7 @@ def test_ht_kernel_param_abi(tmp_path):
 @pytest.mark.parametrize("threads", [512, 768, 1024])
 def test_ht_default_kernels_build_for_each_block_size(threads, tmp_path):
     """The engine's defines for dispatch and combine (ht_tuning.kernel_defines) build at every block
-    size UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS allow, within the registers one block of that
+    size Tuning.ht_warps / Tuning.ht_combine_warps allow, within the registers one block of that
     size may hold; the shipped defaults (512 threads each) build without spills, as measured."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     d_defs, c_defs = ht_tuning.kernel_defines(2, threads, "")

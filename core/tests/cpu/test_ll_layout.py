@@ -38,13 +38,11 @@ def test_receive_area_holds_dispatch_tokens_index_and_combine_rows():
         assert lay.set_bytes - lay.sig_off >= E * 8  # dispatch signals, u64 each
 
 
-def test_combine_recv_threads_switch(monkeypatch):
-    monkeypatch.delenv("UCCL_EP_LL_COMBINE_RECV_THREADS", raising=False)
+def test_combine_recv_threads_switch():
+    from uccl_ep.tuning import Tuning
     assert ll._combine_recv_threads() == 512
-    monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", "256")
-    assert ll._combine_recv_threads() == 256
-    for bad in ("100", "1024", "0"):
-        monkeypatch.setenv("UCCL_EP_LL_COMBINE_RECV_THREADS", bad)
+    assert ll._combine_recv_threads(Tuning(ll_combine_recv_threads=256)) == 256
+    for bad in (100, 1024, 0):
         with pytest.raises(InvalidArgument) as e:
-            ll._combine_recv_threads()
-        assert "UCCL_EP_LL_COMBINE_RECV_THREADS" in str(e.value)
+            ll._combine_recv_threads(Tuning(ll_combine_recv_threads=bad))
+        assert "tuning.ll_combine_recv_threads" in str(e.value)

@@ -151,7 +151,7 @@ def test_packed_region_writes_and_signal_pair_through_proxies(transport):
 
 def _region_parts(length, parts_wanted, threads, min_part=256 << 10):
     """Offsets and lengths of the parts of one region, as device/proxy_ll.cuh push_region cuts it
-    (UCCL_EP_LL_PROXY_PARTS): at most one part per proxy thread and per min_part bytes, 16-byte
+    (Tuning.ll_proxy_parts): at most one part per proxy thread and per min_part bytes, 16-byte
     aligned parts, the last one taking the rest."""
     parts = min(parts_wanted, threads)
     if parts > length // min_part:
@@ -162,7 +162,7 @@ def _region_parts(length, parts_wanted, threads, min_part=256 << 10):
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_region_parts_over_proxy_threads_and_their_signals(transport):
-    """UCCL_EP_LL_PROXY_PARTS: a region spread over FIFOs of distinct proxy threads, each part's
+    """Tuning.ll_proxy_parts: a region spread over FIFOs of distinct proxy threads, each part's
     counted Writes closed by its own fenced Atomic (writes + 1) and the last part padding the
     counter's growth to signal_total, through whole proxies (fault: reorders, delays, tears): the
     counter reaches k * total only once every part of op k landed, whatever the parts' order."""

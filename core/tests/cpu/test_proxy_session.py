@@ -35,6 +35,7 @@ from uccl_ep.cuda import ht, ht_internode, proxy_path, proxy_session  # noqa: E4
 from uccl_ep.cuda.proxy_session import LL_COUNTER_BASE, NUM_COUNTERS  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
 from uccl_ep.topology import Topology  # noqa: E402
+from uccl_ep.tuning import Tuning  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 C = native()
@@ -77,8 +78,7 @@ def both(monkeypatch):
     """Rank 0 of 2: a session over one region (NVL buffer, then LL buffer) and both engines on it."""
     monkeypatch.setenv("UCCL_EP_IPC_COPY", "kernel")
     monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
-    for name in ("UCCL_EP_TRANSPORT", "UCCL_EP_LL_PROXY_PARTS", "UCCL_EP_LL_COPY_OVERLAP"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
     R, rank = 2, 0
     proxies = make_group(R, "ipc", num_counters=NUM_COUNTERS, region_bytes=1 << 20, ipc_copy="kernel")
     started, log = [], []
@@ -98,7 +98,7 @@ def both(monkeypatch):
     ll_bytes = low_latency_rdma_size_hint(T, H, R, E)
     region, nvl, ll = proxy_session.shared_region(0, (4 << 20) + 100, ll_bytes)
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
-                          topology=Topology(R, 1), enable_shrink=False)
+                          topology=Topology(R, 1), enable_shrink=False, tuning=Tuning())
     err = HostMem(0, 64)
     ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), region=region, nvl_mem=nvl, ll_mem=ll, error_dev_ptr=err.ptr,
                          _err=err, timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None,

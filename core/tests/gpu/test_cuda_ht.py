@@ -6,7 +6,7 @@ the handle's prefix matrices and source indices, num_worst_tokens padding, cache
 and combine (fp32 sum in rank order, bias none / one / two) with combined weights. Routing:
 uniform with -1 entries, everything to one rank, and a rank with zero tokens; SM counts: the
 default config and a small one whose 32-slot rings force flow control. [small-ce] / [deepseek-ce]:
-the copy-engine combine (UCCL_EP_HT_COMBINE_CE), interleaved with ring combines (num_worst_tokens
+the copy-engine combine (Tuning.ht_combine_ce), interleaved with ring combines (num_worst_tokens
 handles).
 """
 
@@ -51,16 +51,15 @@ def _eq(tag, a, b):
 
 
 def worker(rank, world, H, T, E, seed, ce=False):
-    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1" if ce else "0"  # read when the engine is built
-    os.environ["UCCL_EP_HT_DISPATCH_CE"] = "1" if ce == 2 else "0"  # 2: the copy-engine dispatch too
-    from uccl_ep import Buffer, Config
+    from uccl_ep import Buffer, Config, Tuning
+    tuning = Tuning(ht_combine_ce=bool(ce), ht_dispatch_ce="1" if ce == 2 else "0")  # 2: the copy-engine dispatch too
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
     K = 8
     configs = [Buffer.get_dispatch_config(world), Config(8, 4, 32)]
     nvl = max(c.get_nvl_buffer_size_hint(H * 2, world) for c in configs)
-    ours = Buffer(group, nvl, 0, backend="cuda")
+    ours = Buffer(group, nvl, 0, backend="cuda", tuning=tuning)
     ref = Buffer(group, nvl, 0, backend="reference")
     assert ours.backend == "cuda"
     gen = torch.Generator().manual_seed(seed * 100 + rank)
@@ -144,9 +143,9 @@ def _cases():
     """[small], [deepseek]: the ring kernels; [small-ce], ...: the copy-engine combine;
     [small-dce], ...: the copy-engine dispatch too."""
     cases = [pytest.param(shape, False, id=shape) for shape in _SHAPES]
-    for shape in _SHAPES:  # UCCL_EP_HT_COMBINE_CE: rows back by copy engines, every SM sums
+    for shape in _SHAPES:  # Tuning.ht_combine_ce: rows back by copy engines, every SM sums
         cases.append(pytest.param(shape, 1, id=f"{shape}-ce"))
-    for shape in _SHAPES:  # UCCL_EP_HT_DISPATCH_CE too: the receivers' copy engines in dispatch
+    for shape in _SHAPES:  # Tuning.ht_dispatch_ce too: the receivers' copy engines in dispatch
         cases.append(pytest.param(shape, 2, id=f"{shape}-dce"))
     return cases
 
@@ -163,15 +162,13 @@ def _graph_worker(rank, world, H, T, E, dce):
     expert outputs) equals the reference; the combine's epochs and chunk flags live on the device,
     so replays stay in step. Then one eager combine after the replays, to show the eager epochs
     continue from the graph's."""
-    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1"
-    os.environ["UCCL_EP_HT_DISPATCH_CE"] = "1" if dce else "0"
-    from uccl_ep import Buffer
+    from uccl_ep import Buffer, Tuning
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
     K = 8
     config = Buffer.get_dispatch_config(world)
     nvl = config.get_nvl_buffer_size_hint(H * 2, world)
-    ours = Buffer(group, nvl, 0, backend="cuda")
+    ours = Buffer(group, nvl, 0, backend="cuda", tuning=Tuning(ht_combine_ce=True, ht_dispatch_ce="1" if dce else "0"))
     ref = Buffer(group, nvl, 0, backend="reference")
     gen = torch.Generator().manual_seed(77 + rank)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
@@ -222,11 +219,11 @@ def test_ht_copy_engine_combine_in_a_cuda_graph(dce):
 
 
 def _mismatch_worker(rank, world):
-    os.environ["UCCL_EP_HT_COMBINE_WARPS"] = "16" if rank == 0 else "24"
-    from uccl_ep import Buffer
+    from uccl_ep import Buffer, Tuning
     from uccl_ep.errors import InvalidArgument
     try:
-        Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, backend="cuda")
+        Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, backend="cuda",
+               tuning=Tuning(ht_combine_warps=16 if rank == 0 else 24))
     except InvalidArgument as e:
         assert "the same warps per peer on every rank" in str(e), str(e)
         return 1
@@ -247,14 +244,14 @@ if __name__ == "__main__":
 def _first_combine_worker(rank, world):
     """The first copy-engine combine of a process whose group is gloo (no NCCL set up the peer paths
     before): its copies must not wait for the device while the peer's sum kernel waits for them."""
-    os.environ["UCCL_EP_HT_COMBINE_CE"] = "1"
     os.environ["UCCL_EP_GPU_TIMEOUT_S"] = "5"
-    from uccl_ep import Buffer
+    from uccl_ep import Buffer, Tuning
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
     T, H, E, K = 64, 2048, 16, 4
     config = Buffer.get_dispatch_config(world)
-    ours = Buffer(dist.group.WORLD, config.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda")
+    ours = Buffer(dist.group.WORLD, config.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda",
+                  tuning=Tuning(ht_combine_ce=True))
     gen = torch.Generator().manual_seed(rank + 5)
     x = torch.randn(T, H, generator=gen).bfloat16().to(dev)
     idx = torch.rand(T, E, generator=gen).topk(K, dim=1).indices.to(dev)

@@ -286,7 +286,7 @@ def worker_graph(rank, world, H, E, T_max, seed):
 
 def worker_input_reuse(rank, world, H, E, T_max, seed):
     """The caller may overwrite an op's input right after the call returns (on the same stream,
-    no synchronize): the receive kernel overlaps the send kernel (UCCL_EP_LL_PDL), so what it
+    no synchronize): the receive kernel overlaps the send kernel (Tuning.ll_pdl), so what it
     returns must not complete before the send kernel has read the input. NaN poison in x / y
     would reach the peer's outputs if it did."""
     group = dist.group.WORLD

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from .. import Buffer, utils
 from ..config import Config
+from ..tuning import Tuning
 from ..refs import logfmt
 from ..refs.fp8 import per_token_cast_to_fp8
 from .timing import time_op
@@ -55,6 +56,7 @@ class BenchSpec:
     rdma_chunk: int = 0           # > 0: Config.num_max_rdma_chunked_send_tokens of both ops (default: the table's)
     rdma_recv: int = 0            # > 0: Config.num_max_rdma_chunked_recv_tokens of both ops
     nic_model: str = ""           # the NIC model the proxies run under (UCCL_EP_NIC_MODEL), for the cap column
+    tune: tuple = ()              # "key=value" items of uccl_ep.Tuning for every Buffer (--tune)
 
 
 def _routing(num_tokens: int, num_experts: int, num_topk: int, device, gen: torch.Generator):
@@ -110,7 +112,8 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     dcfg, ccfg = (_with_rdma(c, spec) for c in (Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)))
     nvl = max(dcfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world))
     rdma = max(dcfg.get_rdma_buffer_size_hint(H * 2, world), ccfg.get_rdma_buffer_size_hint(H * 2, world))
-    buf = Buffer(group, nvl, rdma, backend=spec.backend, ranks_per_node=_ranks_per_node(spec, world))
+    buf = Buffer(group, nvl, rdma, backend=spec.backend, ranks_per_node=_ranks_per_node(spec, world),
+                 tuning=Tuning.from_pairs(spec.tune))
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(device)
     topk_idx, topk_weights = _routing(T, E, K, device, gen)
     ntpr, ntprr, ntpe, in_rank, _ = buf.get_dispatch_layout(topk_idx, E)
@@ -305,7 +308,8 @@ def _bench_ll(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     T, H, K, E = spec.ll_tokens, spec.hidden, spec.num_topk, spec.ll_experts
     rdma = Buffer.get_low_latency_rdma_size_hint(T, H, world, E)
     buf = Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, E // world), backend=spec.backend,
-                 allow_nvlink_for_low_latency_mode=not spec.ll_proxy, ranks_per_node=_ranks_per_node(spec, world))
+                 allow_nvlink_for_low_latency_mode=not spec.ll_proxy, ranks_per_node=_ranks_per_node(spec, world),
+                 tuning=Tuning.from_pairs(spec.tune))
     # nodes of several ranks (--nodes): the node's peers over NVLink, the other nodes through the proxy
     hybrid = bool(getattr(getattr(buf._executor, "_ll", None), "hybrid", None) and buf._executor._ll.hybrid.peers)
     if (spec.ll_proxy or buf.topology.is_internode) and buf.backend == "cuda":  # rows say which path they measured

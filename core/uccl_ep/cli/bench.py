@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the most tokens per Write through the proxy")
     p.add_argument("--rdma-recv", type=int, default=0,
                    help="Config.num_max_rdma_chunked_recv_tokens of normal-mode ops (ring depth in tokens)")
+    p.add_argument("--tune", action="append", default=[], metavar="KEY=VALUE",
+                   help="a uccl_ep.Tuning field for every Buffer of the run, e.g. --tune ht_warps=24 "
+                        "--tune ht_defines='UCCL_EP_HT_PUBLISH_EVERY=8' (repeatable; docs/api.md, Tuning)")
     p.add_argument("--nic-model", default="", metavar="SPEC",
                    help="put a NIC model around the proxy transport's traffic to other nodes (default: "
                         "UCCL_EP_NIC_MODEL): a "
@@ -98,11 +101,14 @@ def _apply_nic_model(args) -> None:
 def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     from .. import env
     from ..bench.ep import BenchSpec, spec_to_dict
+    from ..tuning import Tuning
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
                      check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy,
                      nodes=getattr(args, "nodes", 0), rdma_chunk=getattr(args, "rdma_chunk", 0),
                      rdma_recv=getattr(args, "rdma_recv", 0),
-                     nic_model=getattr(args, "nic_model", "") or str(env.get("UCCL_EP_NIC_MODEL")))
+                     nic_model=getattr(args, "nic_model", "") or str(env.get("UCCL_EP_NIC_MODEL")),
+                     tune=tuple(getattr(args, "tune", None) or ()))
+    Tuning.from_pairs(spec.tune)  # a bad --tune is refused here, before any rank starts
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:
@@ -255,7 +261,8 @@ def _eager_loading_for_proxy(args) -> None:
     """The GPU proxy paths between GPUs of one host need eager CUDA module loading (see
     uccl_ep.cuda.proxy_path.warn_lazy_module_loading); set it unless the user chose otherwise."""
     import os
-    forced = os.environ.get("UCCL_EP_FORCE_PROXY", "0") not in ("", "0")
+    from .. import env
+    forced = bool(env.get("UCCL_EP_FORCE_PROXY"))
     if forced or getattr(args, "force_proxy", False) or getattr(args, "nodes", 0):
         os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 

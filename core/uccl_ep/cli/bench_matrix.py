@@ -96,6 +96,8 @@ def spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     for flag, v in (("--matrix-budget", args.matrix_budget), ("--matrix-row-budget", args.matrix_row_budget)):
         if v < 0:
             raise InvalidArgument(flag, "seconds >= 0 (0: no limit)", v)
+    if getattr(args, "tune", None):
+        raise InvalidArgument("--tune", "no --tune with --matrix (the matrix measures the defaults)", args.tune)
     spec = m.MatrixSpec(backend=args.backend, modes=modes, ht_tokens=_ints(tokens, "--matrix-tokens", m.HT_TOKENS),
                         ll_tokens=_ints(tokens, "--matrix-tokens", m.LL_TOKENS),
                         hiddens=_ints(args.matrix_hidden, "--matrix-hidden", m.HIDDENS),

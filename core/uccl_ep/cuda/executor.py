@@ -116,13 +116,13 @@ class CudaExecutor(Executor):
         self.mask = DeviceMask(self.device, ctx.num_ranks)
         self.channel = GroupStore(ctx.group, ctx.timeout_s, "cuda")
         try:  # normal-mode block sizes: every rank must agree (checked below, on every rank alike)
-            ht_sizes = ht_tuning.warps_per_peer(ctx.num_ranks)
+            ht_sizes = ht_tuning.warps_per_peer(ctx.num_ranks, ctx.tuning)
         except UcclEpError as e:
             ht_sizes = str(e)
         mine = (socket.gethostname(), self.device,
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
-                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings(),
-                ht_ce.shared_settings(), liveness.process_record())
+                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings(ctx.tuning),
+                ht_ce.shared_settings(ctx.tuning), liveness.process_record())
         infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)

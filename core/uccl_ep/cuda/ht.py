@@ -81,11 +81,11 @@ class NormalEngine:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
-        self.G, self.Gc = ht_tuning.warps_per_peer(self.R)
+        self.G, self.Gc = ht_tuning.warps_per_peer(self.R, ex.ctx.tuning)
         lanes = warp_size()  # the kernels give each peer G warps (64-lane wavefronts on AMD)
         self.block, self.combine_block = self.R * self.G * lanes, self.R * self.Gc * lanes
         if max(self.block, self.combine_block) > 1024:
-            raise InvalidArgument("UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS", f"at most {1024 // lanes} warps of "
+            raise InvalidArgument("tuning.ht_warps / tuning.ht_combine_warps", f"at most {1024 // lanes} warps of "
                                   f"{lanes} threads per block", max(self.G, self.Gc) * self.R)
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)
@@ -97,9 +97,10 @@ class NormalEngine:
                                                                     ("intranode_notify.cu", "ht_notify"))}
         # ht_dispatch, ht_combine (launch bounds: the block size)
         self._k.update(ht_tuning.load_kernels(self.dev, self.R, block_threads=self.block,
-                                              combine_threads=self.combine_block))
-        self.combine_smem = ht_tuning.combine_smem_bytes(self.combine_block, sm=sm_number(device_arch(self.dev)))
-        # UCCL_EP_HT_COMBINE_CE: combine's rows moved by copy engines (ht_ce.py)
+                                              combine_threads=self.combine_block, defines=ex.ctx.tuning.ht_defines))
+        self.combine_smem = ht_tuning.combine_smem_bytes(self.combine_block, ex.ctx.tuning.ht_defines,
+                                                         sm=sm_number(device_arch(self.dev)))
+        # Tuning.ht_combine_ce: combine's rows moved by copy engines (ht_ce.py)
         self.ce = CopyEngineOps(self)
 
     @property
@@ -126,7 +127,7 @@ class NormalEngine:
         need = self.R * max(self.G, self.Gc)
         if slots < need:
             raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {need} for the CUDA kernels "
-                                  "(the consumer warps of a block: UCCL_EP_HT_WARPS / UCCL_EP_HT_COMBINE_WARPS)",
+                                  "(the consumer warps of a block: tuning.ht_warps / tuning.ht_combine_warps)",
                                   slots)
         slot_bytes = (self.ex.nvl_mem.nbytes - _RING_OFF) // (channels * self.R * slots) // 16 * 16
         if slot_bytes <= 0:
@@ -257,7 +258,7 @@ class NormalEngine:
         plan.ce = use_ce
         outs = (recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head)
         lay = self.ce.dispatch_layout_for(plan, hidden_bytes, ns, K, config.num_sms)
-        if lay is not None:  # UCCL_EP_HT_DISPATCH_CE (ht_ce.py)
+        if lay is not None:  # Tuning.ht_dispatch_ce (ht_ce.py)
             self.ce.dispatch(lay, x, x_scales, topk_idx, topk_weights, in_rank, outs, (rank_prefix, channel_prefix),
                              plan, config.num_sms)
         else:
@@ -282,7 +283,7 @@ class NormalEngine:
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
         outs = (recv_x, recv_scales, None, None, None, None)
         lay = self.ce.dispatch_layout_for(plan, x.shape[1] * x.element_size(), ns, 0, config.num_sms)
-        if lay is not None:  # UCCL_EP_HT_DISPATCH_CE (ht_ce.py)
+        if lay is not None:  # Tuning.ht_dispatch_ce (ht_ce.py)
             self.ce.dispatch(lay, x.contiguous(), x_scales, None, None, handle[4], outs, (handle[0], handle[1]), plan,
                              config.num_sms)
         else:

@@ -1,4 +1,4 @@
-"""Intranode HT ops with the copy engines moving rows (UCCL_EP_HT_COMBINE_CE, UCCL_EP_HT_DISPATCH_CE).
+"""Intranode HT ops with the copy engines moving rows (Tuning.ht_combine_ce, Tuning.ht_dispatch_ce).
 
 At EP R a rank's combine input holds, per source rank j, one contiguous run of rows (j's tokens,
 in j's order: the dispatch layout), so returning them is R - 1 plain copies. This module keeps a
@@ -31,7 +31,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .. import env
+from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning, require_same_across_ranks
+from ..tuning import shared_values as tuning_shared_values
 from .runtime import DeviceMemory, load_kernel, pack_params
 
 __all__ = ["CopyEngineOps", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
@@ -54,23 +55,22 @@ D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
 D_COUNT_OFF = 32 * 1024
 _PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
 _CAP_STEP = 512          # staging rows are grown in steps of this many
-# NOTES: UCCL_EP_HT_DISPATCH_CE=auto takes the copy engines for calls with at most this many SMs:
+# NOTES: Tuning.ht_dispatch_ce=auto takes the copy engines for calls with at most this many SMs:
 # there the SMs' two copies per row bound the ring dispatch, while with more SMs the ring is faster
 # (and FP8 by copy engines slower still); the EP2 measurements are in docs/benchmarks.md.
 AUTO_DISPATCH_MAX_SMS = 12
 
 
-SHARED_SETTINGS = ("UCCL_EP_HT_COMBINE_CE", "UCCL_EP_HT_COMBINE_CE_MAX_MB", "UCCL_EP_HT_DISPATCH_CE",
-                   "UCCL_EP_HT_CE_CHUNK_KB")
+SHARED_SETTINGS = ("ht_combine_ce", "ht_combine_ce_max_mb", "ht_dispatch_ce", "ht_ce_chunk_kb", "ht_defines")
 
 
-def shared_settings() -> tuple | str:
-    """What every rank must agree on (the executor gathers and compares it at Buffer build)."""
-    return env.shared_values(SHARED_SETTINGS)
+def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
+    """What every rank must agree on (Tuning fields; the executor gathers and compares them at Buffer build)."""
+    return tuning_shared_values(tuning, SHARED_SETTINGS)
 
 
 def check_same_settings(per_rank: list) -> None:
-    env.require_same_across_ranks(SHARED_SETTINGS, per_rank, "every rank decides the copy-engine paths alike")
+    require_same_across_ranks(SHARED_SETTINGS, per_rank, "every rank decides the copy-engine paths alike")
 
 
 def staging_rows_needed(counts: list[list[int]]) -> int:
@@ -91,7 +91,7 @@ def region_bytes(cap_rows: int, hidden: int, topk: int) -> int:
 
 
 def chunk_rows(cap_rows: int, hidden: int, row_bytes: int | None = None, *, chunk_bytes: int) -> int:
-    """Rows per copy-engine chunk: ~chunk_bytes (UCCL_EP_HT_CE_CHUNK_KB; a flag per chunk lets the
+    """Rows per copy-engine chunk: ~chunk_bytes (Tuning.ht_ce_chunk_kb; a flag per chunk lets the
     receiver start early), and at most MAX_CHUNKS chunks per region."""
     return max(1, chunk_bytes // (row_bytes or hidden * 2), -(-cap_rows // MAX_CHUNKS))
 
@@ -175,12 +175,13 @@ class CopyEngineOps:
     def __init__(self, engine) -> None:
         self.engine, self.ex = engine, engine.ex
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
-        self.enabled = bool(env.get("UCCL_EP_HT_COMBINE_CE")) and self.R > 1
+        tuning = engine.ex.ctx.tuning
+        self.enabled = tuning.ht_combine_ce and self.R > 1
         # "1" / "auto" (calls with <= AUTO_DISPATCH_MAX_SMS SMs) / "0"
-        self.dispatch_mode = env.get("UCCL_EP_HT_DISPATCH_CE") if self.enabled else "0"
+        self.dispatch_mode = tuning.ht_dispatch_ce if self.enabled else "0"
         self.dispatch_enabled = self.dispatch_mode != "0"
         self.c_region = self.d_region = 0
-        self.max_bytes = int(env.get("UCCL_EP_HT_COMBINE_CE_MAX_MB")) << 20
+        self.max_bytes = tuning.ht_combine_ce_max_mb << 20
         self.mem: DeviceMemory | None = None
         self.cap = self.hidden = self.topk = 0
         self.peer_table = DeviceMemory(self.dev, 8 * self.R) if self.enabled else None
@@ -188,14 +189,15 @@ class CopyEngineOps:
         self._k = None
         self._streams: dict = {}  # peer -> torch.cuda.Stream (its copy stream)
         self._pack_cache: dict = {}  # see _packed
-        self.chunk_bytes = int(env.get("UCCL_EP_HT_CE_CHUNK_KB")) << 10
+        self.chunk_bytes = tuning.ht_ce_chunk_kb << 10
+        self.defines = tuning.ht_defines
         self.dispatches = 0  # copy-engine dispatches run (tests check the path was taken)
         if self.enabled:
             self._kernels()  # compiled / loaded with the engine, before the constructor's barrier
 
     # -- decided in dispatch (collective when the buffer grows) -------------------------------------
     def wants_dispatch(self, num_sms: int) -> bool:
-        """Whether a call with this Config's SM count dispatches by copy engines (UCCL_EP_HT_DISPATCH_CE)."""
+        """Whether a call with this Config's SM count dispatches by copy engines (Tuning.ht_dispatch_ce)."""
         # NOTES: auto is limited to EP2, where it was measured and verified; at EP4 / EP8 the ring
         # dispatch stays the default until the copy-engine dispatch is run there (=1 opts in).
         return self.dispatch_mode == "1" or (self.dispatch_mode == "auto" and self.R == 2
@@ -250,7 +252,7 @@ class CopyEngineOps:
             self.cap = 0
             warnings.warn(f"uccl_ep: the copy-engine HT ops are off for this Buffer: rank {failed[0][0]} could not "
                           f"allocate {total >> 20} MiB of staging ({failed[0][1]}); the ring kernels run instead "
-                          "(UCCL_EP_HT_COMBINE_CE=0 skips the attempt)", RuntimeWarning, stacklevel=4)
+                          "(Tuning(ht_combine_ce=False) skips the attempt)", RuntimeWarning, stacklevel=4)
             self.ex.host_barrier()
             return False
         self.mem = mem
@@ -288,8 +290,8 @@ class CopyEngineOps:
     def _kernels(self):
         if self._k is None:
             from . import ht_tuning
-            c_defs = ht_tuning.kernel_defines(self.R, self.engine.combine_block)[1]
-            d_defs = ht_tuning.kernel_defines(self.R, self.engine.block)[1]
+            c_defs = ht_tuning.kernel_defines(self.R, self.engine.combine_block, self.defines)[1]
+            d_defs = ht_tuning.kernel_defines(self.R, self.engine.block, self.defines)[1]
             self._k = {"ht_combine_ce": load_kernel(self.dev, "intranode_combine_ce.cu", "ht_combine_ce", c_defs)}
             self._k.update({n: load_kernel(self.dev, "intranode_dispatch_ce.cu", n, d_defs)
                             for n in ("ht_ce_begin", "ht_ce_wait", "ht_dispatch_ce")})

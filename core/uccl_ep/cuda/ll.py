@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import torch
 
-from .. import env
+from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
@@ -47,11 +47,11 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _combine_recv_threads() -> int:
-    n = env.get("UCCL_EP_LL_COMBINE_RECV_THREADS")
+def _combine_recv_threads(tuning: Tuning = DEFAULT_TUNING) -> int:
+    n = tuning.ll_combine_recv_threads
     lanes = warp_size()  # whole warps: 64-lane wavefronts on AMD
     if n % lanes:
-        raise InvalidArgument("UCCL_EP_LL_COMBINE_RECV_THREADS", f"a multiple of {lanes} in [{lanes}, 512]", n)
+        raise InvalidArgument("tuning.ll_combine_recv_threads", f"a multiple of {lanes} in [{lanes}, 512]", n)
     return n
 
 
@@ -134,10 +134,10 @@ class LowLatencyEngine:
         self.work: DeviceMemory | None = None
         drv = ex.drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
-        self.combine_recv_threads = _combine_recv_threads()  # read once: off the per-call host path
+        self.combine_recv_threads = _combine_recv_threads(ex.ctx.tuning)  # read once: off the per-call host path
         # Receive kernels launched right after their send kernel may overlap its tail (programmatic
         # dependent launch, sm_90+; the send kernels allow it once every block has read the op counter).
-        self.pdl = bool(env.get("UCCL_EP_LL_PDL")) and sm_number(device_arch(self.dev)) >= 90
+        self.pdl = ex.ctx.tuning.ll_pdl and sm_number(device_arch(self.dev)) >= 90
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
             ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}

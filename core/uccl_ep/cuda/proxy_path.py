@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import env
+from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning, require_same_across_ranks
+from ..tuning import shared_values as tuning_shared_values
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import Aborted, LimitExceeded
 from ..handles import LowLatencyHandle
@@ -62,7 +64,7 @@ _SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
 _MAX_RANKS, _MAX_TOPK = 64, 32
 _MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
 # The copy kernel (ll_proxy_dma.cu): threads per block, and the size of its per-ring DmaConsumer
-# state and of a descriptor (blocks per ring: UCCL_EP_IPC_COPY_BLOCKS; rings without work cost a
+# state and of a descriptor (blocks per ring: Tuning.ipc_copy_blocks; rings without work cost a
 # launch only, their blocks leave at once).
 _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 512, 128, 32
 # DmaConsumer's diagnostic words the host sums (dma_ring.h; word index = offsetof / 8, checked by
@@ -105,22 +107,22 @@ CHUNK_BYTES = (1 << 24) - 16
 
 # Settings that fix the proxy path's counter growth per op (ProxyLayout.signal_total): a rank whose
 # receive counters expect another growth than its peers send would wait until its timeout.
-SHARED_SETTINGS = ("UCCL_EP_LL_PROXY_PARTS", "UCCL_EP_PROXY_WRITE_KB")
+SHARED_SETTINGS = ("ll_proxy_parts", "proxy_write_kb")
 
 
-def shared_settings() -> tuple | str:
-    """This process's SHARED_SETTINGS, or the error text of an invalid one (compared across ranks)."""
-    return env.shared_values(SHARED_SETTINGS)
+def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
+    """This Buffer's SHARED_SETTINGS (Tuning fields), compared across ranks at Buffer build."""
+    return tuning_shared_values(tuning, SHARED_SETTINGS)
 
 
 def check_same_shared_settings(per_rank: list) -> None:
-    """Raise on every rank alike when the ranks' shared_settings() answers differ or one is invalid."""
-    env.require_same_across_ranks(SHARED_SETTINGS, per_rank, "they set the receive counters' growth per op")
+    """Raise on every rank alike when the ranks' shared_settings() answers differ."""
+    require_same_across_ranks(SHARED_SETTINGS, per_rank, "they set the receive counters' growth per op")
 
 
-def write_chunk_bytes() -> int:
-    """Largest Write of the LL proxy path (UCCL_EP_PROXY_WRITE_KB), a multiple of 16."""
-    return min(int(env.get("UCCL_EP_PROXY_WRITE_KB")) * 1024, CHUNK_BYTES) // 16 * 16  # env checks 1..16383
+def write_chunk_bytes(tuning: Tuning = DEFAULT_TUNING) -> int:
+    """Largest Write of the LL proxy path (Tuning.proxy_write_kb), a multiple of 16."""
+    return min(tuning.proxy_write_kb * 1024, CHUNK_BYTES) // 16 * 16  # Tuning checks 1..16383
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ class ProxyLayout:
     recv_off: int
     set_bytes: int
     chunk_bytes: int = CHUNK_BYTES
-    parts: int = 1  # most parts an op's region towards a peer is spread over (UCCL_EP_LL_PROXY_PARTS)
+    parts: int = 1  # most parts an op's region towards a peer is spread over (Tuning.ll_proxy_parts)
 
     @staticmethod
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int,
@@ -215,7 +217,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.session = session
         self.transport = session.transport
         self.copy_kernel = session.copy_kernel  # Writes copied by ll_proxy_dma.cu from the copy rings
-        self.copy_blocks = int(env.get("UCCL_EP_IPC_COPY_BLOCKS"))  # the copy kernel's blocks per ring
+        self.tuning = tuning = ex.ctx.tuning
+        self.copy_blocks = tuning.ipc_copy_blocks  # the copy kernel's blocks per ring
         self.mem: DeviceMemory = ex.ll_mem
         # where this engine's buffer sits in the session's region (the Writes' offsets are the region's)
         self.region_offset = self.mem.ptr - session.region_ptr
@@ -227,9 +230,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
         # An experiment: an op's region towards a peer spread over this many proxy threads (every
         # rank must use the same value: it sets the counters' growth per op).
-        self.parts = int(env.get("UCCL_EP_LL_PROXY_PARTS"))
-        self.own_rows_in_y = bool(env.get("UCCL_EP_LL_OWN_ROWS_IN_Y"))  # combine(): see there
-        self.row_split = int(env.get("UCCL_EP_LL_STAGE_SPLIT"))  # warps per staged combine row (at most)
+        self.parts = tuning.ll_proxy_parts
+        self.own_rows_in_y = tuning.ll_own_rows_in_y  # combine(): see there
+        self.row_split = tuning.ll_stage_split  # warps per staged combine row (at most)
         send_defines = (f"UCCL_EP_LL_PARTS={self.parts}",) if self.parts > 1 else ()
         self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
             ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
@@ -238,14 +241,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             ("ll_combine_proxy_send", send_defines), ("ll_combine_proxy_recv", ()))}
         if self.copy_kernel:
             self._k["ll_proxy_dma"] = load_kernel(self.dev, "ll_proxy_dma.cu", "ll_proxy_dma")
-        # The copy kernel may start while its send kernel runs (programmatic dependent launch, sm_90+;
-        # an experiment switch, off by default: _launch_copies).
-        self.copy_overlap = (self.copy_kernel and bool(env.get("UCCL_EP_LL_COPY_OVERLAP"))
-                             and sm_number(device_arch(self.dev)) >= 90)
         # A receive kernel that follows its copy kernel directly starts while the copies run
-        # (programmatic dependent launch, UCCL_EP_LL_PDL as on NVLink): its set-up and launch leave
+        # (programmatic dependent launch, Tuning.ll_pdl as on NVLink): its set-up and launch leave
         # the path after the peer's signal; it waits for the copy kernel before it completes.
-        self.recv_pdl = (self.copy_kernel and not self.copy_overlap and bool(env.get("UCCL_EP_LL_PDL"))
+        self.recv_pdl = (self.copy_kernel and tuning.ll_pdl
                          and sm_number(device_arch(self.dev)) >= 90)
         # the session's proxy and mappings, under the names the kernels' parameters use
         self.C, self.proxy = session.C, session.proxy
@@ -265,7 +264,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # send kernel on the stream, reads the staged bytes (OpRoute, device/proxy_ll.cuh).
         self._dma_fields = dict(dma_pushed=self.dma_pushed if self.copy_kernel else 0,
                                 num_proxy_threads=self.num_proxy_threads,
-                                push_fence=int(not self.copy_kernel or env.get("UCCL_EP_LL_PUSH_FENCE") == "system"))
+                                push_fence=int(not self.copy_kernel))
 
     def _map_copy_rings(self) -> None:
         """Lay out the copy kernel's state over the session's copy rings: ring table u64[n] | pushed
@@ -313,15 +312,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             self.session.claim_copy_rings("ll", current_stream())
 
     def _launch_copies(self) -> None:
-        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel: in
-        plain stream order, or overlapping it with UCCL_EP_LL_COPY_OVERLAP (sm_90+).
-        NOTES (2 x H200, 128 tokens, graph D+C): overlapped, the copy kernel sees its descriptor sooner
-        after the push (5.2-5.7 vs 7.8-8.2 us at 16afb4c), yet D+C is slower (111.7 / 111.8 vs
-        106.0 / 106.4 us in one call; 14-19 us slower before the 16-byte descriptor reads). Why is not
-        known; off by default (docs/benchmarks.md)."""
+        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel, in
+        plain stream order.
+        NOTES: a copy kernel overlapping its send kernel (programmatic dependent launch) saw its
+        descriptors sooner yet made the op slower (docs/benchmarks.md), so the path was removed."""
         if self.copy_kernel:
             self._k["ll_proxy_dma"].launch(self.num_proxy_threads * self.copy_blocks, _DMA_BLOCK,
-                                           self._dma_params, current_stream(), programmatic=self.copy_overlap)
+                                           self._dma_params, current_stream())
 
     def proxy_failure(self):
         """The proxy's own error (it stopped or failed under a kernel), as an exception."""
@@ -365,13 +362,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         if num_experts // self.R > NUM_MAX_LOCAL_EXPERTS:
             raise LimitExceeded("num_experts", "experts per rank of the proxy path", num_experts // self.R,
                                 NUM_MAX_LOCAL_EXPERTS)
-        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes(), self.parts, self.mem.nbytes)
+        lay = ProxyLayout.make(num_max, hidden, num_experts, self.R, write_chunk_bytes(self.tuning), self.parts, self.mem.nbytes)
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the proxy-path low-latency buffer ({num_max} tokens, "
                                 f"hidden {hidden}, {num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
         self.hybrid.check_fits(lay, self.mem.nbytes)
         if lay.signal_total > _MAX_SIGNAL:  # an Atomic carries 15 bits of value
-            raise LimitExceeded("UCCL_EP_PROXY_WRITE_KB", f"Writes per (op, peer) of the proxy path (regions of up to "
+            raise LimitExceeded("tuning.proxy_write_kb", f"Writes per (op, peer) of the proxy path (regions of up to "
                                 f"{lay.set_bytes // 2} bytes in {lay.chunk_bytes}-byte Writes)",
                                 lay.signal_total - 2 * lay.parts, _MAX_SIGNAL - 2 * lay.parts)
         # a zero-copy combine segment is one Write; this also keeps num_max < 2^16 (hidden >= 128), which
@@ -472,7 +469,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         else:
             y = y.contiguous()
             y_ptr = y.data_ptr()
-        # UCCL_EP_LL_OWN_ROWS_IN_Y (default on): the rank's own rows stay in y when the receive
+        # Tuning.ll_own_rows_in_y (default on): the rank's own rows stay in y when the receive
         # kernel follows directly on the stream (y cannot change in between), so the send kernel
         # skips staging them (~6 us at 128 tokens, ~16 at 512); behind a receive hook they are
         # staged, as y may be reused before the hook runs.

@@ -6,7 +6,6 @@ CUDA. `uccl-ep doctor` calls `plugin_status()` through this module.
 
 from __future__ import annotations
 
-import os
 import re
 from importlib import metadata
 from typing import Optional
@@ -89,8 +88,9 @@ def resolution_hook_target(version: Optional[str]) -> str:
 
 
 def dispatcher_active_flag(environ=None) -> bool:
-    raw = (os.environ if environ is None else environ).get(FLAG, "")
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    """UCCL_EP_SGLANG through uccl_ep's registry (a value that is no boolean is an InvalidArgument)."""
+    from uccl_ep import env
+    return bool(env.get(FLAG, environ))
 
 
 def entry_point_registered() -> bool:

@@ -134,7 +134,7 @@ def test_plugin_status_is_cheap_and_complete():
         import json, sys
         import uccl_ep_vllm
         st = uccl_ep_vllm.plugin_status()
-        print(json.dumps({"status": st, "heavy": sorted(m for m in ("torch", "vllm", "uccl_ep") if m in sys.modules)}))
+        print(json.dumps({"status": st, "heavy": sorted(m for m in ("torch", "vllm", "uccl_ep.buffer") if m in sys.modules)}))
     """)
     st = out["status"]
     assert out["heavy"] == []

@@ -3,7 +3,6 @@ torch or CUDA import, so `plugin_status()` is cheap for `uccl-ep doctor`."""
 
 from __future__ import annotations
 
-import os
 import re
 from importlib import metadata
 from typing import Optional
@@ -40,10 +39,6 @@ def installed_version() -> Optional[str]:
         return None
 
 
-def _truthy(raw: str) -> bool:
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
 def _release(version: str) -> tuple[int, ...]:
     match = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version or "")
     return tuple(int(p) for p in match.group(1).split(".")) if match else ()
@@ -61,7 +56,9 @@ def window_text() -> str:
 
 
 def flag_set(environ=None) -> bool:
-    return _truthy((os.environ if environ is None else environ).get(FLAG, ""))
+    """UCCL_EP_VLLM through uccl_ep's registry (a value that is no boolean is an InvalidArgument)."""
+    from uccl_ep import env
+    return bool(env.get(FLAG, environ))
 
 
 def entry_point_registered() -> bool:
