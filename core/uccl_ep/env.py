@@ -204,7 +204,7 @@ _VARS: list[Var] = [
         "ahead of the other's positions.",
         minimum=0, maximum=32, used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_COMBINE_CE", "bool", True,
-        "HT intranode combine with the copy engines moving the rows (intranode_combine_ce.cu): x's rows "
+        "HT intranode combine with the copy engines moving the rows (ht/nvlink/combine_ce.cu): x's rows "
         "from each source rank are one contiguous run, so they go back in R - 1 plain copies on a side "
         "stream while every SM of the combine sums (2 x H200, EP2: 415 GB/s at 12 SMs vs 192 with the "
         "ring combine; 466 vs 349 at 24). Needs the row counts of a non-cached dispatch (num_worst_tokens "
@@ -214,7 +214,7 @@ _VARS: list[Var] = [
         "is built).",
         used_by="CUDA kernels (normal mode)"),
     Var("UCCL_EP_HT_DISPATCH_CE", "choice", "auto",
-        "HT intranode dispatch with the receiver's copy engines (intranode_dispatch_ce.cu): the SMs copy "
+        "HT intranode dispatch with the receiver's copy engines (ht/nvlink/dispatch_ce.cu): the SMs copy "
         "each row once (own rows into recv_x, peers' rows into the peer's staging buffer) and the "
         "receiving rank's copy engines move each source's run into recv_x, chunk by chunk after a "
         "bounded one-thread wait for the chunk's flag. auto: at EP2 for calls whose Config has <= 12 "

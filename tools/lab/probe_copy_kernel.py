@@ -1,4 +1,4 @@
-"""Probe (not a test): the ipc transport's copy kernel (ll_proxy_dma.cu) alone, without proxies.
+"""Probe (not a test): the ipc transport's copy kernel (transport/copy_ring.cu) alone, without proxies.
 
 Each of 2 ranks fills a copy ring in pinned host memory with descriptors (this rank's buffer ->
 the peer's buffer, opened through CUDA IPC) exactly as the proxy does (dma_ring.h), counts their
@@ -31,7 +31,7 @@ CONSUMER = 128           # DmaConsumer (dma_ring.h)
 def worker(rank, world, nbytes, blocks_list):
     from uccl_ep.cuda import runtime as rt
     dev = torch.cuda.current_device()
-    kern = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_dma")
+    kern = rt.load_kernel(dev, "transport/copy_ring.cu", "ll_proxy_dma")
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
     recv = rt.DeviceMemory(dev, nbytes)
     handles = [None] * world
@@ -91,7 +91,7 @@ def worker(rank, world, nbytes, blocks_list):
                         us, nbytes / us / 1e3))
     # The copy loop alone (ll_proxy_dma_probe): to the peer and to local memory, both ranks at once
     # or rank 0 alone, with and without the per-descriptor system fence.
-    probe = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_dma_probe")
+    probe = rt.load_kernel(dev, "transport/copy_ring.cu", "ll_proxy_dma_probe")
     local = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
     def pure(dst, blocks, fence, both, reps=20):

@@ -1,6 +1,6 @@
 """Probe (not a test): push -> descriptor seen through a real proxy thread, on the GPU clock.
 
-One GPU thread (ll_proxy_rtt_probe, ll_proxy_dma.cu) pushes a small counted Write and its fenced
+One GPU thread (ll_proxy_rtt_probe, transport/copy_ring.cu) pushes a small counted Write and its fenced
 Atomic into the FIFO that serves the peer, exactly as the LL send kernels do, and polls the copy
 ring of the proxy thread serving that FIFO until the proxy's descriptor for it appears; then it
 plays the copy kernel (copies the bytes, publishes `done`) so the proxy delivers the immediate as
@@ -42,7 +42,7 @@ def worker(rank, world, iters):
     buf = Buffer(group, 0, nbytes, low_latency_mode=True, backend="cuda", allow_nvlink_for_low_latency_mode=False)
     eng = buf._executor._ll_engine()
     assert eng.copy_kernel, "needs the ipc transport's copy kernel (UCCL_EP_IPC_COPY=kernel)"
-    kern = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_rtt_probe")
+    kern = rt.load_kernel(dev, "transport/copy_ring.cu", "ll_proxy_rtt_probe")
     peer = (rank + 1) % world
     f = peer % eng.num_fifos  # fifo_for(dst) in the kernels
     g = f % eng.num_proxy_threads

@@ -244,7 +244,8 @@ def test_one_low_latency_dispatch_call_sequence(tmp_path):
     assert ["hipIpcOpenMemHandle", hex(out["mem"]), "0x1"] in setup
     assert [c for c in setup if c[0] == "hipHostMalloc"][0][1:3] == ["16384", "0x40000003"]
     loads = [c for c in setup if c[0] == "hipModuleLoadData"]
-    assert loads == [["hipModuleLoadData", "elf=1", "mach=0x4c"]] * 2, "ll_dispatch.cu and ll_combine.cu for gfx942"
+    assert loads == [["hipModuleLoadData", "elf=1", "mach=0x4c"]] * 2, \
+        "ll/nvlink/dispatch.cu and ll/nvlink/combine.cu for gfx942"
     assert [c[1] for c in setup if c[0] == "hipModuleGetFunction"] == [
         "ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv"]
 

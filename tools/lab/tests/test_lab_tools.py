@@ -39,12 +39,12 @@ def test_precompile_builds_what_the_engine_loads():
     mod = _load("precompile")
     jobs = mod.ht_jobs(4, "a:16:;b:16/24:UCCL_EP_HT_COMBINE_STAGES=0; ")
     assert jobs == [
-        ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=512",)),
-        ("intranode_combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=512")),
-        ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0")),
-        ("intranode_combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768", "UCCL_EP_HT_COMBINE_STAGES=0")),
+        ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=512",)),
+        ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=512")),
+        ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0")),
+        ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768", "UCCL_EP_HT_COMBINE_STAGES=0")),
     ]
-    assert mod.ht_jobs(3, "x:16:")[0] == ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=480",))
+    assert mod.ht_jobs(3, "x:16:")[0] == ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=480",))
 
 
 def test_device_script_names_existing_files():
@@ -69,6 +69,6 @@ def test_cubin_hashes_cover_every_source_and_the_engines_defines():
     mod = _load("cubin_hashes")
     kernels = ROOT / "core" / "kernels"
     jobs = mod.jobs(kernels)
-    assert {s for s, d in jobs if not d} == {p.name for p in kernels.glob("*.cu")}
-    assert ("intranode_combine.cu", ("UCCL_EP_RANKS=8", "UCCL_EP_HT_THREADS=512")) in jobs
+    assert {s for s, d in jobs if not d} == {p.relative_to(kernels).as_posix() for p in kernels.rglob("*.cu")}
+    assert ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=8", "UCCL_EP_HT_THREADS=512")) in jobs
     assert len(jobs) == len(set(jobs))
