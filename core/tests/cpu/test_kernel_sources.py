@@ -34,7 +34,7 @@ def _exists(name: str, *roots: Path) -> bool:
 
 
 def _dangling_in_python(files, *roots: Path) -> list[str]:
-    return [f"{f.relative_to(ROOT)}:{line}: {name}" for f in files for line, name in _python_sources(f)
+    return [f"{f.name}:{line}: {name}" for f in files for line, name in _python_sources(f)
             if not _exists(name, *roots)]
 
 
@@ -66,8 +66,9 @@ def test_a_renamed_source_is_caught(tmp_path):
 def test_docs_and_headers_name_existing_sources():
     files = [*sorted((ROOT / "docs").glob("*.md")), LAB / "README.md",
              *sorted((KERNELS / "include").rglob("*.h")), *sorted((KERNELS / "include").rglob("*.cuh"))]
+    # (an upper-case name is a placeholder, e.g. SOURCE.cu in a usage line)
     missing = [f"{f.relative_to(ROOT)}: {m}" for f in files for m in _SOURCE_TEXT.findall(f.read_text())
-               if not _exists(m, KERNELS, LAB)]
+               if not _exists(m, KERNELS, LAB) and not m.rpartition("/")[2].removesuffix(".cu").isupper()]
     assert not missing, "\n".join(missing)
 
 
