@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
+from lab_kernels import LabModule  # noqa: E402  (beside this file)
 
 CAPACITY = 8192          # dma_ring.h kDmaRingCapacity
 HEADER, DESC = 64, 32    # DmaRingHeader, DmaDesc
@@ -91,11 +92,12 @@ def worker(rank, world, nbytes, blocks_list):
                         us, nbytes / us / 1e3))
     # The copy loop alone (ll_proxy_dma_probe): to the peer and to local memory, both ranks at once
     # or rank 0 alone, with and without the per-descriptor system fence.
-    probe = rt.load_kernel(dev, "transport/copy_ring.cu", "ll_proxy_dma_probe")
+    lab = LabModule(dev, "probe_copy_ring.cu")
+    probe = lab.kernel("ll_proxy_dma_probe")
     local = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
     def pure(dst, blocks, fence, both, reps=20):
-        p = rt.pack_params("CopyProbeParams", dst=dst, src=src.data_ptr(), len=nbytes, reps=reps, fence=fence)
+        p = lab.pack("CopyProbeParams", dst=dst, src=src.data_ptr(), len=nbytes, reps=reps, fence=fence)
         torch.cuda.synchronize()
         dist.barrier()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

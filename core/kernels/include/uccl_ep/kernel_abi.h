@@ -583,34 +583,4 @@ struct CopyRingHandoverParams {
   int64_t num_rings;
 };
 
-// ll_proxy_dma_probe (diagnostics only, tools/lab/probe_copy_kernel.py): the copy kernel's copy
-// loop alone, `reps` times over [src, +len) -> dst, optionally with its per-descriptor system fence.
-struct CopyProbeParams {
-  uint64_t dst;
-  uint64_t src;
-  int64_t len;
-  int64_t reps;
-  int64_t fence;            // 1: every block fences system-wide after each rep, as per descriptor
-};
-
-// ll_proxy_rtt_probe (diagnostics only, tools/lab/probe_proxy_rtt.py): one thread times, on the
-// GPU clock, a Write pushed into a real FIFO -> the proxy thread's descriptor in its copy ring, then
-// plays the copy kernel's part (copies the bytes, publishes done) so the proxy delivers as usual.
-struct ProxyRttProbeParams {
-  uint64_t fifo;            // FifoLayout* (device address) of the FIFO to push into
-  uint64_t ring;            // device address of the copy ring of the proxy thread serving it
-  uint64_t out;             // u64 [iters][4]: push ns, push -> seq seen ns, descriptor read ns, copy + done ns
-  uint64_t status;          // a FIFO status word of the proxy
-  uint64_t error;           // ErrorWord*
-  int64_t first_idx;        // the ring's next descriptor index (0 on a fresh buffer)
-  int64_t iters;
-  int64_t gap_ns;           // idle time before each push
-  int64_t dst;              // destination rank
-  int64_t len;              // bytes per Write (16-byte multiple)
-  int64_t counter;          // receiver counter the Writes count on
-  int64_t rank;
-  int64_t timeout_ns;
-  int64_t read_mode;        // 0: dst, src, len as three 8-byte loads; 1: {dst, src} and {len, seq} as two 16-byte loads
-};
-
 }  // namespace uccl_ep
