@@ -101,6 +101,26 @@ def test_compile_caches_and_publishes_atomically(tmp_path, fake_nvcc):
     assert not [p for p in cache.iterdir() if p.name.startswith(".build-")], "no temporaries left behind"
 
 
+def test_sources_of_one_name_in_two_folders_stay_apart(tmp_path, fake_nvcc):
+    """ll/nvlink/combine.cu and ll/proxy/combine.cu: the folders are part of the cache key and of the
+    cached file's name, and a name that leaves core/kernels is refused."""
+    nvcc, log = fake_nvcc
+    a = jit.compile_cubin("ll/nvlink/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=tmp_path)
+    b = jit.compile_cubin("ll/proxy/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=tmp_path)
+    assert a.name.startswith("ll_nvlink_combine-sm_90a-") and b.name.startswith("ll_proxy_combine-sm_90a-")
+    assert _calls(log) == 2
+    tree = tmp_path / "tree"
+    for sub in ("x", "y"):
+        (tree / sub).mkdir(parents=True)
+        (tree / sub / "k.cu").write_text("same text\n")
+    # outside core/kernels only the file name counts; inside, the path does
+    assert jit.cache_key(tree / "x" / "k.cu", [], [], "sm_90a", "v") == jit.cache_key(tree / "y" / "k.cu", [], [],
+                                                                                      "sm_90a", "v")
+    assert jit.relative_source(jit.kernel_dir() / "ll" / "proxy" / "combine.cu") == "ll/proxy/combine.cu"
+    with pytest.raises(ValueError, match="expected a path under"):
+        jit.compile_cubin("../../setup.py", "sm_90a", nvcc=nvcc, cache_dir=tmp_path)
+
+
 def test_compile_failure_reports_stderr(tmp_path, fake_nvcc, monkeypatch):
     nvcc, _ = fake_nvcc
     monkeypatch.setenv("FAKE_NVCC_FAIL", "1")
