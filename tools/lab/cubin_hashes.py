@@ -4,6 +4,8 @@ No GPU needed: the PyPI nvcc of the venv compiles.
 
 Usage (repo root): python tools/lab/cubin_hashes.py TREE OUT.sha [--lineinfo] [--jobs N]
   then: diff BEFORE.sha AFTER.sha
+Sources are keyed by their path under core/kernels ("ll/proxy/dispatch.cu"); to compare across a
+move, rename the keys of one file first.
 
 The tree's core/kernels is copied to one fixed path before compiling, so nothing path-dependent
 differs between trees. Without --lineinfo (the default) the whole cubin is compared; the JIT adds
@@ -26,17 +28,17 @@ from pathlib import Path
 def jobs(kernel_dir: Path) -> list[tuple[str, tuple[str, ...]]]:
     """Every source without -D, plus the -D sets of the engines (HT block size and group size, the
     profiling and register-pipeline builds, the LL proxy parts experiment, LogFMT combine)."""
-    out = [(src, ()) for src in sorted(p.name for p in kernel_dir.glob("*.cu"))]
+    out = [(src, ()) for src in sorted(p.relative_to(kernel_dir).as_posix() for p in kernel_dir.rglob("*.cu"))]
     for ranks in (2, 4, 8):
         threads = 16 // ranks * ranks * 32
-        out.append(("intranode_dispatch.cu", (f"UCCL_EP_HT_THREADS={threads}",)))
-        for src in ("intranode_combine.cu", "intranode_combine_ce.cu", "intranode_dispatch_ce.cu"):
+        out.append(("ht/nvlink/dispatch.cu", (f"UCCL_EP_HT_THREADS={threads}",)))
+        for src in ("ht/nvlink/combine.cu", "ht/nvlink/combine_ce.cu", "ht/nvlink/dispatch_ce.cu"):
             out.append((src, (f"UCCL_EP_RANKS={ranks}", f"UCCL_EP_HT_THREADS={threads}")))
-    out += [("intranode_combine.cu", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PROF=1")),
-            ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PROF=1")),
-            ("intranode_combine.cu", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0"))]
-    out += [(src, ("UCCL_EP_LL_PARTS=2",)) for src in ("ll_dispatch_proxy.cu", "ll_combine_proxy.cu")]
-    out += [(src, ("UCCL_EP_LL_LOGFMT=1",)) for src in ("ll_combine.cu", "ll_combine_proxy.cu")]  # use_logfmt
+    out += [("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PROF=1")),
+            ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PROF=1")),
+            ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0"))]
+    out += [(src, ("UCCL_EP_LL_PARTS=2",)) for src in ("ll/proxy/dispatch.cu", "ll/proxy/combine.cu")]
+    out += [(src, ("UCCL_EP_LL_LOGFMT=1",)) for src in ("ll/nvlink/combine.cu", "ll/proxy/combine.cu")]  # use_logfmt
     return [j for j in dict.fromkeys(out) if (kernel_dir / j[0]).is_file()]
 
 
@@ -58,7 +60,7 @@ def main(argv: list[str]) -> int:
     def build(job):
         src, defs = job
         name = src + ("." + ".".join(defs) if defs else "")
-        out = Path(tmp) / f"{name}.cubin"
+        out = Path(tmp) / f"{name.replace('/', '_')}.cubin"
         cmd = [nvcc, "-std=c++17", "-O3", *(["-lineinfo"] if args.lineinfo else []), "--cubin", "-arch=sm_90a",
                "-DNDEBUG", f"-I{fixed / 'include'}", *(f"-D{d}" for d in defs), str(fixed / src), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)

@@ -3,7 +3,8 @@ find them there instead of compiling on the clock (one nvcc per source at a time
 
 Usage (repo root):
   python tools/lab/precompile.py SOURCE.cu [SOURCE.cu ...]
-      the sources (names under core/kernels) as the engines without -D settings load them
+      the sources (paths under core/kernels, e.g. ll/proxy/dispatch.cu) as the engines without -D
+      settings load them
   python tools/lab/precompile.py --ht RANKS "label:warps[/combine warps]:DEFINES;..."
       the HT dispatch and combine kernels of every tuning configuration (run_device.sh
       `tune`): block sizes from the warps, -D settings from DEFINES (Tuning.ht_defines' syntax)
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ht", nargs=2, metavar=("RANKS", "CONFIGS"), help="the default HT kernels of each configuration")
     p.add_argument("--jobs", type=int, default=16, help="compilers at once (default 16)")
-    p.add_argument("sources", nargs="*", help="kernel sources under core/kernels")
+    p.add_argument("sources", nargs="*", help="kernel sources, by path under core/kernels")
     args = p.parse_args(argv)
     jobs: list[Job] = [(s, ()) for s in args.sources]
     if args.ht:

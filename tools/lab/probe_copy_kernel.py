@@ -1,4 +1,4 @@
-"""Probe (not a test): the ipc transport's copy kernel (ll_proxy_dma.cu) alone, without proxies.
+"""Probe (not a test): the ipc transport's copy kernel (transport/copy_ring.cu) alone, without proxies.
 
 Each of 2 ranks fills a copy ring in pinned host memory with descriptors (this rank's buffer ->
 the peer's buffer, opened through CUDA IPC) exactly as the proxy does (dma_ring.h), counts their
@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
+from lab_kernels import LabModule  # noqa: E402  (beside this file)
 
 CAPACITY = 8192          # dma_ring.h kDmaRingCapacity
 HEADER, DESC = 64, 32    # DmaRingHeader, DmaDesc
@@ -31,7 +32,7 @@ CONSUMER = 128           # DmaConsumer (dma_ring.h)
 def worker(rank, world, nbytes, blocks_list):
     from uccl_ep.cuda import runtime as rt
     dev = torch.cuda.current_device()
-    kern = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_dma")
+    kern = rt.load_kernel(dev, "transport/copy_ring.cu", "ll_proxy_dma")
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
     recv = rt.DeviceMemory(dev, nbytes)
     handles = [None] * world
@@ -91,11 +92,12 @@ def worker(rank, world, nbytes, blocks_list):
                         us, nbytes / us / 1e3))
     # The copy loop alone (ll_proxy_dma_probe): to the peer and to local memory, both ranks at once
     # or rank 0 alone, with and without the per-descriptor system fence.
-    probe = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_dma_probe")
+    lab = LabModule(dev, "probe_copy_ring.cu")
+    probe = lab.kernel("ll_proxy_dma_probe")
     local = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
     def pure(dst, blocks, fence, both, reps=20):
-        p = rt.pack_params("CopyProbeParams", dst=dst, src=src.data_ptr(), len=nbytes, reps=reps, fence=fence)
+        p = lab.pack("CopyProbeParams", dst=dst, src=src.data_ptr(), len=nbytes, reps=reps, fence=fence)
         torch.cuda.synchronize()
         dist.barrier()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -1,6 +1,6 @@
 """Probe (not a test): push -> descriptor seen through a real proxy thread, on the GPU clock.
 
-One GPU thread (ll_proxy_rtt_probe, ll_proxy_dma.cu) pushes a small counted Write and its fenced
+One GPU thread (ll_proxy_rtt_probe, tools/lab/probe_copy_ring.cu) pushes a small counted Write and its fenced
 Atomic into the FIFO that serves the peer, exactly as the LL send kernels do, and polls the copy
 ring of the proxy thread serving that FIFO until the proxy's descriptor for it appears; then it
 plays the copy kernel (copies the bytes, publishes `done`) so the proxy delivers the immediate as
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
+from lab_kernels import LabModule  # noqa: E402  (beside this file)
 
 
 def _pct(xs, q):
@@ -42,7 +43,8 @@ def worker(rank, world, iters):
     buf = Buffer(group, 0, nbytes, low_latency_mode=True, backend="cuda", allow_nvlink_for_low_latency_mode=False)
     eng = buf._executor._ll_engine()
     assert eng.copy_kernel, "needs the ipc transport's copy kernel (UCCL_EP_IPC_COPY=kernel)"
-    kern = rt.load_kernel(dev, "ll_proxy_dma.cu", "ll_proxy_rtt_probe")
+    lab = LabModule(dev, "probe_copy_ring.cu")
+    kern = lab.kernel("ll_proxy_rtt_probe")
     peer = (rank + 1) % world
     f = peer % eng.num_fifos  # fifo_for(dst) in the kernels
     g = f % eng.num_proxy_threads
@@ -52,7 +54,7 @@ def worker(rank, world, iters):
     results = []
 
     def case(label, gap_us, both, read_mode=0):
-        p = rt.pack_params("ProxyRttProbeParams", fifo=eng.fifo_table.ptr + f * eng.C.FIFO_LAYOUT_BYTES, ring=ring,
+        p = lab.pack("ProxyRttProbeParams", fifo=eng.fifo_table.ptr + f * eng.C.FIFO_LAYOUT_BYTES, ring=ring,
                            out=out.data_ptr(), status=eng.status_dev, error=eng.ex.error_dev_ptr,
                            first_idx=nxt[0], iters=iters, gap_ns=int(gap_us * 1000), dst=peer, len=16,
                            counter=counter_base(0, 0), rank=rank, timeout_ns=10 * 10**9,

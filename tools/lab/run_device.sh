@@ -139,8 +139,8 @@ for step in $STEPS; do
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${HTPROXY_BUDGET_S:-520}
       NODES=$($PY -c "import torch; print(torch.cuda.device_count())")
-      $PY tools/lab/precompile.py layout.cu internode_notify.cu internode_dispatch.cu internode_combine.cu \
-        internode_forward_dispatch.cu internode_forward_combine.cu 2>&1 | tail -2
+      $PY tools/lab/precompile.py layout.cu ht/proxy/notify.cu ht/proxy/dispatch.cu ht/proxy/combine.cu \
+        ht/proxy/forward_dispatch.cu ht/proxy/forward_combine.cu 2>&1 | tail -2
       bounded 240 $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider \
         -k "${HTPROXY_TESTS:-small and rpn1 or cuda_graph and rpn1 or timeout}" 2>&1 | tee "$OUT/htproxy_tests.log" | tail -6
       # runs: SMS:TOKENS[:RDMA_CHUNK[:PROXY_THREADS[:NIC_MODEL]]] (chunk 0 = the config table's)

@@ -63,7 +63,7 @@ class CopyEngine {
 // memcpy on one worker thread (host regions).
 std::unique_ptr<CopyEngine> make_host_engine(int num_peers);
 // Descriptors in a host ring (dma_ring.h) for an outside consumer: the LL proxy path's DMA kernel
-// on the GPU (ll_proxy_dma.cu), or a test's emulator on the CPU. Regions of either kind.
+// on the GPU (transport/copy_ring.cu), or a test's emulator on the CPU. Regions of either kind.
 std::unique_ptr<CopyEngine> make_kernel_engine(int num_peers);
 // cuMemcpyDtoDAsync on per-peer streams of `device` (device regions). Throws TransportError when
 // the CUDA driver is unusable.

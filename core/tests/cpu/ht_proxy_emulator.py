@@ -1,4 +1,4 @@
-"""A CPU stand-in for the proxy-path normal-mode kernels (core/kernels/internode_*.cu), for tests.
+"""A CPU stand-in for the proxy-path normal-mode kernels (core/kernels/ht/proxy/*.cu), for tests.
 
 It reads the very parameter structs the engine packs (names from kernel_abi_internode.h), follows
 the kernels' protocol step for step -- meta records and fences, per (peer, channel) ring streams,
@@ -260,7 +260,7 @@ class _Kernels:
         mem(p["is_token_in_rank"], T * R, np.uint8)[:] = in_rank.reshape(-1)
         mem(p["num_tokens_per_rank"], 4 * R, np.int32)[:] += in_rank.sum(0).astype(np.int32)
 
-    # -- internode_notify.cu -----------------------------------------------------------------------
+    # -- ht/proxy/notify.cu -----------------------------------------------------------------------
     def ht_proxy_notify(self, p: dict) -> None:
         self._check_proxy_words(p)
         R, me, L, hs = p["num_ranks"], p["rank"], p["record_ints"], bool(p["handshake"])
@@ -386,7 +386,7 @@ class _Kernels:
             base_key = "recv_base"
         return mem(p["region"] + plan_slot(p[base_key], peer, c, p["num_channels"], S, pos % S, msg), msg)
 
-    # -- internode_dispatch.cu ---------------------------------------------------------------------
+    # -- ht/proxy/dispatch.cu ---------------------------------------------------------------------
     def ht_proxy_dispatch(self, p: dict) -> None:
         self._check_proxy_words(p)
         R, Cn, T, K, ns, hb = (p[k] for k in ("num_ranks", "num_channels", "num_tokens", "num_topk", "num_scales",
@@ -423,7 +423,7 @@ class _Kernels:
                 gens.append(self._recv(p, st, i, c, end - start, consumer(i, c, start)))
         self._run(gens, "ht_proxy_dispatch")
 
-    # -- internode_combine.cu ----------------------------------------------------------------------
+    # -- ht/proxy/combine.cu ----------------------------------------------------------------------
     def ht_proxy_combine(self, p: dict) -> None:
         self._check_proxy_words(p)
         R, Cn, T, H, K = (p[k] for k in ("num_ranks", "num_channels", "num_tokens", "hidden", "num_topk"))

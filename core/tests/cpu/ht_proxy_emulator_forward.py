@@ -1,5 +1,5 @@
-"""The emulator's half for several ranks per node (core/kernels/internode_forward_dispatch.cu,
-internode_forward_combine.cu): hop 1 once per node, the forwarder's own rows and hop-2 copies in
+"""The emulator's half for several ranks per node (core/kernels/ht/proxy/forward_dispatch.cu,
+ht/proxy/forward_combine.cu): hop 1 once per node, the forwarder's own rows and hop-2 copies in
 source-major order, hop 2; rows back (hop A), the node's fp32 partials (hop B), the source's reduce.
 Same contract as ht_proxy_emulator.py, whose Emulator these methods join."""
 

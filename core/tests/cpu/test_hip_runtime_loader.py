@@ -246,7 +246,7 @@ def test_one_low_latency_dispatch_call_sequence(tmp_path):
     assert [c for c in setup if c[0] == "hipHostMalloc"][0][1:3] == ["16384", "0x40000003"]
     loads = [c for c in setup if c[0] == "hipModuleLoadData"]
     assert loads == [["hipModuleLoadData", "elf=1", "mach=0x4c"]] * 3, \
-        "ll_dispatch.cu, ll_combine.cu and its LogFMT build for gfx942"
+        "ll/nvlink/dispatch.cu, ll/nvlink/combine.cu and its LogFMT build for gfx942"
     assert [c[1] for c in setup if c[0] == "hipModuleGetFunction"] == [
         "ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv"]
 

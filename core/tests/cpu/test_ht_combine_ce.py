@@ -1,4 +1,4 @@
-"""The copy-engine HT combine (Tuning.ht_combine_ce; uccl_ep/cuda/ht_ce.py, intranode_combine_ce.cu)
+"""The copy-engine HT combine (Tuning.ht_combine_ce; uccl_ep/cuda/ht_ce.py, ht/nvlink/combine_ce.cu)
 on CPU: the staging layout constants against kernel_abi.h (compiled), the per-handle decision and
 sizes, the copy list a rank issues (checked by replaying it on host memory: every peer's region
 ends up holding exactly its tokens' rows, in its token order, and a flag per chunk after the chunk),

@@ -253,8 +253,8 @@ def test_message_layout_is_the_host_executors_packed_row():
         assert pack_table([y] + ([torch.rand(5, K, generator=g)] if K else []), 5)[1] == plan.combine_msg_bytes(H, K)
 
 
-@pytest.mark.parametrize("source", ["internode_notify.cu", "internode_dispatch.cu", "internode_combine.cu",
-                                    "internode_forward_dispatch.cu", "internode_forward_combine.cu"])
+@pytest.mark.parametrize("source", ["ht/proxy/notify.cu", "ht/proxy/dispatch.cu", "ht/proxy/combine.cu",
+                                    "ht/proxy/forward_dispatch.cu", "ht/proxy/forward_combine.cu"])
 def test_kernels_publish_with_release_and_never_trap(source, tmp_path):
     """PTX of each proxy-path HT kernel: commands are published by the FIFO's 16-byte release store,
     counters are read with system-scope acquire, and no path ends in a trap (bounded waits fill

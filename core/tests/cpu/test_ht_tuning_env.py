@@ -113,16 +113,17 @@ def fake_loader(monkeypatch):
 
 def test_kernels_load_for_the_block_sizes(fake_loader):
     ks = ht_tuning.load_kernels(0, 4, block_threads=512, combine_threads=768)
-    assert fake_loader == [("intranode_dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512",)),
-                           ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768"))]
+    assert fake_loader == [("ht/nvlink/dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512",)),
+                           ("ht/nvlink/combine.cu", "ht_combine", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768"))]
     assert {n: k.name for n, k in ks.items()} == {"ht_dispatch": "ht_dispatch", "ht_combine": "ht_combine"}
 
 
 def test_kernels_take_the_tuning_defines(fake_loader):
     ht_tuning.load_kernels(0, 2, defines="UCCL_EP_HT_PUBLISH_EVERY=8")
     assert fake_loader == [
-        ("intranode_dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8")),
-        ("intranode_combine.cu", "ht_combine", ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8"))]
+        ("ht/nvlink/dispatch.cu", "ht_dispatch", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8")),
+        ("ht/nvlink/combine.cu", "ht_combine",
+         ("UCCL_EP_RANKS=2", "UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_PUBLISH_EVERY=8"))]
 
 
 def test_kernels_exist_with_the_packed_struct():

@@ -2,7 +2,7 @@
 
 The proxy threads queue one descriptor {dst, src, len, seq} per Write in a ring in host memory and
 deliver the Write's immediate only once the ring's `done` word covers it. On a GPU the consumer is
-the LL proxy path's copy kernel (ll_proxy_dma.cu); here a Python thread plays it over host regions,
+the LL proxy path's copy kernel (transport/copy_ring.cu); here a Python thread plays it over host regions,
 so the real transport code is checked: descriptor contents and order, nothing delivered before its
 copy, every byte and counter after it, torn writes (fault decorator), and the option's errors.
 
@@ -40,7 +40,7 @@ class RingConsumer:
         self.torn = 0  # reads that found seq but not every word's lap tag yet: retried, as the kernel does
 
     def launch(self, target: int, status_word: int, timeout_s: float) -> None:
-        """One copy-kernel launch (ll_proxy_dma.cu): take descriptors until they cover `target` bytes
+        """One copy-kernel launch (transport/copy_ring.cu): take descriptors until they cover `target` bytes
         (what the send kernels pushed to this proxy thread); bounded, and ended early once the proxy's
         FIFO status word leaves running (the kernel's proxy_wait_ok)."""
         status = np.ctypeslib.as_array((ctypes.c_uint64 * 1).from_address(status_word))

@@ -44,7 +44,7 @@ def _calls(log: Path) -> int:
 
 
 def test_include_closure_follows_project_headers_only():
-    src = jit.kernel_dir() / "ll_dispatch.cu"
+    src = jit.kernel_dir() / "ll/nvlink/dispatch.cu"
     names = {p.name for p in jit.include_closure(src, [jit.include_dir()])}
     # direct and nested (block.cuh -> arch.cuh; wait.cuh -> kernel_abi.h) project headers
     assert {"block.cuh", "numeric.cuh", "wait.cuh", "arch.cuh", "kernel_abi.h"} <= names
@@ -54,7 +54,7 @@ def test_include_closure_follows_project_headers_only():
 def test_cache_key_covers_source_headers_flags_arch_and_version(tmp_path):
     tree = tmp_path / "kernels"
     shutil.copytree(jit.kernel_dir(), tree)
-    src, inc = tree / "ll_combine.cu", [tree / "include"]
+    src, inc = tree / "ll/nvlink/combine.cu", [tree / "include"]
     flags = jit.default_flags("sm_90a")
 
     def key(**kw):
@@ -91,27 +91,47 @@ def test_nothing_found_names_what_to_install(monkeypatch):
 def test_compile_caches_and_publishes_atomically(tmp_path, fake_nvcc):
     nvcc, log = fake_nvcc
     cache = tmp_path / "cache"
-    out = jit.compile_cubin("ll_combine.cu", "sm_90a", nvcc=nvcc, cache_dir=cache)
+    out = jit.compile_cubin("ll/nvlink/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=cache)
     assert out.read_text().startswith("CUBIN:") and "-arch=sm_90a" in out.read_text()
     assert _calls(log) == 1
-    assert jit.compile_cubin("ll_combine.cu", "sm_90a", nvcc=nvcc, cache_dir=cache) == out
+    assert jit.compile_cubin("ll/nvlink/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=cache) == out
     assert _calls(log) == 1, "a cached result is not recompiled"
-    other = jit.compile_cubin("ll_combine.cu", "sm_100a", nvcc=nvcc, cache_dir=cache)
+    other = jit.compile_cubin("ll/nvlink/combine.cu", "sm_100a", nvcc=nvcc, cache_dir=cache)
     assert other != out and _calls(log) == 2
     assert not [p for p in cache.iterdir() if p.name.startswith(".build-")], "no temporaries left behind"
+
+
+def test_sources_of_one_name_in_two_folders_stay_apart(tmp_path, fake_nvcc):
+    """ll/nvlink/combine.cu and ll/proxy/combine.cu: the folders are part of the cache key and of the
+    cached file's name, and a name that leaves core/kernels is refused."""
+    nvcc, log = fake_nvcc
+    a = jit.compile_cubin("ll/nvlink/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=tmp_path)
+    b = jit.compile_cubin("ll/proxy/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=tmp_path)
+    assert a.name.startswith("ll_nvlink_combine-sm_90a-") and b.name.startswith("ll_proxy_combine-sm_90a-")
+    assert _calls(log) == 2
+    tree = tmp_path / "tree"
+    for sub in ("x", "y"):
+        (tree / sub).mkdir(parents=True)
+        (tree / sub / "k.cu").write_text("same text\n")
+    # outside core/kernels only the file name counts; inside, the path does
+    assert jit.cache_key(tree / "x" / "k.cu", [], [], "sm_90a", "v") == jit.cache_key(tree / "y" / "k.cu", [], [],
+                                                                                      "sm_90a", "v")
+    assert jit.relative_source(jit.kernel_dir() / "ll" / "proxy" / "combine.cu") == "ll/proxy/combine.cu"
+    with pytest.raises(ValueError, match="expected a path under"):
+        jit.compile_cubin("../../setup.py", "sm_90a", nvcc=nvcc, cache_dir=tmp_path)
 
 
 def test_compile_failure_reports_stderr(tmp_path, fake_nvcc, monkeypatch):
     nvcc, _ = fake_nvcc
     monkeypatch.setenv("FAKE_NVCC_FAIL", "1")
     with pytest.raises(RuntimeError, match="fake nvcc: error in kernel"):
-        jit.compile_cubin("ll_combine.cu", "sm_90a", nvcc=nvcc, cache_dir=tmp_path / "c")
+        jit.compile_cubin("ll/nvlink/combine.cu", "sm_90a", nvcc=nvcc, cache_dir=tmp_path / "c")
     assert not list((tmp_path / "c").glob("*.cubin")), "a failed compile publishes nothing"
 
 
 def _race(args):
     nvcc, cache = args
-    return str(jit.compile_cubin("ll_dispatch.cu", "sm_90a", nvcc=Path(nvcc), cache_dir=Path(cache)))
+    return str(jit.compile_cubin("ll/nvlink/dispatch.cu", "sm_90a", nvcc=Path(nvcc), cache_dir=Path(cache)))
 
 
 def test_racing_ranks_compile_once_and_share_the_result(tmp_path, fake_nvcc, monkeypatch):
@@ -160,15 +180,15 @@ def test_gfx_targets_compile_with_hipcc_into_code_objects(tmp_path, fake_nvcc, m
     compiler, log = fake_nvcc
     monkeypatch.setenv("UCCL_EP_HIPCC", str(compiler))
     cache = tmp_path / "cache"
-    out = jit.compile_cubin("ll_combine.cu", "gfx942", cache_dir=cache)
+    out = jit.compile_cubin("ll/nvlink/combine.cu", "gfx942", cache_dir=cache)
     assert out.suffix == ".hsaco" and "gfx942" in out.name
     text = out.read_text()
     assert "--offload-arch=gfx942" in text and "--offload-device-only" in text and "-x hip" in text
-    assert jit.compile_cubin("ll_combine.cu", "gfx942", cache_dir=cache) == out and _calls(log) == 1
-    assert jit.compile_cubin("ll_combine.cu", "gfx950", cache_dir=cache) != out and _calls(log) == 2
+    assert jit.compile_cubin("ll/nvlink/combine.cu", "gfx942", cache_dir=cache) == out and _calls(log) == 1
+    assert jit.compile_cubin("ll/nvlink/combine.cu", "gfx950", cache_dir=cache) != out and _calls(log) == 2
     monkeypatch.setenv("UCCL_EP_HIPCC", str(tmp_path / "nope" / "hipcc"))
     with pytest.raises(MissingDependency, match="UCCL_EP_HIPCC: .*nope.*install ROCm"):
-        jit.compile_cubin("ll_combine.cu", "gfx942", cache_dir=cache / "other")
+        jit.compile_cubin("ll/nvlink/combine.cu", "gfx942", cache_dir=cache / "other")
 
 
 def test_amd_arch_names():

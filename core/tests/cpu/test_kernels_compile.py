@@ -21,7 +21,7 @@ import hip_toolchain
 
 from uccl_ep.cuda import ht_tuning, jit, runtime
 
-KERNELS = sorted(p.name for p in jit.kernel_dir().glob("*.cu"))
+KERNELS = jit.kernel_sources()
 
 
 def _tool_or_skip(what: str, path):
@@ -40,10 +40,19 @@ def _nvcc():
 
 
 def test_kernel_set():
-    assert {"ll_dispatch.cu", "ll_combine.cu", "layout.cu", "intranode_notify.cu", "intranode_dispatch.cu",
-            "intranode_combine.cu", "ll_dispatch_proxy.cu", "ll_combine_proxy.cu", "internode_notify.cu",
-            "internode_dispatch.cu", "internode_combine.cu", "internode_forward_dispatch.cu",
-            "internode_forward_combine.cu"} <= set(KERNELS)
+    assert {"layout.cu", "ht/nvlink/notify.cu", "ht/nvlink/dispatch.cu", "ht/nvlink/combine.cu",
+            "ht/proxy/notify.cu", "ht/proxy/dispatch.cu",
+            "ht/proxy/combine.cu", "ht/proxy/forward_dispatch.cu", "ht/proxy/forward_combine.cu",
+            "ll/nvlink/dispatch.cu", "ll/nvlink/combine.cu", "ll/proxy/dispatch.cu", "ll/proxy/combine.cu",
+            "transport/copy_ring.cu"} <= set(KERNELS)
+
+
+def test_kernels_are_filed_by_mode_and_path():
+    """A kernel source sits in the folder of its mode and path (ht|ll / nvlink|proxy), under
+    transport/ (the copy kernel), or at the top (layout.cu, shared by both modes)."""
+    folders = {"", "ht/nvlink", "ht/proxy", "ll/nvlink", "ll/proxy", "transport"}
+    misplaced = [k for k in KERNELS if k.rpartition("/")[0] not in folders]
+    assert not misplaced, f"kernel sources outside {sorted(folders)}: {misplaced}"
 
 
 @pytest.mark.parametrize("source", KERNELS)
@@ -68,7 +77,7 @@ def test_kernels_use_the_warp_size_not_32():
         for no, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("//", 1)[0]
             if _WARP_32.search(code):
-                hits.append(f"{path.name}:{no}: {line.strip()}")
+                hits.append(f"{path.relative_to(jit.kernel_dir())}:{no}: {line.strip()}")
     assert not hits, "\n".join(hits)
 
 
@@ -84,7 +93,7 @@ def test_vendor_code_lives_in_the_arch_header():
             continue
         for no, line in enumerate(path.read_text().splitlines(), 1):
             if _VENDOR.search(line.split("//", 1)[0]):
-                hits.append(f"{path.name}:{no}: {line.strip()}")
+                hits.append(f"{path.relative_to(jit.kernel_dir())}:{no}: {line.strip()}")
     assert not hits, "\n".join(hits)
 
 
@@ -100,7 +109,7 @@ def _hip_build(source: str, archs: tuple[str, ...], defines: tuple[str, ...] = (
     key = jit.cache_key(src, jit.include_closure(src, [jit.include_dir()]), flags, "+".join(archs),
                         jit.compiler_version(Path(clang)))
     cache = Path(os.path.expanduser("~/.cache/uccl_ep/ci-hip"))
-    entry = cache / f"{src.stem}-{key}"
+    entry = cache / f"{source.removesuffix('.cu').replace('/', '_')}-{key}"
     if not entry.is_dir():
         cache.mkdir(parents=True, exist_ok=True)
         build = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
@@ -289,7 +298,7 @@ def test_ll_proxy_send_kernels_build_with_parts(parts, tmp_path):
     """The send kernels of Tuning.ll_proxy_parts (an experiment: compile-time UCCL_EP_LL_PARTS) build
     for sm_90a without spills."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
-    for source in ("ll_dispatch_proxy.cu", "ll_combine_proxy.cu"):
+    for source in ("ll/proxy/dispatch.cu", "ll/proxy/combine.cu"):
         info = _ptxas_info(nvcc, source, (f"UCCL_EP_LL_PARTS={parts}",), tmp_path)
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", info)]
         assert spills and not any(spills), info
@@ -337,7 +346,7 @@ def test_ht_default_kernels_build_for_each_block_size(threads, tmp_path):
     size may hold; the shipped defaults (512 threads each) build without spills, as measured."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     d_defs, c_defs = ht_tuning.kernel_defines(2, threads, "")
-    for source, defs, default in (("intranode_dispatch.cu", d_defs, 512), ("intranode_combine.cu", c_defs, 512)):
+    for source, defs, default in (("ht/nvlink/dispatch.cu", d_defs, 512), ("ht/nvlink/combine.cu", c_defs, 512)):
         info = _ptxas_info(nvcc, source, defs, tmp_path)
         regs = [int(m) for m in re.findall(r"Used (\d+) registers", info)]
         assert regs and max(regs) <= 65536 // threads, info
@@ -351,7 +360,7 @@ def test_ht_prof_build_counts_cycles(tmp_path):
     has neither."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for prof, expect in (("UCCL_EP_HT_PROF=1", True), ("UCCL_EP_HT_PROF=0", False)):
-        ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", ht_tuning.kernel_defines(2, 512, prof)[1], tmp_path)
+        ptx = _default_ht_ptx(nvcc, "ht/nvlink/combine.cu", ht_tuning.kernel_defines(2, 512, prof)[1], tmp_path)
         assert ("vprintf" in ptx) == expect and ("%clock64" in ptx) == expect, prof
 
 
@@ -360,7 +369,7 @@ def test_ht_consumer_heads_are_fence_free_by_default(tmp_path):
     release; UCCL_EP_HT_RELAXED_HEAD=0 brings the release back for heads (the measured alternative)."""
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for defs, relaxed in (("", True), ("UCCL_EP_HT_RELAXED_HEAD=0", False)):
-        ptx = _default_ht_ptx(nvcc, "intranode_dispatch.cu", ht_tuning.kernel_defines(2, 512, defs)[0], tmp_path)
+        ptx = _default_ht_ptx(nvcc, "ht/nvlink/dispatch.cu", ht_tuning.kernel_defines(2, 512, defs)[0], tmp_path)
         assert "st.release.sys.global.u64" in ptx
         assert ("st.relaxed.sys.global.u64" in ptx) == relaxed, defs
 
@@ -372,16 +381,16 @@ def test_ht_staged_combine_builds_with_cp_async(tmp_path):
     nvcc = _tool_or_skip("nvcc", _nvcc())
     for threads, tuning in ((512, ""), (512, "UCCL_EP_HT_COMBINE_STAGES=4"), (768, "UCCL_EP_HT_COMBINE_STAGES=3")):
         c_defs = ht_tuning.kernel_defines(2, threads, tuning)[1]
-        ptx = _default_ht_ptx(nvcc, "intranode_combine.cu", c_defs, tmp_path)
+        ptx = _default_ht_ptx(nvcc, "ht/nvlink/combine.cu", c_defs, tmp_path)
         assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx, tuning
-        _ptxas_info(nvcc, "intranode_combine.cu", c_defs, tmp_path)
-    assert "cp.async" not in _default_ht_ptx(nvcc, "intranode_combine.cu",
+        _ptxas_info(nvcc, "ht/nvlink/combine.cu", c_defs, tmp_path)
+    assert "cp.async" not in _default_ht_ptx(nvcc, "ht/nvlink/combine.cu",
                                              ht_tuning.kernel_defines(2, 768, "UCCL_EP_HT_COMBINE_STAGES=0")[1],
                                              tmp_path)
 
 
 # ---- LogFMT combine: the -D build of the LL combine kernels (use_logfmt=True) ----------------------
-_LOGFMT_SOURCES = ("ll_combine.cu", "ll_combine_proxy.cu")
+_LOGFMT_SOURCES = ("ll/nvlink/combine.cu", "ll/proxy/combine.cu")
 
 
 @pytest.mark.parametrize("source", _LOGFMT_SOURCES)

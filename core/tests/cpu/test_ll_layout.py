@@ -22,7 +22,7 @@ def test_layout_fits_the_size_hint(hidden):
 
 
 def test_receive_area_holds_dispatch_tokens_index_and_combine_rows():
-    """ll_dispatch.cu: token area [R][num_max] messages; ll_combine.cu: [E][num_max] BF16 rows; past
+    """ll/nvlink/dispatch.cu: token area [R][num_max] messages; ll/nvlink/combine.cu: [E][num_max] BF16 rows; past
     both, the u64 flags [E][num_max] of both kernels (a flag that overlapped another op's bytes could
     read as a current tag). Areas start 16-byte aligned."""
     for t, H, R, E in ((128, 7168, 2, 288), (1, 512, 64, 64), (256, 4096, 8, 256), (3, 2048, 4, 12),

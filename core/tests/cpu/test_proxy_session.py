@@ -42,7 +42,7 @@ C = native()
 
 
 class Handover:
-    """copy_ring_handover (ll_proxy_dma.cu) run on host memory, as its comment says it works."""
+    """copy_ring_handover (transport/copy_ring.cu) run on host memory, as its comment says it works."""
 
     def __init__(self, log):
         self.log, self.name = log, "copy_ring_handover"

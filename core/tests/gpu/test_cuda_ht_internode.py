@@ -1,7 +1,7 @@
 """Normal (HT) mode of the `cuda` backend through the CPU proxy, against `uccl_ep.refs`, on 2+ GPUs of
 one host acting as nodes (UCCL_EP_RANKS_PER_NODE=1 / ranks_per_node=1): GPU -> FIFO -> proxy ->
 ipc transport (peer copy into the receiver's NVL buffer, then the immediate) -> receiving proxy ->
-counter -> kernel (core/kernels/internode_*.cu, uccl_ep/cuda/ht_internode.py).
+counter -> kernel (core/kernels/ht/proxy/*.cu, uccl_ep/cuda/ht_internode.py).
 
 With 4 GPUs also 2 nodes x 2 ranks (ranks_per_node=2: each token crosses to a node once, its rail
 rank forwards it inside the node, combine reduces inside the node first; combine inputs on a 1/16

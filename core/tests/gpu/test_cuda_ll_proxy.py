@@ -2,7 +2,7 @@
 of one host acting as separate nodes: GPU -> FIFO -> proxy -> ipc transport (peer copy into the
 receiver's LL buffer, then the immediate) -> receiving proxy -> counter -> receive kernel. The peer
 copy is made by the sender's copy kernel from the proxy's descriptor ring (UCCL_EP_IPC_COPY=kernel,
-the default; ll_proxy_dma.cu) or by the proxy thread through the driver (=cuda).
+the default; transport/copy_ring.cu) or by the proxy thread through the driver (=cuda).
 
 The same workers as test_cuda_ll.py (every option combination, masking and clean, CUDA-graph
 capture and replay, the bounded device wait) run with UCCL_EP_FORCE_PROXY=1; one more checks the

@@ -170,7 +170,7 @@ _SNAPSHOT_KEYS = ("ipc_post_to_deliver_ns", "ipc_submit_ns", "ipc_inbox_ns", "ip
                   "copy_kernel_push_seen_ns", "copy_kernel_push_start_ns", "copy_kernel_launches",
                   "ipc_ring_push_post_ns", "ipc_ring_post_seen_ns", "ipc_ring_taken")
 # Sums of signed nanoseconds the native side and the copy kernel keep in unsigned 64-bit words (an
-# overlapped copy kernel starts before the push it serves: ll_proxy_dma.cu).
+# overlapped copy kernel starts before the push it serves: transport/copy_ring.cu).
 _SIGNED_KEYS = ("ipc_ring_push_post_ns", "ipc_ring_post_seen_ns", "copy_kernel_push_seen_ns",
                 "copy_kernel_push_start_ns")
 

@@ -1,4 +1,4 @@
-"""Normal (high-throughput) intranode mode of the CUDA executor (layout.cu, intranode_*.cu).
+"""Normal (high-throughput) intranode mode of the CUDA executor (layout.cu, ht/nvlink/*.cu).
 
 NVL buffer of each rank: [0, 512 KiB) control (notify area, ring progress counters, written by
 peers), then the rings: one per (channel, source rank), `ring_slots` slots of `slot_bytes` each.
@@ -37,7 +37,7 @@ def _align16(n: int) -> int:
 
 
 def dispatch_slot_bytes(hidden_bytes: int, num_scales: int, num_topk: int) -> int:
-    """Bytes of one dispatch ring slot (mirrors dispatch_slot() in intranode_dispatch.cu)."""
+    """Bytes of one dispatch ring slot (mirrors dispatch_slot() in ht/nvlink/dispatch.cu)."""
     topk = _align16(hidden_bytes + num_scales * 4)
     return _align16(topk + num_topk * 12 + 4)
 
@@ -94,7 +94,7 @@ class NormalEngine:
         self.slot_bytes = 0
         self.host_tag = 0
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (("layout.cu", "ht_layout"),
-                                                                    ("intranode_notify.cu", "ht_notify"))}
+                                                                    ("ht/nvlink/notify.cu", "ht_notify"))}
         # ht_dispatch, ht_combine (launch bounds: the block size)
         self._k.update(ht_tuning.load_kernels(self.dev, self.R, block_threads=self.block,
                                               combine_threads=self.combine_block, defines=ex.ctx.tuning.ht_defines))

@@ -292,8 +292,8 @@ class CopyEngineOps:
             from . import ht_tuning
             c_defs = ht_tuning.kernel_defines(self.R, self.engine.combine_block, self.defines)[1]
             d_defs = ht_tuning.kernel_defines(self.R, self.engine.block, self.defines)[1]
-            self._k = {"ht_combine_ce": load_kernel(self.dev, "intranode_combine_ce.cu", "ht_combine_ce", c_defs)}
-            self._k.update({n: load_kernel(self.dev, "intranode_dispatch_ce.cu", n, d_defs)
+            self._k = {"ht_combine_ce": load_kernel(self.dev, "ht/nvlink/combine_ce.cu", "ht_combine_ce", c_defs)}
+            self._k.update({n: load_kernel(self.dev, "ht/nvlink/dispatch_ce.cu", n, d_defs)
                             for n in ("ht_ce_begin", "ht_ce_wait", "ht_dispatch_ce")})
         return self._k
 

@@ -1,6 +1,6 @@
 """Normal (high-throughput) mode of the CUDA executor through the CPU proxy: the host executor's
-protocol (uccl_ep/host/ht.py, ht_internode.py) carried out by GPU warps (internode_notify.cu,
-internode_dispatch.cu, internode_combine.cu; device/internode_ring.cuh).
+protocol (uccl_ep/host/ht.py, ht_internode.py) carried out by GPU warps (ht/proxy/notify.cu,
+ht/proxy/dispatch.cu, ht/proxy/combine.cu; device/internode_ring.cuh).
 
 Used when the group spans several nodes (topology.is_internode) or ``UCCL_EP_FORCE_PROXY=1``.
 On one host the transport is ``ipc``, so 2 GPUs with ``UCCL_EP_RANKS_PER_NODE=1`` act as 2 nodes:
@@ -27,7 +27,7 @@ low-latency mode through the proxy.
 
 Topologies: one rank per node (ranks_per_node = 1, or a forced proxy on one host, where every
 rank is treated as its own node and the handle is the intranode 6-tuple): the kernels above;
-several ranks per node: internode_forward_*.cu (each token crosses to a node once, the rank of
+several ranks per node: ht/proxy/forward_*.cu (each token crosses to a node once, the rank of
 its rail forwards it to the node's other ranks over the area-1 rings, and combine reduces inside
 the node first, in fp32), driven by ht_internode_forward.py. Between hosts the transport is
 ipc+fabric (gpu_transport.py): node mates over ipc, other nodes over the NIC.
@@ -118,10 +118,10 @@ class ProxyNormalEngine:
         self.shared, self.meta = plan.region_layout(self.mem.nbytes, self.R)
         self.num_sms = self.drv.device_attribute(self.dev, self.drv.ATTR_SM_COUNT)
         self.kernels = {n: load_kernel(self.dev, src, n) for src, n in (
-            ("layout.cu", "ht_layout"), ("internode_notify.cu", "ht_proxy_notify"),
-            ("internode_dispatch.cu", "ht_proxy_dispatch"), ("internode_combine.cu", "ht_proxy_combine"),
-            ("internode_forward_dispatch.cu", "ht_proxy_forward_dispatch"),
-            ("internode_forward_combine.cu", "ht_proxy_forward_combine"))
+            ("layout.cu", "ht_layout"), ("ht/proxy/notify.cu", "ht_proxy_notify"),
+            ("ht/proxy/dispatch.cu", "ht_proxy_dispatch"), ("ht/proxy/combine.cu", "ht_proxy_combine"),
+            ("ht/proxy/forward_dispatch.cu", "ht_proxy_forward_dispatch"),
+            ("ht/proxy/forward_combine.cu", "ht_proxy_forward_combine"))
             if self.forward or "forward" not in n}
         # the session's proxy and mappings, under the names the kernels' parameters use; this
         # engine's counters are the session's normal-mode range, from 0 (ordered counters < 1024)

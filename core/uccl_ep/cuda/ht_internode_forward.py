@@ -1,5 +1,5 @@
-"""Normal mode through the CPU proxy with several ranks per node (internode_forward_dispatch.cu,
-internode_forward_combine.cu): the host executor's two-level protocol (uccl_ep/host/ht_internode.py)
+"""Normal mode through the CPU proxy with several ranks per node (ht/proxy/forward_dispatch.cu,
+ht/proxy/forward_combine.cu): the host executor's two-level protocol (uccl_ep/host/ht_internode.py)
 on GPU warps, driven from ProxyNormalEngine (ht_internode.py), which owns the proxy, the rings and
 the notify step.
 

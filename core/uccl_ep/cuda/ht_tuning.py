@@ -1,5 +1,5 @@
-"""Build settings of the cuda executor's normal-mode (HT) intranode kernels (intranode_dispatch.cu,
-intranode_combine.cu, and the copy-engine kernels built alike): block sizes from
+"""Build settings of the cuda executor's normal-mode (HT) intranode kernels (ht/nvlink/dispatch.cu,
+ht/nvlink/combine.cu, and the copy-engine kernels built alike): block sizes from
 ``Tuning.ht_warps`` / ``Tuning.ht_combine_warps``, compile-time tuning from ``Tuning.ht_defines``
 (the ``UCCL_EP_HT_*`` macros of kernels/include/uccl_ep/device/ht_tuning.cuh), and the shared
 memory of the combine's cp.async stages, which Python sizes the way the header resolves them.
@@ -17,8 +17,8 @@ __all__ = ["tuning_defines", "kernel_defines", "load_kernels", "warps_per_peer",
            "combine_staging", "combine_smem_bytes"]
 
 _MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90 / sm_100 opt-in limit of dynamic shared memory per block
-DISPATCH = ("intranode_dispatch.cu", "ht_dispatch")  # (source under core/kernels, kernel name)
-COMBINE = ("intranode_combine.cu", "ht_combine")
+DISPATCH = ("ht/nvlink/dispatch.cu", "ht_dispatch")  # (source under core/kernels, kernel name)
+COMBINE = ("ht/nvlink/combine.cu", "ht_combine")
 
 _DEFINE = re.compile(r"(UCCL_EP_HT_[A-Z0-9_]+)=(-?\d+)$")
 _FROM_WARPS = "UCCL_EP_HT_THREADS"  # set from Tuning.ht_warps, not through Tuning.ht_defines

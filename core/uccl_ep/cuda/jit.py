@@ -1,5 +1,8 @@
-"""JIT compilation of uccl_ep's kernels (core/kernels/*.cu, shipped as package data) for NVIDIA
+"""JIT compilation of uccl_ep's kernels (core/kernels/**/*.cu, shipped as package data) for NVIDIA
 (nvcc -> cubin) and AMD (hipcc or clang -> HIP code object).
+
+A kernel source is named by its path under core/kernels ("ll/proxy/dispatch.cu"): the name
+`load_kernel` and `compile_cubin` take, part of the cache key and of the cached file's name.
 
 Contract:
 - nvcc is found through ``UCCL_EP_NVCC``, then ``$CUDA_HOME/bin/nvcc``, then ``nvcc`` on PATH,
@@ -34,8 +37,8 @@ from typing import Iterable, Sequence
 from .. import env
 from ..errors import MissingDependency
 
-__all__ = ["kernel_dir", "include_dir", "find_nvcc", "find_hipcc", "find_compiler", "compiler_version", "nvcc_version",
-           "include_closure", "cache_key", "compile_cubin", "default_flags", "arch_for_capability", "arch_for_gcn",
+__all__ = ["kernel_dir", "include_dir", "kernel_sources", "relative_source", "find_nvcc", "find_hipcc", "find_compiler",
+           "compiler_version", "nvcc_version", "include_closure", "cache_key", "compile_cubin", "default_flags", "arch_for_capability", "arch_for_gcn",
            "is_hip_arch"]
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
@@ -58,6 +61,30 @@ def kernel_dir() -> Path:
 
 def include_dir() -> Path:
     return kernel_dir() / "include"
+
+
+def kernel_sources() -> list[str]:
+    """Every kernel source, by its name under core/kernels (posix path, sorted)."""
+    root = kernel_dir()
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.cu"))
+
+
+def relative_source(source: Path) -> str:
+    """The path of `source` under core/kernels ("ht/nvlink/dispatch.cu"); its file name when it
+    lies elsewhere (a test's copy of the tree)."""
+    try:
+        return source.resolve().relative_to(kernel_dir().resolve()).as_posix()
+    except (ValueError, MissingDependency):
+        return source.name
+
+
+def _source_path(name: str) -> Path:
+    """core/kernels/<name>; a name that leaves core/kernels is refused."""
+    root = kernel_dir()
+    path = (root / name).resolve()
+    if Path(name).is_absolute() or not path.is_relative_to(root.resolve()):
+        raise ValueError(f"kernel source {name!r}: expected a path under {root} (e.g. 'll/proxy/dispatch.cu')")
+    return path
 
 
 def _nvcc_candidates() -> list[tuple[str, Path]]:
@@ -175,7 +202,7 @@ def cache_key(source: Path, headers: Iterable[Path], flags: Sequence[str], arch:
     for part in ("uccl_ep-jit-v1", arch, version, "\0".join(flags)):
         h.update(part.encode())
         h.update(b"\0")
-    h.update(source.name.encode() + b"\0" + source.read_bytes())
+    h.update(relative_source(source).encode() + b"\0" + source.read_bytes())
     for hdr in headers:
         h.update(b"\0" + hdr.name.encode() + b"\0" + hdr.read_bytes())
     return h.hexdigest()[:32]
@@ -235,10 +262,10 @@ def _lock(path: Path, timeout_s: float):
 
 def compile_cubin(source_name: str, arch: str, extra_flags: Sequence[str] = (), nvcc: Path | None = None,
                   cache_dir: Path | None = None, timeout_s: float = 600.0) -> Path:
-    """Compile core/kernels/<source_name> for ``arch`` (cached); return the code object's path: a
-    cubin for sm_*, a HIP code object (.hsaco) for gfx*. ``nvcc``: the compiler to use (hipcc or
-    clang for a gfx target); default `find_compiler(arch)`."""
-    source = kernel_dir() / source_name
+    """Compile core/kernels/<source_name> (a path under it, e.g. "ll/nvlink/combine.cu") for ``arch``
+    (cached); return the code object's path: a cubin for sm_*, a HIP code object (.hsaco) for gfx*.
+    ``nvcc``: the compiler to use (hipcc or clang for a gfx target); default `find_compiler(arch)`."""
+    source = _source_path(source_name)
     if not source.is_file():
         raise MissingDependency(f"kernel source {source} is missing (broken install?)")
     compiler = nvcc or find_compiler(arch)
@@ -248,7 +275,10 @@ def compile_cubin(source_name: str, arch: str, extra_flags: Sequence[str] = (), 
                     compiler_version(compiler))
     cache = cache_dir or _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    out = cache / f"{source.stem}-{arch}-{key}.{'hsaco' if is_hip_arch(arch) else 'cubin'}"
+    # NOTES: the folders are part of the file name (ll/proxy/dispatch.cu -> ll_proxy_dispatch-...),
+    # so sources of one name in two folders stay apart and readable in the cache
+    flat = source_name.removesuffix(".cu").replace("/", "_")
+    out = cache / f"{flat}-{arch}-{key}.{'hsaco' if is_hip_arch(arch) else 'cubin'}"
     if out.is_file():
         return out
     fd = _lock(cache / f".{out.name}.lock", timeout_s)

@@ -1,4 +1,4 @@
-"""Low-latency mode of the CUDA executor: NVLink-direct kernels (ll_dispatch.cu, ll_combine.cu).
+"""Low-latency mode of the CUDA executor: NVLink-direct kernels (ll/nvlink/dispatch.cu, ll/nvlink/combine.cu).
 
 Buffer layout (inside this rank's `num_rdma_bytes` IPC buffer), two alternating sets, each:
   send     [E_loc, R*T, H] bf16      the zero-copy combine staging area (get_next_..._buffer)
@@ -39,7 +39,7 @@ __all__ = ["LowLatencyEngine", "dispatch_outputs"]
 _ALIGN = 16
 # Threads per block of each kernel (one block per expert or token; see the kernels' notes).
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
-# The -D build of the combine kernels for use_logfmt=True (ll_combine.cu, ll_combine_proxy.cu).
+# The -D build of the combine kernels for use_logfmt=True (ll/nvlink/combine.cu, ll/proxy/combine.cu).
 _LOGFMT = ("UCCL_EP_LL_LOGFMT=1",)
 
 
@@ -73,7 +73,7 @@ class _Layout:
     def make(num_max: int, hidden: int, num_experts: int, num_ranks: int) -> "_Layout":
         msg = 2 * hidden  # BF16 row, or FP8 row (hidden) + its scales (hidden / 32)
         send = _align(num_experts * num_max * hidden * 2)
-        # dispatch (ll_dispatch.cu): token area [R][num_max] messages; combine (ll_combine.cu):
+        # dispatch (ll/nvlink/dispatch.cu): token area [R][num_max] messages; combine (ll/nvlink/combine.cu):
         # [E][num_max] BF16 rows; then, past both, the u64 flags [E][num_max] both kernels use (a
         # flag is read before its writer is known to be done, so no other op's bytes may land there)
         token_area = _align(num_ranks * num_max * msg)
@@ -139,10 +139,10 @@ class LowLatencyEngine:
         # dependent launch, sm_90+; the send kernels allow it once every block has read the op counter).
         self.pdl = ex.ctx.tuning.ll_pdl and sm_number(device_arch(self.dev)) >= 90
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
-            ("ll_dispatch.cu", "ll_dispatch_send"), ("ll_dispatch.cu", "ll_dispatch_recv"),
-            ("ll_combine.cu", "ll_combine_send"), ("ll_combine.cu", "ll_combine_recv"))}
-        # LogFMT combine: the -D build of ll_combine.cu (loaded now, see its NOTES)
-        self._k_logfmt = {n: load_kernel(self.dev, "ll_combine.cu", n, _LOGFMT) for n in
+            ("ll/nvlink/dispatch.cu", "ll_dispatch_send"), ("ll/nvlink/dispatch.cu", "ll_dispatch_recv"),
+            ("ll/nvlink/combine.cu", "ll_combine_send"), ("ll/nvlink/combine.cu", "ll_combine_recv"))}
+        # LogFMT combine: the -D build of ll/nvlink/combine.cu (loaded now, see its NOTES)
+        self._k_logfmt = {n: load_kernel(self.dev, "ll/nvlink/combine.cu", n, _LOGFMT) for n in
                           ("ll_combine_send", "ll_combine_recv")}
 
     # -- layout ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ proxy (cuda/executor.py, ``plan_paths``: forced, ranks on several hosts, or node
 - otherwise the ranks of the rank's own node (``Topology.node_of``; a node never spans hosts, which
   plan_paths checks) over NVLink, every other rank through the proxy.
 
-The proxy-path kernels (ll_dispatch_proxy.cu, ll_combine_proxy.cu) serve both: an NVLink peer's
+The proxy-path kernels (ll/proxy/dispatch.cu, ll/proxy/combine.cu) serve both: an NVLink peer's
 packed region, the same format the proxy would carry, is stored by the send kernel straight into the
 peer's recv area through its CUDA IPC mapping (opened by the executor for the node's peers only), and
 signalled by a system-scope add to the peer's NVLink word for this rank instead of the proxy's signal

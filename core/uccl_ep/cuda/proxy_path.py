@@ -12,7 +12,7 @@ Set-up: the Buffer's proxy session (proxy_session.py, opened by the executor, sh
 mode through the proxy) registers this rank's LL buffer (device memory; above the NVL buffer in one
 region when both modes use the proxy: the Writes' offsets add ``region_offset``) and maps the FIFOs
 and receive counters for the device; this engine's counters are the session's low-latency range.
-Kernels: ll_dispatch_proxy.cu, ll_combine_proxy.cu.
+Kernels: ll/proxy/dispatch.cu, ll/proxy/combine.cu.
 
 Layout of one buffer set (two alternate; see kernel_abi.h "through the CPU proxy"):
   send  [R] packed regions (dispatch: header, per-expert counts, slots naming token and row, one
@@ -25,7 +25,7 @@ Counters per source: one per (set, phase), counter_base(set, phase); each op add
 (ProxyLayout.signal_total) from every unmasked peer: a few counted Writes per (op, peer), then a
 fenced Atomic and a padding Atomic.
 
-Between GPUs of one host the ipc transport's copies are made by ll_proxy_dma.cu from the proxy
+Between GPUs of one host the ipc transport's copies are made by transport/copy_ring.cu from the proxy
 threads' descriptor rings (UCCL_EP_IPC_COPY=kernel, dma_ring.h): launched after each send kernel,
 it moves the bytes of every Write pushed so far (the send kernels count them per proxy thread, in
 ``dma_pushed``); the proxy threads make no CUDA call. With UCCL_EP_IPC_COPY=cuda the proxy threads
@@ -63,7 +63,7 @@ _ALIGN = 128
 _SEND_BLOCK, _RECV_BLOCK, _COMBINE_RECV_BLOCK = 512, 256, 128
 _MAX_RANKS, _MAX_TOPK = 64, 32
 _MAX_SIGNAL = (1 << 15) - 1  # protocol.h kMaxAtomicValue
-# The copy kernel (ll_proxy_dma.cu): threads per block, and the size of its per-ring DmaConsumer
+# The copy kernel (transport/copy_ring.cu): threads per block, and the size of its per-ring DmaConsumer
 # state and of a descriptor (blocks per ring: Tuning.ipc_copy_blocks; rings without work cost a
 # launch only, their blocks leave at once).
 _DMA_BLOCK, _DMA_CONSUMER_BYTES, _DMA_DESC_BYTES = 512, 128, 32
@@ -216,7 +216,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
         self.session = session
         self.transport = session.transport
-        self.copy_kernel = session.copy_kernel  # Writes copied by ll_proxy_dma.cu from the copy rings
+        self.copy_kernel = session.copy_kernel  # Writes copied by transport/copy_ring.cu from the copy rings
         self.tuning = tuning = ex.ctx.tuning
         self.copy_blocks = tuning.ipc_copy_blocks  # the copy kernel's blocks per ring
         self.mem: DeviceMemory = ex.ll_mem
@@ -235,12 +235,12 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.row_split = tuning.ll_stage_split  # warps per staged combine row (at most)
         send_defines = (f"UCCL_EP_LL_PARTS={self.parts}",) if self.parts > 1 else ()
         self._k = {n: load_kernel(self.dev, src, n, d) for src, n, d in (
-            ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_send", send_defines), ("ll_dispatch_proxy.cu", "ll_dispatch_proxy_recv", ()),
-            ("ll_combine_proxy.cu", "ll_combine_proxy_send", send_defines), ("ll_combine_proxy.cu", "ll_combine_proxy_recv", ()))}
-        self._k_logfmt = {n: load_kernel(self.dev, "ll_combine_proxy.cu", n, d + _LOGFMT) for n, d in (
+            ("ll/proxy/dispatch.cu", "ll_dispatch_proxy_send", send_defines), ("ll/proxy/dispatch.cu", "ll_dispatch_proxy_recv", ()),
+            ("ll/proxy/combine.cu", "ll_combine_proxy_send", send_defines), ("ll/proxy/combine.cu", "ll_combine_proxy_recv", ()))}
+        self._k_logfmt = {n: load_kernel(self.dev, "ll/proxy/combine.cu", n, d + _LOGFMT) for n, d in (
             ("ll_combine_proxy_send", send_defines), ("ll_combine_proxy_recv", ()))}
         if self.copy_kernel:
-            self._k["ll_proxy_dma"] = load_kernel(self.dev, "ll_proxy_dma.cu", "ll_proxy_dma")
+            self._k["ll_proxy_dma"] = load_kernel(self.dev, "transport/copy_ring.cu", "ll_proxy_dma")
         # A receive kernel that follows its copy kernel directly starts while the copies run
         # (programmatic dependent launch, Tuning.ll_pdl as on NVLink): its set-up and launch leave
         # the path after the peer's signal; it waits for the copy kernel before it completes.
@@ -312,7 +312,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             self.session.claim_copy_rings("ll", current_stream())
 
     def _launch_copies(self) -> None:
-        """The copy kernel for every Write pushed so far (ll_proxy_dma.cu), after a send kernel, in
+        """The copy kernel for every Write pushed so far (transport/copy_ring.cu), after a send kernel, in
         plain stream order.
         NOTES: a copy kernel overlapping its send kernel (programmatic dependent launch) saw its
         descriptors sooner yet made the op slower (docs/benchmarks.md), so the path was removed."""

@@ -17,9 +17,9 @@ the immediate carries below 1024), HEAD 512 + r, META 1024 + parity; low-latency
 its range only: normal mode's counters keep growing across ops.
 
 Copy rings: each ring has one consumer at a time, the copy work of the engine whose kernels run
-(ll_proxy_dma.cu, or the copy role of the normal-mode kernels, device/ht_dma.cuh). Each keeps its
+(transport/copy_ring.cu, or the copy role of the normal-mode kernels, device/ht_dma.cuh). Each keeps its
 ring position in device memory; its own byte count stays its own (only its senders add to it).
-Before a consumer's launch, `claim_copy_rings` puts copy_ring_handover (ll_proxy_dma.cu) on the
+Before a consumer's launch, `claim_copy_rings` puts copy_ring_handover (transport/copy_ring.cu) on the
 stream: where the other consumer's position is ahead, this one's jumps to it. Every earlier launch
 on the stream has completed by then and drained the rings up to its position, so the one ahead is
 the ring's. Hence the modes' ops must be ordered on the device (one stream, or events), as DeepEP's
@@ -207,7 +207,7 @@ class GpuProxySession(ProxySession):
         self._consumers[name] = (int(state), int(stride_words), tuple(words) + (-1,) * (3 - len(words)))
         if len(self._consumers) > 1 and self._handover is None:
             # loaded with the second consumer (in the executor's constructor), never during a capture
-            self._handover = load_kernel(self.dev, "ll_proxy_dma.cu", "copy_ring_handover")
+            self._handover = load_kernel(self.dev, "transport/copy_ring.cu", "copy_ring_handover")
 
     def claim_copy_rings(self, name: str, stream: int) -> None:
         """Before a launch whose copy work consumes the rings (see the module doc): with another

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 LAB = Path(__file__).resolve().parents[1]
 ROOT = LAB.parents[1]
@@ -39,12 +42,12 @@ def test_precompile_builds_what_the_engine_loads():
     mod = _load("precompile")
     jobs = mod.ht_jobs(4, "a:16:;b:16/24:UCCL_EP_HT_COMBINE_STAGES=0; ")
     assert jobs == [
-        ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=512",)),
-        ("intranode_combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=512")),
-        ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0")),
-        ("intranode_combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768", "UCCL_EP_HT_COMBINE_STAGES=0")),
+        ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=512",)),
+        ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=512")),
+        ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=512", "UCCL_EP_HT_COMBINE_STAGES=0")),
+        ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=4", "UCCL_EP_HT_THREADS=768", "UCCL_EP_HT_COMBINE_STAGES=0")),
     ]
-    assert mod.ht_jobs(3, "x:16:")[0] == ("intranode_dispatch.cu", ("UCCL_EP_HT_THREADS=480",))
+    assert mod.ht_jobs(3, "x:16:")[0] == ("ht/nvlink/dispatch.cu", ("UCCL_EP_HT_THREADS=480",))
 
 
 def test_device_script_names_existing_files():
@@ -54,8 +57,8 @@ def test_device_script_names_existing_files():
     assert {"tools/lab/precompile.py", "tools/lab/summarize_ht_tune.py"} <= paths
     missing = sorted(p for p in paths if not (ROOT / p).is_file())
     assert not missing, missing
-    kernels = {m for line in text.splitlines() if "precompile.py" in line or line.strip().startswith(("internode_",))
-               for m in re.findall(r"\b(\w+\.cu)\b", line)}
+    kernels = {m for line in text.splitlines() if "precompile.py" in line or line.strip().startswith(("ht/",))
+               for m in re.findall(r"(?<![\w/])([\w/]+\.cu)\b", line)}
     assert kernels and all((ROOT / "core" / "kernels" / k).is_file() for k in kernels), kernels
 
 
@@ -69,6 +72,30 @@ def test_cubin_hashes_cover_every_source_and_the_engines_defines():
     mod = _load("cubin_hashes")
     kernels = ROOT / "core" / "kernels"
     jobs = mod.jobs(kernels)
-    assert {s for s, d in jobs if not d} == {p.name for p in kernels.glob("*.cu")}
-    assert ("intranode_combine.cu", ("UCCL_EP_RANKS=8", "UCCL_EP_HT_THREADS=512")) in jobs
+    assert {s for s, d in jobs if not d} == {p.relative_to(kernels).as_posix() for p in kernels.rglob("*.cu")}
+    assert ("ht/nvlink/combine.cu", ("UCCL_EP_RANKS=8", "UCCL_EP_HT_THREADS=512")) in jobs
     assert len(jobs) == len(set(jobs))
+
+
+def test_probe_kernels_live_in_the_lab_and_build_there():
+    """The copy ring's probe kernels are lab sources (never in the package's kernel tree), and
+    lab_kernels builds them against that tree and packs their structs from the lab source."""
+    names = ("ll_proxy_dma_probe", "ll_proxy_rtt_probe", "CopyProbeParams", "ProxyRttProbeParams")
+    in_code = [str(p.relative_to(ROOT)) for p in (ROOT / "core" / "kernels").rglob("*") if p.is_file()
+               for line in p.read_text(errors="replace").splitlines()
+               if any(n in line.split("//", 1)[0] for n in names)]
+    assert not in_code, f"probe kernels or their structs in core/kernels: {sorted(set(in_code))}"
+    lab = _load("lab_kernels")
+    assert lab.param_struct("probe_copy_ring.cu", "CopyProbeParams") == \
+        ("<QQqqq", ("dst", "src", "len", "reps", "fence"))
+    fmt, fields = lab.param_struct("probe_copy_ring.cu", "ProxyRttProbeParams")
+    assert fields[:2] == ("fifo", "ring") and fields[-1] == "read_mode" and len(fmt) == 1 + len(fields)
+    from uccl_ep.cuda import jit
+    try:
+        jit.find_nvcc()
+    except Exception:  # noqa: BLE001
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("nvcc not installed (ci/setup.d/20-gpu-toolchain.sh installs it)")
+    image = lab.compile_lab("probe_copy_ring.cu", "sm_90a")
+    assert all(f"{n}\0".encode() in image for n in ("ll_proxy_dma_probe", "ll_proxy_rtt_probe"))

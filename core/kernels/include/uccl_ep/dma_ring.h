@@ -2,7 +2,7 @@
 // stand-in for a NIC's DMA engine on a host without NICs).
 //
 // The sending proxy thread does not copy: it writes one descriptor {dst, src, len} per Write into
-// a ring in host memory and goes on; a GPU kernel of the sender (ll_proxy_dma.cu, launched by the
+// a ring in host memory and goes on; a GPU kernel of the sender (transport/copy_ring.cu, launched by the
 // LL proxy path right after each send kernel) reads the descriptors in order, copies the bytes
 // over NVLink into the receiver's region, and publishes how many descriptors are complete. The
 // proxy then hands the Write's immediate to the receiving proxy, as an RDMA write with immediate.

@@ -47,7 +47,7 @@ enum Phase : int {
 
 // ---- low-latency ---------------------------------------------------------------------------------
 // Per buffer set (two alternate): recv area, dispatch signals [E_loc][R] u64, combine signals [E] u64.
-// A signal is (tag << 32) | count; tag = completed ops on that set + 1 (see ll_dispatch.cu NOTES).
+// A signal is (tag << 32) | count; tag = completed ops on that set + 1 (see ll/nvlink/dispatch.cu NOTES).
 // Every LL kernel takes `mask`: the Buffer's rank mask, int32 [R] in device memory (nonzero = masked;
 // device/shrink.cuh), read when the kernel runs, so CUDA-graph replays see the mask of the moment.
 // Receive kernels take `shrink`: 1 = a bounded wait on a peer that expires masks the peer
@@ -143,7 +143,7 @@ struct LLCombineRecvParams {
 // Each rank's NVL buffer: [0, kHTRingOffset) control (notify area, ring counters), then rings:
 // ring (channel c, source i) of this rank = ring_slots slots of slot_bytes, written by rank i.
 // Ring positions are cumulative over every op (dispatch and combine share the rings of one
-// direction), so no counter is ever reset between ops; see intranode_dispatch.cu NOTES.
+// direction), so no counter is ever reset between ops; see ht/nvlink/dispatch.cu NOTES.
 constexpr int kHTMaxRanks = 8;
 constexpr int kHTMaxChannels = 64;
 constexpr int kHTMaxWarps = 32;  // warps of one HT block (UCCL_EP_HT_WARPS), one counter each
@@ -249,7 +249,7 @@ struct HTCombineParams {
   int64_t timeout_ns;
 };
 
-// Combine with copy engines (intranode_combine_ce.cu, uccl_ep/cuda/ht_ce.py): each rank's staging
+// Combine with copy engines (ht/nvlink/combine_ce.cu, uccl_ep/cuda/ht_ce.py): each rank's staging
 // buffer (IPC-shared, apart from the NVL buffer) = a header, then per source rank j != me a region
 // (ce_region_slot) of cap_rows rows (BF16, hidden wide) and cap_rows x num_topk fp32 weights, which
 // rank j's copy engine fills with the rows of this rank's tokens it holds (its x rows from this
@@ -271,7 +271,7 @@ __host__ __device__
 #endif
 constexpr int ce_region_slot(int src, int rcv) { return src - (src > rcv ? 1 : 0); }
 
-// Dispatch by copy engines (intranode_dispatch_ce.cu): senders write each peer's rows (and their
+// Dispatch by copy engines (ht/nvlink/dispatch_ce.cu): senders write each peer's rows (and their
 // metadata) into the peer's dispatch region for them (after the combine regions), then raise
 // dflags[src][chunk] there; the receiver's copy engines move each chunk into recv_x.
 constexpr uint64_t kCEDFlagsOffset = 16 * 1024;                                // u64 [kHTMaxRanks][kCEMaxChunks]
@@ -371,7 +371,7 @@ struct HTCombineCEParams {
   int64_t timeout_ns;
 };
 
-// ---- low-latency through the CPU proxy (ll_dispatch_proxy.cu, ll_combine_proxy.cu) ---------------
+// ---- low-latency through the CPU proxy (ll/proxy/dispatch.cu, ll/proxy/combine.cu) ---------------
 // Kernels push Write + Atomic commands into proxy FIFOs instead of storing to peers; the receiving
 // proxy bumps counters[src][counter] in mapped host memory. Per buffer set, inside the region the
 // proxy registered (this rank's LL buffer; same offsets on every rank), one packed region of
@@ -425,7 +425,7 @@ struct LLProxyDispatchParams {
   uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
   int64_t timeout_ns;
   uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
-                            // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
+                            // copy kernel (ipc "kernel" copies, transport/copy_ring.cu); 0 = no copy rings
   int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
   uint64_t self_counter;    // u64 device word: this op's receive counter for the rank's own region
                             // (counter_cache[rank] of the receive kernel), + signal_total when staged
@@ -502,7 +502,7 @@ struct LLProxyCombineParams {
   uint64_t mask;            // int32 [R] device words (as in LLDispatchParams)
   int64_t timeout_ns;
   uint64_t dma_pushed;      // u64 [num_proxy_threads]: bytes of Writes pushed per proxy thread, for the
-                            // copy kernel (ipc "kernel" copies, ll_proxy_dma.cu); 0 = no copy rings
+                            // copy kernel (ipc "kernel" copies, transport/copy_ring.cu); 0 = no copy rings
   int64_t num_proxy_threads; // FIFO f is served by proxy thread f % num_proxy_threads
   uint64_t self_counter;    // u64 device word: this op's receive counter for the rank's own region
                             // (counter_cache[rank] of the receive kernel), + signal_total when staged
@@ -550,13 +550,13 @@ struct LLProxyCombineRecvParams {
   uint64_t nvl_signal;
 };
 
-// The copy kernel of the ipc transport's "kernel" engine (ll_proxy_dma.cu, dma_ring.h): launched
+// The copy kernel of the ipc transport's "kernel" engine (transport/copy_ring.cu, dma_ring.h): launched
 // after each proxy-path send kernel, it executes the descriptors the proxy threads queued for the
 // Writes pushed so far, blocks_per_ring blocks per proxy thread's ring.
 struct LLProxyDmaParams {
   uint64_t rings;           // u64 [num_rings]: device address of each proxy thread's copy ring
   uint64_t pushed;          // u64 [num_rings]: bytes of Writes pushed so far (the send kernels add)
-  uint64_t state;           // DmaConsumer [num_rings] (ll_proxy_dma.cu), device memory, zeroed once
+  uint64_t state;           // DmaConsumer [num_rings] (transport/copy_ring.cu), device memory, zeroed once
   uint64_t finish;          // u32 [num_rings][kDmaRingCapacity]: blocks done per descriptor, zeroed once
   uint64_t mirror;          // DmaDesc [num_rings][kDmaRingCapacity]: device copies of the descriptors
   uint64_t status;          // a FIFO status word of the proxy (mapped host memory)
@@ -567,7 +567,7 @@ struct LLProxyDmaParams {
   int64_t timeout_ns;
 };
 
-// copy_ring_handover (ll_proxy_dma.cu; uccl_ep/cuda/proxy_session.py): the copy rings of one proxy
+// copy_ring_handover (transport/copy_ring.cu; uccl_ep/cuda/proxy_session.py): the copy rings of one proxy
 // session change consumers (the LL copy kernel, the normal-mode kernels' copy role). Per ring g:
 // when the other consumer's position other[g * other_stride] is ahead of this one's own[g *
 // own_stride], the words own[g * own_stride + word_k] (k < 3, -1: none) take it. Positions only
@@ -581,36 +581,6 @@ struct CopyRingHandoverParams {
   int64_t word1;
   int64_t word2;
   int64_t num_rings;
-};
-
-// ll_proxy_dma_probe (diagnostics only, tools/lab/probe_copy_kernel.py): the copy kernel's copy
-// loop alone, `reps` times over [src, +len) -> dst, optionally with its per-descriptor system fence.
-struct CopyProbeParams {
-  uint64_t dst;
-  uint64_t src;
-  int64_t len;
-  int64_t reps;
-  int64_t fence;            // 1: every block fences system-wide after each rep, as per descriptor
-};
-
-// ll_proxy_rtt_probe (diagnostics only, tools/lab/probe_proxy_rtt.py): one thread times, on the
-// GPU clock, a Write pushed into a real FIFO -> the proxy thread's descriptor in its copy ring, then
-// plays the copy kernel's part (copies the bytes, publishes done) so the proxy delivers as usual.
-struct ProxyRttProbeParams {
-  uint64_t fifo;            // FifoLayout* (device address) of the FIFO to push into
-  uint64_t ring;            // device address of the copy ring of the proxy thread serving it
-  uint64_t out;             // u64 [iters][4]: push ns, push -> seq seen ns, descriptor read ns, copy + done ns
-  uint64_t status;          // a FIFO status word of the proxy
-  uint64_t error;           // ErrorWord*
-  int64_t first_idx;        // the ring's next descriptor index (0 on a fresh buffer)
-  int64_t iters;
-  int64_t gap_ns;           // idle time before each push
-  int64_t dst;              // destination rank
-  int64_t len;              // bytes per Write (16-byte multiple)
-  int64_t counter;          // receiver counter the Writes count on
-  int64_t rank;
-  int64_t timeout_ns;
-  int64_t read_mode;        // 0: dst, src, len as three 8-byte loads; 1: {dst, src} and {len, seq} as two 16-byte loads
 };
 
 }  // namespace uccl_ep

@@ -1,5 +1,5 @@
 // Host <-> kernel ABI of the high-throughput (normal) mode through the CPU proxy
-// (internode_notify.cu, internode_dispatch.cu, internode_combine.cu; Python:
+// (ht/proxy/notify.cu, ht/proxy/dispatch.cu, ht/proxy/combine.cu; Python:
 // uccl_ep/cuda/ht_internode.py). Same rules as kernel_abi.h: every *Params struct is a list of
 // 64-bit fields that uccl_ep.cuda.runtime.pack_params fills by name from this header.
 //
@@ -225,7 +225,7 @@ struct HTProxyCombineParams {
 namespace uccl_ep {
 
 // ---- several ranks per node: per-node dedup, forwarding inside the node, node-first reduce ------
-// (internode_forward_dispatch.cu, internode_forward_combine.cu; uccl_ep/host/ht_internode.py)
+// (ht/proxy/forward_dispatch.cu, ht/proxy/forward_combine.cu; uccl_ep/host/ht_internode.py)
 //   hop 1 (area 0, ring c):      source -> the rank of its rail on each destination node, once
 //   hop 2 (area 1, ring C + c):  that forwarder -> the other local ranks in the token's mask, the
 //                                rail sources in ascending order (source-major), tokens in order;

@@ -91,7 +91,7 @@ UCCL_DEVICE uint64_t* ce_word(uint64_t stage, uint64_t offset) { return reinterp
 
 UCCL_DEVICE bool is_masked(int64_t mask, int r) { return r < 64 && ((mask >> r) & 1); }
 
-// The u64 flags of an LL NVLink receive area (ll_dispatch.cu: per slot; ll_combine.cu: per row), at
+// The u64 flags of an LL NVLink receive area (ll/nvlink/dispatch.cu: per slot; ll/nvlink/combine.cu: per row), at
 // `flag_off` past both kernels' data (uccl_ep/cuda/ll.py, _Layout.flag_off).
 UCCL_DEVICE uint64_t* ll_flags(uint64_t area, int64_t flag_off) { return reinterpret_cast<uint64_t*>(area + flag_off); }
 

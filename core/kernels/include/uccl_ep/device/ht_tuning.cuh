@@ -1,5 +1,5 @@
-// Compile-time tuning of the default HT intranode kernels (intranode_dispatch.cu,
-// intranode_combine.cu). The engine (uccl_ep/cuda/ht.py) passes UCCL_EP_HT_THREADS from
+// Compile-time tuning of the default HT intranode kernels (ht/nvlink/dispatch.cu,
+// ht/nvlink/combine.cu). The engine (uccl_ep/cuda/ht.py) passes UCCL_EP_HT_THREADS from
 // UCCL_EP_HT_WARPS; the others come from UCCL_EP_HT_DEFINES (experiments only: a setting that wins
 // on the GPU becomes the default here, with its measurement in a NOTES line).
 #pragma once

@@ -1,5 +1,5 @@
-// Output-row pieces shared by the proxy-path normal-mode kernels (internode_dispatch.cu,
-// internode_combine.cu and their forward variants): placing a received dispatch message in its
+// Output-row pieces shared by the proxy-path normal-mode kernels (ht/proxy/dispatch.cu,
+// ht/proxy/combine.cu and their forward variants): placing a received dispatch message in its
 // row and the num_worst_tokens padding (the bias start of a combine sum: combine_sum.cuh).
 #pragma once
 

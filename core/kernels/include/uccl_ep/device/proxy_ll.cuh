@@ -1,5 +1,5 @@
-// Pieces shared by the low-latency kernels of the proxy path (ll_dispatch_proxy.cu,
-// ll_combine_proxy.cu): per (op, destination) a few large counted Writes and one signal pair on
+// Pieces shared by the low-latency kernels of the proxy path (ll/proxy/dispatch.cu,
+// ll/proxy/combine.cu): per (op, destination) a few large counted Writes and one signal pair on
 // one receiver counter, the per-source round counters receivers derive their targets from, and
 // the header of a packed dispatch region.
 #pragma once
@@ -15,7 +15,7 @@
 
 namespace uccl_ep::dev {
 
-// The copy-ring byte counter (ipc "kernel" copies, ll_proxy_dma.cu) of the proxy thread that serves
+// The copy-ring byte counter (ipc "kernel" copies, transport/copy_ring.cu) of the proxy thread that serves
 // FIFO `fifo`, or nullptr when there are no copy rings (dma_pushed == 0).
 UCCL_DEVICE unsigned long long* dma_counter(uint64_t dma_pushed, int64_t num_proxy_threads, int fifo) {
   return dma_pushed == 0 ? nullptr
@@ -92,7 +92,7 @@ UCCL_DEVICE int push_op(const FifoLayout& f, int dst, uint64_t src_off, uint64_t
 // system fence first (push_fence of the params).
 // NOTES: the fence makes the staged bytes visible to whatever reads them once the proxy saw the
 // command: a NIC (fabric) or a copy engine the proxy drives (ipc, UCCL_EP_IPC_COPY=cuda), both of
-// which may read while this kernel still runs. The ipc copy kernel (ll_proxy_dma.cu) reads them only
+// which may read while this kernel still runs. The ipc copy kernel (transport/copy_ring.cu) reads them only
 // after this kernel completed (stream order, or griddepcontrol.wait when overlapped), which orders
 // every store of this grid before its reads; the proxy only translates the command. Without the
 // fence the command is merely posted later than the stores, which nothing relies on there.

@@ -1,4 +1,4 @@
-// Per-warp progress counters of the HT rings (intranode_dispatch.cu / intranode_combine.cu).
+// Per-warp progress counters of the HT rings (ht/nvlink/dispatch.cu / ht/nvlink/combine.cu).
 //
 // A ring direction (channel c, rank i -> rank j) has several producer warps and several consumer
 // warps; each warp owns one u64 counter that it publishes with a system-scope release:

@@ -1,4 +1,4 @@
-// Low-latency dispatch through the CPU proxy (the variant of ll_dispatch.cu for peers reached by
+// Low-latency dispatch through the CPU proxy (the variant of ll/nvlink/dispatch.cu for peers reached by
 // a transport: another node, or a same-host GPU when UCCL_EP_FORCE_PROXY /
 // allow_nvlink_for_low_latency_mode=False). Same outputs as the NVLink kernels, bit for bit.
 //
@@ -28,7 +28,7 @@
 // a destination fences at system scope before the push (a NIC or driver copy reads the region; not
 // with the ipc copy kernel, which reads it after this kernel completed: OpRoute in proxy_ll.cuh):
 // causality is transitive across the GPU-scope count, so the one system fence covers every block's
-// stores (the same pattern in ll_combine_proxy.cu), and 1,000+ system fences per op are avoided.
+// stores (the same pattern in ll/proxy/combine.cu), and 1,000+ system fences per op are avoided.
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(512)
   __shared__ int s_num_rows;
   __shared__ int s_dest_slots[kMaxRanks];
   __shared__ int s_rows_before[kMaxRanks], s_rows_total[kMaxRanks];  // tokens selecting d: before t, all
-  // The copy kernel may start now (ll_proxy_dma.cu): it reads nothing of ours before its
+  // The copy kernel may start now (transport/copy_ring.cu): it reads nothing of ours before its
   // griddepcontrol.wait, and changes nothing we read.
   allow_dependent_launch();
   const int t = blockIdx.x, tid = threadIdx.x;

@@ -7,7 +7,7 @@
 // the combine sums: nothing but local reads (own rows in x, peers' rows in the staging buffer)
 // and the output stores.
 //
-//   ht_ce_begin (intranode_dispatch_ce.cu; 1 thread): epoch += 1; epoch_src = epoch; wait until
+//   ht_ce_begin (ht/nvlink/dispatch_ce.cu; 1 thread): epoch += 1; epoch_src = epoch; wait until
 //     every peer has freed this rank's rows of the previous epoch (freed[j] >= epoch - 1) so its
 //     staging region can be overwritten. Runs before the copies (stream order).
 //   ht_combine_ce (all blocks): warp w of W takes tokens w, w + W, ... (every warp walks the
@@ -16,7 +16,7 @@
 //     recv_channel_prefix[me][c] + send_head[t][me]; else staging region j, row
 //     channel_prefix[j][c - 1] + send_head[t][j] (the rank's tokens sent to j before channel c,
 //     plus its place in the channel), once flags[j][row / chunk_rows] reached the epoch.
-//     out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32 as intranode_combine.cu (bit-exact
+//     out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32 as ht/nvlink/combine.cu (bit-exact
 //     with uccl_ep.refs). The last block to finish tells every peer j freed[me] = epoch.
 //
 // NOTES: why: the ring combine moves every remote row on the SMs twice (sender: x -> the receiver's

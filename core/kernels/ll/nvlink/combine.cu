@@ -1,6 +1,6 @@
 // Low-latency combine over NVLink: weighted sum of expert outputs back at the source rank.
 //
-// Combine area of a buffer set (this kernel's part; ll_dispatch.cu lays the same bytes out its own
+// Combine area of a buffer set (this kernel's part; ll/nvlink/dispatch.cu lays the same bytes out its own
 // way): rows [E][num_max] BF16 of hidden; at flag_off, past both kernels' parts (a flag must never
 // hold a dispatch's bytes), one u64 flag per row [E][num_max].
 //
@@ -19,7 +19,7 @@
 // with no rows need no message, and a receiving block can sum its token as soon as its own K rows
 // are in (the receive kernel starts early, see UCCL_EP_LL_PDL). Each (expert, token) row is
 // written at most once per op (top-k ids of a token are distinct), so the flag's tag says "this
-// op's row is here"; flags are never cleared (tags: see ll_dispatch.cu).
+// op's row is here"; flags are never cleared (tags: see ll/nvlink/dispatch.cu).
 // Shrink mode (device/shrink.cuh): masked ranks are read from the device mask when the kernels run;
 // a row whose wait expires masks its owner and is left out of the sum. A top-k row that repeats an
 // expert is refused (error word, InvalidArgument on the host) and the repeat counted once.

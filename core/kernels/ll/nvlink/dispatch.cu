@@ -1,6 +1,6 @@
 // Low-latency dispatch over NVLink: per-expert padded slabs with in-kernel FP8 (DeepEP V1 LL).
 //
-// Receive area of a buffer set (this kernel's part; ll_combine.cu lays the same bytes out its own way):
+// Receive area of a buffer set (this kernel's part; ll/nvlink/combine.cu lays the same bytes out its own way):
 //   token area [source rank][num_max] messages of msg_bytes (payload, then FP8 scales); at flag_off,
 //   past both kernels' parts, the slot flags [local expert][source rank][num_max] u64:
 //   (tag << 32) | token of the slot, written once the token's message is in.

@@ -1,4 +1,4 @@
-// Low-latency combine through the CPU proxy (the variant of ll_combine.cu for peers reached by a
+// Low-latency combine through the CPU proxy (the variant of ll/nvlink/combine.cu for peers reached by a
 // transport). Same output as the NVLink kernels, bit for bit.
 //
 // Send (ll_combine_proxy_send, a few blocks per SM): the received rows of local expert e from
@@ -255,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 #else
     if (lane_id() == 0) {
-      fence_stage(p.nvl_peers, j);  // this warp's staged share before its count (see ll_dispatch_proxy.cu)
+      fence_stage(p.nvl_peers, j);  // this warp's staged share before its count (see ll/proxy/dispatch.cu)
       const unsigned prev = atomicAdd(finish + j, 1u);
       if (int(prev) + 1 == s_dest_rows[j] * parts) {  // last share for j: every warp's are ordered before
         finish[j] = 0u;

@@ -275,7 +275,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
 
   // The source: rounds of B tokens, one warp each, nodes ascending. Thread n < N first waits until
   // node n's partial stream covers the round's last partial from it (one reader per counter and
-  // block, as in internode_combine.cu).
+  // block, as in ht/proxy/combine.cu).
   const auto* head = reinterpret_cast<const int*>(p.send_rdma_head);
   const auto* nsp = reinterpret_cast<const int*>(p.node_send_prefix);
   const int64_t half = aB.slots / 2;

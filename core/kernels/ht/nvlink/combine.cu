@@ -7,11 +7,11 @@
 //   receiver block 2c + 1: every warp takes every (R*G)-th token of channel c; for token t and
 //     each rank j (ascending) that received it, the row is at position base_j + send_head[t][j]
 //     of ring (c, j -> me), or for j = me in x itself, at row recv_channel_prefix[me][c] +
-//     send_head[t][me] (own rows need no ring: see copy_own_rows in intranode_dispatch.cu); out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32, one IEEE add
+//     send_head[t][me] (own rows need no ring: see copy_own_rows in ht/nvlink/dispatch.cu); out[t] = (bias0 + bias1) + row_0 + row_1 + ... in fp32, one IEEE add
 //     at a time (bit-exact with uccl_ep.refs), cast to BF16; the weights are summed the same way.
 //
 // NOTES: a consumer warp publishes, per source, "all my positions below V are consumed" with V
-// the source's position of the token it is about to take; see intranode_dispatch.cu for the
+// the source's position of the token it is about to take; see ht/nvlink/dispatch.cu for the
 // counter rules. Consumers here are all R*G warps of the block, so producers take the minimum
 // over that many counters.
 #include "uccl_ep/device/block.cuh"
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_combine(const UCC
       }
       uint8_t* slot = ring + int64_t(pos % S) * p.slot_bytes;
       const int64_t row = start_row + k;
-      // the row's weights are loaded first: their latency overlaps the row copy (see intranode_dispatch.cu)
+      // the row's weights are loaded first: their latency overlaps the row copy (see ht/nvlink/dispatch.cu)
       const bool has_w = p.topk_weights != 0 && lane < K;
       const float weight = has_w ? reinterpret_cast<const float*>(p.topk_weights)[row * K + lane] : 0.0f;
       const long long c0 = prof.mark();

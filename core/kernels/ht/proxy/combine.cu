@@ -1,4 +1,4 @@
-// Normal-mode combine through the CPU proxy: the reverse of internode_dispatch.cu, reducing each
+// Normal-mode combine through the CPU proxy: the reverse of ht/proxy/dispatch.cu, reducing each
 // token's rows from every rank that received it.
 //
 // Grid: 2 blocks per channel, on the same streams as dispatch (positions continue).
