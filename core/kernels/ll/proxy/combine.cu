@@ -48,17 +48,23 @@ UCCL_DEVICE const FifoLayout& fifo_of(const LLProxyCombineParams& p, int j) {
   return reinterpret_cast<const FifoLayout*>(p.fifos)[fifo_for(j, int(p.num_fifos))];
 }
 
-// The staged rows for source j (`rows` of them) as counted Writes, then the signal pair.
-// The rank's own rows (j == rank) stay staged: its receive kernel reads them in place.
-__device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
+// Regions that need no Writes, only their signal: the rank's own (its receive kernel reads the rows
+// in place) and an NVLink peer's (hybrid: staged in that peer's recv area already). True when j's is one.
+__device__ bool signal_without_writes(const LLProxyCombineParams& p, int j) {
   if (j == int(p.rank)) {
     signal_own_region(p.self_counter, p.signal_total);
-    return;
+    return true;
   }
-  if (is_nvl_peer(p.nvl_peers, j)) {  // staged in j's recv area already: released with the signal (hybrid)
+  if (is_nvl_peer(p.nvl_peers, j)) {
     signal_nvl_peer(p.peer_ll, j, p.nvl_signal_off, p.rank, p.signal_total);
-    return;
+    return true;
   }
+  return false;
+}
+
+// The staged rows for source j (`rows` of them) as counted Writes, then the signal pair.
+__device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
+  if (signal_without_writes(p, j)) return;
   const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
                       p.dma_pushed, p.num_proxy_threads, p.push_fence != 0};
   // push_region fences at system scope first (unless only the copy kernel reads the region: OpRoute):
@@ -73,14 +79,7 @@ __device__ void publish_rows(const LLProxyCombineParams& p, int j, int rows) {
 // publish_rows for a LogFMT region: parts A and the meta words, and parts B if a division fell back
 // (rounded up to 16 bytes, the copy engines' unit; the region has room past them).
 __device__ void publish_logfmt_rows(const LLProxyCombineParams& p, int j, int rows, bool fell_back) {
-  if (j == int(p.rank)) {
-    signal_own_region(p.self_counter, p.signal_total);
-    return;
-  }
-  if (is_nvl_peer(p.nvl_peers, j)) {  // encoded in j's recv area already: released with the signal (hybrid)
-    signal_nvl_peer(p.peer_ll, j, p.nvl_signal_off, p.rank, p.signal_total);
-    return;
-  }
+  if (signal_without_writes(p, j)) return;
   const int64_t nd = p.hidden / 128;
   const uint64_t len = (uint64_t(rows) * nd * (kLogfmtPartA + 4 + (fell_back ? kLogfmtPartB : 0)) + 15) & ~uint64_t(15);
   const OpRoute route{reinterpret_cast<const FifoLayout*>(p.fifos), int(p.num_fifos), fifo_for(j, int(p.num_fifos)),
