@@ -1,9 +1,7 @@
 // The copy kernel of the ipc transport's "kernel" engine (dma_ring.h): the stand-in for a NIC's DMA
 // engine when the LL proxy path runs between GPUs of one host.
 //
-// Launched on the caller's stream right after each proxy-path send kernel; with
-// UCCL_EP_LL_COPY_OVERLAP (an experiment, off by default: uccl_ep/cuda/proxy_path.py) by
-// programmatic dependent launch, so it starts while the send kernel runs. Warp 1 of each block waits
+// Launched on the caller's stream right after each proxy-path send kernel. Warp 1 of each block waits
 // for the send kernels (griddepcontrol.wait; at once when launched plainly) and reads `pushed`, the
 // bytes of every Write they pushed per proxy thread, now final; meanwhile warp 0 polls the ring
 // lightly for the first descriptor (step 1). The proxy
@@ -46,8 +44,8 @@ UCCL_DEVICE unsigned long long ld_volatile_u64(const unsigned long long* p) {
 // Copies [src, +len) to dst: this block's share of 16-byte units (block b of nb takes every nb-th
 // span of blockDim.x units), kInFlight loads in flight per thread; bytes when anything is unaligned.
 // NOTES: with 4 loads in flight this loop alone moves 3.7 MB to the peer in 11.4 us with 8 blocks
-// (332 GB/s) and 10.9 us with 132 (ll_proxy_dma_probe, 2 x H200): a few blocks per ring reach the
-// link (UCCL_EP_IPC_COPY_BLOCKS, 16 by default: 0.5-1 us shorter per LL op than 8).
+// (332 GB/s) and 10.9 us with 132 (the copy-loop probe of tools/lab/probe_copy_ring.cu): a few blocks per ring reach the
+// link (Tuning.ipc_copy_blocks, 16 by default: 0.5-1 us shorter per LL op than 8).
 // The ~100 GB/s once measured around it was the ring's host reads (fetch_descriptor).
 constexpr int kInFlight = 4;
 

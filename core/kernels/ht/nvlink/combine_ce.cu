@@ -1,4 +1,4 @@
-// Intranode (NVLink) combine with the copy engines moving the rows (UCCL_EP_HT_COMBINE_CE).
+// Intranode (NVLink) combine with the copy engines moving the rows (Tuning.ht_combine_ce).
 //
 // At EP R a rank's combine input x holds, per source rank j, one contiguous run of rows: the rows
 // of j's tokens, in j's token order. So "send the rows back" is R - 1 plain copies, which the

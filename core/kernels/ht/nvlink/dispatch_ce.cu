@@ -1,4 +1,4 @@
-// Intranode (NVLink) dispatch with the copy engines on the receiving side (UCCL_EP_HT_DISPATCH_CE),
+// Intranode (NVLink) dispatch with the copy engines on the receiving side (Tuning.ht_dispatch_ce),
 // and the small kernels both copy-engine ops share.
 //
 // A rank's received rows from source j are one contiguous run of recv_x (rows ordered by source

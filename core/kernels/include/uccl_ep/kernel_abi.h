@@ -146,7 +146,7 @@ struct LLCombineRecvParams {
 // direction), so no counter is ever reset between ops; see ht/nvlink/dispatch.cu NOTES.
 constexpr int kHTMaxRanks = 8;
 constexpr int kHTMaxChannels = 64;
-constexpr int kHTMaxWarps = 32;  // warps of one HT block (UCCL_EP_HT_WARPS), one counter each
+constexpr int kHTMaxWarps = 32;  // warps of one HT block (Tuning.ht_warps), one counter each
 constexpr int kHTMaxLocalExperts = 1024;
 constexpr uint64_t kHTNotifyOffset = 0;                       // sig[2][R] u64, ack[R] u64, payload
 constexpr uint64_t kHTNotifyPayloadOffset = 256;              // int32 [2][R][kHTNotifyStride]

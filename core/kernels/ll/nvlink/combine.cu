@@ -9,7 +9,7 @@
 // layout_range, kept in shared memory with each segment's first row); a warp copies row (e, r),
 // which came from source rank j with token t = src_info[e][r], into rank j's combine area at
 // [global expert][t], then publishes (tag << 32) into that row's flag with a system-scope release.
-// Recv (ll_combine_recv, one block per token t of UCCL_EP_LL_COMBINE_RECV_THREADS threads): wait
+// Recv (ll_combine_recv, one block per token t of Tuning.ll_combine_recv_threads threads): wait
 // (bounded) for the flag of every row (expert in topk_idx[t], t) it needs (skipping -1 and masked
 // ranks), then out[t] = sum_k w[t,k] * y_k in fp32 with k ascending, one IEEE-rounded multiply and
 // add each (bit-exact with uccl_ep.refs), cast to BF16.
@@ -17,7 +17,7 @@
 // NOTES: one flag per row, not a counter per expert: a row is published by the warp that wrote
 // it (a fence and one store), with no device-wide atomic and no "last writer" round trip, experts
 // with no rows need no message, and a receiving block can sum its token as soon as its own K rows
-// are in (the receive kernel starts early, see UCCL_EP_LL_PDL). Each (expert, token) row is
+// are in (the receive kernel starts early, see Tuning.ll_pdl). Each (expert, token) row is
 // written at most once per op (top-k ids of a token are distinct), so the flag's tag says "this
 // op's row is here"; flags are never cleared (tags: see ll/nvlink/dispatch.cu).
 // Shrink mode (device/shrink.cuh): masked ranks are read from the device mask when the kernels run;

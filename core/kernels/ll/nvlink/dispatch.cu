@@ -38,7 +38,7 @@
 // of another op there could read as a current tag.
 //
 // NOTES: a flag per slot instead of a counter per expert: no device-wide atomics and no
-// "last writer" round trip on the send side, and the receiver (started early, UCCL_EP_LL_PDL)
+// "last writer" round trip on the send side, and the receiver (started early, Tuning.ll_pdl)
 // copies each token as soon as it lands.
 //
 // NOTES: a token goes to each rank once, not once per selected expert (DeepEP's LL sends per

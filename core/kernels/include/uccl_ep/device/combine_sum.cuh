@@ -68,7 +68,7 @@ UCCL_DEVICE void chunk_store(uint8_t* out, const float (&acc)[U][8], int64_t v0,
 // NOTES: combine receivers are busy, not waiting (UCCL_EP_HT_PROF's cycle accounting: nearly all of
 // their cycles outside waits), bound by loads in flight per SM. Prefetching one chunk ahead gains
 // nothing on its own; it keeps as many loads in flight as 4 unpipelined vectors per lane with 2, in
-// fewer registers, and more warps per block (UCCL_EP_HT_COMBINE_WARPS) is what pays.
+// fewer registers, and more warps per block (Tuning.ht_combine_warps) is what pays.
 template <int U>
 UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H, uint64_t bias0,
                                    uint64_t bias1, int64_t t) {

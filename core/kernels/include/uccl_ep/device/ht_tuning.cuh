@@ -1,6 +1,6 @@
 // Compile-time tuning of the default HT intranode kernels (ht/nvlink/dispatch.cu,
 // ht/nvlink/combine.cu). The engine (uccl_ep/cuda/ht.py) passes UCCL_EP_HT_THREADS from
-// UCCL_EP_HT_WARPS; the others come from UCCL_EP_HT_DEFINES (experiments only: a setting that wins
+// Tuning.ht_warps; the others come from Tuning.ht_defines (experiments only: a setting that wins
 // on the GPU becomes the default here, with its measurement in a NOTES line).
 #pragma once
 

@@ -105,7 +105,7 @@ struct OpRoute {
   bool fence = true;  // a route that does not say is fenced (the safe side)
 };
 
-// EXPERIMENT (UCCL_EP_LL_PROXY_PARTS, compile-time UCCL_EP_LL_PARTS; 1 = off): a region of 256 KiB or
+// EXPERIMENT (Tuning.ll_proxy_parts, compile-time UCCL_EP_LL_PARTS; 1 = off): a region of 256 KiB or
 // more per part goes out in up to that many parts, part k on FIFO first_fifo + k (proxy thread
 // (first_fifo + k) % threads: distinct threads, so distinct copy rings and receiving threads), each
 // part closed by its own fenced Atomic (a receiving proxy thread counts only the Writes that reached
