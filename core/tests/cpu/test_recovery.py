@@ -95,6 +95,11 @@ def _recovery_worker(rank, world, backend):
     buf.destroy()
     after_destroy = _settled(before)
     survivors = list(range(world - 1))
+    # NOTES: no survivor sets up the new group (new connections, some accepted by rank 0's Store
+    # server) until every survivor has counted its descriptors: over the existing Store connection
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"recovery/measured/{rank}", "1")
+    store.wait([f"recovery/measured/{r}" for r in survivors], datetime.timedelta(seconds=30))
     group = dist.new_group(survivors, use_local_synchronization=True,
                            timeout=datetime.timedelta(seconds=60))
     dist.barrier(group=group)  # the new group's own threads exist before counting
