@@ -38,8 +38,8 @@ def _resources():
 
 
 def _settled(before):
-    """_resources() once threads and fds that are being torn down are gone (at most 3 s)."""
-    deadline = time.monotonic() + 3.0
+    """_resources() once threads and fds that are being torn down are gone (at most 10 s)."""
+    deadline = time.monotonic() + 10.0
     while True:
         got = _resources()
         if (got[0] <= before[0] and len(got[1]) <= len(before[1])) or time.monotonic() > deadline:
@@ -93,22 +93,32 @@ def _recovery_worker(rank, world, backend):
         assert e.rank == rank and e.peer == victim, str(e)
     # recovery: destroy, a group of the survivors, a new Buffer, carry on
     buf.destroy()
-    after_destroy = _settled(before)
     survivors = list(range(world - 1))
-    # NOTES: no survivor sets up the new group (new connections, some accepted by rank 0's Store
-    # server) until every survivor has counted its descriptors: over the existing Store connection
+    # NOTES: rank 0's Store server holds one socket per connection a peer opens, so rank 0 counts its
+    # descriptors only while no survivor has a connection open that it will close: after every
+    # survivor's destroy, and before any sets up the new group (synchronized over the existing
+    # Store connection, which opens none)
     store = dist.distributed_c10d._get_default_store()
-    store.set(f"recovery/measured/{rank}", "1")
-    store.wait([f"recovery/measured/{r}" for r in survivors], datetime.timedelta(seconds=30))
+
+    def survivors_at(step):
+        store.set(f"recovery/{step}/{rank}", "1")
+        store.wait([f"recovery/{step}/{r}" for r in survivors], datetime.timedelta(seconds=30))
+    survivors_at("destroyed")
+    after_destroy = _settled(before)
+    survivors_at("measured")
     group = dist.new_group(survivors, use_local_synchronization=True,
                            timeout=datetime.timedelta(seconds=60))
     dist.barrier(group=group)  # the new group's own threads exist before counting
+    survivors_at("grouped")
     with_group = _resources()
+    survivors_at("grouped-measured")
     rebuilt = _make(group, backend)
     for seed in (2, 3):
         _round(rebuilt, group, rank, seed)
     rebuilt.destroy()
+    survivors_at("rebuilt-destroyed")
     after = _settled(with_group)
+    survivors_at("rebuilt-measured")
     dist.destroy_process_group(group)
     return took, before, after_destroy, with_group, after
 
