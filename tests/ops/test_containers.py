@@ -105,7 +105,7 @@ def test_build_base_image_and_bench_inside(docker_lab, base_image):
     assert p.returncode == 0, p.stdout[-5000:]
     assert "uccl-ep bench: 2 x CPU" in p.stdout
     rows = [ln for ln in p.stdout.splitlines() if ln.count("│") > 10 and ("dispatch" in ln or "combine" in ln)]
-    assert len(rows) == 5 and all("│ ok" in r for r in rows), p.stdout[-3000:]
+    assert len(rows) == 6 and all("│ ok" in r for r in rows), p.stdout[-3000:]
     p = docker(docker_lab, "run", "--rm", "--network", "none", image, "bash", "-c",
                "ldconfig -p | grep -c -E 'lib(fabric|ibverbs)\\.so' && fi_info -l | grep -q tcp && uccl-ep launch --help",
                timeout=120)

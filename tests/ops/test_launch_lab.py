@@ -34,8 +34,8 @@ def assert_bench_table(out: str) -> None:
     # twice (with and without the node's ip); compare rows from the table's first border on.
     rows = {ln[ln.index("│"):].split("\x1b")[0] for ln in out.splitlines()
             if ln.count("│") > 10 and ("dispatch" in ln or "combine" in ln)}
-    # local/bench-cpu runs both modes: 3 normal-mode rows (dispatch bf16/fp8, combine) + 2 LL rows
-    assert len(rows) == 5 and all("│ ok" in r for r in rows), out[-3000:]
+    # local/bench-cpu runs both modes: 3 normal-mode rows (dispatch bf16/fp8, combine) + 3 LL rows (dispatch, combine BF16, combine LogFMT)
+    assert len(rows) == 6 and all("│ ok" in r for r in rows), out[-3000:]
     assert {r.split("│")[1].strip() for r in rows} == {"ht", "ll"}, out[-3000:]
 
 
