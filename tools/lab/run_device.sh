@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -127,6 +127,26 @@ for step in $STEPS; do
         timeout 600 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht --nodes 2 --num-sms 24 --iters 30 \
           --warmup 5 --json "$OUT/ht_internode_2nodes_24.json" 2>&1 | tail -8
       fi ;;
+    hybrid)  # 4+ GPUs as 2 nodes of G/2 ranks: the LL hybrid tests (a node's peers over NVLink, the other node
+             # through the proxy), then bench rows hybrid vs all-through-the-proxy in the same run; normal mode
+             # 2 nodes (small test + bench); then the LogFMT combine tests (NVLink and proxy paths)
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60} CUDA_MODULE_LOADING=EAGER
+      start_budget ${HYBRID_BUDGET_S:-480}
+      B="$PY -m uccl_ep.cli.main bench --backend cuda"
+      PT="$PY -m pytest -q -p no:cacheprovider -rf"
+      UCCL_EP_RANKS_PER_NODE=2 bounded 200 $PT core/tests/gpu/test_cuda_ll_hybrid.py 2>&1 | tee "$OUT/hybrid_tests.log" | tail -6
+      for t in ${LL_TOKENS:-128 256}; do
+        for how in hybrid proxy; do
+          bounded 60 $B --mode ll --nodes 2 $([ $how = proxy ] && echo --force-proxy) --num-tokens $t --iters 50 \
+            --warmup 10 --timeout 55 --json "$OUT/hybrid_ll_${how}_$t.json" 2>&1 | grep -E "│ ll|rror" | sed "s/^/$how /" | cut -c1-260
+        done
+      done
+      bounded 120 $PT core/tests/gpu/test_cuda_ht_internode.py -k "small and rpn2 and kernel" 2>&1 | \
+        tee "$OUT/hybrid_ht_tests.log" | tail -3
+      bounded 90 $B --mode ht --nodes 2 --num-sms 24 --iters 20 --warmup 3 --timeout 80 --json "$OUT/hybrid_ht_24.json" 2>&1 | tail -6
+      bounded 150 $PT core/tests/gpu/test_cuda_ll.py core/tests/gpu/test_cuda_ll_proxy.py -k logfmt 2>&1 | \
+        tee "$OUT/logfmt_tests.log" | tail -4
+      echo "hybrid step: $(( SECONDS - t0 )) s" ;;
     regress)  # a bounded sweep of every GPU path's small tests (after changes outside the kernels: runtime,
               # Buffer, backends): LL NVLink, LL proxy, HT intranode (ring and copy engines), HT through the proxy
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
@@ -171,7 +191,7 @@ for step in $STEPS; do
       bounded 120 $PT "core/tests/gpu/test_cuda_ll.py::test_ll_options_match_reference[small]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
       bounded 60 $B --mode ll --num-tokens 128 --iters 50 --warmup 10 --json "$OUT/scale_ll_128.json" 2>&1 | tail -6
       echo "--- 2 nodes x $((G / 2)) through the proxy"
-      bounded 150 $PT "core/tests/gpu/test_cuda_ht_internode.py::test_ht_internode_matches_reference[small-rpn2]" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
+      bounded 150 $PT core/tests/gpu/test_cuda_ht_internode.py -k "small and rpn2 and kernel" 2>&1 | tee -a "$OUT/scale_tests.log" | tail -3
       bounded 90 $B --mode ht --nodes 2 --num-sms 24 --iters 20 --warmup 3 --timeout 80 --json "$OUT/scale_ht_2nodes_24.json" 2>&1 | tail -6
       echo "--- LL forced proxy EP$G"
       bounded 90 $B --mode ll --force-proxy --num-tokens 128 --iters 50 --warmup 10 --json "$OUT/scale_ll_proxy_128.json" 2>&1 | tail -6
