@@ -157,9 +157,11 @@ class IpcTransport final : public Transport {
     peers_.resize(addresses.size());
     posted_to_.reset(new std::atomic<uint64_t>[addresses.size()]);
     delivered_to_.reset(new std::atomic<uint64_t>[addresses.size()]);
+    bytes_to_.reset(new std::atomic<uint64_t>[addresses.size()]);
     for (size_t r = 0; r < addresses.size(); ++r) {
       posted_to_[r].store(0, std::memory_order_relaxed);
       delivered_to_[r].store(0, std::memory_order_relaxed);
+      bytes_to_[r].store(0, std::memory_order_relaxed);
     }
     for (size_t r = 0; r < addresses.size(); ++r) {
       Peer& p = peers_[r];
@@ -318,10 +320,12 @@ class IpcTransport final : public Transport {
     if (engine_ != nullptr)
       for (auto& kv : engine_->counters()) out.push_back(std::move(kv));
     // Diagnostics: per destination rank, writes posted and writes delivered (copy completed and
-    // its record appended to the receiver's inbox); a gap that stays says which copies stall.
+    // its record appended to the receiver's inbox; control messages such as heartbeats included),
+    // and the payload bytes delivered (data Writes only); a gap that stays says which copies stall.
     for (size_t r = 0; r < peers_.size() && posted_to_ != nullptr; ++r) {
       out.push_back({"ipc_posted_to_" + std::to_string(r), posted_to_[r].load(std::memory_order_relaxed)});
       out.push_back({"ipc_delivered_to_" + std::to_string(r), delivered_to_[r].load(std::memory_order_relaxed)});
+      out.push_back({"ipc_bytes_to_" + std::to_string(r), bytes_to_[r].load(std::memory_order_relaxed)});
     }
     return out;
   }
@@ -412,6 +416,7 @@ class IpcTransport final : public Transport {
         }
         out.push_back({Completion::kLocalDone, peer, 0, p.pending.front().ctx, 0, {}});
         deliver_ns_.fetch_add(uint64_t(now_ns() - p.pending.front().posted_ns), std::memory_order_relaxed);
+        bytes_to_[size_t(peer)].fetch_add(p.pending.front().len, std::memory_order_relaxed);
         p.pending.pop_front();
         delivered_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
         --outstanding_;
@@ -474,7 +479,7 @@ class IpcTransport final : public Transport {
   uint64_t consumed_ = 0;
   std::thread::id bound_;
   std::atomic<uint64_t> copies_{0}, copy_bytes_{0}, inbox_full_{0};
-  std::unique_ptr<std::atomic<uint64_t>[]> posted_to_, delivered_to_;  // per destination rank
+  std::unique_ptr<std::atomic<uint64_t>[]> posted_to_, delivered_to_, bytes_to_;  // per destination rank
   std::atomic<uint64_t> submit_ns_{0}, deliver_ns_{0}, received_{0}, inbox_ns_{0};
   std::unique_ptr<ipc::CopyEngine> engine_;  // last: destroyed first (see the destructor)
 };

@@ -75,6 +75,8 @@ def test_counted_writes_land_before_their_fence(transport):
         delivered = sum(counters[f"ipc_delivered_to_{r}"] for r in range(3))
         assert sum(counters[f"ipc_posted_to_{r}"] for r in range(3)) >= delivered >= writes
         assert counters["ipc_post_to_deliver_ns"] > 0 and counters["ipc_submit_ns"] > 0
+        # payload bytes per destination: data Writes only (heartbeats carry none)
+        assert [counters[f"ipc_bytes_to_{r}"] for r in range(3)] == [240 * (5 + 6 + 7 + 8)] * 3
     finally:
         stop_all(ps)
 

@@ -6,7 +6,7 @@ through the CPU proxy (ipc transport, the stand-in for a NIC): uccl_ep/cuda/ll_h
 The workers of test_cuda_ll.py (every option combination incl. zero copy, hooks and async, masking
 and clean, CUDA-graph capture and replay, the bounded device wait) run on that layout, small and
 DeepSeek-size (128 x 7168, top-8 of 288); one more checks that the node's own traffic never entered
-the proxy (its transport delivered nothing to the node's peer) while the other node's did, and that
+the proxy (its transport carried no payload to the node's peer) while the other node's did, and that
 allow_nvlink_for_low_latency_mode=False still sends every peer through the proxy.
 
 Needs 4 GPUs (2 nodes of 2 distinct GPUs each: the cuda executor takes one GPU per rank; the runtime
@@ -82,19 +82,20 @@ def worker_paths(rank, world, H, E, T_max, seed):
             assert isinstance(eng, ProxyLowLatencyEngine), type(eng)
             counters = dict(eng.proxy.transport_counters())
             out[name] = dict(peers=eng.hybrid.peers, commands=int(eng.proxy.commands_posted),
-                             delivered={j: int(counters.get(f"ipc_delivered_to_{j}", 0)) for j in range(world)})
+                             payload={j: int(counters.get(f"ipc_bytes_to_{j}", 0)) for j in range(world)})
         dist.barrier()
         buf.destroy()
     hybrid, forced = out["hybrid"], out["forced"]
     assert hybrid["peers"] == (partner,), hybrid
     assert forced["peers"] == (), forced
     remote = [j for j in range(world) if j // 2 != rank // 2]
-    # hybrid: nothing to the node's peer through the proxy; per remote peer and op one Write and the
-    # signal pair (2 ops); forced: the same for all three peers
-    assert hybrid["delivered"][partner] == 0, hybrid
-    assert all(hybrid["delivered"][j] > 0 for j in remote), hybrid
+    # hybrid: no payload to the node's peer through the proxy (its proxy still sends that peer
+    # heartbeats: control messages without bytes); per remote peer and op one Write and the signal
+    # pair (2 ops); forced: the same for all three peers
+    assert hybrid["payload"][partner] == 0, hybrid
+    assert all(hybrid["payload"][j] > 0 for j in remote), hybrid
     assert hybrid["commands"] == 2 * len(remote) * 3, hybrid
-    assert forced["delivered"][partner] > 0, forced
+    assert forced["payload"][partner] > 0, forced
     assert forced["commands"] == 2 * (world - 1) * 3, forced
     return out
 
