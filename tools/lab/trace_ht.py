@@ -3,8 +3,12 @@ BF16 dispatch, one cached FP8 dispatch and one combine, per rank, with its strea
 the op's first device event) and duration. For finding what bounds a path (e.g. the copy-engine
 dispatch, ht_dispatch_ce=1); not a test.
 
-python tools/lab/trace_ht.py [num_sms] [out_dir] [KEY=VALUE ...]   (every GPU; KEY=VALUE: uccl_ep.Tuning
-fields, as bench --tune; the caller's UCCL_EP_* settings)
+python tools/lab/trace_ht.py [--repeat N] [num_sms] [out_dir] [KEY=VALUE ...]   (every GPU; KEY=VALUE:
+uccl_ep.Tuning fields, as bench --tune; the caller's UCCL_EP_* settings, e.g. UCCL_EP_RANKS_PER_NODE=1
+UCCL_EP_NIC_MODEL=efa-400g for the internode path under the NIC model)
+
+--repeat N profiles N back-to-back calls of each op (default 1): the gaps between them and each
+op's start-of-op kernels (the proxy path's handshake) show.
 
 Prints each rank's timelines; with out_dir, also writes the chrome traces there
 (trace_<op>_r<rank>.json).
@@ -36,7 +40,7 @@ def _timeline(path: str) -> list[tuple]:
     return sorted((e["ts"] - t0, e["dur"], e.get("tid"), e["name"][:60]) for e in events)
 
 
-def worker(rank, world, num_sms, out_dir, tune=()):
+def worker(rank, world, num_sms, out_dir, tune=(), repeat=1):
     from uccl_ep import Buffer, Tuning
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
     group = dist.group.WORLD
@@ -61,7 +65,8 @@ def worker(rank, world, num_sms, out_dir, tune=()):
         torch.cuda.synchronize()
         dist.barrier()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
+            for _ in range(repeat):
+                fn()
             torch.cuda.synchronize()
         dist.barrier()
         path = os.path.join(out_dir or tempfile.mkdtemp(), f"trace_{name}_r{rank}.json")
@@ -72,10 +77,15 @@ def worker(rank, world, num_sms, out_dir, tune=()):
 
 
 if __name__ == "__main__":
-    sms = int(sys.argv[1]) if len(sys.argv) > 1 else 24
-    out_dir = sys.argv[2] if len(sys.argv) > 2 else ""
-    tune = tuple(sys.argv[3:])
-    res = run_ranks(worker, min(torch.cuda.device_count(), 8), sms, out_dir, tune, backend="nccl", timeout_s=300)
+    args = sys.argv[1:]
+    repeat = 1
+    if args[:1] == ["--repeat"]:
+        repeat, args = int(args[1]), args[2:]
+    sms = int(args[0]) if args else 24
+    out_dir = args[1] if len(args) > 1 else ""
+    tune = tuple(args[2:])
+    res = run_ranks(worker, min(torch.cuda.device_count(), 8), sms, out_dir, tune, repeat, backend="nccl",
+                    timeout_s=300)
     for r, per_op in enumerate(res):
         for name, rows in per_op.items():
             end = max((s + d for s, d, _, _ in rows), default=0)
