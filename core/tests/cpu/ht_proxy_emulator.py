@@ -126,6 +126,7 @@ class State:
         self.recv_pos = mem(addr + off["recv_pos"], 8 * R * Rg, np.uint64).reshape(R, Rg)
         self.self_tail = mem(addr + off["self_tail"], 8 * Rg, np.uint64)   # [ring id]: the own stream's TAIL
         self.self_head = mem(addr + off["self_head"], 8 * Rg, np.uint64)   # and its HEAD (device words)
+        self.area_geometry = mem(addr + off["area_geometry"], 16, np.uint64)  # per area, since the last handshake
 
 
 class DmaRole:
@@ -195,6 +196,7 @@ class _Kernels:
     def __init__(self, proxy, timeout_s: float = 60.0) -> None:
         self.proxy, self.timeout_s = proxy, timeout_s
         self.launches: list[tuple[str, dict]] = []
+        self.skipped_handshakes = 0
 
     # -- plumbing ------------------------------------------------------------------------------
     def launch(self, name: str, grid, block: int, params: bytes, smem: int = 0) -> None:
@@ -265,6 +267,15 @@ class _Kernels:
         self._check_proxy_words(p)
         R, me, L, hs = p["num_ranks"], p["rank"], p["record_ints"], bool(p["handshake"])
         st = State(p["state"])
+        geometry = [p["area_geometry0"], p["area_geometry1"]]
+        # the handshake only where an area would change geometry (notify.cu's NOTES)
+        changed = any(g and st.area_geometry[a] and int(st.area_geometry[a]) != g for a, g in enumerate(geometry))
+        if hs and not changed:
+            for a, g in enumerate(geometry):
+                if g:
+                    st.area_geometry[a] = g
+            self.skipped_handshakes += 1
+            return
         par = int(st.op[0]) & 1
         counter = plan.META_COUNTER0 + par
         region, base, slot = p["region"], p["meta_base"], p["meta_slot_bytes"]
@@ -312,6 +323,7 @@ class _Kernels:
             host[1] = rows
             host[0] = p["host_tag"]
         st.op[0] += 1
+        st.area_geometry[:] = geometry  # every peer started this op: every earlier op's rings were read
 
     # -- the ring streams (device/internode_ring.cuh) ----------------------------------------------
     # The stream to the rank itself never enters the proxy: it is staged into the own receive ring

@@ -71,9 +71,11 @@ def _pair(group, world, H, mode):
     from uccl_ep import Buffer, Config
     configs = [Buffer.get_dispatch_config(world), Config(8, 4, 32, 2, 8)]
     nvl = max(c.get_nvl_buffer_size_hint(H * 2, world) for c in configs)
-    kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2}}[mode]
+    from uccl_ep import Tuning
+    kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2},
+          "split": {"ranks_per_node": 1, "tuning": Tuning(ht_proxy_split_rings=True)}}[mode]
     ours = Buffer(group, nvl, 0, backend="cuda", **kw)
-    ref = Buffer(group, nvl, 0, backend="reference", **kw)
+    ref = Buffer(group, nvl, 0, backend="reference", **{k: v for k, v in kw.items() if k != "tuning"})
     assert ours.backend == "cuda" and ours.topology == ref.topology
     return ours, ref, configs
 
@@ -212,6 +214,16 @@ def worker_graph(rank, world, H, T, E, seed, mode):
     eager_c = ours.combine(recv, handle, topk_weights=rw, config=configs[0])[0]
     torch.cuda.synchronize()
     dist.barrier()
+    # back to back, no host sync: same-geometry ops skip the start-of-op handshake (a peer may still
+    # be in the previous op while this rank's Writes land), alternating ops too with split rings
+    outs = []
+    for i in range(6):
+        outs.append(ours.dispatch(x, handle=handle, config=configs[0])[0] if i % 3 < 2 else
+                    ours.combine(recv, handle, topk_weights=rw, config=configs[0])[0])
+    torch.cuda.synchronize()
+    for i, o in enumerate(outs):
+        _eq(f"rank {rank} back-to-back op {i}", o, eager_x if i % 3 < 2 else eager_c)
+    dist.barrier()
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
@@ -266,7 +278,7 @@ BIG = dict(H=7168, T=4096, E=256, seed=2)
 
 
 @pytest.mark.parametrize("copy", ["kernel", "cuda"])
-@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2"])
+@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2", "split"])
 @pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
 def test_ht_internode_matches_reference(shape, mode, copy):
     """Every option against the reference, the Writes copied by the kernels' copy role (UCCL_EP_IPC_COPY=
@@ -280,7 +292,7 @@ def test_ht_internode_matches_reference(shape, mode, copy):
         assert checked > 0 and transport == f"ipc:{copy}" and copies > 0
 
 
-@pytest.mark.parametrize("mode", ["rpn1", "rpn2"])
+@pytest.mark.parametrize("mode", ["rpn1", "rpn2", "split"])
 def test_ht_internode_cuda_graph(mode):
     if mode == "rpn2" and _world() < 4:
         pytest.skip("needs 4 GPUs")

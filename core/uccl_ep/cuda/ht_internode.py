@@ -11,9 +11,10 @@ proxy, as an RDMA write with immediate. ``UCCL_EP_IPC_COPY=cuda`` makes the prox
 driver instead (and needs CUDA_MODULE_LOADING=EAGER, proxy_path.warn_lazy_module_loading).
 
 Per op:
-  notify    a meta record (fresh dispatch) or a bare handshake (cached dispatch, combine) to every
-            rank: counted Write + fenced Atomic on META(parity); the CPU waits for the receive
-            counts only for a fresh dispatch without num_worst_tokens
+  notify    a meta record (fresh dispatch) to every rank: counted Write + fenced Atomic on
+            META(parity); the CPU waits for the receive counts only without num_worst_tokens.
+            Cached dispatch and combine send a bare handshake instead, which the kernel skips
+            where the op's ring areas keep the geometry they had since the last one (`start_op`)
   dispatch  per (peer, channel) ring streams of the host executor's packed rows: staged, one
             ordered Write per round (TAIL(ring)), credits back with Atomic HEAD(ring); the stream
             to the rank itself stays on the GPU (staged into its own receive ring, device counters)
@@ -35,6 +36,7 @@ ipc+fabric (gpu_transport.py): node mates over ipc, other nodes over the NIC.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import time
 
@@ -64,6 +66,11 @@ DMA_UNIT_CAPACITY = 32768
 DMA_RING_STATE_BYTES = 128
 DMA_CONTEXT_BYTES = 128
 DMA_RUNNING = (1 << 64) - 1
+# The ring fields of a params struct, and those that fix where an op's messages land (an area's
+# geometry key, geometry_keys; the round size does not: each op's rounds and credits are its own,
+# and a receiver returns every credit of an op at its end).
+_RING_FIELDS = ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring")
+_GEOMETRY = ("msg_bytes", "ring_slots", "recv_base", "send_base", "first_ring")
 
 
 def serves(ctx) -> bool:
@@ -145,6 +152,9 @@ class ProxyNormalEngine:
             raise
         self.host_tag = 0
         self.last_worst = 0
+        # One rank per node: dispatch in area 0, combine in area 1 (Tuning.ht_proxy_split_rings), so
+        # alternating dispatch and combine each keep their geometry and skip the handshake.
+        self.split_rings = bool(ctx.tuning.ht_proxy_split_rings) and not self.forward
 
     @property
     def owner(self):
@@ -200,18 +210,41 @@ class ProxyNormalEngine:
 
     # -- shared pieces -----------------------------------------------------------------------------
     def ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
-        """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix)."""
-        # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
-        # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
+        """Ring fields of a params struct (with forwarding, area 1's carry the ``nvl_`` prefix: the
+        kernels take both areas' rings)."""
+        # NOTES: without forwarding (one rank per node) the op's rings get the whole region, so deep
+        # rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it, unless dispatch
+        # and combine take one half each (split_rings).
         g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area,
-                          areas=2 if self.forward else 1)
-        pre = "nvl_" if area else ""
-        out = {pre + k: getattr(g, k) for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base",
-                                                "first_ring")}
-        if not area:
+                          areas=2 if self.forward or self.split_rings else 1, nvl_sizes=area == 1 and self.forward)
+        pre = "nvl_" if area and self.forward else ""
+        out = {pre + k: getattr(g, k) for k in _RING_FIELDS}
+        out[pre + "area"] = area  # consumed by start_op (not a kernel field)
+        if not pre:
             out.update(head_base=plan.HEAD_BASE, num_counters=self.num_counters, num_fifos=self.num_fifos,
                        timeout_ns=self.ex.timeout_ns)
         return out
+
+    @staticmethod
+    def geometry_keys(rings: dict, channels: int) -> tuple[dict, tuple[int, int]]:
+        """(``rings`` without the area tags, the geometry key of ring areas 0 and 1): a nonzero hash
+        of where the op's messages land in the area, equal on every rank; 0 for an area the op does
+        not use (the notify kernel compares them with HTProxyState::area_geometry)."""
+        rings = dict(rings)
+        keys = [0, 0]
+        for pre in ("", "nvl_"):
+            if pre + "area" in rings:
+                area = rings.pop(pre + "area")
+                raw = struct.pack("<6q", channels, *(rings[pre + k] for k in _GEOMETRY))
+                keys[area] = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") | 1
+        return rings, (keys[0], keys[1])
+
+    def start_op(self, rings: dict, channels: int) -> dict:
+        """Before a cached dispatch or a combine: the notify kernel's bare handshake, which it skips
+        where the op's areas keep their geometry (ht/proxy/notify.cu). Returns the ring fields."""
+        rings, keys = self.geometry_keys(rings, channels)
+        self.notify(geometry=keys)
+        return rings
 
     def proxy_words(self) -> dict:
         return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
@@ -226,7 +259,10 @@ class ProxyNormalEngine:
                                 "SMs) of the proxy normal-mode kernels", channels,
                                 min(plan.MAX_CHANNELS, (self.num_sms - copy) // per))
 
-    def notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0, channels=0) -> int:
+    def notify(self, per_dst=None, meta_out=None, cols=None, E_loc=0, alignment=1, worst=0, channels=0,
+               geometry=(0, 0)) -> int:
+        """The start of an op: a fresh dispatch's record exchange, or the handshake (``per_dst`` None);
+        ``geometry``: the op's area keys (geometry_keys)."""
         handshake = per_dst is None
         # a handshake pushes no bytes; a fresh record's Writes are copied by one block per ring
         grid, role = (1, dict(dma_blocks=0, dma_senders=0)) if handshake else self.role(1, _NOTIFY_BLOCK, 1, 1)
@@ -240,7 +276,8 @@ class ProxyNormalEngine:
             meta_slot_bytes=self.meta.slot, expert_col=0 if handshake else cols["expert"], num_local_experts=E_loc,
             node_col=-1 if handshake else cols["node"], ranks_per_node=self.G, num_channels=channels,
             check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
-            host_tag=self.host_tag, handshake=int(handshake), timeout_ns=self.ex.timeout_ns, **self.proxy_words(),
+            host_tag=self.host_tag, handshake=int(handshake), area_geometry0=geometry[0], area_geometry1=geometry[1],
+            timeout_ns=self.ex.timeout_ns, **self.proxy_words(),
             **role)
         self.kernels["ht_proxy_notify"].launch(grid, _NOTIFY_BLOCK, params, current_stream())
         return self.host_tag
@@ -298,7 +335,8 @@ class ProxyNormalEngine:
         per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
         meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
         self.last_worst = num_worst_tokens
-        tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C)
+        ring, keys = self.geometry_keys(ring, C)
+        tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C, geometry=keys)
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
         else:
@@ -359,7 +397,7 @@ class ProxyNormalEngine:
                           "cached dispatch")
         recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
         recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
-        self.notify()
+        ring = self.start_op(ring, st.num_channels)
         self._launch_dispatch(x.contiguous(), x_scales, None, None, st.in_rank, st.send_prefix, st.recv_prefix,
                               st.recv_end, (recv_x, recv_scales, None, None, None), st.num_channels, st.num_rows, ring,
                               st.num_experts)
@@ -379,7 +417,8 @@ class ProxyNormalEngine:
             raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
         T, H = st.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
-        ring = self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine")
+        ring = self.start_op(self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine",
+                                       area=1 if self.split_rings else 0), st.num_channels)
         out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
         b0, b1 = (b.contiguous() if b is not None else None for b in biases)
@@ -394,7 +433,6 @@ class ProxyNormalEngine:
             recv_prefix=st.recv_prefix.data_ptr(), recv_end=st.recv_end.data_ptr(), num_tokens=T, hidden=H,
             num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=st.num_channels, **self.proxy_words(),
             **ring, **role)
-        self.notify()
         self.kernels["ht_proxy_combine"].launch(grid, _BLOCK, params, current_stream())
         return out, out_w
 

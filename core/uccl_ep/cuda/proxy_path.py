@@ -105,9 +105,10 @@ def _align16(n: int) -> int:
 CHUNK_BYTES = (1 << 24) - 16
 
 
-# Settings that fix the proxy path's counter growth per op (ProxyLayout.signal_total): a rank whose
-# receive counters expect another growth than its peers send would wait until its timeout.
-SHARED_SETTINGS = ("ll_proxy_parts", "proxy_write_kb")
+# Settings that fix the proxy paths' layout: the LL counters' growth per op (ProxyLayout.signal_total)
+# and where normal mode's rings lie (ht_internode.py): a rank whose receive counters expect another
+# growth, or whose rings lie elsewhere, than its peers send would wait until its timeout.
+SHARED_SETTINGS = ("ll_proxy_parts", "proxy_write_kb", "ht_proxy_split_rings")
 
 
 def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
@@ -117,7 +118,7 @@ def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
 
 def check_same_shared_settings(per_rank: list) -> None:
     """Raise on every rank alike when the ranks' shared_settings() answers differ."""
-    require_same_across_ranks(SHARED_SETTINGS, per_rank, "they set the receive counters' growth per op")
+    require_same_across_ranks(SHARED_SETTINGS, per_rank, "they fix the proxy paths' counters and rings")
 
 
 def write_chunk_bytes(tuning: Tuning = DEFAULT_TUNING) -> int:

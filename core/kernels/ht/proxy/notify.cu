@@ -10,11 +10,15 @@
 // the same message size, and publishes to pinned host memory the rows it will receive and the
 // aligned per-expert counts, and with several ranks per node the rows it receives as its node's
 // forwarder (unless num_worst_tokens fixes the rows: then nobody waits on them).
-// Cached dispatch and combine: a bare handshake (fenced Atomic of value 1, no write).
+// Cached dispatch and combine: a bare handshake (fenced Atomic of value 1, no write), where needed.
 //
-// NOTES: an op may start sending only after every peer started it, because ring slots are
-// addressed with this op's message size (geometry) while positions continue from the previous
-// op: the handshake proves every peer finished reading the previous op's rings. The parity
+// NOTES: an op may start sending into an area's rings only after every peer finished reading what
+// earlier ops wrote there in another geometry (message size, slots, bases: slots would overlap
+// unread ones), while positions continue from op to op; the handshake proves it (every peer started
+// this op). Where the op uses its areas in the geometry they were used in since the last handshake,
+// positions and credits simply continue and the handshake is skipped: decided here, from
+// HTProxyState::area_geometry, so CUDA-graph replays decide as eager calls do, and every rank alike
+// (same calls, same shapes). A skipped handshake leaves the op counter (parity) unchanged. The
 // double-buffers the meta slots exactly as the host executor does (an op starts only after
 // every peer's record of the previous op arrived, so slot [parity] is never overwritten early).
 #include "uccl_ep/device/internode_ring.cuh"
@@ -34,11 +38,21 @@ extern "C" __global__ void __launch_bounds__(256) ht_proxy_notify(const UCCL_GRI
   auto* region = reinterpret_cast<uint8_t*>(p.region);
   const auto* counters = reinterpret_cast<const int64_t*>(p.counters);
   const auto* fifos = reinterpret_cast<const FifoLayout*>(p.fifos);
+  __shared__ int s_skip;
+  const uint64_t geometry[2] = {p.area_geometry0, p.area_geometry1};
   if (tid == 0) {
     s_ok = 1;
     s_op = state->op;
+    bool changed = false;
+    for (int a = 0; a < 2; ++a)
+      changed = changed || (geometry[a] != 0 && state->area_geometry[a] != 0 && state->area_geometry[a] != geometry[a]);
+    s_skip = handshake && !changed;
+    if (s_skip)
+      for (int a = 0; a < 2; ++a)
+        if (geometry[a] != 0) state->area_geometry[a] = geometry[a];
   }
   __syncthreads();
+  if (s_skip) return;
   const int par = int(s_op & 1u);
   const int64_t counter = kHTProxyMetaCounter + par;
 
@@ -131,5 +145,10 @@ extern "C" __global__ void __launch_bounds__(256) ht_proxy_notify(const UCCL_GRI
       st_release_sys(host, int(p.host_tag));  // release: the counts above before the tag the CPU polls
     }
   }
-  if (tid == 0) state->op = s_op + 1u;
+  if (tid == 0) {
+    state->op = s_op + 1u;
+    // every peer started this op, so it finished reading every earlier op's rings: the areas are
+    // free, but for this op's
+    for (int a = 0; a < 2; ++a) state->area_geometry[a] = geometry[a];
+  }
 }

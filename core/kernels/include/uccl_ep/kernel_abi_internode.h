@@ -54,6 +54,9 @@ struct HTProxyState {
   // straight into its own receive ring and the two sides count in device memory.
   uint64_t self_tail[kHTProxyMaxRings];                   // messages staged into the own ring (TAIL)
   uint64_t self_head[kHTProxyMaxRings];                   // messages of it consumed (HEAD)
+  // Geometry keys of the two ring areas as used since the last handshake (0: unused since): a
+  // cached dispatch or combine needs the handshake only where it would use an area in another one.
+  uint64_t area_geometry[2];
 };
 
 // Byte offset of a slot: rings [peer][ring - first_ring][slot] of `msg` bytes from `base`.
@@ -127,7 +130,10 @@ struct HTProxyNotifyParams {
   int64_t expert_alignment;
   int64_t num_worst_tokens;
   int64_t host_tag;
-  int64_t handshake;        // 1: no record, a bare fence (cached dispatch, combine)
+  int64_t handshake;        // 1: no record, a bare fence (cached dispatch, combine), sent only where
+                            //    an area's geometry changes (HTProxyState::area_geometry)
+  uint64_t area_geometry0;  // this op's geometry key of ring area 0 (0: the op does not use it)
+  uint64_t area_geometry1;  // ... of ring area 1
   int64_t timeout_ns;
   int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
   int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
