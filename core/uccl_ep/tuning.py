@@ -49,9 +49,7 @@ class Tuning:
     dispatch / combine, 0 = as dispatch), ``ht_defines`` (shared; extra NAME=VALUE compile-time
     settings from ht_tuning.cuh), ``ht_combine_ce`` / ``ht_dispatch_ce`` (shared; copy-engine
     combine, dispatch ``auto`` / ``1`` / ``0``), ``ht_ce_chunk_kb`` (shared; copy-engine chunk),
-    ``ht_combine_ce_max_mb`` (shared; largest copy-engine staging buffer), ``ht_proxy_split_rings``
-    (shared; through the proxy with one rank per node, dispatch and combine rings in separate
-    halves of the region: alternating ops skip the start-of-op handshake, rings half as deep).
+    ``ht_combine_ce_max_mb`` (shared; largest copy-engine staging buffer).
     """
 
     ll_combine_recv_threads: int = 512
@@ -68,7 +66,6 @@ class Tuning:
     ht_dispatch_ce: str = "auto"
     ht_ce_chunk_kb: int = 8192
     ht_combine_ce_max_mb: int = 2048
-    ht_proxy_split_rings: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

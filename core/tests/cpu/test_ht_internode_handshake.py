@@ -23,7 +23,6 @@ from ht_proxy_emulator import unpack  # noqa: E402
 from test_ht_internode_proxy_path import _routing, engine  # noqa: E402,F401  (engine: a fixture)
 from uccl_ep.config import Config  # noqa: E402
 from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
-from uccl_ep.tuning import Tuning  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 T, H, E, K, WORST = 40, 256, 8, 8, 200
@@ -87,15 +86,3 @@ def test_one_area_handshakes_only_where_the_geometry_changes(engine):  # noqa: F
     # fresh (its exchange), cached (another message size), cached again (no), combine (another
     # geometry), combine again (no), back to dispatch, other ring depth (Config b)
     assert sent == [True, True, False, True, False, True, True], sent
-
-
-def test_split_rings_alternate_without_handshakes(engine):  # noqa: F811
-    """Tuning.ht_proxy_split_rings: dispatch in area 0, combine in area 1 (ring ids C + c)."""
-    eng = engine.eng
-    eng.split_rings = True  # as Buffer(tuning=Tuning(ht_proxy_split_rings=True)) sets it
-    assert Tuning(ht_proxy_split_rings=True).ht_proxy_split_rings
-    sent, keys = _ops(eng, engine.R, engine.log)
-    assert [bool(k[0]) for k in keys] == [True, True, True, False, False, True, True]
-    assert [bool(k[1]) for k in keys] == [False, False, False, True, True, False, False]
-    # combine uses area 1, unused since the last handshake; then dispatch and combine alternate
-    assert sent == [True, True, False, False, False, False, True], sent

@@ -30,11 +30,11 @@ pytestmark = pytest.mark.cpu
 H, R = 7168, 2
 
 
-def _engine_like(forward: bool, config, split_rings: bool = False):
+def _engine_like(forward: bool, config):
     nvl = config.get_nvl_buffer_size_hint(H * 2, R)
     shared, _ = plan.region_layout(nvl, R)
-    return SimpleNamespace(R=R, shared=shared, forward=forward, split_rings=split_rings, num_counters=6144,
-                           num_fifos=8, ex=SimpleNamespace(ctx=SimpleNamespace(timeout_s=60.0), timeout_ns=1))
+    return SimpleNamespace(R=R, shared=shared, forward=forward, num_counters=6144, num_fifos=8,
+                           ex=SimpleNamespace(ctx=SimpleNamespace(timeout_s=60.0), timeout_ns=1))
 
 
 @pytest.mark.parametrize("msg", [plan.dispatch_msg_bytes(2 * H, 0, 8), plan.dispatch_msg_bytes(H, H // 128, 8),
@@ -51,15 +51,6 @@ def test_one_rank_per_node_rings_take_the_whole_region(msg):
     assert two["ring_slots"] == min(config.num_max_rdma_chunked_recv_tokens, eng.shared // 2 // (2 * R * C) // msg)
     # both rings of every (peer, channel) fit the region below its meta records
     assert one["send_base"] + R * C * one["ring_slots"] * msg <= eng.shared
-    # Tuning.ht_proxy_split_rings: combine in area 1 (ring ids C + c, the upper half), with the
-    # config's RDMA sizes and unprefixed fields (the one-hop kernels'), as deep as half the region allows
-    split = _engine_like(False, config, split_rings=True)
-    low = ht_internode.ProxyNormalEngine.ring(split, msg, C, config, "x", area=0)
-    high = ht_internode.ProxyNormalEngine.ring(split, msg, C, config, "x", area=1)
-    assert high["area"] == 1 and high["first_ring"] == C and high["recv_base"] == split.shared // 2 // 16 * 16
-    assert high["ring_slots"] == low["ring_slots"] == two["ring_slots"] and high["chunk"] == one["chunk"]
-    assert low["send_base"] + R * C * low["ring_slots"] * msg <= high["recv_base"]
-    assert high["send_base"] + R * C * high["ring_slots"] * msg <= split.shared
     print(f"msg {msg} B: {two['ring_slots']} -> {one['ring_slots']} slots, in flight per stream "
           f"{two['ring_slots'] * msg >> 10} -> {one['ring_slots'] * msg >> 10} KiB, chunk {one['chunk']}")
 

@@ -71,11 +71,9 @@ def _pair(group, world, H, mode):
     from uccl_ep import Buffer, Config
     configs = [Buffer.get_dispatch_config(world), Config(8, 4, 32, 2, 8)]
     nvl = max(c.get_nvl_buffer_size_hint(H * 2, world) for c in configs)
-    from uccl_ep import Tuning
-    kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2},
-          "split": {"ranks_per_node": 1, "tuning": Tuning(ht_proxy_split_rings=True)}}[mode]
+    kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2}}[mode]
     ours = Buffer(group, nvl, 0, backend="cuda", **kw)
-    ref = Buffer(group, nvl, 0, backend="reference", **{k: v for k, v in kw.items() if k != "tuning"})
+    ref = Buffer(group, nvl, 0, backend="reference", **kw)
     assert ours.backend == "cuda" and ours.topology == ref.topology
     return ours, ref, configs
 
@@ -215,7 +213,7 @@ def worker_graph(rank, world, H, T, E, seed, mode):
     torch.cuda.synchronize()
     dist.barrier()
     # back to back, no host sync: same-geometry ops skip the start-of-op handshake (a peer may still
-    # be in the previous op while this rank's Writes land), alternating ops too with split rings
+    # be in the previous op while this rank's Writes land)
     outs = []
     for i in range(6):
         outs.append(ours.dispatch(x, handle=handle, config=configs[0])[0] if i % 3 < 2 else
@@ -278,7 +276,7 @@ BIG = dict(H=7168, T=4096, E=256, seed=2)
 
 
 @pytest.mark.parametrize("copy", ["kernel", "cuda"])
-@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2", "split"])
+@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2"])
 @pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
 def test_ht_internode_matches_reference(shape, mode, copy):
     """Every option against the reference, the Writes copied by the kernels' copy role (UCCL_EP_IPC_COPY=
@@ -292,7 +290,7 @@ def test_ht_internode_matches_reference(shape, mode, copy):
         assert checked > 0 and transport == f"ipc:{copy}" and copies > 0
 
 
-@pytest.mark.parametrize("mode", ["rpn1", "rpn2", "split"])
+@pytest.mark.parametrize("mode", ["rpn1", "rpn2"])
 def test_ht_internode_cuda_graph(mode):
     if mode == "rpn2" and _world() < 4:
         pytest.skip("needs 4 GPUs")

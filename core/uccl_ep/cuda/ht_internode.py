@@ -152,9 +152,6 @@ class ProxyNormalEngine:
             raise
         self.host_tag = 0
         self.last_worst = 0
-        # One rank per node: dispatch in area 0, combine in area 1 (Tuning.ht_proxy_split_rings), so
-        # alternating dispatch and combine each keep their geometry and skip the handshake.
-        self.split_rings = bool(ctx.tuning.ht_proxy_split_rings) and not self.forward
 
     @property
     def owner(self):
@@ -210,14 +207,13 @@ class ProxyNormalEngine:
 
     # -- shared pieces -----------------------------------------------------------------------------
     def ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
-        """Ring fields of a params struct (with forwarding, area 1's carry the ``nvl_`` prefix: the
-        kernels take both areas' rings)."""
-        # NOTES: without forwarding (one rank per node) the op's rings get the whole region, so deep
-        # rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it, unless dispatch
-        # and combine take one half each (split_rings).
+        """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix); ``area`` tags them
+        for geometry_keys."""
+        # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
+        # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
         g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area,
-                          areas=2 if self.forward or self.split_rings else 1, nvl_sizes=area == 1 and self.forward)
-        pre = "nvl_" if area and self.forward else ""
+                          areas=2 if self.forward else 1)
+        pre = "nvl_" if area else ""
         out = {pre + k: getattr(g, k) for k in _RING_FIELDS}
         out[pre + "area"] = area  # consumed by start_op (not a kernel field)
         if not pre:
@@ -417,8 +413,8 @@ class ProxyNormalEngine:
             raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
         T, H = st.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
-        ring = self.start_op(self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine",
-                                       area=1 if self.split_rings else 0), st.num_channels)
+        ring = self.start_op(self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine"),
+                             st.num_channels)
         out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
         b0, b1 = (b.contiguous() if b is not None else None for b in biases)

@@ -78,16 +78,13 @@ def region_layout(region_bytes: int, num_ranks: int) -> tuple[int, MetaLayout]:
 
 
 def geometry(num_ranks: int, shared_bytes: int, timeout_s: float, msg_bytes: int, num_channels: int, config,
-             phase: str, area: int = 0, areas: int = 2, nvl_sizes: bool | None = None) -> RingSpec:
-    """Rings of this op: one per channel, in area ``area`` of ``areas`` equal parts of the shared part.
-    Hop 1 / hop B rings take the config's RDMA sizes, hop 2 / hop A rings (forwarding inside a node)
-    its NVL sizes (``nvl_sizes``; default: area 1 is the forwarding hop, as in the host layout).
-    ``areas=1`` (one rank per node: no second hop) gives area 0 the whole shared part, so its rings
-    are as deep as the config asks where half the region would cut them."""
+             phase: str, area: int = 0, areas: int = 2) -> RingSpec:
+    """Rings of this op: one per channel, in area 0 (hop 1 / hop B: the config's RDMA sizes) or
+    area 1 (hop 2 / hop A: its NVL sizes) of the host layout's two; ``areas=1`` (one rank per node:
+    no second hop) gives area 0 the whole shared part, so its rings are as deep as the config asks
+    where half the region would cut them."""
     ex = SimpleNamespace(num_ranks=num_ranks, shared_bytes=shared_bytes, threads=1, timeout_s=timeout_s)
-    if nvl_sizes is None:
-        nvl_sizes = area == 1
-    if not nvl_sizes:
+    if area == 0:
         slots, chunk = config.num_max_rdma_chunked_recv_tokens, config.num_max_rdma_chunked_send_tokens
     else:
         slots, chunk = config.num_max_nvl_chunked_recv_tokens, config.num_max_nvl_chunked_send_tokens

@@ -105,10 +105,9 @@ def _align16(n: int) -> int:
 CHUNK_BYTES = (1 << 24) - 16
 
 
-# Settings that fix the proxy paths' layout: the LL counters' growth per op (ProxyLayout.signal_total)
-# and where normal mode's rings lie (ht_internode.py): a rank whose receive counters expect another
-# growth, or whose rings lie elsewhere, than its peers send would wait until its timeout.
-SHARED_SETTINGS = ("ll_proxy_parts", "proxy_write_kb", "ht_proxy_split_rings")
+# Settings that fix the proxy path's counter growth per op (ProxyLayout.signal_total): a rank whose
+# receive counters expect another growth than its peers send would wait until its timeout.
+SHARED_SETTINGS = ("ll_proxy_parts", "proxy_write_kb")
 
 
 def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
@@ -118,7 +117,7 @@ def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
 
 def check_same_shared_settings(per_rank: list) -> None:
     """Raise on every rank alike when the ranks' shared_settings() answers differ."""
-    require_same_across_ranks(SHARED_SETTINGS, per_rank, "they fix the proxy paths' counters and rings")
+    require_same_across_ranks(SHARED_SETTINGS, per_rank, "they set the receive counters' growth per op")
 
 
 def write_chunk_bytes(tuning: Tuning = DEFAULT_TUNING) -> int:
