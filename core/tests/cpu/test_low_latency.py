@@ -204,3 +204,22 @@ def _mask_worker(rank, world, backend, seed):
 @pytest.mark.parametrize("world", [2, 4])
 def test_shrink_masking(backend, world):
     run_ranks(_mask_worker, world, backend, int(torch.randint(0, 10_000, ()).item()), timeout_s=240)
+
+
+def test_fp8_codes_within_one_step():
+    """The tolerance the bench holds DeepEP's own FP8 cast to (bench/verify.check_ll): one e4m3 step."""
+    from uccl_ep.bench.expect import fp8_codes_within_one_step
+    x = torch.randn(64, 256) * 30
+    q = per_token_cast_to_fp8(x)[0].view(torch.uint8)
+    assert fp8_codes_within_one_step(q, q)
+    up = q.clone()
+    up[q & 0x7F < 0x7E] += 1                      # one step away from zero, same sign
+    assert fp8_codes_within_one_step(up, q)
+    two = up.clone()
+    two[0, 0] = q[0, 0] + 2 if int(q[0, 0]) & 0x7F < 0x7D else q[0, 0] - 2
+    assert not fp8_codes_within_one_step(two, q)
+    flipped = q.clone()
+    flipped[0, 1] = q[0, 1] ^ 0x80                # another sign: far off unless zero
+    assert fp8_codes_within_one_step(flipped, q) == (int(q[0, 1]) & 0x7F == 0)
+    zeros = torch.tensor([0x00, 0x80], dtype=torch.uint8)
+    assert fp8_codes_within_one_step(zeros, zeros.flip(0))

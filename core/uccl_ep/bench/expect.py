@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["expected_normal_recv", "expected_ll_segments", "check_ll_dispatch", "LLCheckError"]
+__all__ = ["expected_normal_recv", "expected_ll_segments", "check_ll_dispatch", "fp8_codes_within_one_step",
+           "LLCheckError"]
 
 
 class LLCheckError(AssertionError):
@@ -45,13 +46,23 @@ def expected_ll_segments(all_topk: list[torch.Tensor], me: int, num_experts: int
     return seg
 
 
+def fp8_codes_within_one_step(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether e4m3 codes (uint8 views) agree up to one step of the format: the same sign and codes at
+    most 1 apart, or both zero (+0 / -0)."""
+    g, w = got.to(torch.int16), want.to(torch.int16)
+    same_sign = (g & 0x80) == (w & 0x80)
+    zeros = ((g & 0x7F) == 0) & ((w & 0x7F) == 0)
+    return bool(((same_sign & ((g - w).abs() <= 1)) | zeros).all())
+
+
 def check_ll_dispatch(recv_rows_fn, recv_count: torch.Tensor, handle, all_source_rows: list[torch.Tensor],
                       all_topk: list[torch.Tensor], me: int, num_experts: int, num_ranks: int,
-                      masked: set[int] = frozenset()) -> int:
+                      masked: set[int] = frozenset(), rows_match=torch.equal) -> int:
     """Check an LL dispatch per (expert, source) segment; returns the rows checked.
 
     ``recv_rows_fn(e, begin, count)`` returns the received rows of local expert e as a tensor
-    comparable with ``all_source_rows[j][tokens]`` (e.g. raw bytes, or dequantized values).
+    comparable with ``all_source_rows[j][tokens]`` (e.g. raw bytes, or dequantized values);
+    ``rows_match(got, want)`` compares them (bitwise by default).
     """
     src_info, layout_range = handle[0].cpu(), handle[1].cpu()
     per_rank = num_experts // num_ranks
@@ -78,7 +89,7 @@ def check_ll_dispatch(recv_rows_fn, recv_count: torch.Tensor, handle, all_source
                 raise LLCheckError(f"rank {me} expert {e} source {j}: src_info {got_src.tolist()} != {tokens}")
             got_rows = recv_rows_fn(e, begin, count)[order]
             exp_rows = all_source_rows[j][torch.tensor(tokens)]
-            if not torch.equal(got_rows.cpu(), exp_rows.cpu()):
+            if not rows_match(got_rows.cpu(), exp_rows.cpu()):
                 diff = (got_rows.cpu().float() - exp_rows.cpu().float()).abs().max().item()
                 raise LLCheckError(f"rank {me} expert {e} source {j}: received rows differ (max abs diff {diff})")
             checked += count
