@@ -96,7 +96,7 @@ def _ll(lib, group, rank, world, dev, shape, profile, name):
     gen = torch.Generator().manual_seed(rank + 7)
     hint = lib.Buffer.get_low_latency_rdma_size_hint(T, H, world, E)
     kw = dict(num_qps_per_rank=E // world, allow_nvlink_for_low_latency_mode=True) if name == "deepep" else \
-        dict(backend="cuda")
+        dict(backend="cuda", explicitly_destroy=True)
     buf = lib.Buffer(group, 0, hint, low_latency_mode=True, **kw)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
     idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(K, -1).indices.to(dev)
@@ -121,7 +121,7 @@ def _ht(lib, group, rank, world, dev, shape, profile, name):
     lib.Buffer.set_num_sms(24)
     cfg = lib.Buffer.get_dispatch_config(world)
     ccfg = lib.Buffer.get_combine_config(world)
-    kw = {} if name == "deepep" else dict(backend="cuda")
+    kw = {} if name == "deepep" else dict(backend="cuda", explicitly_destroy=True)
     buf = lib.Buffer(group, max(cfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world)),
                      0, **kw)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
