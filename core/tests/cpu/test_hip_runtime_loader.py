@@ -186,7 +186,7 @@ from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
 torch.cuda.synchronize = lambda *a, **k: None  # CPU torch here; the stand-in completes every call at once
-ll.current_stream = lambda: 0x5150             # torch's current stream, as the engine reads it
+ll.current_stream = lambda device=None: 0x5150            # torch's current stream, as the engine reads it
 
 
 class Executor:

@@ -104,7 +104,7 @@ def engine(monkeypatch, request):
     monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel(launches, name, defines))
     monkeypatch.setattr(proxy_path, "device_arch", lambda dev: arch)
-    monkeypatch.setattr(proxy_path, "current_stream", lambda: 0)
+    monkeypatch.setattr(proxy_path, "current_stream", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 512, 8
     nbytes = low_latency_rdma_size_hint(T, H, R, E)

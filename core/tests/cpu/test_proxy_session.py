@@ -91,7 +91,7 @@ def both(monkeypatch):
     monkeypatch.setattr(ht_internode, "load_kernel", lambda dev, src, name: Kernel(log, name))
     monkeypatch.setattr(proxy_session, "load_kernel", lambda dev, src, name: Handover(log))
     for mod in (proxy_path, ht_internode, ht):
-        monkeypatch.setattr(mod, "current_stream", lambda: 0)
+        monkeypatch.setattr(mod, "current_stream", lambda device=None: 0)
     monkeypatch.setattr(proxy_path, "device_arch", lambda dev: "sm_90a")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 256, 8

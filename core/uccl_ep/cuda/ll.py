@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -88,36 +87,24 @@ class _Layout:
         return s * self.set_bytes + self.sig_off
 
 
-@lru_cache(maxsize=64)
-def _output_plan(E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
-    """(byte sizes, offsets, total) of the outputs packed in one allocation, 256-byte aligned."""
-    rows = R * num_max
-    data_bytes = E_loc * rows * H * (1 if use_fp8 else 2)
-    scale_cols = (H // 512 if use_ue8m0 else H // 128) if use_fp8 else 0
-    parts = (data_bytes, E_loc * scale_cols * rows * 4, E_loc * 4, E_loc * rows * 4, E_loc * R * 8)
-    offs, total = [], 0
-    for n in parts:
-        offs.append(total)
-        total += (n + 255) // 256 * 256
-    return parts, tuple(offs), total, scale_cols
-
-
 def dispatch_outputs(dev, E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
     """(recv_x, scales or None, recv_count, src_info, layout_range) of a low-latency dispatch."""
     rows = R * num_max
-    # NOTES: one allocation for all outputs (views into it), its layout computed once per shape:
-    # each torch call costs microseconds of host time, which is most of a small eager LL call.
-    parts, offs, total, scale_cols = _output_plan(E_loc, R, num_max, H, bool(use_fp8), bool(use_ue8m0))
-    blob = torch.empty(total, dtype=torch.uint8, device=dev)
-    view = lambda i, dtype, shape: blob[offs[i]:offs[i] + parts[i]].view(dtype).view(shape)  # noqa: E731
+    # NOTES: every torch call costs a microsecond or more of host time, most of a small eager LL
+    # call: one allocation per dtype (views of one byte buffer cost a slice and two views per
+    # output), recv_count and src_info sharing one, src_info 256-byte aligned as before.
     if use_fp8:
-        recv_x = view(0, torch.float8_e4m3fn, (E_loc, rows, H))
-        scales = view(1, torch.int32 if use_ue8m0 else torch.float32, (E_loc, scale_cols, rows)).transpose(1, 2)
+        cols = H // 512 if use_ue8m0 else H // 128
+        recv_x = torch.empty((E_loc, rows, H), dtype=torch.float8_e4m3fn, device=dev)
+        scales = torch.empty_strided((E_loc, rows, cols), (cols * rows, 1, rows),  # column-major, as DeepEP's
+                                     dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev)
     else:
-        recv_x = view(0, torch.bfloat16, (E_loc, rows, H))
+        recv_x = torch.empty((E_loc, rows, H), dtype=torch.bfloat16, device=dev)
         scales = None
-    return recv_x, scales, view(2, torch.int32, (E_loc,)), view(3, torch.int32, (E_loc, rows)), \
-        view(4, torch.int64, (E_loc, R))
+    pad = (E_loc + 63) // 64 * 64
+    ints = torch.empty(pad + E_loc * rows, dtype=torch.int32, device=dev)
+    layout_range = torch.empty((E_loc, R), dtype=torch.int64, device=dev)
+    return recv_x, scales, ints[:E_loc], ints[pad:].view(E_loc, rows), layout_range
 
 
 class LowLatencyEngine:
@@ -229,7 +216,7 @@ class LowLatencyEngine:
                              num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
                              num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
                              msg_bytes=lay.msg_bytes, mask=shrink["mask"], error=self.ex.error_dev_ptr)
-        self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(), smem=8 * num_experts)
+        self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(self.dev), smem=8 * num_experts)
         recv_params = pack_params(
             "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
             signal=self._signal_area(s), seq=self._seq(s), done=self._done(s), flag_off=lay.flag_off,
@@ -245,7 +232,7 @@ class LowLatencyEngine:
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(),
+            self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev),
                                                programmatic=follows_send and self.pdl)
 
         plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
@@ -286,7 +273,7 @@ class LowLatencyEngine:
                              flag_off=lay.flag_off, num_max=num_max, hidden=H,
                              num_local_experts=E_loc, num_ranks=R, rank=self.rank, mask=shrink["mask"],
                              meta_off=lay.meta_off)
-        kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
+        kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(self.dev),
                                           smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
         recv_params = pack_params(
             "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
@@ -301,7 +288,7 @@ class LowLatencyEngine:
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            kernels["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(),
+            kernels["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(self.dev),
                                               programmatic=follows_send and self.pdl)
 
         return result, finish

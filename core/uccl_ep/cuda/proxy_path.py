@@ -309,7 +309,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         (proxy_session.claim_copy_rings; a no-op kernel when its position is the rings'). Before the
         send kernel rather than between it and the copy kernel, which may overlap it."""
         if self.copy_kernel:
-            self.session.claim_copy_rings("ll", current_stream())
+            self.session.claim_copy_rings("ll", current_stream(self.dev))
 
     def _launch_copies(self) -> None:
         """The copy kernel for every Write pushed so far (transport/copy_ring.cu), after a send kernel, in
@@ -318,7 +318,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         descriptors sooner yet made the op slower (docs/benchmarks.md), so the path was removed."""
         if self.copy_kernel:
             self._k["ll_proxy_dma"].launch(self.num_proxy_threads * self.copy_blocks, _DMA_BLOCK,
-                                           self._dma_params, current_stream())
+                                           self._dma_params, current_stream(self.dev))
 
     def proxy_failure(self):
         """The proxy's own error (it stopped or failed under a kernel), as an exception."""
@@ -426,7 +426,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              self_counter=self._counter_words(s, 0)["counter_cache"] + 8 * self.rank,
                              **self._dma_fields, **self.hybrid.send_fields(lay, s, 0), **shape)
         self._claim_copy_rings()
-        self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(),
+        self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(self.dev),
                                                  smem=12 * num_experts)
         self._launch_copies()
         recv_params = pack_params(
@@ -445,7 +445,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(),
+            self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev),
                                                      programmatic=follows_send and self.recv_pdl)
 
         plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
@@ -491,7 +491,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
                              own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape,
                              **self.hybrid.send_fields(lay, s, 1))
         self._claim_copy_rings()
-        kernels["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(),
+        kernels["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(self.dev),
                                                 smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
         recv_params = pack_params(
@@ -510,7 +510,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         def finish(follows_send: bool = False) -> None:
             self.ex.check_error()
             _ = keep
-            kernels["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(),
+            kernels["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(self.dev),
                                                     programmatic=follows_send and self.recv_pdl)
 
         return result, finish

@@ -43,13 +43,22 @@ def _select(native) -> tuple[bool, str]:
         return False, str(e)
 
 
+_driver = None  # the bound module once selected (a process keeps its runtime: _select)
+
+
 def driver():
-    """`uccl_ep._C.cuda` bound to torch's GPU runtime, or MissingDependency when it cannot be used."""
+    """`uccl_ep._C.cuda` bound to torch's GPU runtime, or MissingDependency when it cannot be used.
+    NOTES: on every launch's host path; the selection, once made, cannot change in the process,
+    so it is asked once."""
+    global _driver
+    if _driver is not None:
+        return _driver
     from .. import _C
     ok, why = _select(_C.cuda)
     if not ok:
         raise MissingDependency(why)
-    return _C.cuda
+    _driver = _C.cuda
+    return _driver
 
 
 def driver_unavailable_reason() -> str | None:
@@ -168,13 +177,14 @@ def load_kernel(device: int, source: str, name: str, defines: tuple[str, ...] = 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def current_stream() -> int:
-    """torch's current CUDA stream (a CUstream as int) of the current device.
+def current_stream(device: int | None = None) -> int:
+    """torch's current CUDA stream (a CUstream as int) of ``device`` (default: the current device).
     NOTES: torch's raw accessor where it exists: building a torch.cuda.Stream object costs
-    microseconds on every launch's host path."""
+    microseconds on every launch's host path, and so does asking for the current device (engines
+    pass their own)."""
     if _raw_stream is not None:
-        return int(_raw_stream(torch.cuda.current_device()))
-    return torch.cuda.current_stream().cuda_stream
+        return int(_raw_stream(torch.cuda.current_device() if device is None else device))
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 # ---- memory ---------------------------------------------------------------------------------------
