@@ -36,6 +36,7 @@
 
 #include "runtime/cuda_driver.h"
 #include "runtime/dynlib.h"
+#include "transport/fabric_internal.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
 #include "uccl_ep/immediate.h"
@@ -54,18 +55,7 @@ namespace uccl_ep {
 namespace transport {
 
 #if defined(UCCL_EP_HAVE_FABRIC_HEADERS)
-namespace {
-
-// The few exported libfabric functions, resolved at run time.
-struct Api {
-  int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const fi_info*, fi_info**) = nullptr;
-  void (*freeinfo)(fi_info*) = nullptr;
-  fi_info* (*dupinfo)(const fi_info*) = nullptr;
-  int (*fabric)(fi_fabric_attr*, fid_fabric**, void*) = nullptr;
-  const char* (*strerror)(int) = nullptr;
-  uint32_t (*version)() = nullptr;
-  std::string error;
-};
+namespace fabric_detail {
 
 const Api& api() {
   static const Api a = [] {
@@ -90,30 +80,7 @@ const Api& api() {
   return a;
 }
 
-std::string fi_err(const char* what, long rc) {
-  return std::string(what) + " failed: " + std::to_string(rc) + " (" + api().strerror(int(-rc)) + ")";
-}
-
-// NOTES: efa first (production), then verbs through rxm (IB/RoCE), then tcp (anything with IP).
-const char* const kDefaultProviders[] = {"efa", "verbs;ofi_rxm", "tcp;ofi_rxm"};
-
-// Refusal notice. 8-byte CQ data: bit 63, source rank + 1 in [32, 63), the offset in 16-byte units
-// in [0, 32). 4-byte CQ data: kNoticeImm, a control immediate the proxy never sends.
-constexpr uint64_t kNoticeBit = uint64_t(1) << 63;
-constexpr uint32_t kNoticeImm = 0xFFFFFFFFu;
-static_assert(imm::kind(kNoticeImm) == imm::kControl && imm::op(kNoticeImm) == 63 && imm::kOpGoodbye < 63,
-              "the refusal notice must stay a control immediate the proxy never sends");
-
-uint64_t fnv1a(const std::string& s, uint64_t salt) {
-  uint64_t h = 1469598103934665603ull ^ salt;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-
-// Hints for an RDM endpoint with RMA writes carrying remote CQ data, for one provider; with `hmem`
-// the provider must also register GPU memory (FI_HMEM; GPUDirect RDMA on efa / verbs).
-fi_info* rma_hints(const std::string& provider, bool hmem = false) {
+fi_info* rma_hints(const std::string& provider, bool hmem) {
   fi_info* hints = api().dupinfo(nullptr);
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SOURCE | (hmem ? FI_HMEM : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -130,6 +97,29 @@ fi_info* rma_hints(const std::string& provider, bool hmem = false) {
 uint32_t api_version() {
   const uint32_t lib = api().version();
   return lib >= FI_VERSION(1, 18) ? FI_VERSION(1, 18) : FI_VERSION(1, 17);
+}
+
+}  // namespace fabric_detail
+
+namespace {
+
+using namespace fabric_detail;
+
+std::string fi_err(const char* what, long rc) {
+  return std::string(what) + " failed: " + std::to_string(rc) + " (" + api().strerror(int(-rc)) + ")";
+}
+
+// Refusal notice. 8-byte CQ data: bit 63, source rank + 1 in [32, 63), the offset in 16-byte units
+// in [0, 32). 4-byte CQ data: kNoticeImm, a control immediate the proxy never sends.
+constexpr uint64_t kNoticeBit = uint64_t(1) << 63;
+constexpr uint32_t kNoticeImm = 0xFFFFFFFFu;
+static_assert(imm::kind(kNoticeImm) == imm::kControl && imm::op(kNoticeImm) == 63 && imm::kOpGoodbye < 63,
+              "the refusal notice must stay a control immediate the proxy never sends");
+
+uint64_t fnv1a(const std::string& s, uint64_t salt) {
+  uint64_t h = 1469598103934665603ull ^ salt;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
 }
 
 class FabricTransport final : public Transport {
@@ -524,7 +514,7 @@ class FabricTransport final : public Transport {
 std::unique_ptr<Transport> make_fabric(const Options& options) { return std::make_unique<FabricTransport>(options); }
 
 std::string fabric_unavailable_reason() {
-  if (api().getinfo == nullptr) return api().error;
+  if (fabric_detail::api().getinfo == nullptr) return fabric_detail::api().error;
   return "";
 }
 
@@ -543,45 +533,6 @@ std::string fabric_probe(const std::string& provider, const std::string& domain,
   }
 }
 
-std::vector<std::string> fabric_domains(const std::string& provider) {
-  std::vector<std::string> names;
-  for (const auto& [name, pci] : fabric_domain_pci(provider)) names.push_back(name);
-  return names;
-}
-
-std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string& provider) {
-  std::vector<std::pair<std::string, std::string>> out;
-  if (api().getinfo == nullptr) return out;
-  std::vector<std::string> providers;
-  if (!provider.empty()) providers.push_back(provider);
-  else
-    for (const char* p : kDefaultProviders) providers.push_back(p);
-  for (const std::string& prov : providers) {
-    fi_info* hints = rma_hints(prov);
-    fi_info* info = nullptr;
-    const int rc = api().getinfo(api_version(), nullptr, nullptr, 0, hints, &info);
-    api().freeinfo(hints);
-    if (rc != 0 || info == nullptr) continue;
-    for (fi_info* i = info; i != nullptr; i = i->next) {
-      if (i->domain_attr == nullptr || i->domain_attr->name == nullptr) continue;
-      const std::string name = i->domain_attr->name;
-      if (std::find_if(out.begin(), out.end(), [&](const auto& kv) { return kv.first == name; }) != out.end()) continue;
-      std::string pci;  // "dddd:bb:dd.f" when the provider reports the NIC's PCI address
-      if (i->nic != nullptr && i->nic->bus_attr != nullptr && i->nic->bus_attr->bus_type == FI_BUS_PCI) {
-        const fi_pci_attr& a = i->nic->bus_attr->attr.pci;
-        char buf[32];
-        snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", unsigned(a.domain_id), unsigned(a.bus_id), unsigned(a.device_id),
-                 unsigned(a.function_id));
-        pci = buf;
-      }
-      out.emplace_back(name, pci);
-    }
-    api().freeinfo(info);
-    if (!out.empty()) break;  // the provider the transport would use
-  }
-  return out;
-}
-
 #else  // no libfabric headers at build time
 
 std::unique_ptr<Transport> make_fabric(const Options&) {
@@ -590,8 +541,6 @@ std::unique_ptr<Transport> make_fabric(const Options&) {
 std::string fabric_unavailable_reason() {
   return "uccl_ep was built without libfabric headers (install libfabric-dev and rebuild)";
 }
-std::vector<std::string> fabric_domains(const std::string&) { return {}; }
-std::vector<std::pair<std::string, std::string>> fabric_domain_pci(const std::string&) { return {}; }
 std::string fabric_probe(const std::string&, const std::string&, int, std::string* why) {
   if (why) *why = fabric_unavailable_reason();
   return "";
