@@ -182,6 +182,7 @@ from types import SimpleNamespace
 import torch
 from uccl_ep import _C
 from uccl_ep.cuda import ll, runtime
+from uccl_ep.cuda.engine_context import EngineContext
 from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
@@ -189,29 +190,26 @@ torch.cuda.synchronize = lambda *a, **k: None  # CPU torch here; the stand-in co
 ll.current_stream = lambda device=None: 0x5150            # torch's current stream, as the engine reads it
 
 
-class Executor:
-    # What CudaExecutor.__init__ sets up for a LowLatencyEngine, in its order: rank 0 of 2, the
-    # peer's IPC handle as all_gather_object would bring it.
-    def __init__(self):
-        self.drv = runtime.driver()
-        self.device, self.timeout_ns = 0, 10**9
-        self.ctx = SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning())
-        self.errors = runtime.MappedHostMemory(0, 16384)
-        self.error_dev_ptr = self.errors.dev_ptr
-        self.ll_mem = runtime.DeviceMemory(0, 1 << 22)
-        handles = [self.ll_mem.ipc_handle(), self.ll_mem.ipc_handle()]
-        assert self.drv.can_access_peer(0, 1)
-        self.ll_peer_base = [self.ll_mem.ptr, self.ll_mem.open_peer(handles[1])]
-        self.mask = SimpleNamespace(ptr=runtime.DeviceMemory(0, 8).ptr)  # the rank mask's words (cuda/shrink.py)
+def engine_context():
+    # What CudaExecutor.__init__ hands a LowLatencyEngine (cuda/engine_context.py), in its order: rank 0
+    # of 2, the peer's IPC handle as all_gather_object would bring it.
+    drv = runtime.driver()
+    errors = runtime.MappedHostMemory(0, 16384)
+    ll_mem = runtime.DeviceMemory(0, 1 << 22)
+    handles = [ll_mem.ipc_handle(), ll_mem.ipc_handle()]
+    assert drv.can_access_peer(0, 1)
+    peer_base = [ll_mem.ptr, ll_mem.open_peer(handles[1])]
+    mask = runtime.DeviceMemory(0, 8)  # the rank mask's words (cuda/shrink.py)
 
-    def host_barrier(self, phase="barrier", masks=False):
-        pass
+    def check_error():
+        assert errors.int32(0) == 0
 
-    def check_error(self):
-        assert self.errors.int32(0) == 0
+    return EngineContext(ctx=SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning()), device=0,
+                         drv=drv, timeout_ns=10**9, errors=errors, error_dev_ptr=errors.dev_ptr, mask_ptr=mask.ptr,
+                         ll_mem=ll_mem, ll_peer_base=peer_base, check_error=check_error)
 
 
-eng = ll.LowLatencyEngine(Executor())
+eng = ll.LowLatencyEngine(engine_context())
 open(os.environ["STANDIN_LOG"], "a").write("DISPATCH\\n")
 T, H, E, num_max = 3, 2048, 8, 4
 x = torch.randn(T, H).to(torch.bfloat16)
@@ -219,7 +217,7 @@ topk = torch.tensor([[0, 5], [7, 2], [3, -1]], dtype=torch.int64)
 (recv_x, scales), count, handle, finish = eng.dispatch(None, x, topk, num_max, E, True, False, False, set(), None, None)
 finish()
 print(json.dumps({"x": x.data_ptr(), "topk": topk.data_ptr(), "recv_x": recv_x.data_ptr(), "count": count.data_ptr(),
-                  "error": eng.ex.error_dev_ptr, "mem": eng.mem.ptr}))
+                  "error": eng.ec.error_dev_ptr, "mem": eng.mem.ptr}))
 """
 
 
@@ -324,13 +322,15 @@ import json
 from types import SimpleNamespace
 import torch
 from uccl_ep.cuda import ht, runtime
+from uccl_ep.cuda.engine_context import EngineContext
 from uccl_ep.tuning import Tuning
 
 torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
 drv = runtime.driver()
 nvl = runtime.DeviceMemory(0, 1 << 22)
-ex = SimpleNamespace(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0, tuning=Tuning()), nvl_mem=nvl, drv=drv,
-                     nvl_peer_base=[nvl.ptr] * 8)
+errors = runtime.MappedHostMemory(0, 16384)
+ex = EngineContext(device=0, ctx=SimpleNamespace(num_ranks=8, rank=0, tuning=Tuning()), nvl_mem=nvl, drv=drv,
+                   nvl_peer_base=[nvl.ptr] * 8, timeout_ns=10**9, errors=errors, error_dev_ptr=errors.dev_ptr)
 eng = ht.NormalEngine(ex)
 print(json.dumps({"block": eng.block, "combine_block": eng.combine_block, "G": eng.G, "smem": eng.combine_smem}))
 """

@@ -131,7 +131,9 @@ def test_ranks_must_agree():
         ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning(ht_ce_chunk_kb=1024))])
 
 
-class _Ex:
+class _EngineContext:
+    """The fields of cuda/engine_context.EngineContext that CopyEngineOps reads, recording its calls."""
+
     def __init__(self, R, rank, log, tuning):
         from types import SimpleNamespace
         self.drv = SimpleNamespace(memset_d8=lambda *a: log.append("memset"), synchronize=lambda *a: None,
@@ -168,7 +170,7 @@ def _ops_with_fake_device(monkeypatch, log, peer_handle=b"peer", R=2, **tuning):
     monkeypatch.setattr(ht_ce.torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(ht_ce.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(
         slice(None), [obj, peer_handle]))
-    eng = SimpleNamespace(ex=_Ex(R, 0, log, tuning), dev=0, R=R, rank=0, combine_block=512)
+    eng = SimpleNamespace(ec=_EngineContext(R, 0, log, tuning), dev=0, R=R, rank=0, combine_block=512)
     return eng, ht_ce.CopyEngineOps(eng)
 
 
@@ -189,7 +191,7 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     assert ce.prepare([[0, 1500], [3, 0]], 2048, 8, 24) and ce.cap == 1536 and old.freed
     log.clear()
     assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8, 24) and log == []  # 5120 x 14 KiB > 64 MiB
-    eng.ex.ctx.tuning = Tuning(ht_combine_ce=False)
+    eng.ec.ctx.tuning = Tuning(ht_combine_ce=False)
     assert not ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 2048, 8, 24)
 
 

@@ -19,6 +19,7 @@ core/tests/gpu/test_cuda_ht_internode.py, on a GPU machine (compiled here, not y
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 from types import SimpleNamespace
@@ -38,6 +39,7 @@ from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
 from uccl_ep.errors import LimitExceeded, Unsupported  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
 from uccl_ep.topology import Topology  # noqa: E402
+from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.tuning import Tuning  # noqa: E402
 
 pytestmark = pytest.mark.cpu
@@ -146,9 +148,8 @@ def _fake_ex(rank, R, rpn, nvl_bytes, drv=None, group=None, tuning=None):
     ctx = SimpleNamespace(num_ranks=R, rank=rank, group=group, timeout_s=60.0, topology=Topology(R, rpn),
                           options={"num_proxy_threads": 2}, tuning=tuning or Tuning())
     err = HostMem(0, 64)
-    return SimpleNamespace(ctx=ctx, device=0, drv=drv or FakeDrv(), nvl_mem=HostMem(0, nvl_bytes),
-                           error_dev_ptr=err.ptr, _err=err, timeout_ns=int(60e9), owner=object(),
-                           check_error=lambda: None, multi_host=False)
+    return EngineContext(ctx=ctx, device=0, drv=drv or FakeDrv(), nvl_mem=HostMem(0, nvl_bytes), error_dev_ptr=err.ptr,
+                         errors=err, timeout_ns=int(60e9), owner=object(), multi_host=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
     _install_fakes(log, start_proxy=lambda group, **kw: asked.update(kw) or proxies[0])
     try:
         ex = _fake_ex(0, R, 1, 4 << 20, drv=FakeDrv(offset=1 << 46))
-        ex.multi_host = True
+        ex = dataclasses.replace(ex, multi_host=True)
         monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
         with pytest.raises(Unsupported, match="UCCL_EP_TRANSPORT=fabric"):
             _engine(ex)

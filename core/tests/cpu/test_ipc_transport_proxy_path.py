@@ -17,6 +17,7 @@ import torch
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
 from uccl_ep.cuda import gpu_transport, proxy_path, proxy_session, runtime
+from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.cuda.proxy_path import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
                                      fifo_table_entry, write_chunk_bytes)
 from uccl_ep.proxy import native
@@ -110,9 +111,8 @@ def engine(monkeypatch, request):
     nbytes = low_latency_rdma_size_hint(T, H, R, E)
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
                           topology=Topology(R, 1), enable_shrink=False, tuning=tuning)
-    ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000,
-                         timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=False,
-                         mask=SimpleNamespace(ptr=0xD000))
+    ex = EngineContext(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, nbytes), error_dev_ptr=0xE000, errors=None,
+                       timeout_ns=123, multi_host=False, mask_ptr=0xD000)
     session = _open_session(ex)
     eng = ProxyLowLatencyEngine(ex, session)
     yield SimpleNamespace(eng=eng, ex=ex, asked=asked, launches=launches, proxy=proxies[rank], T=T, H=H, E=E, R=R,
@@ -175,7 +175,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert d["send_area"] == engine.ex.ll_mem.ptr + lay.send(s) and d["send_off"] == lay.send(s)
         assert d["recv_off"] == lay.recv(s) and d["counter"] == counter_base(s, 0)
         # the mask: the executor's device words (read by the kernels when they run), whatever the host set says
-        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["mask"] == engine.ex.mask.ptr
+        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["mask"] == engine.ex.mask_ptr
         # packed regions: one per peer, room for every token's selections of the peer's experts
         slots = T * min(4, E // R)
         # token | row << 16 per slot; a row per token (kernel_abi.h)
@@ -194,7 +194,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert all(r[k] == d[k] for k in ("region_bytes", "counts_bytes", "idx_bytes", "payload_bytes", "max_slots",
                                           "signal_total"))
         assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
-        assert r["mask"] == engine.ex.mask.ptr and r["shrink"] == 0
+        assert r["mask"] == engine.ex.mask_ptr and r["shrink"] == 0
         # the rank's own region: read in the send area; its counter is the receiver's device word
         assert r["send_area"] == d["send_area"] and d["self_counter"] == r["counter_cache"] + 8 * engine.ex.ctx.rank
         y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
@@ -238,7 +238,7 @@ def _assert_copy_launch(eng, launch, send):
     # only the copy kernel, after the send kernel, reads the staged bytes: no system fence before the
     # pushes (OpRoute, device/proxy_ll.cuh)
     assert send["push_fence"] == 0
-    assert k["status"] == eng.status_dev and k["error"] == eng.ex.error_dev_ptr and k["timeout_ns"] == 123
+    assert k["status"] == eng.status_dev and k["error"] == eng.ec.error_dev_ptr and k["timeout_ns"] == 123
     # state, finish counters and the descriptor mirror follow the ring table and the byte counters,
     # without overlap (DmaConsumer 128 B, finish u32 and mirror 32 B per ring slot)
     cap = eng.proxy.copy_rings()[0]["capacity"]
@@ -524,9 +524,8 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     ctx = SimpleNamespace(num_ranks=R, rank=0, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
                           topology=Topology(R, 1), enable_shrink=False, tuning=Tuning())
-    ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, 1 << 16), error_dev_ptr=0xE000,
-                         timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None, multi_host=True,
-                         mask=SimpleNamespace(ptr=0xD000))
+    ex = EngineContext(ctx=ctx, device=0, drv=FakeDrv(), ll_mem=FakeMem(0, 1 << 16), error_dev_ptr=0xE000, errors=None,
+                       timeout_ns=123, multi_host=True, mask_ptr=0xD000)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -587,7 +586,7 @@ def test_copy_kernel_diagnostics_are_summed_over_rings(engine):
     for r in range(n):
         for w in range(per):
             words[r * per + w] = 1000 * (r + 1) + w  # every word distinct
-    eng.ex.drv.memcpy_htod(eng.dev, eng.dma_mem.ptr + 16 * n, struct.pack(f"<{per * n}Q", *words))
+    eng.ec.drv.memcpy_htod(eng.dev, eng.dma_mem.ptr + 16 * n, struct.pack(f"<{per * n}Q", *words))
     got = eng.transport_counters()
     for key, w in proxy_path._DMA_CONSUMER_DIAG_WORDS.items():
         assert got[f"copy_kernel_{key}"] == sum(1000 * (r + 1) + w for r in range(n)), key

@@ -32,6 +32,7 @@ from test_ht_internode_proxy_path import FakeDrv, HostMem, RecordingKernel  # no
 from test_proxy import make_group, stop_all  # noqa: E402
 from uccl_ep.config import Config, low_latency_rdma_size_hint  # noqa: E402
 from uccl_ep.cuda import ht, ht_internode, proxy_path, proxy_session  # noqa: E402
+from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.cuda.proxy_session import LL_COUNTER_BASE, NUM_COUNTERS  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
 from uccl_ep.topology import Topology  # noqa: E402
@@ -100,9 +101,8 @@ def both(monkeypatch):
     ctx = SimpleNamespace(num_ranks=R, rank=rank, options={"num_proxy_threads": 2}, group=None, timeout_s=10.0,
                           topology=Topology(R, 1), enable_shrink=False, tuning=Tuning())
     err = HostMem(0, 64)
-    ex = SimpleNamespace(ctx=ctx, device=0, drv=FakeDrv(), region=region, nvl_mem=nvl, ll_mem=ll, error_dev_ptr=err.ptr,
-                         _err=err, timeout_ns=123, host_barrier=lambda *a, **k: None, check_error=lambda: None,
-                         multi_host=False, mask=SimpleNamespace(ptr=0xD000), owner=object())
+    ex = EngineContext(ctx=ctx, device=0, drv=FakeDrv(), region=region, nvl_mem=nvl, ll_mem=ll, error_dev_ptr=err.ptr,
+                       errors=err, timeout_ns=123, multi_host=False, mask_ptr=0xD000, owner=object())
     session = proxy_session.open_for(ex, True, True)
     ll_eng = proxy_path.ProxyLowLatencyEngine(ex, session)
     ht_eng = ht_internode.ProxyNormalEngine(ex, session)

@@ -23,6 +23,7 @@ from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclE
 from ..group_store import GroupStore, heartbeat_interval_s
 from . import ht_ce, ht_tuning, liveness, ll_hybrid, proxy_path, proxy_session
 from .runtime import DeviceMemory, MappedHostMemory, driver
+from .engine_context import EngineContext
 from .shrink import DeviceMask, masked_barrier
 
 __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
@@ -159,6 +160,12 @@ class CudaExecutor(Executor):
         # each NVLink wait on it timing out; shrink mode masks failed peers instead (liveness.py).
         self._watch = None if ctx.enable_shrink else liveness.PeerWatch(
             ctx.rank, [i[7] for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
+        # What the engines and the proxy session get of this executor (engine_context.py).
+        self.engine_ctx = EngineContext(
+            ctx=ctx, device=self.device, drv=self.drv, timeout_ns=self.timeout_ns, errors=self.errors,
+            error_dev_ptr=self.error_dev_ptr, owner=owner, mask_ptr=self.mask.ptr, multi_host=self.multi_host,
+            nvl_mem=self.nvl_mem, nvl_peer_base=self.nvl_peer_base, ll_mem=self.ll_mem, ll_peer_base=self.ll_peer_base,
+            ll_paths=tuple(self.ll_paths), region=self.region, check_error=self.check_error, host_barrier=self.host_barrier)
         try:
             # NOTES: the proxy session's bootstrap is collective: opened here, while every rank
             # constructs its Buffer (as DeepEP sets everything up in the constructor), once for every
@@ -166,7 +173,7 @@ class CudaExecutor(Executor):
             # (shrink mode) never makes.
             from .ht_internode import scope_reason
             need_ht = self.nvl_mem is not None and self.ht_proxy and scope_reason(ctx, self.multi_host) is None
-            self.session = proxy_session.open_for(self, need_ht, self.ll_mem is not None and self.ll_proxy)
+            self.session = proxy_session.open_for(self.engine_ctx, need_ht, self.ll_mem is not None and self.ll_proxy)
             if self.nvl_mem is not None and (not self.ht_proxy or need_ht):
                 # NOTES: the normal-mode kernels are loaded (compiled on a cold JIT cache) before the
                 # barrier below, so the ranks leave the constructor together: loaded lazily at the first
@@ -285,7 +292,8 @@ class CudaExecutor(Executor):
                 raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
                                     hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
             from .ll import LowLatencyEngine
-            self._ll = proxy_path.ProxyLowLatencyEngine(self, self.session) if self.ll_proxy else LowLatencyEngine(self)
+            self._ll = proxy_path.ProxyLowLatencyEngine(self.engine_ctx, self.session) if self.ll_proxy else \
+                LowLatencyEngine(self.engine_ctx)
         return self._ll
 
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
@@ -320,10 +328,10 @@ class CudaExecutor(Executor):
     def _ht_engine(self):
         if self._ht is None and self.ht_proxy:
             from .ht_internode import ProxyNormalEngine
-            self._ht = ProxyNormalEngine(self, self.session)
+            self._ht = ProxyNormalEngine(self.engine_ctx, self.session)
         if self._ht is None:
             from .ht import NormalEngine
-            self._ht = NormalEngine(self)
+            self._ht = NormalEngine(self.engine_ctx)
         return self._ht
 
     def get_dispatch_layout(self, topk_idx, num_experts):

@@ -73,15 +73,15 @@ class CudaNormalPlan:
 
 
 class NormalEngine:
-    def __init__(self, ex) -> None:
-        self.ex = ex
-        self.dev = ex.device
-        self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
-        if ex.nvl_mem is None:
+    def __init__(self, ec) -> None:
+        self.ec = ec
+        self.dev = ec.device
+        self.R, self.rank = ec.ctx.num_ranks, ec.ctx.rank
+        if ec.nvl_mem is None:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         # warps per peer (dispatch, combine); a combine receiver block runs R * Gc of them
-        self.G, self.Gc = ht_tuning.warps_per_peer(self.R, ex.ctx.tuning)
+        self.G, self.Gc = ht_tuning.warps_per_peer(self.R, ec.ctx.tuning)
         lanes = warp_size()  # the kernels give each peer G warps (64-lane wavefronts on AMD)
         self.block, self.combine_block = self.R * self.G * lanes, self.R * self.Gc * lanes
         if max(self.block, self.combine_block) > 1024:
@@ -89,7 +89,7 @@ class NormalEngine:
                                   f"{lanes} threads per block", max(self.G, self.Gc) * self.R)
         self.work = DeviceMemory(self.dev, 2 * _MAX_CHANNELS * 8 * 8 + 64)
         self.peers = DeviceMemory(self.dev, 8 * self.R)
-        ex.drv.memcpy_htod(self.dev, self.peers.ptr, struct.pack(f"<{self.R}Q", *ex.nvl_peer_base))
+        ec.drv.memcpy_htod(self.dev, self.peers.ptr, struct.pack(f"<{self.R}Q", *ec.nvl_peer_base))
         self.geometry = None
         self.slot_bytes = 0
         self.host_tag = 0
@@ -97,8 +97,8 @@ class NormalEngine:
                                                                     ("ht/nvlink/notify.cu", "ht_notify"))}
         # ht_dispatch, ht_combine (launch bounds: the block size)
         self._k.update(ht_tuning.load_kernels(self.dev, self.R, block_threads=self.block,
-                                              combine_threads=self.combine_block, defines=ex.ctx.tuning.ht_defines))
-        self.combine_smem = ht_tuning.combine_smem_bytes(self.combine_block, ex.ctx.tuning.ht_defines,
+                                              combine_threads=self.combine_block, defines=ec.ctx.tuning.ht_defines))
+        self.combine_smem = ht_tuning.combine_smem_bytes(self.combine_block, ec.ctx.tuning.ht_defines,
                                                          sm=sm_number(device_arch(self.dev)))
         # Tuning.ht_combine_ce: combine's rows moved by copy engines (ht_ce.py)
         self.ce = CopyEngineOps(self)
@@ -129,17 +129,17 @@ class NormalEngine:
             raise InvalidArgument("config.num_max_nvl_chunked_recv_tokens", f">= {need} for the CUDA kernels "
                                   "(the consumer warps of a block: tuning.ht_warps / tuning.ht_combine_warps)",
                                   slots)
-        slot_bytes = (self.ex.nvl_mem.nbytes - _RING_OFF) // (channels * self.R * slots) // 16 * 16
+        slot_bytes = (self.ec.nvl_mem.nbytes - _RING_OFF) // (channels * self.R * slots) // 16 * 16
         if slot_bytes <= 0:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer", _RING_OFF + channels * self.R * slots * 16,
-                                self.ex.nvl_mem.nbytes)
-        drv = self.ex.drv
+                                self.ec.nvl_mem.nbytes)
+        drv = self.ec.drv
         torch.cuda.synchronize(self.dev)
-        self.ex.host_barrier()
-        drv.memset_d8(self.dev, self.ex.nvl_mem.ptr, 0, _RING_OFF, 0)
+        self.ec.host_barrier()
+        drv.memset_d8(self.dev, self.ec.nvl_mem.ptr, 0, _RING_OFF, 0)
         drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
         drv.synchronize(self.dev)
-        self.ex.host_barrier()
+        self.ec.host_barrier()
         self.geometry, self.slot_bytes = (channels, slots), slot_bytes
         return slot_bytes
 
@@ -156,19 +156,19 @@ class NormalEngine:
 
     # -- dispatch ----------------------------------------------------------------------------------
     def _wait_host(self, tag: int) -> None:
-        errors = self.ex.errors
-        deadline = time.monotonic() + self.ex.ctx.timeout_s
+        errors = self.ec.errors
+        deadline = time.monotonic() + self.ec.ctx.timeout_s
         spins = 0
         while errors.int32(_HOST_OFF_INTS) != tag:
             spins += 1
             if spins % 1024 == 0:
-                self.ex.check_error()
+                self.ec.check_error()
                 if time.monotonic() > deadline:
                     raise Timeout(self.rank, None, "ht_dispatch_notify (CPU wait for receive counts)",
-                                  self.ex.ctx.timeout_s, hint="a peer did not join this dispatch")
+                                  self.ec.ctx.timeout_s, hint="a peer did not join this dispatch")
                 if spins > 100_000:
                     time.sleep(0)
-        self.ex.check_error()
+        self.ec.check_error()
 
     def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, outs, handle_mats, channels, rows):
         recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head = outs
@@ -184,14 +184,14 @@ class NormalEngine:
             recv_topk_weights=recv_w.data_ptr() if recv_w is not None else 0,
             recv_src_idx=recv_src.data_ptr() if recv_src is not None else 0,
             send_head=send_head.data_ptr() if send_head is not None else 0, rank_prefix=rank_prefix.data_ptr(),
-            recv_channel_prefix=recv_channel_prefix.data_ptr(), error=self.ex.error_dev_ptr, num_tokens=T,
+            recv_channel_prefix=recv_channel_prefix.data_ptr(), error=self.ec.error_dev_ptr, num_tokens=T,
             hidden_bytes=x.shape[1] * x.element_size(), num_scales=scales.shape[1] if scales is not None else 0,
             scale_stride_token=scales.stride(0) if scales is not None else 0,
             scale_stride_col=scales.stride(1) if scales is not None else 0,
             num_topk=topk_idx.shape[1] if topk_idx is not None else 0,
             num_experts=self._num_experts, num_ranks=self.R, rank=self.rank, num_channels=channels,
             ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.G, num_rows=rows,
-            timeout_ns=self.ex.timeout_ns)
+            timeout_ns=self.ec.timeout_ns)
         self._k["ht_dispatch"].launch(2 * channels, self.block, params, current_stream())
 
     def _check_x(self, x, scales) -> None:
@@ -220,27 +220,27 @@ class NormalEngine:
         channel_prefix = mats[R * R:R * R + R * C].view(R, C)
         recv_channel_prefix = mats[R * R + R * C:].view(R, C)
         self.host_tag = (self.host_tag + 1) & 0x3FFFFFFF
-        host = self.ex.errors.dev_ptr + 4 * _HOST_OFF_INTS
+        host = self.ec.errors.dev_ptr + 4 * _HOST_OFF_INTS
         in_rank = is_token_in_rank.contiguous()
         ntpe = num_tokens_per_expert.contiguous()
         params = pack_params("HTNotifyParams", is_token_in_rank=in_rank.data_ptr(), num_tokens_per_expert=ntpe.data_ptr(),
                              peer_buf=self.peers.ptr, seq=self._seq, rank_prefix=rank_prefix.data_ptr(),
                              channel_prefix=channel_prefix.data_ptr(),
-                             recv_channel_prefix=recv_channel_prefix.data_ptr(), host=host, error=self.ex.error_dev_ptr,
+                             recv_channel_prefix=recv_channel_prefix.data_ptr(), host=host, error=self.ec.error_dev_ptr,
                              host_tag=self.host_tag, num_tokens=T, num_ranks=R, rank=self.rank, num_channels=C,
                              num_experts=E, expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
-                             timeout_ns=self.ex.timeout_ns)
+                             timeout_ns=self.ec.timeout_ns)
         self._k["ht_notify"].launch(1, 512, params, current_stream())
         pair_counts = None
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
         else:
             self._wait_host(self.host_tag)
-            vals = self.ex.errors.int32_array(_HOST_OFF_INTS + 1, 1 + R + E_loc)
+            vals = self.ec.errors.int32_array(_HOST_OFF_INTS + 1, 1 + R + E_loc)
             num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:]
             rows = num_recv
             if self.ce.enabled:  # every rank's tokens per destination: the same on every rank
-                flat = self.ex.errors.int32_array(_HOST_OFF_INTS + 2 + R + E_loc, R * R)
+                flat = self.ec.errors.int32_array(_HOST_OFF_INTS + 2 + R + E_loc, R * R)
                 pair_counts = [flat[i * R:(i + 1) * R] for i in range(R)]
         # the copy-engine combine for this handle: decided alike on every rank (same counts)
         use_ce = pair_counts is not None and self.ce.prepare(pair_counts, x.shape[1], K, config.num_sms)
@@ -265,7 +265,7 @@ class NormalEngine:
             self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, outs,
                                   (rank_prefix, recv_channel_prefix), C, rows)
         handle = NormalHandle((rank_prefix, channel_prefix, recv_channel_prefix, recv_src, in_rank, send_head),
-                              self.ex.owner, plan)
+                              self.ec.owner, plan)
         return recv_x, recv_scales, recv_idx, recv_w, per_expert, handle
 
     def cached_dispatch(self, x, x_scales, handle, config):
@@ -320,10 +320,10 @@ class NormalEngine:
             out=out.data_ptr(), out_weights=out_w.data_ptr() if out_w is not None else 0,
             is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), peer_buf=self.peers.ptr,
             sent=self._sent, consumed=self._consumed, rank_prefix=handle[0].data_ptr(),
-            recv_channel_prefix=handle[2].data_ptr(), error=self.ex.error_dev_ptr, num_tokens=T, hidden=H,
+            recv_channel_prefix=handle[2].data_ptr(), error=self.ec.error_dev_ptr, num_tokens=T, hidden=H,
             num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=plan.num_channels,
             ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.Gc,
-            timeout_ns=self.ex.timeout_ns)
+            timeout_ns=self.ec.timeout_ns)
         self._k["ht_combine"].launch(2 * plan.num_channels, self.combine_block, params, current_stream(),
                                      smem=self.combine_smem)
         return out, out_w

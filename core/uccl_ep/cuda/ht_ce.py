@@ -173,9 +173,9 @@ class CopyEngineOps:
     """The staging buffer and launches of the copy-engine combine (and dispatch) for one NormalEngine."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.ex = engine, engine.ex
+        self.engine, self.ec = engine, engine.ec
         self.dev, self.R, self.rank = engine.dev, engine.R, engine.rank
-        tuning = engine.ex.ctx.tuning
+        tuning = engine.ec.ctx.tuning
         self.enabled = tuning.ht_combine_ce and self.R > 1
         # "1" / "auto" (calls with <= AUTO_DISPATCH_MAX_SMS SMs) / "0"
         self.dispatch_mode = tuning.ht_dispatch_ce if self.enabled else "0"
@@ -232,9 +232,9 @@ class CopyEngineOps:
         (out of device memory), every rank learns it from the exchange, drops the copy-engine path
         for good and keeps the ring kernels: no rank is left waiting on a peer that took the other
         path."""
-        drv = self.ex.drv
+        drv = self.ec.drv
         torch.cuda.synchronize(self.dev)
-        self.ex.host_barrier()  # nobody still reads or writes the old buffers
+        self.ec.host_barrier()  # nobody still reads or writes the old buffers
         if self.mem is not None:
             self.mem.free()
             self.mem = None
@@ -243,7 +243,7 @@ class CopyEngineOps:
         except Exception as e:  # noqa: BLE001 -- the driver's out-of-memory error; any failure counts
             mem, why = None, f"{type(e).__name__}: {e}"
         handles = [None] * self.R
-        dist.all_gather_object(handles, mem.ipc_handle() if mem is not None else why, group=self.ex.ctx.group)
+        dist.all_gather_object(handles, mem.ipc_handle() if mem is not None else why, group=self.ec.ctx.group)
         failed = [(r, h) for r, h in enumerate(handles) if isinstance(h, str)]
         if failed:
             if mem is not None:
@@ -253,7 +253,7 @@ class CopyEngineOps:
             warnings.warn(f"uccl_ep: the copy-engine HT ops are off for this Buffer: rank {failed[0][0]} could not "
                           f"allocate {total >> 20} MiB of staging ({failed[0][1]}); the ring kernels run instead "
                           "(Tuning(ht_combine_ce=False) skips the attempt)", RuntimeWarning, stacklevel=4)
-            self.ex.host_barrier()
+            self.ec.host_barrier()
             return False
         self.mem = mem
         self._pack_cache.clear()  # the steps encode the peers' mappings too
@@ -263,7 +263,7 @@ class CopyEngineOps:
         drv.memcpy_htod(self.dev, self.peer_table.ptr, struct.pack(f"<{self.R}Q", *self.peer_stage))
         self._warm_copy_path()
         self.cap, self.hidden, self.topk = cap, hidden, topk
-        self.ex.host_barrier()
+        self.ec.host_barrier()
         return True
 
     def _warm_copy_path(self) -> None:
@@ -276,10 +276,10 @@ class CopyEngineOps:
         is queued, later copies only enqueue."""
         for j in range(self.R):
             if j != self.rank:
-                self._side(j, [], lambda st, j=j: self.ex.drv.memcpy_dtod_async_batch(
+                self._side(j, [], lambda st, j=j: self.ec.drv.memcpy_dtod_async_batch(
                     self.dev, st, struct.pack("<3Q", self.peer_stage[j] + WARM_OFF, self.mem.ptr + WARM_OFF, 8)),
                     torch.device("cuda", self.dev))
-        self.ex.drv.synchronize(self.dev)
+        self.ec.drv.synchronize(self.dev)
 
     # -- combine ------------------------------------------------------------------------------------
     def usable(self, plan, x, topk_weights) -> bool:
@@ -300,11 +300,11 @@ class CopyEngineOps:
     def _begin(self, stream: int, dispatch: bool) -> None:
         """The op's epoch, and the wait until every peer freed what this rank wrote there last time."""
         self._kernels()["ht_ce_begin"].launch(1, 32, pack_params(
-            "HTCEBeginParams", stage=self.mem.ptr, error=self.ex.error_dev_ptr,
+            "HTCEBeginParams", stage=self.mem.ptr, error=self.ec.error_dev_ptr,
             epoch_off=D_EPOCH_OFF if dispatch else EPOCH_OFF, epoch_src_off=D_EPOCH_SRC_OFF if dispatch else EPOCH_SRC_OFF,
             freed_off=D_FREED_OFF if dispatch else FREED_OFF,
             phase=_PHASE_HT_DISPATCH_SEND if dispatch else _PHASE_HT_COMBINE_SEND, num_ranks=self.R, rank=self.rank,
-            timeout_ns=self.ex.timeout_ns), stream)
+            timeout_ns=self.ec.timeout_ns), stream)
 
     @staticmethod
     def _fork(cur):
@@ -368,14 +368,14 @@ class CopyEngineOps:
             topk_weights=ptr(topk_weights), is_token_in_rank=in_rank.data_ptr(), channel_prefix=channel_prefix.data_ptr(),
             rank_prefix=rank_prefix.data_ptr(), recv_x=recv_x.data_ptr(), recv_scales=ptr(recv_scales),
             recv_topk_idx=ptr(recv_idx), recv_topk_weights=ptr(recv_w), recv_src_idx=ptr(recv_src),
-            send_head=ptr(send_head), stage=self.mem.ptr, peer_stage=self.peer_table.ptr, error=self.ex.error_dev_ptr,
+            send_head=ptr(send_head), stage=self.mem.ptr, peer_stage=self.peer_table.ptr, error=self.ec.error_dev_ptr,
             num_tokens=x.shape[0], hidden_bytes=hb, num_scales=ns,
             scale_stride_token=scales.stride(0) if scales is not None else 0,
             scale_stride_col=scales.stride(1) if scales is not None else 0, num_topk=K,
             num_experts=plan.num_experts, num_ranks=R, rank=self.rank, num_channels=plan.num_channels,
             region_base=d_base, region_bytes=self.d_region, scales_off=lay["scales_off"], topk_off=lay["topk_off"],
             weights_off=lay["weights_off"], src_off=lay["src_off"], chunk_rows=chunk, fresh=int(send_head is not None),
-            timeout_ns=self.ex.timeout_ns)
+            timeout_ns=self.ec.timeout_ns)
         # NOTES: the SM kernel goes first, the copy chains after it: building and issuing the chains
         # takes the host a few hundred microseconds, and with the kernel queued behind them the
         # device idled that long (tools/lab/trace_ht.py shows it). The chains
@@ -387,16 +387,16 @@ class CopyEngineOps:
 
         def build():
             chains = receive_chain(self.rank, list(plan.recv_counts), self.mem.ptr, self.peer_stage, d_base,
-                                   self.d_region, lay, chunk, hb, ns, K, outs_ptrs, self.ex.error_dev_ptr,
-                                   self.ex.timeout_ns)
+                                   self.d_region, lay, chunk, hb, ns, K, outs_ptrs, self.ec.error_dev_ptr,
+                                   self.ec.timeout_ns)
             return {j: b"".join(struct.pack("<12Q", *(v & (2**64 - 1) for v in s))
                                 for s in [st for c in chunks for st in c] + tail)
                     for j, (chunks, tail) in chains.items()}
         packed = self._packed(("d", tuple(plan.recv_counts), tuple(outs_ptrs.values()), hb, ns, K, chunk,
-                               self.mem.ptr, d_base, self.d_region, tuple(lay.values()), self.ex.error_dev_ptr,
-                               self.ex.timeout_ns), build)
+                               self.mem.ptr, d_base, self.d_region, tuple(lay.values()), self.ec.error_dev_ptr,
+                               self.ec.timeout_ns), build)
         wait_fn = k["ht_ce_wait"].function
-        joins = [self._side(j, [forked], lambda st, blob=blob: self.ex.drv.ce_chain(self.dev, st, wait_fn, blob),
+        joins = [self._side(j, [forked], lambda st, blob=blob: self.ec.drv.ce_chain(self.dev, st, wait_fn, blob),
                             x.device) for j, blob in packed.items()]
         for done in joins:
             cur.wait_event(done)
@@ -416,9 +416,9 @@ class CopyEngineOps:
             out=out.data_ptr(), out_weights=out_w.data_ptr() if out_w is not None else 0,
             is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), channel_prefix=handle[1].data_ptr(),
             recv_channel_prefix=handle[2].data_ptr(), stage=self.mem.ptr, peer_stage=self.peer_table.ptr,
-            error=self.ex.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
+            error=self.ec.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
             rank=self.rank, num_channels=plan.num_channels, region_bytes=self.c_region, cap_rows=self.cap,
-            chunk_rows=chunk, timeout_ns=self.ex.timeout_ns)
+            chunk_rows=chunk, timeout_ns=self.ec.timeout_ns)
         # NOTES: the sum kernel first, then the copies (as in dispatch): own rows are summed while the
         # host still issues the copies; peers' rows wait for their chunk flags (bounded) either way.
         k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
@@ -429,7 +429,7 @@ class CopyEngineOps:
             return {j: b"".join(struct.pack("<3Q", *op) for op in ops) for j, ops in copies.items()}
         packed = self._packed(("c", tuple(plan.recv_counts), x.data_ptr(), w_ptr, H, K, self.mem.ptr, self.c_region,
                                self.cap, chunk), build)
-        joins = [self._side(j, [forked], lambda st, blob=blob: self.ex.drv.memcpy_dtod_async_batch(self.dev, st, blob),
+        joins = [self._side(j, [forked], lambda st, blob=blob: self.ec.drv.memcpy_dtod_async_batch(self.dev, st, blob),
                             x.device) for j, blob in packed.items()]
         for done in joins:
             cur.wait_event(done)

@@ -99,12 +99,12 @@ def unavailable_reason(ctx) -> str | None:
 class ProxyNormalEngine:
     """Normal mode through the Buffer's proxy session (see the module doc and proxy_session.py)."""
 
-    def __init__(self, ex, session) -> None:
-        ctx = ex.ctx
-        why = scope_reason(ctx, ex.multi_host)
+    def __init__(self, ec, session) -> None:
+        ctx = ec.ctx
+        why = scope_reason(ctx, ec.multi_host)
         if why:
             raise Unsupported(f"normal mode of the cuda backend: {why}")
-        if ex.nvl_mem is None:
+        if ec.nvl_mem is None:
             raise LimitExceeded("num_nvl_bytes", "bytes of the NVL buffer for normal mode", 1, 0,
                                 hint="build the Buffer with num_nvl_bytes from Config.get_nvl_buffer_size_hint")
         # Between GPUs of one host the Writes' bytes are copied by the kernels' own copy role from the
@@ -113,12 +113,12 @@ class ProxyNormalEngine:
         # eager module loading).
         self.session = session
         self.dma_role = session.copy_kernel
-        self.ex, self.dev, self.drv = ex, ex.device, ex.drv
+        self.ec, self.dev, self.drv = ec, ec.device, ec.drv
         self.R, self.rank = ctx.num_ranks, ctx.rank
         self.internode = ctx.topology.is_internode
         self.G = ctx.topology.ranks_per_node if self.internode else 1
         self.forward = self.G > 1  # several ranks per node: dedup per node, forwarding inside it
-        self.mem: DeviceMemory = ex.nvl_mem
+        self.mem: DeviceMemory = ec.nvl_mem
         if self.mem.ptr != session.region_ptr:
             raise RuntimeError(f"rank {self.rank}: the NVL buffer must start the proxy session's region (the "
                                "normal-mode kernels address the region from its base)")
@@ -156,7 +156,7 @@ class ProxyNormalEngine:
     @property
     def owner(self):
         """The Buffer this engine's handles belong to."""
-        return self.ex.owner
+        return self.ec.owner
 
     def _map_dma_role(self) -> None:
         """The copy role's memory over the session's copy rings (dma_ring.h, HtDmaContext): context |
@@ -184,7 +184,7 @@ class ProxyNormalEngine:
         self.drv.memcpy_htod(self.dev, base + off["table"], struct.pack(f"<{n}Q", *table))
         ctx = struct.pack("<10Q6q", base + off["table"], base + off["pushed"], base + off["state"], base + off["left"],
                           base + off["finish"], base + off["unit_end"], base + off["units"], base + off["signals"],
-                          base + off["exited"], self.status_dev, n, _COPY_UNIT_BYTES, self.rank, self.ex.timeout_ns,
+                          base + off["exited"], self.status_dev, n, _COPY_UNIT_BYTES, self.rank, self.ec.timeout_ns,
                           0, 0)
         self.drv.memcpy_htod(self.dev, base, ctx)
         self.drv.synchronize(self.dev)
@@ -211,14 +211,14 @@ class ProxyNormalEngine:
         for geometry_keys."""
         # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
         # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
-        g = plan.geometry(self.R, self.shared, self.ex.ctx.timeout_s, msg, channels, config, phase, area,
+        g = plan.geometry(self.R, self.shared, self.ec.ctx.timeout_s, msg, channels, config, phase, area,
                           areas=2 if self.forward else 1)
         pre = "nvl_" if area else ""
         out = {pre + k: getattr(g, k) for k in _RING_FIELDS}
         out[pre + "area"] = area  # consumed by start_op (not a kernel field)
         if not pre:
             out.update(head_base=plan.HEAD_BASE, num_counters=self.num_counters, num_fifos=self.num_fifos,
-                       timeout_ns=self.ex.timeout_ns)
+                       timeout_ns=self.ec.timeout_ns)
         return out
 
     @staticmethod
@@ -244,7 +244,7 @@ class ProxyNormalEngine:
 
     def proxy_words(self) -> dict:
         return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
-                    status=self.status_dev, state=self.state.ptr, error=self.ex.error_dev_ptr, dma=self.dma_ctx)
+                    status=self.status_dev, state=self.state.ptr, error=self.ec.error_dev_ptr, dma=self.dma_ctx)
 
     def _check_channels(self, channels: int) -> None:
         per = 3 if self.forward else 2  # co-resident blocks per channel
@@ -273,25 +273,25 @@ class ProxyNormalEngine:
             node_col=-1 if handshake else cols["node"], ranks_per_node=self.G, num_channels=channels,
             check_col=-1 if handshake else cols["check"], expert_alignment=alignment, num_worst_tokens=worst,
             host_tag=self.host_tag, handshake=int(handshake), area_geometry0=geometry[0], area_geometry1=geometry[1],
-            timeout_ns=self.ex.timeout_ns, **self.proxy_words(),
+            timeout_ns=self.ec.timeout_ns, **self.proxy_words(),
             **role)
         self.kernels["ht_proxy_notify"].launch(grid, _NOTIFY_BLOCK, params, current_stream())
         return self.host_tag
 
     def wait_host(self, tag: int) -> list[int]:
         """The notify kernel's receive counts: [rows, per source (R), per expert (E_loc), RDMA rows]."""
-        deadline = time.monotonic() + self.ex.ctx.timeout_s
+        deadline = time.monotonic() + self.ec.ctx.timeout_s
         spins = 0
         while self.host.int32(0) != tag:
             spins += 1
             if spins % 1024 == 0:
-                self.ex.check_error()
+                self.ec.check_error()
                 if time.monotonic() > deadline:
-                    raise Timeout(self.rank, None, "ht_notify (CPU wait for receive counts)", self.ex.ctx.timeout_s,
+                    raise Timeout(self.rank, None, "ht_notify (CPU wait for receive counts)", self.ec.ctx.timeout_s,
                                   hint="a peer did not join this dispatch (or its proxy is stuck)")
                 if spins > 100_000:
                     time.sleep(0)
-        self.ex.check_error()
+        self.ec.check_error()
         return self.host.int32_array(1, 2 + self.R + _MAX_LOCAL_EXPERTS)
 
     # -- layout ------------------------------------------------------------------------------------

@@ -108,23 +108,23 @@ def dispatch_outputs(dev, E_loc: int, R: int, num_max: int, H: int, use_fp8: boo
 
 
 class LowLatencyEngine:
-    def __init__(self, ex) -> None:
-        self.ex = ex
-        self.dev = ex.device
-        self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
-        self.mem: DeviceMemory = ex.ll_mem
-        self.peer_base: list[int] = ex.ll_peer_base
+    def __init__(self, ec) -> None:
+        self.ec = ec
+        self.dev = ec.device
+        self.R, self.rank = ec.ctx.num_ranks, ec.ctx.rank
+        self.mem: DeviceMemory = ec.ll_mem
+        self.peer_base: list[int] = ec.ll_peer_base
         self.idx = 0
         self.layout: _Layout | None = None
         # seq[2] | done[2] as u32 words, then the peer pointer tables (4 x R u64: per set the recv
         # areas and the dispatch signal areas); made by ensure_layout.
         self.work: DeviceMemory | None = None
-        drv = ex.drv
+        drv = ec.drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
-        self.combine_recv_threads = _combine_recv_threads(ex.ctx.tuning)  # read once: off the per-call host path
+        self.combine_recv_threads = _combine_recv_threads(ec.ctx.tuning)  # read once: off the per-call host path
         # Receive kernels launched right after their send kernel may overlap its tail (programmatic
         # dependent launch, sm_90+; the send kernels allow it once every block has read the op counter).
-        self.pdl = ex.ctx.tuning.ll_pdl and sm_number(device_arch(self.dev)) >= 90
+        self.pdl = ec.ctx.tuning.ll_pdl and sm_number(device_arch(self.dev)) >= 90
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll/nvlink/dispatch.cu", "ll_dispatch_send"), ("ll/nvlink/dispatch.cu", "ll_dispatch_recv"),
             ("ll/nvlink/combine.cu", "ll_combine_send"), ("ll/nvlink/combine.cu", "ll_combine_recv"))}
@@ -150,7 +150,7 @@ class LowLatencyEngine:
         if 2 * lay.set_bytes > self.mem.nbytes:
             raise LimitExceeded("num_rdma_bytes", f"bytes of the low-latency buffer ({num_max} tokens, hidden {hidden}, "
                                 f"{num_experts} experts)", 2 * lay.set_bytes, self.mem.nbytes)
-        drv = self.ex.drv
+        drv = self.ec.drv
         tables = []
         for s in (0, 1):
             tables.append([b + s * lay.set_bytes + lay.recv_off for b in self.peer_base])
@@ -168,14 +168,14 @@ class LowLatencyEngine:
     def clean(self) -> None:
         """Zero both sets (signals, flags) and the device words on every rank (host-synchronizing;
         in shrink mode masked ranks are left out, and a rank that does not come is masked)."""
-        drv = self.ex.drv
+        drv = self.ec.drv
         torch.cuda.synchronize(self.dev)
-        self.ex.host_barrier("low_latency buffer clean (before)", masks=True)
+        self.ec.host_barrier("low_latency buffer clean (before)", masks=True)
         drv.memset_d8(self.dev, self.mem.ptr, 0, self.mem.nbytes, 0)
         drv.memset_d8(self.dev, self.work.ptr, 0, 64, 0)
         drv.synchronize(self.dev)
         self.idx = 0
-        self.ex.host_barrier("low_latency buffer clean (after)", masks=True)
+        self.ec.host_barrier("low_latency buffer clean (after)", masks=True)
 
     def _flip(self) -> int:
         s = self.idx
@@ -199,7 +199,7 @@ class LowLatencyEngine:
 
     def _shrink_fields(self) -> dict:
         """The mask words every LL kernel reads, and whether an expired wait on a peer masks it."""
-        return dict(mask=self.ex.mask.ptr, shrink=int(self.ex.ctx.enable_shrink))
+        return dict(mask=self.ec.mask_ptr, shrink=int(self.ec.ctx.enable_shrink))
 
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
@@ -215,7 +215,7 @@ class LowLatencyEngine:
                              flag_off=lay.flag_off,
                              num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
                              num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
-                             msg_bytes=lay.msg_bytes, mask=shrink["mask"], error=self.ex.error_dev_ptr)
+                             msg_bytes=lay.msg_bytes, mask=shrink["mask"], error=self.ec.error_dev_ptr)
         self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(self.dev), smem=8 * num_experts)
         recv_params = pack_params(
             "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
@@ -224,13 +224,13 @@ class LowLatencyEngine:
             recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
             num_max=num_max, hidden=H, num_local_experts=E_loc, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
-            use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ex.timeout_ns, **shrink)
+            use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ec.timeout_ns, **shrink)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
         def finish(follows_send: bool = False) -> None:
-            self.ex.check_error()
+            self.ec.check_error()
             _ = keep
             self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev),
                                                programmatic=follows_send and self.pdl)
@@ -279,14 +279,14 @@ class LowLatencyEngine:
             "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
             seq=self._seq(s), flag_off=lay.flag_off, done=self._done(s), topk_idx=topk_idx.data_ptr(),
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
-            timeout_ns=self.ex.timeout_ns, meta_off=lay.meta_off, **shrink)
+            timeout_ns=self.ec.timeout_ns, meta_off=lay.meta_off, **shrink)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         recv_threads = self.combine_recv_threads
 
         def finish(follows_send: bool = False) -> None:
-            self.ex.check_error()
+            self.ec.check_error()
             _ = keep
             kernels["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(self.dev),
                                               programmatic=follows_send and self.pdl)

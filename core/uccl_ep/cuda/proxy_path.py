@@ -210,22 +210,22 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
     """LowLatencyEngine whose send phases push commands to the Buffer's proxy session (see the
     module doc and proxy_session.py)."""
 
-    def __init__(self, ex, session) -> None:  # noqa: D107 - replaces the NVLink engine's set-up
-        self.ex = ex
-        self.dev = ex.device
-        self.R, self.rank = ex.ctx.num_ranks, ex.ctx.rank
+    def __init__(self, ec, session) -> None:  # noqa: D107 - replaces the NVLink engine's set-up
+        self.ec = ec
+        self.dev = ec.device
+        self.R, self.rank = ec.ctx.num_ranks, ec.ctx.rank
         self.session = session
         self.transport = session.transport
         self.copy_kernel = session.copy_kernel  # Writes copied by transport/copy_ring.cu from the copy rings
-        self.tuning = tuning = ex.ctx.tuning
+        self.tuning = tuning = ec.ctx.tuning
         self.copy_blocks = tuning.ipc_copy_blocks  # the copy kernel's blocks per ring
-        self.mem: DeviceMemory = ex.ll_mem
+        self.mem: DeviceMemory = ec.ll_mem
         # where this engine's buffer sits in the session's region (the Writes' offsets are the region's)
         self.region_offset = self.mem.ptr - session.region_ptr
         self.idx = 0
         self.layout: ProxyLayout | None = None
         self.work: DeviceMemory | None = None
-        drv = ex.drv
+        drv = ec.drv
         self.drv = drv
         self.num_sms = drv.device_attribute(self.dev, drv.ATTR_SM_COUNT)
         # An experiment: an op's region towards a peer spread over this many proxy threads (every
@@ -252,7 +252,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.fifo_words, self.fifo_table = session.fifo_words, session.fifo_table
         self.status_dev, self.counters_dev = session.status_dev, session.counters_dev
         self.dma_mem: DeviceMemory | None = None
-        self.hybrid = HybridPeers(self.dev, drv, getattr(ex, "ll_paths", ()), getattr(ex, "ll_peer_base", []))
+        self.hybrid = HybridPeers(self.dev, drv, ec.ll_paths, ec.ll_peer_base)
         try:
             if self.copy_kernel:
                 self._map_copy_rings()
@@ -280,8 +280,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.dma_pushed = base + 8 * n
         self._dma_params = pack_params(
             "LLProxyDmaParams", rings=base, pushed=self.dma_pushed, state=base + 16 * n,
-            finish=base + finish, mirror=base + finish + 4 * n * cap, status=self.status_dev, error=self.ex.error_dev_ptr,
-            num_rings=n, blocks_per_ring=self.copy_blocks, rank=self.rank, timeout_ns=self.ex.timeout_ns)
+            finish=base + finish, mirror=base + finish + 4 * n * cap, status=self.status_dev, error=self.ec.error_dev_ptr,
+            num_rings=n, blocks_per_ring=self.copy_blocks, rank=self.rank, timeout_ns=self.ec.timeout_ns)
         # DmaConsumer: base_idx (where the next launch starts), done and fetched all equal the ring
         # position between launches
         self.session.add_ring_consumer("ll", base + 16 * n, _DMA_CONSUMER_BYTES // 8,
@@ -394,13 +394,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         in shrink mode masked ranks are left out, and a rank that does not come is masked)."""
         torch.cuda.synchronize(self.dev)
         # every rank idle: nothing in flight through the proxies
-        self.ex.host_barrier("low_latency buffer clean (before)", masks=True)
+        self.ec.host_barrier("low_latency buffer clean (before)", masks=True)
         self.drv.memset_d8(self.dev, self.work.ptr, 0, self.work.nbytes, 0)
         self.hybrid.clean(self.mem, self.layout)
         self.drv.synchronize(self.dev)
         self.session.reset_counters(LL_COUNTER_BASE, NUM_COUNTERS - LL_COUNTER_BASE)
         self.idx = 0
-        self.ex.host_barrier("low_latency buffer clean (after)", masks=True)
+        self.ec.host_barrier("low_latency buffer clean (after)", masks=True)
 
     # -- dispatch --------------------------------------------------------------------------------
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
@@ -416,10 +416,10 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
                      region_bytes=reg.region_bytes, counts_bytes=reg.counts_bytes, idx_bytes=reg.idx_bytes,
                      payload_bytes=reg.payload_bytes, max_slots=reg.max_slots, signal_total=reg.signal_total,
-                     mask=shrink["mask"], timeout_ns=self.ex.timeout_ns, counter=counter_base(s, 0))
+                     mask=shrink["mask"], timeout_ns=self.ec.timeout_ns, counter=counter_base(s, 0))
         params = pack_params("LLProxyDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
-                             error=self.ex.error_dev_ptr, send_off=self.region_offset + lay.send(s),
+                             error=self.ec.error_dev_ptr, send_off=self.region_offset + lay.send(s),
                              recv_off=self.region_offset + lay.recv(s), num_tokens=T,
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
                              chunk_bytes=lay.chunk_bytes,
@@ -437,13 +437,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
             src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
             num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape,
             **self.hybrid.recv_fields(self.mem, lay, s, 0))
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
 
         def finish(follows_send: bool = False) -> None:
-            self.ex.check_error()
+            self.ec.check_error()
             _ = keep
             self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev),
                                                      programmatic=follows_send and self.recv_pdl)
@@ -479,11 +479,11 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, mask=shrink["mask"],
-                     region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ex.timeout_ns,
+                     region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ec.timeout_ns,
                      counter=counter_base(s, 1))
         params = pack_params("LLProxyCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
                              layout_range=layout_range.data_ptr(), fifos=self.fifo_table.ptr,
-                             finish=self._finish(True), send_area=send_area, error=self.ex.error_dev_ptr,
+                             finish=self._finish(True), send_area=send_area, error=self.ec.error_dev_ptr,
                              send_off=self.region_offset + lay.send(s), recv_off=self.region_offset + lay.recv(s),
                              num_local_experts=E_loc,
                              chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
@@ -502,13 +502,13 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             rounds=self._rounds(s, 1), done=self._done(s, 1), **self._counter_words(s, 1), status=self.status_dev,
             topk_idx=topk_idx.data_ptr(),
             topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ex.error_dev_ptr,
+            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
             num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, shrink=shrink["shrink"],
             **shape, **self.hybrid.recv_fields(self.mem, lay, s, 1))
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
 
         def finish(follows_send: bool = False) -> None:
-            self.ex.check_error()
+            self.ec.check_error()
             _ = keep
             kernels["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(self.dev),
                                                     programmatic=follows_send and self.recv_pdl)

@@ -104,25 +104,25 @@ def shared_region(device: int, nvl_bytes: int, ll_bytes: int):
     return region, RegionView(region, 0, nvl_bytes), RegionView(region, off, ll_bytes)
 
 
-def open_for(ex, need_ht: bool, need_ll: bool):
+def open_for(ec, need_ht: bool, need_ll: bool):
     """The Buffer's session over the region the engines that need it use (None when none does).
     Collective: every rank calls it in the executor's constructor with the same answers."""
     if not (need_ht or need_ll):
         return None
     from . import gpu_transport
-    region = getattr(ex, "region", None)
+    region = ec.region
     if region is None:
-        region = ex.nvl_mem if need_ht else ex.ll_mem
-    return GpuProxySession(ex, region, gpu_transport.choose(ex.multi_host))
+        region = ec.nvl_mem if need_ht else ec.ll_mem
+    return GpuProxySession(ec, region, gpu_transport.choose(ec.multi_host))
 
 
 class GpuProxySession(ProxySession):
     """The proxy of one Buffer and its device mappings (see the module doc)."""
 
-    def __init__(self, ex, region, transport: str) -> None:
+    def __init__(self, ec, region, transport: str) -> None:
         from ..proxy import native
-        ctx = ex.ctx
-        self.dev, self.drv = ex.device, ex.drv
+        ctx = ec.ctx
+        self.dev, self.drv = ec.device, ec.drv
         self.region_ptr, self.region_bytes = region.ptr, region.nbytes
         self.transport = transport
         # ipc between GPUs of one host: Writes are copied by GPU copy work from the proxy threads'
