@@ -9,6 +9,7 @@ that `pack_params` builds from the header's own field list.
 from __future__ import annotations
 
 import ctypes
+import operator
 import re
 import struct
 import threading
@@ -91,23 +92,25 @@ def param_fields(struct_name: str) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def _packer(struct_name: str) -> tuple[struct.Struct, tuple[str, ...], frozenset[str]]:
+def _packer(struct_name: str) -> tuple[struct.Struct, tuple[str, ...], frozenset[str], Any]:
     fields = _abi_structs()[struct_name]
     fmt = "<" + "".join("Q" if t == "uint64_t" else "q" for t, _ in fields)
     names = tuple(f for _, f in fields)
-    return struct.Struct(fmt), names, frozenset(names)
+    return struct.Struct(fmt), names, frozenset(names), operator.itemgetter(*names)
 
 
 def pack_params(struct_name: str, **values: Any) -> bytes:
-    """Pack a kernel parameter struct; every field must be given (pointers as ints).
+    """Pack a kernel parameter struct; every field must be given (integers: pointers, sizes, bools).
 
-    NOTES: on every launch's host path (an eager LL call packs two), so the layout is parsed once
-    per struct and the check is one set comparison."""
-    packer, names, name_set = _packer(struct_name)
+    NOTES: on every launch's host path (an eager LL call packs four), so the layout is parsed once
+    per struct, the check is one set comparison and the values are taken in field order by one C
+    call (struct refuses anything that is not an integer, where int() would truncate a float)."""
+    packer, names, name_set, in_order = _packer(struct_name)
     if values.keys() != name_set:
         missing = [f for f in names if f not in values]
         raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(set(values) - name_set)}")
-    return packer.pack(*[int(values[f]) for f in names])
+    got = in_order(values)
+    return packer.pack(*got) if len(names) > 1 else packer.pack(got)
 
 
 # ---- kernels --------------------------------------------------------------------------------------
