@@ -14,7 +14,10 @@ Streams: kernels run on torch's current stream, so CUDA graphs capture them; see
 from __future__ import annotations
 
 import pickle
+import re
 import socket
+from functools import lru_cache
+from types import SimpleNamespace
 
 import torch
 
@@ -22,16 +25,27 @@ from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore, heartbeat_interval_s
 from . import ht_ce, ht_tuning, liveness, ll_hybrid, proxy_path, proxy_session
-from .runtime import DeviceMemory, MappedHostMemory, driver
+from .runtime import DeviceMemory, MappedHostMemory, abi_enum, driver
 from .engine_context import EngineContext
 from .shrink import DeviceMask, masked_barrier
 
 __all__ = ["CudaExecutor", "unavailable_reason", "plan_paths"]
 
-_PHASES = {1: "ll_dispatch_recv", 2: "ll_combine_recv", 3: "ht_notify", 4: "ht_dispatch_send",
-           5: "ht_dispatch_recv", 6: "ht_combine_send", 7: "ht_combine_recv", 8: "barrier",
-           9: "ll_dispatch_send", 10: "ll_combine_send", 11: "ll_proxy_copy", 12: "ht_proxy_copy", 13: "liveness"}
-_ERR_PEER_GONE = 5  # kernel_abi.h kErrPeerGone: written by the host's PeerWatch (liveness.py)
+def _snake(camel: str) -> str:
+    """LLDispatchRecv -> ll_dispatch_recv (acronyms stay one word)."""
+    return "_".join(re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z][a-z0-9]*|[A-Z]+", camel)).lower()
+
+
+@lru_cache(maxsize=None)
+def phase_names() -> dict[int, str]:
+    """kernel_abi.h's Phase enumerators by value, as the errors name them (kPhaseLLDispatchRecv -> ll_dispatch_recv)."""
+    return {v: _snake(k[len("kPhase"):]) for k, v in abi_enum("Phase").items()}
+
+
+@lru_cache(maxsize=None)
+def error_codes() -> SimpleNamespace:
+    """kernel_abi.h's ErrorCode enumerators: .timeout, .protocol, .proxy, .topk_duplicate, .peer_gone."""
+    return SimpleNamespace(**{_snake(k[len("kErr"):]): v for k, v in abi_enum("ErrorCode").items()})
 _MAX_NVLINK_RANKS = 8
 
 
@@ -207,7 +221,8 @@ class CudaExecutor(Executor):
     def _peer_gone(self, peer: int, why: str) -> None:
         """PeerWatch: `peer`'s process exited. Recorded in the error word the kernels' waits watch."""
         self._peer_gone_why = why
-        self.drv.raise_host_error(self.errors.host_ptr, _ERR_PEER_GONE, 13, self.ctx.rank, peer)
+        self.drv.raise_host_error(self.errors.host_ptr, error_codes().peer_gone, abi_enum("Phase")["kPhaseLiveness"],
+                                  self.ctx.rank, peer)
 
     def check_error(self) -> None:
         """Raise the error a kernel recorded (sticky)."""
@@ -219,38 +234,39 @@ class CudaExecutor(Executor):
         if code == -1:  # a kernel is still filling it in
             torch.cuda.synchronize(self.device)
             code, phase, rank, peer, expert, waited_us = self.errors.int32_array(0, 6)
-        what = _PHASES.get(phase, f"phase {phase}")
-        if code == _ERR_PEER_GONE:
+        what = phase_names().get(phase, f"phase {phase}")
+        err = error_codes()
+        if code == err.peer_gone:
             self._failure = PeerFailure(rank, peer, what, getattr(self, "_peer_gone_why", "its process exited") +
                                         "; the buffer is unusable now (destroy it and build a new one on the "
                                         "surviving ranks)")
-        elif code == 1 and what in ("ll_proxy_copy", "ht_proxy_copy"):  # the copy kernel waited on its own proxy, not a peer
+        elif code == err.timeout and what in ("ll_proxy_copy", "ht_proxy_copy"):  # the copy kernel waited on its own proxy, not a peer
             self._failure = Timeout(rank, rank, what, waited_us / 1e6,
                                     outstanding=f"copy ring of proxy thread {expert}",
                                     hint="this rank's CPU proxy did not queue the copies of the Writes it was "
                                          "given (starved of CPU, or stopped); the buffer is unusable now "
                                          "(destroy it and build a new one)")
-        elif code == 1 and self._peer_dead(peer):
+        elif code == err.timeout and self._peer_dead(peer):
             # NOTES: shrink mode excludes every peer in the proxy session, so a dead peer no longer
             # fails the proxy under normal mode's kernels; their bounded wait names it, and the proxy
             # knows it died.
             self._failure = PeerFailure(rank, peer, what, "the proxy marked it dead (it stopped responding); the "
                                         "buffer is unusable now (destroy it and build a new one on the surviving ranks)")
-        elif code == 1:
+        elif code == err.timeout:
             self._failure = Timeout(rank, peer, what, waited_us / 1e6, outstanding=f"expert/channel {expert}",
                                     hint="the peer did not take part in this operation in time; the buffer is "
                                          "unusable now (destroy it and build a new one)")
-        elif code == 3 and what.startswith("ht_") and hasattr(self._ht, "proxy_failure"):
+        elif code == err.proxy and what.startswith("ht_") and hasattr(self._ht, "proxy_failure"):
             self._failure = self._ht.proxy_failure()
-        elif code == 3 and self._ll is not None and hasattr(self._ll, "proxy_failure"):
+        elif code == err.proxy and self._ll is not None and hasattr(self._ll, "proxy_failure"):
             self._failure = self._ll.proxy_failure()
-        elif code == 4:
+        elif code == err.topk_duplicate:
             self._failure = InvalidArgument("topk_idx", "distinct expert ids in each row (a token selects an expert at "
                                             "most once; -1 may repeat)", f"expert {expert} more than once in row {peer} "
                                             f"(found by {what} on rank {rank})",
                                             hint="the peers' part of that op is lost; destroy the buffer and build "
                                                  "a new one")
-        elif code == 2 and what == "ht_notify" and expert >= 0:
+        elif code == err.protocol and what == "ht_notify" and expert >= 0:
             self._failure = LimitExceeded("num_worst_tokens", f"rows received by rank {rank}", expert,
                                           getattr(self, "_last_worst", 0) or 0)
         else:

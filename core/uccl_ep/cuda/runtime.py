@@ -23,6 +23,7 @@ from ..errors import MissingDependency, UcclEpError
 from . import jit
 
 __all__ = ["driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "param_fields",
+           "abi_enum",
            "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch", "warp_size"]
 
 
@@ -85,6 +86,21 @@ def _abi_structs() -> dict[str, list[tuple[str, str]]]:
             if name.endswith("Params"):
                 out[name] = [(typ, field) for typ, field in _FIELD_RE.findall(body)]
     return out
+
+
+_ENUM_RE = re.compile(r"enum\s+(\w+)\s*:\s*int\s*\{(.*?)\};", re.S)
+_ENUMERATOR_RE = re.compile(r"\b(k\w+)\s*=\s*(-?\d+)")
+
+
+@lru_cache(maxsize=None)
+def abi_enum(name: str) -> dict[str, int]:
+    """The enumerators of ``enum <name> : int`` in the kernel ABI headers (kernel_abi*.h), so the host
+    names error codes and phases from the same source as the kernels."""
+    for header in sorted((jit.include_dir() / "uccl_ep").glob("kernel_abi*.h")):
+        for enum_name, body in _ENUM_RE.findall(header.read_text()):
+            if enum_name == name:
+                return {k: int(v) for k, v in _ENUMERATOR_RE.findall(body)}
+    raise KeyError(f"enum {name} : int not found in the kernel ABI headers")
 
 
 def param_fields(struct_name: str) -> list[str]:
