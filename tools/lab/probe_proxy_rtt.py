@@ -55,7 +55,7 @@ def worker(rank, world, iters):
 
     def case(label, gap_us, both, read_mode=0):
         p = lab.pack("ProxyRttProbeParams", fifo=eng.fifo_table.ptr + f * eng.C.FIFO_LAYOUT_BYTES, ring=ring,
-                           out=out.data_ptr(), status=eng.status_dev, error=eng.ex.error_dev_ptr,
+                           out=out.data_ptr(), status=eng.status_dev, error=eng.ec.error_dev_ptr,
                            first_idx=nxt[0], iters=iters, gap_ns=int(gap_us * 1000), dst=peer, len=16,
                            counter=counter_base(0, 0), rank=rank, timeout_ns=10 * 10**9,
                            read_mode=read_mode)
@@ -65,7 +65,7 @@ def worker(rank, world, iters):
             kern.launch(1, 32, p, rt.current_stream())
             nxt[0] += iters
         torch.cuda.synchronize()
-        eng.ex.check_error()
+        eng.ec.check_error()
         dist.barrier()
         if both or rank == 0:
             v = out.view(iters, 4).cpu().tolist()[5:]

@@ -36,9 +36,14 @@ def mem(addr: int, nbytes: int, dtype=np.uint8) -> np.ndarray:
 
 
 def unpack(struct_name: str, params: bytes) -> dict:
+    """The fields of a packed params struct by name. The ring geometry members read flat, as the
+    kernels' RingArgs take them (internode_ring.cuh ring_args / nvl_ring_args): ``ring.msg_bytes``
+    as ``msg_bytes``, ``nvl_ring.msg_bytes`` as ``nvl_msg_bytes``."""
     fields = runtime._abi_structs()[struct_name]
     fmt = "<" + "".join("Q" if t == "uint64_t" else "q" for t, _ in fields)
-    return dict(zip((f for _, f in fields), struct.unpack(fmt, params)))
+    flat = {"ring": "", "nvl_ring": "nvl_"}
+    names = [flat[f.split(".")[0]] + f.split(".")[1] if "." in f else f for _, f in fields]
+    return dict(zip(names, struct.unpack(fmt, params)))
 
 
 def credit_batch(p: dict) -> int:

@@ -34,7 +34,7 @@ def _engine_like(forward: bool, config):
     nvl = config.get_nvl_buffer_size_hint(H * 2, R)
     shared, _ = plan.region_layout(nvl, R)
     return SimpleNamespace(R=R, shared=shared, forward=forward, num_counters=6144, num_fifos=8,
-                           ex=SimpleNamespace(ctx=SimpleNamespace(timeout_s=60.0), timeout_ns=1))
+                           ec=SimpleNamespace(ctx=SimpleNamespace(timeout_s=60.0), timeout_ns=1))
 
 
 @pytest.mark.parametrize("msg", [plan.dispatch_msg_bytes(2 * H, 0, 8), plan.dispatch_msg_bytes(H, H // 128, 8),
@@ -43,8 +43,8 @@ def test_one_rank_per_node_rings_take_the_whole_region(msg):
     Buffer.set_num_sms(24)
     config = Buffer.get_dispatch_config(R)
     C = config.num_channels
-    one = ht_internode.ProxyNormalEngine.ring(_engine_like(False, config), msg, C, config, "x")
-    two = ht_internode.ProxyNormalEngine.ring(_engine_like(True, config), msg, C, config, "x")
+    one = ht_internode.ProxyNormalEngine.ring(_engine_like(False, config), msg, C, config, "x")["ring"]
+    two = ht_internode.ProxyNormalEngine.ring(_engine_like(True, config), msg, C, config, "x")["ring"]
     eng = _engine_like(False, config)
     assert one["ring_slots"] == min(config.num_max_rdma_chunked_recv_tokens, eng.shared // (2 * R * C) // msg)
     assert one["ring_slots"] == config.num_max_rdma_chunked_recv_tokens  # the config's depth, not the region's half

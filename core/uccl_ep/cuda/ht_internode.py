@@ -207,40 +207,37 @@ class ProxyNormalEngine:
 
     # -- shared pieces -----------------------------------------------------------------------------
     def ring(self, msg: int, channels: int, config, phase: str, area: int = 0) -> dict:
-        """Ring fields of a params struct (area 1's carry the ``nvl_`` prefix); ``area`` tags them
-        for geometry_keys."""
+        """The params fields of this op's rings in ``area``: ``ring`` (area 0, with the counters'
+        fields) or ``nvl_ring`` (area 1), an HTRingGeometry each (kernel_abi_internode.h)."""
         # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
         # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
         g = plan.geometry(self.R, self.shared, self.ec.ctx.timeout_s, msg, channels, config, phase, area,
                           areas=2 if self.forward else 1)
-        pre = "nvl_" if area else ""
-        out = {pre + k: getattr(g, k) for k in _RING_FIELDS}
-        out[pre + "area"] = area  # consumed by start_op (not a kernel field)
-        if not pre:
-            out.update(head_base=plan.HEAD_BASE, num_counters=self.num_counters, num_fifos=self.num_fifos,
-                       timeout_ns=self.ec.timeout_ns)
-        return out
+        geometry = {k: getattr(g, k) for k in _RING_FIELDS}
+        if area:
+            return {"nvl_ring": geometry}
+        return dict(ring=geometry, head_base=plan.HEAD_BASE, num_counters=self.num_counters,
+                    num_fifos=self.num_fifos, timeout_ns=self.ec.timeout_ns)
 
     @staticmethod
-    def geometry_keys(rings: dict, channels: int) -> tuple[dict, tuple[int, int]]:
-        """(``rings`` without the area tags, the geometry key of ring areas 0 and 1): a nonzero hash
-        of where the op's messages land in the area, equal on every rank; 0 for an area the op does
-        not use (the notify kernel compares them with HTProxyState::area_geometry)."""
-        rings = dict(rings)
-        keys = [0, 0]
-        for pre in ("", "nvl_"):
-            if pre + "area" in rings:
-                area = rings.pop(pre + "area")
-                raw = struct.pack("<6q", channels, *(rings[pre + k] for k in _GEOMETRY))
-                keys[area] = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") | 1
-        return rings, (keys[0], keys[1])
+    def geometry_keys(rings: dict, channels: int) -> tuple[int, int]:
+        """The geometry key of ring areas 0 and 1 of an op's ring fields (``ring``, ``nvl_ring``): a
+        nonzero hash of where its messages land in the area, equal on every rank; 0 for an area the
+        op does not use (the notify kernel compares them with HTProxyState::area_geometry)."""
+        keys = []
+        for member in ("ring", "nvl_ring"):
+            geometry = rings.get(member)
+            if geometry is None:
+                keys.append(0)
+                continue
+            raw = struct.pack("<6q", channels, *(geometry[k] for k in _GEOMETRY))
+            keys.append(int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") | 1)
+        return keys[0], keys[1]
 
-    def start_op(self, rings: dict, channels: int) -> dict:
+    def start_op(self, rings: dict, channels: int) -> None:
         """Before a cached dispatch or a combine: the notify kernel's bare handshake, which it skips
-        where the op's areas keep their geometry (ht/proxy/notify.cu). Returns the ring fields."""
-        rings, keys = self.geometry_keys(rings, channels)
-        self.notify(geometry=keys)
-        return rings
+        where the op's areas keep their geometry (ht/proxy/notify.cu)."""
+        self.notify(geometry=self.geometry_keys(rings, channels))
 
     def proxy_words(self) -> dict:
         return dict(region=self.region_dev, fifos=self.fifo_table.ptr, counters=self.counters_dev,
@@ -331,8 +328,8 @@ class ProxyNormalEngine:
         per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
         meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
         self.last_worst = num_worst_tokens
-        ring, keys = self.geometry_keys(ring, C)
-        tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C, geometry=keys)
+        tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C,
+                          geometry=self.geometry_keys(ring, C))
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
         else:
@@ -393,7 +390,7 @@ class ProxyNormalEngine:
                           "cached dispatch")
         recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
         recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
-        ring = self.start_op(ring, st.num_channels)
+        self.start_op(ring, st.num_channels)
         self._launch_dispatch(x.contiguous(), x_scales, None, None, st.in_rank, st.send_prefix, st.recv_prefix,
                               st.recv_end, (recv_x, recv_scales, None, None, None), st.num_channels, st.num_rows, ring,
                               st.num_experts)
@@ -413,8 +410,8 @@ class ProxyNormalEngine:
             raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
         T, H = st.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
-        ring = self.start_op(self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine"),
-                             st.num_channels)
+        ring = self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine")
+        self.start_op(ring, st.num_channels)
         out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
         b0, b1 = (b.contiguous() if b is not None else None for b in biases)

@@ -67,8 +67,8 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
     per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg, node_counts)
     meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
     eng.last_worst = num_worst_tokens
-    rings, keys = eng.geometry_keys(rings, C)
-    tag = eng.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C, geometry=keys)
+    tag = eng.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C,
+                     geometry=eng.geometry_keys(rings, C))
     if num_worst_tokens > 0:
         rows = rdma_rows = num_worst_tokens
         num_recv, per_src, per_expert = None, None, []
@@ -111,7 +111,7 @@ def cached_dispatch(eng, x, x_scales, handle, config):
     rings = _dispatch_rings(eng, msg, st.num_channels, config, "cached dispatch")
     recv_x = torch.empty(st.num_rows, x.shape[1], dtype=x.dtype, device=x.device)
     recv_scales = torch.empty(st.num_rows, ns, dtype=x_scales.dtype, device=x.device) if x_scales is not None else None
-    rings = eng.start_op(rings, st.num_channels)
+    eng.start_op(rings, st.num_channels)
     # no masks recorded (rdma_rows = 0): the dispatch that made the handle recorded them
     _launch_dispatch(eng, x.contiguous(), x_scales, None, None, st, (recv_x, recv_scales, None, None, None, None, None),
                      st.num_rows, 0, rings)
@@ -130,7 +130,7 @@ def combine(eng, x, handle, topk_weights, biases, config):
     K = topk_weights.shape[1] if topk_weights is not None else 0
     rings = dict(eng.ring(plan.partial_msg_bytes(H, K), C, config, "combine hop B", area=0),
                  **eng.ring(plan.combine_msg_bytes(H, K), C, config, "combine hop A", area=1))
-    rings = eng.start_op(rings, C)
+    eng.start_op(rings, C)
     out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
     out_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if topk_weights is not None else None
     b0, b1 = (b.contiguous() if b is not None else None for b in biases)

@@ -74,18 +74,32 @@ def driver_unavailable_reason() -> str | None:
 
 # ---- kernel parameters ----------------------------------------------------------------------------
 _STRUCT_RE = re.compile(r"struct\s+(\w+)\s*\{(.*?)\};", re.S)
-_FIELD_RE = re.compile(r"^\s*(u?int64_t)\s+(\w+)\s*;", re.M)
+_FIELD_RE = re.compile(r"^\s*(\w+)\s+(\w+)\s*;", re.M)
 
 
 @lru_cache(maxsize=1)
 def _abi_structs() -> dict[str, list[tuple[str, str]]]:
-    out: dict[str, list[tuple[str, str]]] = {}
+    """Every kernel parameter struct (``*Params``) of kernel_abi*.h as its 8-byte fields in order,
+    (C type, name); a member that is itself a struct of the headers (HTRingGeometry) is expanded into
+    its fields, named ``member.field``."""
+    bodies: dict[str, str] = {}
     # kernel_abi.h and its per-path companions (kernel_abi_*.h)
     for header in sorted((jit.include_dir() / "uccl_ep").glob("kernel_abi*.h")):
-        for name, body in _STRUCT_RE.findall(header.read_text()):
-            if name.endswith("Params"):
-                out[name] = [(typ, field) for typ, field in _FIELD_RE.findall(body)]
-    return out
+        bodies.update(_STRUCT_RE.findall(header.read_text()))
+
+    def fields(name: str, prefix: str = "") -> list[tuple[str, str]]:
+        out = []
+        for typ, field in _FIELD_RE.findall(bodies[name]):
+            if typ in ("int64_t", "uint64_t"):
+                out.append((typ, prefix + field))
+            elif typ in bodies:
+                out.extend(fields(typ, f"{prefix}{field}."))
+            else:
+                raise TypeError(f"{name}.{field}: a kernel parameter is an int64_t, a uint64_t or a struct of "
+                                f"them, not {typ}")
+        return out
+
+    return {name: fields(name) for name in bodies if name.endswith("Params")}
 
 
 _ENUM_RE = re.compile(r"enum\s+(\w+)\s*:\s*int\s*\{(.*?)\};", re.S)
@@ -112,19 +126,32 @@ def _packer(struct_name: str) -> tuple[struct.Struct, tuple[str, ...], frozenset
     fields = _abi_structs()[struct_name]
     fmt = "<" + "".join("Q" if t == "uint64_t" else "q" for t, _ in fields)
     names = tuple(f for _, f in fields)
-    return struct.Struct(fmt), names, frozenset(names), operator.itemgetter(*names)
+    top = frozenset(f.split(".")[0] for f in names)
+    return struct.Struct(fmt), names, top, operator.itemgetter(*names)
 
 
 def pack_params(struct_name: str, **values: Any) -> bytes:
-    """Pack a kernel parameter struct; every field must be given (integers: pointers, sizes, bools).
+    """Pack a kernel parameter struct; every field must be given (integers: pointers, sizes, bools),
+    a struct member as a dict of its fields (``ring={"msg_bytes": ..., ...}``).
 
     NOTES: on every launch's host path (an eager LL call packs four), so the layout is parsed once
     per struct, the check is one set comparison and the values are taken in field order by one C
     call (struct refuses anything that is not an integer, where int() would truncate a float)."""
-    packer, names, name_set, in_order = _packer(struct_name)
-    if values.keys() != name_set:
-        missing = [f for f in names if f not in values]
-        raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(set(values) - name_set)}")
+    packer, names, top, in_order = _packer(struct_name)
+    if values.keys() != top:
+        missing = sorted(top - values.keys())
+        raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(set(values) - top)}")
+    if len(top) != len(names):  # struct members: their fields under dotted names
+        flat = {}
+        for key, value in values.items():
+            if isinstance(value, dict):
+                flat.update((f"{key}.{k}", v) for k, v in value.items())
+            else:
+                flat[key] = value
+        if flat.keys() != set(names):
+            raise TypeError(f"{struct_name}: missing {sorted(set(names) - flat.keys())}, unknown "
+                            f"{sorted(flat.keys() - set(names))}")
+        values = flat
     got = in_order(values)
     return packer.pack(*got) if len(names) > 1 else packer.pack(got)
 

@@ -99,7 +99,7 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
   }
   if (threadIdx.x == 0) s_fail = 0;
   __syncthreads();
-  if (ht_combine_msg_bytes(p.hidden, p.num_topk) != p.msg_bytes) {
+  if (ht_combine_msg_bytes(p.hidden, p.num_topk) != p.ring.msg_bytes) {
     if (threadIdx.x == 0) raise_error(a.err, kErrProtocol, sender ? kPhaseHTCombineSend : kPhaseHTCombineRecv,
                                       a.rank, -1, c, 0);
     return;

@@ -127,7 +127,7 @@ UCCL_DEVICE void dispatch_main(const HTProxyDispatchParams& p) {
   const RingArgs a = ring_args(p);
   WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
   const HTDispatchMsg L = ht_dispatch_msg(p.hidden_bytes, p.num_scales, p.num_topk);
-  if (L.bytes != p.msg_bytes) {  // the host and this kernel disagree on the message layout
+  if (L.bytes != p.ring.msg_bytes) {  // the host and this kernel disagree on the message layout
     if (threadIdx.x == 0) raise_error(a.err, kErrProtocol, sender ? kPhaseHTDispatchSend : kPhaseHTDispatchRecv,
                                       a.rank, -1, c, 0);
     return;

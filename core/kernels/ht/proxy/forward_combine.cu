@@ -226,8 +226,8 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
     }
   }
   __syncthreads();
-  if (ht_partial_msg_bytes(p.hidden, p.num_topk) != p.msg_bytes ||
-      ht_combine_msg_bytes(p.hidden, p.num_topk) != p.nvl_msg_bytes || G > kMaxLocal) {
+  if (ht_partial_msg_bytes(p.hidden, p.num_topk) != p.ring.msg_bytes ||
+      ht_combine_msg_bytes(p.hidden, p.num_topk) != p.nvl_ring.msg_bytes || G > kMaxLocal) {
     if (threadIdx.x == 0) raise_error(aB.err, kErrProtocol, kPhaseHTCombineSend, me, -1, c, 0);
     return;
   }

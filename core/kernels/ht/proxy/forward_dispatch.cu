@@ -261,7 +261,7 @@ UCCL_DEVICE void forward_dispatch_main(const HTProxyForwardDispatchParams& p) {
   const RingArgs a1 = ring_args(p);
   const RingArgs a2 = nvl_ring_args(p);
   const FwdMsg M = fwd_msg(p.hidden_bytes, p.num_scales, p.num_topk);
-  if (M.L.bytes != p.msg_bytes || M.L.bytes != p.nvl_msg_bytes || G > kMaxLocal) {
+  if (M.L.bytes != p.ring.msg_bytes || M.L.bytes != p.nvl_ring.msg_bytes || G > kMaxLocal) {
     if (threadIdx.x == 0) raise_error(a1.err, kErrProtocol, kPhaseHTDispatchSend, me, -1, c, 0);
     return;
   }

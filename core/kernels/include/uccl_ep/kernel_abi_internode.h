@@ -103,6 +103,18 @@ UCCL_EP_HOST_DEVICE constexpr int64_t ht_partial_msg_bytes(int64_t hidden, int64
   return (4 * hidden + 4 * num_topk + 15) / 16 * 16;
 }
 
+// The rings of one area of the region for one op (uccl_ep.protocol.rings.RingSpec, built by
+// cuda/ht_internode_plan.geometry), the same on every rank: a member of the params structs below
+// (`ring`: area 0, hop 1 / hop B; `nvl_ring`: area 1, hop 2 / hop A of the forward kernels).
+struct HTRingGeometry {
+  int64_t msg_bytes;        // bytes per message (multiple of 16)
+  int64_t ring_slots;       // messages per ring
+  int64_t chunk;            // most messages per Write (<= 511)
+  int64_t recv_base;        // region offset of the receive rings
+  int64_t send_base;        // region offset of the staging rings
+  int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
+};
+
 struct HTProxyNotifyParams {
   uint64_t per_dst;         // int64 [R, L]: the record for each destination (0: handshake)
   uint64_t meta_out;        // int64 [R, L]: the records received, by source (0: handshake)
@@ -171,13 +183,8 @@ struct HTProxyDispatchParams {
   int64_t rank;
   int64_t num_channels;
   int64_t num_rows;         // rows of the outputs (num_worst_tokens pads)
-  // ring geometry of this op (uccl_ep.host.ht_common.RingSpec), the same on every rank
-  int64_t msg_bytes;        // bytes per message (multiple of 16)
-  int64_t ring_slots;       // messages per ring
-  int64_t chunk;            // most messages per Write (<= 511)
-  int64_t recv_base;        // region offset of the receive rings
-  int64_t send_base;        // region offset of the staging rings
-  int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
+  // this op's rings (one area: one rank per node)
+  HTRingGeometry ring;
   int64_t head_base;
   int64_t num_counters;     // counters per source in the proxy's counter array
   int64_t num_fifos;
@@ -211,13 +218,8 @@ struct HTProxyCombineParams {
   int64_t num_ranks;
   int64_t rank;
   int64_t num_channels;
-  // ring geometry of this op (uccl_ep.host.ht_common.RingSpec), the same on every rank
-  int64_t msg_bytes;        // bytes per message (multiple of 16)
-  int64_t ring_slots;       // messages per ring
-  int64_t chunk;            // most messages per Write (<= 511)
-  int64_t recv_base;        // region offset of the receive rings
-  int64_t send_base;        // region offset of the staging rings
-  int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
+  // this op's rings (one area: one rank per node)
+  HTRingGeometry ring;
   int64_t head_base;
   int64_t num_counters;     // counters per source in the proxy's counter array
   int64_t num_fifos;
@@ -280,19 +282,9 @@ struct HTProxyForwardDispatchParams {
   int64_t num_rows;
   int64_t rdma_rows;          // rows of rdma_mask
   // hop 1 (area 0)
-  int64_t msg_bytes;
-  int64_t ring_slots;
-  int64_t chunk;
-  int64_t recv_base;
-  int64_t send_base;
-  int64_t first_ring;
+  HTRingGeometry ring;
   // hop 2 (area 1): same messages
-  int64_t nvl_msg_bytes;
-  int64_t nvl_ring_slots;
-  int64_t nvl_chunk;
-  int64_t nvl_recv_base;
-  int64_t nvl_send_base;
-  int64_t nvl_first_ring;
+  HTRingGeometry nvl_ring;
   int64_t head_base;
   int64_t num_counters;
   int64_t num_fifos;
@@ -331,19 +323,9 @@ struct HTProxyForwardCombineParams {
   int64_t ranks_per_node;
   int64_t num_channels;
   // hop B (area 0): partials
-  int64_t msg_bytes;
-  int64_t ring_slots;
-  int64_t chunk;
-  int64_t recv_base;
-  int64_t send_base;
-  int64_t first_ring;
+  HTRingGeometry ring;
   // hop A (area 1): rows
-  int64_t nvl_msg_bytes;
-  int64_t nvl_ring_slots;
-  int64_t nvl_chunk;
-  int64_t nvl_recv_base;
-  int64_t nvl_send_base;
-  int64_t nvl_first_ring;
+  HTRingGeometry nvl_ring;
   int64_t head_base;
   int64_t num_counters;
   int64_t num_fifos;

@@ -101,12 +101,12 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
   a.rank = int(p.rank);
   a.num_rings = int(p.num_channels);
   a.num_fifos = int(p.num_fifos);
-  a.msg = p.msg_bytes;
-  a.slots = p.ring_slots;
-  a.chunk = p.chunk;
-  a.recv_base = p.recv_base;
-  a.send_base = p.send_base;
-  a.first_ring = p.first_ring;
+  a.msg = p.ring.msg_bytes;
+  a.slots = p.ring.ring_slots;
+  a.chunk = p.ring.chunk;
+  a.recv_base = p.ring.recv_base;
+  a.send_base = p.ring.send_base;
+  a.first_ring = p.ring.first_ring;
   a.head_base = p.head_base;
   a.num_counters = p.num_counters;
   a.timeout_ns = uint64_t(p.timeout_ns);
@@ -117,12 +117,12 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
 template <class P>
 UCCL_DEVICE RingArgs nvl_ring_args(const P& p) {
   RingArgs a = ring_args(p);
-  a.msg = p.nvl_msg_bytes;
-  a.slots = p.nvl_ring_slots;
-  a.chunk = p.nvl_chunk;
-  a.recv_base = p.nvl_recv_base;
-  a.send_base = p.nvl_send_base;
-  a.first_ring = p.nvl_first_ring;
+  a.msg = p.nvl_ring.msg_bytes;
+  a.slots = p.nvl_ring.ring_slots;
+  a.chunk = p.nvl_ring.chunk;
+  a.recv_base = p.nvl_ring.recv_base;
+  a.send_base = p.nvl_ring.send_base;
+  a.first_ring = p.nvl_ring.first_ring;
   return a;
 }
 
