@@ -88,6 +88,17 @@ struct StreamHooks {
   UCCL_DEVICE int64_t max_round() const { return int64_t(1) << 40; }
 };
 
+// One area's rings (kernel_abi_internode.h HTRingGeometry) into a stream's arguments.
+UCCL_DEVICE void set_geometry(RingArgs& a, const HTRingGeometry& g) {
+  a.msg = g.msg_bytes;
+  a.slots = g.ring_slots;
+  a.chunk = g.chunk;
+  a.recv_base = g.recv_base;
+  a.send_base = g.send_base;
+  a.first_ring = g.first_ring;
+}
+
+// The area-0 rings (hop 1 / hop B) of a proxy params struct.
 template <class P>
 UCCL_DEVICE RingArgs ring_args(const P& p) {
   RingArgs a;
@@ -101,12 +112,7 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
   a.rank = int(p.rank);
   a.num_rings = int(p.num_channels);
   a.num_fifos = int(p.num_fifos);
-  a.msg = p.ring.msg_bytes;
-  a.slots = p.ring.ring_slots;
-  a.chunk = p.ring.chunk;
-  a.recv_base = p.ring.recv_base;
-  a.send_base = p.ring.send_base;
-  a.first_ring = p.ring.first_ring;
+  set_geometry(a, p.ring);
   a.head_base = p.head_base;
   a.num_counters = p.num_counters;
   a.timeout_ns = uint64_t(p.timeout_ns);
@@ -117,12 +123,7 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
 template <class P>
 UCCL_DEVICE RingArgs nvl_ring_args(const P& p) {
   RingArgs a = ring_args(p);
-  a.msg = p.nvl_ring.msg_bytes;
-  a.slots = p.nvl_ring.ring_slots;
-  a.chunk = p.nvl_ring.chunk;
-  a.recv_base = p.nvl_ring.recv_base;
-  a.send_base = p.nvl_ring.send_base;
-  a.first_ring = p.nvl_ring.first_ring;
+  set_geometry(a, p.nvl_ring);
   return a;
 }
 
