@@ -25,6 +25,7 @@ Run: bash tools/lab/run_device.sh build internode
 from __future__ import annotations
 
 import os
+import struct
 import sys
 
 import pytest
@@ -222,6 +223,19 @@ def worker_graph(rank, world, H, T, E, seed, mode):
     for i, o in enumerate(outs):
         _eq(f"rank {rank} back-to-back op {i}", o, eager_x if i % 3 < 2 else eager_c)
     dist.barrier()
+    if mode == "rpn1":
+        # the device's count of handshakes and exchanges (HTProxyState.op): three cached dispatches
+        # in a row after a combine of another message size handshake once, not three times
+        eng = ours._executor._ht
+
+        def ops_started():
+            torch.cuda.synchronize()
+            return struct.unpack("<I", eng.drv.memcpy_dtoh(eng.dev, eng.state.ptr, 4))[0]
+        before = ops_started()
+        for _ in range(3):
+            ours.dispatch(x, handle=handle, config=configs[0])
+        assert ops_started() - before == 1, (before, ops_started())
+        dist.barrier()
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
