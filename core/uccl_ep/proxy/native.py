@@ -12,5 +12,5 @@ def native():
     try:
         from .. import _C
     except ImportError as e:  # pragma: no cover - the package always ships _C
-        raise MissingDependency(f"uccl_ep's native module is missing ({e}); reinstall uccl-ep (pip install uccl-ep)") from e
+        raise MissingDependency(f"uccl_ep's native module is missing ({e}); reinstall uccl-ep (pip install ./core from the checkout)") from e
     return _C

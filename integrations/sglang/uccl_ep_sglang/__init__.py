@@ -39,7 +39,7 @@ def plugin_status() -> dict:
     registered = support.entry_point_registered()
     if not registered:
         problems.append("entry point `sglang.srt.plugins: uccl_ep` is not registered "
-                        "(pip install uccl-ep-sglang in this environment)")
+                        "(pip install ./integrations/sglang from a uccl-ep checkout, in this environment)")
     module = sys.modules.get(_DISPATCHER_MODULE)
     return {
         "framework": "sglang",

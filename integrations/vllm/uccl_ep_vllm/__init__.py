@@ -33,7 +33,7 @@ def plugin_status() -> dict:
     registered = support.entry_point_registered()
     if not registered:
         problems.append("entry point `vllm.general_plugins: uccl_ep` is not registered "
-                        "(pip install uccl-ep-vllm in this environment)")
+                        "(pip install ./integrations/vllm from a uccl-ep checkout, in this environment)")
     alias = sys.modules.get("deep_ep")
     return {
         "framework": "vllm",
