@@ -90,6 +90,11 @@ def test_bench_tune_flag_fills_the_spec():
     assert tuple(spec["tune"]) == ("ht_warps=24", "ll_pdl=0")
     with pytest.raises(InvalidArgument, match="--tune"):
         bench._spec_from_args(p.parse_args(["--cpu", "--tune", "ht_wraps=24"]), on_gpu=False)
+    # the NVL buffer (the proxy region's size, so the rings' depth) is a bench flag too
+    assert bench._spec_from_args(p.parse_args(["--cpu", "--nvl-mb", "512"]), on_gpu=False)["nvl_bytes"] == 512 << 20
+    assert bench._spec_from_args(p.parse_args(["--cpu"]), on_gpu=False)["nvl_bytes"] == 0
+    with pytest.raises(InvalidArgument, match="--nvl-mb"):
+        bench._spec_from_args(p.parse_args(["--cpu", "--nvl-mb", "-1"]), on_gpu=False)
 
 
 def test_bench_matrix_refuses_tune():

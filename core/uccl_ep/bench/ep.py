@@ -55,6 +55,7 @@ class BenchSpec:
     nodes: int = 0                # > 0: ranks_per_node = ranks / nodes (e.g. 2 GPUs of one host as 2 nodes)
     rdma_chunk: int = 0           # > 0: Config.num_max_rdma_chunked_send_tokens of both ops (default: the table's)
     rdma_recv: int = 0            # > 0: Config.num_max_rdma_chunked_recv_tokens of both ops
+    nvl_bytes: int = 0            # > 0: the NVL buffer's bytes (else the configs' hint)
     nic_model: str = ""           # the NIC model the proxies run under (UCCL_EP_NIC_MODEL), for the cap column
     tune: tuple = ()              # "key=value" items of uccl_ep.Tuning for every Buffer (--tune)
 
@@ -110,7 +111,7 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     T, H, K, E = spec.ht_tokens, spec.hidden, spec.num_topk, spec.ht_experts
     Buffer.set_num_sms(spec.num_sms)
     dcfg, ccfg = (_with_rdma(c, spec) for c in (Buffer.get_dispatch_config(world), Buffer.get_combine_config(world)))
-    nvl = max(dcfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world))
+    nvl = spec.nvl_bytes or max(dcfg.get_nvl_buffer_size_hint(H * 2, world), ccfg.get_nvl_buffer_size_hint(H * 2, world))
     rdma = max(dcfg.get_rdma_buffer_size_hint(H * 2, world), ccfg.get_rdma_buffer_size_hint(H * 2, world))
     buf = Buffer(group, nvl, rdma, backend=spec.backend, ranks_per_node=_ranks_per_node(spec, world),
                  tuning=Tuning.from_pairs(spec.tune))

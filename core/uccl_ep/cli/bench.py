@@ -52,6 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the most tokens per Write through the proxy")
     p.add_argument("--rdma-recv", type=int, default=0,
                    help="Config.num_max_rdma_chunked_recv_tokens of normal-mode ops (ring depth in tokens)")
+    p.add_argument("--nvl-mb", type=int, default=0,
+                   help="MiB of each rank's NVL buffer for normal mode (default: the configs' "
+                        "get_nvl_buffer_size_hint); through the proxy it is the region the rings share, so "
+                        "it bounds their depth (Config's ring sizes are capped to what fits)")
     p.add_argument("--tune", action="append", default=[], metavar="KEY=VALUE",
                    help="a uccl_ep.Tuning field for every Buffer of the run, e.g. --tune ht_warps=24 "
                         "--tune ht_defines='UCCL_EP_HT_PUBLISH_EVERY=8' (repeatable; docs/api.md, Tuning)")
@@ -105,10 +109,13 @@ def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     spec = BenchSpec(backend=args.backend, mode=args.mode, num_topk=args.num_topk, num_sms=args.num_sms,
                      check=not args.no_check, seed=args.seed, ll_proxy=args.force_proxy,
                      nodes=getattr(args, "nodes", 0), rdma_chunk=getattr(args, "rdma_chunk", 0),
-                     rdma_recv=getattr(args, "rdma_recv", 0),
+                     rdma_recv=getattr(args, "rdma_recv", 0), nvl_bytes=getattr(args, "nvl_mb", 0) << 20,
                      nic_model=getattr(args, "nic_model", "") or str(env.get("UCCL_EP_NIC_MODEL")),
                      tune=tuple(getattr(args, "tune", None) or ()))
     Tuning.from_pairs(spec.tune)  # a bad --tune is refused here, before any rank starts
+    if getattr(args, "nvl_mb", 0) < 0:
+        from ..errors import InvalidArgument
+        raise InvalidArgument("--nvl-mb", "MiB >= 0 (0: the configs' size hint)", args.nvl_mb)
     if on_gpu:
         spec.iters, spec.warmup = 20, 5
     else:
