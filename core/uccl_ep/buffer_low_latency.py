@@ -31,6 +31,11 @@ class LowLatencyMixin:
                                   hint="build the Buffer with low_latency_mode=True")
 
     def _check_ll_capacity(self, num_max: int, hidden: int, num_experts: int) -> None:
+        # NOTES: on every eager call's host path: a shape that fitted once fits again (the buffer and
+        # the group do not change), so each shape is checked once.
+        fitted = self.__dict__.setdefault("_ll_shapes_fitted", set())
+        if (num_max, hidden, num_experts) in fitted:
+            return
         check_protocol_limits(self.group_size, num_experts=num_experts, num_max_tokens=num_max, hidden=hidden)
         need = low_latency_rdma_size_hint(num_max, hidden, self.group_size, num_experts)
         if need > self.num_rdma_bytes:
@@ -38,6 +43,7 @@ class LowLatencyMixin:
                                 f"{hidden}, {num_experts} experts)", need, self.num_rdma_bytes,
                                 hint=f"build the Buffer with num_rdma_bytes >= {need} "
                                      "(Buffer.get_low_latency_rdma_size_hint)")
+        fitted.add((num_max, hidden, num_experts))
 
     def _ll_events(self, async_finish: bool, return_recv_hook: bool, finish, tensors):
         if async_finish and return_recv_hook:

@@ -190,6 +190,9 @@ def test_low_latency_errors(ll, normal, world1):
     # fork kwargs that ask for nothing are accepted
     ll.low_latency_dispatch(xb, topk, 16, E, use_nvfp4=False, x_global_scale=None)
     recv, _, handle, _, _ = ll.low_latency_dispatch(xb, topk, 16, E, use_fp8=False)
+    # a shape that fits is checked once per Buffer (off the eager host path); one that does not is
+    # refused at every call
+    _raises(LimitExceeded, "num_rdma_bytes", ll.low_latency_dispatch, xb, topk, 64, E)
     _raises(InvalidArgument, "zero_copy", ll.low_latency_combine, recv, topk, w, handle, use_logfmt=True,
             zero_copy=True)  # DeepEP refuses the pair too
     _raises(InvalidArgument, "use_logfmt", ll.low_latency_combine, recv, topk, w, handle, use_logfmt="yes")
