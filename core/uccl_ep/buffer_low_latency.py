@@ -23,6 +23,8 @@ class LowLatencyMixin:
 
     def _init_low_latency_state(self) -> None:
         self._masked_ranks: set[int] = set()
+        # (num_max, hidden, num_experts) shapes known to fit the buffer (_check_ll_capacity)
+        self._ll_shapes_fitted: set[tuple[int, int, int]] = set()
 
     def _check_ll_mode(self, op: str) -> None:
         self._check_alive()
@@ -33,8 +35,8 @@ class LowLatencyMixin:
     def _check_ll_capacity(self, num_max: int, hidden: int, num_experts: int) -> None:
         # NOTES: on every eager call's host path: a shape that fitted once fits again (the buffer and
         # the group do not change), so each shape is checked once.
-        fitted = self.__dict__.setdefault("_ll_shapes_fitted", set())
-        if (num_max, hidden, num_experts) in fitted:
+        shape = (num_max, hidden, num_experts)
+        if shape in self._ll_shapes_fitted:
             return
         check_protocol_limits(self.group_size, num_experts=num_experts, num_max_tokens=num_max, hidden=hidden)
         need = low_latency_rdma_size_hint(num_max, hidden, self.group_size, num_experts)
@@ -43,7 +45,7 @@ class LowLatencyMixin:
                                 f"{hidden}, {num_experts} experts)", need, self.num_rdma_bytes,
                                 hint=f"build the Buffer with num_rdma_bytes >= {need} "
                                      "(Buffer.get_low_latency_rdma_size_hint)")
-        fitted.add((num_max, hidden, num_experts))
+        self._ll_shapes_fitted.add(shape)
 
     def _ll_events(self, async_finish: bool, return_recv_hook: bool, finish, tensors):
         if async_finish and return_recv_hook:

@@ -46,6 +46,8 @@ def phase_names() -> dict[int, str]:
 def error_codes() -> SimpleNamespace:
     """kernel_abi.h's ErrorCode enumerators: .timeout, .protocol, .proxy, .topk_duplicate, .peer_gone."""
     return SimpleNamespace(**{_snake(k[len("kErr"):]): v for k, v in abi_enum("ErrorCode").items()})
+
+
 _MAX_NVLINK_RANKS = 8
 
 
