@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid compare matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -147,6 +147,31 @@ for step in $STEPS; do
       bounded 150 $PT core/tests/gpu/test_cuda_ll.py core/tests/gpu/test_cuda_ll_proxy.py -k logfmt 2>&1 | \
         tee "$OUT/logfmt_tests.log" | tail -4
       echo "hybrid step: $(( SECONDS - t0 )) s" ;;
+    compare)  # the same benches on two trees in one call: COMPARE_BASE (default .cmp/base.tar.gz, carried: a
+              # `git archive REV core` tarball) and this checkout's core, each installed into its own
+              # --target dir and run with PYTHONPATH, alternating base/new per bench and repetition
+              # (COMPARE_REPS, default 2) -> $OUT/cmp_<tree>_<label>_<rep>.json, table by compare_bench.py
+      start_budget ${COMPARE_BUDGET_S:-540}
+      $PY -m pip uninstall -y -q uccl-ep > /dev/null 2>&1
+      rm -rf /tmp/cmp && mkdir -p /tmp/cmp/base && tar -xzf "${COMPARE_BASE:-.cmp/base.tar.gz}" -C /tmp/cmp/base
+      cp -r core /tmp/cmp/new && rm -rf /tmp/cmp/new/build
+      for tree in base new; do
+        $PY -m pip install -q --no-build-isolation --no-deps --target /tmp/cmp/${tree}_site \
+          /tmp/cmp/$( [ $tree = base ] && echo base/core || echo new ) > "$OUT/cmp_build_$tree.log" 2>&1 &
+      done; wait
+      B="-m uccl_ep.cli.main bench --backend cuda --iters 30 --warmup 5 --timeout 100"
+      for rep in $(seq ${COMPARE_REPS:-2}); do
+        for bench in "ht24:--mode ht --num-sms 24" "ht12:--mode ht --num-sms 12" "ll128:--mode ll --num-tokens 128" \
+                     "ll128proxy:--mode ll --num-tokens 128 --force-proxy"; do
+          label=${bench%%:*}; flags=${bench#*:}
+          for tree in $( (( rep % 2 )) && echo base new || echo new base ); do
+            PYTHONPATH=/tmp/cmp/${tree}_site UCCL_EP_JIT_CACHE_DIR=/tmp/uccl_ep_jit_$tree bounded 120 $PY $B $flags \
+              --json "$OUT/cmp_${tree}_${label}_$rep.json" > "$OUT/cmp_${tree}_${label}_$rep.log" 2>&1 || \
+              echo "  $tree $label rep $rep: rc $? ($(tail -1 "$OUT/cmp_${tree}_${label}_$rep.log" | cut -c1-160))"
+          done
+        done
+      done
+      $PY tools/lab/compare_bench.py "$OUT" | tee "$OUT/compare.md" ;;
     regress)  # a bounded sweep of every GPU path's small tests (after changes outside the kernels: runtime,
               # Buffer, backends): LL NVLink, LL proxy, HT intranode (ring and copy engines), HT through the proxy
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
