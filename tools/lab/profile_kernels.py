@@ -25,7 +25,15 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
-from uccl_ep.tuning import Tuning  # noqa: E402
+try:  # a tree from before uccl_ep.Tuning (run_device.sh compare) profiles with its defaults
+    from uccl_ep.tuning import Tuning  # noqa: E402
+except ImportError:
+    Tuning = None
+
+
+def _tuning(pairs) -> dict:
+    """Buffer's tuning= argument for KEY=VALUE pairs (nothing on a tree without uccl_ep.Tuning)."""
+    return {"tuning": Tuning.from_pairs(tuple(pairs))} if Tuning is not None else {}
 
 
 def _profile(fn, iters=20, tag=""):
@@ -45,7 +53,7 @@ def _profile(fn, iters=20, tag=""):
         torch.cuda.synchronize()
     rows = {f"{tag}host/call": (iters, host_us)}
     for evt in prof.key_averages():
-        if evt.device_type == torch.autograd.DeviceType.CUDA and (evt.key.startswith("ll_") or evt.key.startswith("ht_")):
+        if evt.device_type == torch.autograd.DeviceType.CUDA and evt.key.startswith(("ll_", "ht_", "copy_ring")):
             rows[tag + evt.key] = (evt.count, evt.device_time_total / max(evt.count, 1))
     return rows
 
@@ -59,7 +67,7 @@ def worker(rank, world, what, tune=()):
     if what in ("ll", "llhost"):
         T, H, E = 128, 7168, 288
         buf = Buffer(group, 0, Buffer.get_low_latency_rdma_size_hint(T, H, world, E), low_latency_mode=True,
-                     backend="cuda", tuning=Tuning.from_pairs(("ll_pdl=0",) + tuple(tune)))
+                     backend="cuda", **_tuning(("ll_pdl=0",) + tuple(tune)))
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
         idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(8, -1).indices.to(dev)
         w = torch.rand(T, 8, generator=gen).to(dev)
@@ -96,7 +104,7 @@ def worker(rank, world, what, tune=()):
         Buffer.set_num_sms(24)
         cfg = Buffer.get_dispatch_config(world)
         buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda",
-                     tuning=Tuning.from_pairs(tune))
+                     **_tuning(tune))
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
         idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(8, -1).indices.to(dev)
         a, _, c, d, _ = buf.get_dispatch_layout(idx, E)
@@ -113,7 +121,7 @@ def worker(rank, world, what, tune=()):
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "ll"
     tune = tuple(sys.argv[2:])
-    Tuning.from_pairs(tune)  # a bad KEY=VALUE is refused before any rank starts
+    _tuning(tune)  # a bad KEY=VALUE is refused before any rank starts
     res = run_ranks(worker, min(torch.cuda.device_count(), 8), what, tune, backend="nccl", timeout_s=300)
     for r, rows in enumerate(res):
         if "cprofile" in rows:

@@ -150,7 +150,9 @@ for step in $STEPS; do
     compare)  # the same benches on two trees in one call: COMPARE_BASE (default .cmp/base.tar.gz, carried: a
               # `git archive REV core` tarball) and this checkout's core, each installed into its own
               # --target dir and run with PYTHONPATH, alternating base/new per bench and repetition
-              # (COMPARE_REPS, default 2) -> $OUT/cmp_<tree>_<label>_<rep>.json, table by compare_bench.py
+              # (COMPARE_REPS, default 2; COMPARE_BENCHES "label:flags;...") -> cmp_<tree>_<label>_<rep>.json,
+              # table by compare_bench.py; COMPARE_PROFILE "what[:ENV=V,...] ..." adds profile_kernels.py
+              # runs per tree (e.g. "ll:UCCL_EP_FORCE_PROXY=1"); everything bundled in $OUT/compare.tgz
       start_budget ${COMPARE_BUDGET_S:-540}
       $PY -m pip uninstall -y -q uccl-ep > /dev/null 2>&1
       rm -rf /tmp/cmp && mkdir -p /tmp/cmp/base && tar -xzf "${COMPARE_BASE:-.cmp/base.tar.gz}" -C /tmp/cmp/base
@@ -160,9 +162,9 @@ for step in $STEPS; do
           /tmp/cmp/$( [ $tree = base ] && echo base/core || echo new ) > "$OUT/cmp_build_$tree.log" 2>&1 &
       done; wait
       B="-m uccl_ep.cli.main bench --backend cuda --iters 30 --warmup 5 --timeout 100"
+      IFS=';' read -ra benches <<< "${COMPARE_BENCHES-ht24:--mode ht --num-sms 24;ht12:--mode ht --num-sms 12;ll128:--mode ll --num-tokens 128;ll128proxy:--mode ll --num-tokens 128 --force-proxy}"
       for rep in $(seq ${COMPARE_REPS:-2}); do
-        for bench in "ht24:--mode ht --num-sms 24" "ht12:--mode ht --num-sms 12" "ll128:--mode ll --num-tokens 128" \
-                     "ll128proxy:--mode ll --num-tokens 128 --force-proxy"; do
+        for bench in "${benches[@]}"; do
           label=${bench%%:*}; flags=${bench#*:}
           for tree in $( (( rep % 2 )) && echo base new || echo new base ); do
             PYTHONPATH=/tmp/cmp/${tree}_site UCCL_EP_JIT_CACHE_DIR=/tmp/uccl_ep_jit_$tree bounded 120 $PY $B $flags \
@@ -171,7 +173,16 @@ for step in $STEPS; do
           done
         done
       done
-      $PY tools/lab/compare_bench.py "$OUT" | tee "$OUT/compare.md" ;;
+      for prof in ${COMPARE_PROFILE:-}; do
+        what=${prof%%:*}; penv=$( [[ $prof == *:* ]] && echo "${prof#*:}" | tr , ' ' )
+        for tree in base new; do
+          bounded 150 env $penv PYTHONPATH=/tmp/cmp/${tree}_site UCCL_EP_JIT_CACHE_DIR=/tmp/uccl_ep_jit_$tree \
+            $PY tools/lab/profile_kernels.py $what > "$OUT/cmp_prof_${tree}_${what}.txt" 2>&1 || echo "  profile $tree $what: rc $?"
+          grep -E "^rank 0" "$OUT/cmp_prof_${tree}_${what}.txt" | sed "s/^/$tree /"
+        done
+      done
+      [ ${#benches[@]} -gt 0 ] && $PY tools/lab/compare_bench.py "$OUT" | tee "$OUT/compare.md"
+      tar -czf "$OUT/compare.tgz" -C "$OUT" $(cd "$OUT" && ls cmp_*) && rm -f "$OUT"/cmp_* ;;
     regress)  # a bounded sweep of every GPU path's small tests (after changes outside the kernels: runtime,
               # Buffer, backends): LL NVLink, LL proxy, HT intranode (ring and copy engines), HT through the proxy
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
