@@ -1,5 +1,6 @@
-"""Two trees' `uccl-ep bench --json` rows side by side: the time of every (mode, op, dtype, run)
-row in each tree, the new / base ratio and whether it is within the tolerance.
+"""Trees' `uccl-ep bench --json` rows side by side: the time of every (mode, op, dtype, run) row in
+each tree, each tree's ratio to the first ("base" when present) and whether the last ("new") is
+within the tolerance of it.
 
 Usage: compare_bench.py DIR [--tol 0.03]   (DIR holds cmp_<tree>_<label>_<rep>.json from
 `run_device.sh compare`; the best (lowest) time of a row over its repetitions is compared, because
@@ -24,7 +25,7 @@ def collect(directory: str) -> dict:
     """{(label, mode, op, dtype): {tree: best time_s}} over every cmp_*.json of `directory`."""
     best: dict = {}
     for path in sorted(glob.glob(os.path.join(directory, "cmp_*.json"))):
-        m = re.match(r"cmp_(base|new)_(.+)_(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"cmp_([A-Za-z0-9]+)_(.+)_(\d+)\.json$", os.path.basename(path))
         if not m:
             continue
         tree, label = m.group(1), m.group(2)
@@ -43,21 +44,22 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=0.03, help="allowed slowdown of new vs base (0.03 = 3 %%)")
     args = ap.parse_args(argv)
     best = collect(args.dir)
-    print("| run | mode | op | dtype | base µs | new µs | new/base | within |")
-    print("|---|---|---|---|---|---|---|---|")
+    trees = sorted({t for slot in best.values() for t in slot}, key=lambda t: (t != "base", t == "new", t))
+    first, last = trees[0], trees[-1]
+    print("| run | mode | op | dtype | " + " | ".join(f"{t} µs" for t in trees) + f" | {last}/{first} | within |")
+    print("|---" * (6 + len(trees)) + "|")
     worst = 0.0
     for key in sorted(best):
         t = best[key]
-        if "base" not in t or "new" not in t:
-            print(f"| {' | '.join(key)} | {t.get('base', 0) * 1e6:.1f} | {t.get('new', 0) * 1e6:.1f} | - | missing |")
+        cells = " | ".join(f"{t[n] * 1e6:.1f}" if n in t else "-" for n in trees)
+        if first not in t or last not in t:
+            print(f"| {' | '.join(key)} | {cells} | - | missing |")
             continue
-        ratio = t["new"] / t["base"]
+        ratio = t[last] / t[first]
         worst = max(worst, ratio)
-        print(f"| {' | '.join(key)} | {t['base'] * 1e6:.1f} | {t['new'] * 1e6:.1f} | {ratio:.3f} | "
-              f"{'yes' if ratio <= 1 + args.tol else 'NO'} |")
-    print(f"\nslowest new/base: {worst:.3f} (tolerance {1 + args.tol:.2f})")
+        print(f"| {' | '.join(key)} | {cells} | {ratio:.3f} | {'yes' if ratio <= 1 + args.tol else 'NO'} |")
+    print(f"\nslowest {last}/{first}: {worst:.3f} (tolerance {1 + args.tol:.2f})")
     return 0 if best and worst <= 1 + args.tol else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -147,26 +147,27 @@ for step in $STEPS; do
       bounded 150 $PT core/tests/gpu/test_cuda_ll.py core/tests/gpu/test_cuda_ll_proxy.py -k logfmt 2>&1 | \
         tee "$OUT/logfmt_tests.log" | tail -4
       echo "hybrid step: $(( SECONDS - t0 )) s" ;;
-    compare)  # the same benches on two trees in one call: COMPARE_BASE (default .cmp/base.tar.gz, carried: a
-              # `git archive REV core` tarball) and this checkout's core, each installed into its own
+    compare)  # the same benches on several trees in one call: COMPARE_TREES (default "base": .cmp/<tree>.tar.gz,
+              # carried, each a `git archive REV core` tarball) and this checkout's core ("new"), each installed into its own
               # --target dir and run with PYTHONPATH, alternating base/new per bench and repetition
               # (COMPARE_REPS, default 2; COMPARE_BENCHES "label:flags;...") -> cmp_<tree>_<label>_<rep>.json,
               # table by compare_bench.py; COMPARE_PROFILE "what[:ENV=V,...] ..." adds profile_kernels.py
               # runs per tree (e.g. "ll:UCCL_EP_FORCE_PROXY=1"); everything bundled in $OUT/compare.tgz
       start_budget ${COMPARE_BUDGET_S:-540}
       $PY -m pip uninstall -y -q uccl-ep > /dev/null 2>&1
-      rm -rf /tmp/cmp && mkdir -p /tmp/cmp/base && tar -xzf "${COMPARE_BASE:-.cmp/base.tar.gz}" -C /tmp/cmp/base
-      cp -r core /tmp/cmp/new && rm -rf /tmp/cmp/new/build
-      for tree in base new; do
-        $PY -m pip install -q --no-build-isolation --no-deps --target /tmp/cmp/${tree}_site \
-          /tmp/cmp/$( [ $tree = base ] && echo base/core || echo new ) > "$OUT/cmp_build_$tree.log" 2>&1 &
+      rm -rf /tmp/cmp && mkdir -p /tmp/cmp/new && cp -r core /tmp/cmp/new/ && rm -rf /tmp/cmp/new/core/build
+      trees="${COMPARE_TREES:-base} new"
+      for tree in $trees; do
+        [ $tree = new ] || { mkdir -p /tmp/cmp/$tree && tar -xzf ".cmp/$tree.tar.gz" -C /tmp/cmp/$tree; }
+        $PY -m pip install -q --no-build-isolation --no-deps --target /tmp/cmp/${tree}_site /tmp/cmp/$tree/core \
+          > "$OUT/cmp_build_$tree.log" 2>&1 &
       done; wait
       B="-m uccl_ep.cli.main bench --backend cuda --iters 30 --warmup 5 --timeout 100"
       IFS=';' read -ra benches <<< "${COMPARE_BENCHES-ht24:--mode ht --num-sms 24;ht12:--mode ht --num-sms 12;ll128:--mode ll --num-tokens 128;ll128proxy:--mode ll --num-tokens 128 --force-proxy}"
       for rep in $(seq ${COMPARE_REPS:-2}); do
         for bench in "${benches[@]}"; do
           label=${bench%%:*}; flags=${bench#*:}
-          for tree in $( (( rep % 2 )) && echo base new || echo new base ); do
+          for tree in $( (( rep % 2 )) && echo $trees || echo $trees | tr ' ' '\n' | tac ); do
             PYTHONPATH=/tmp/cmp/${tree}_site UCCL_EP_JIT_CACHE_DIR=/tmp/uccl_ep_jit_$tree bounded 120 $PY $B $flags \
               --json "$OUT/cmp_${tree}_${label}_$rep.json" > "$OUT/cmp_${tree}_${label}_$rep.log" 2>&1 || \
               echo "  $tree $label rep $rep: rc $? ($(tail -1 "$OUT/cmp_${tree}_${label}_$rep.log" | cut -c1-160))"
@@ -175,7 +176,7 @@ for step in $STEPS; do
       done
       for prof in ${COMPARE_PROFILE:-}; do
         what=${prof%%:*}; penv=$( [[ $prof == *:* ]] && echo "${prof#*:}" | tr , ' ' )
-        for tree in base new; do
+        for tree in $trees; do
           bounded 150 env $penv PYTHONPATH=/tmp/cmp/${tree}_site UCCL_EP_JIT_CACHE_DIR=/tmp/uccl_ep_jit_$tree \
             $PY tools/lab/profile_kernels.py $what > "$OUT/cmp_prof_${tree}_${what}.txt" 2>&1 || echo "  profile $tree $what: rc $?"
           grep -E "^rank 0" "$OUT/cmp_prof_${tree}_${what}.txt" | sed "s/^/$tree /"
