@@ -129,23 +129,30 @@ for step in $STEPS; do
       fi ;;
     hybrid)  # 4+ GPUs as 2 nodes of G/2 ranks: the LL hybrid tests (a node's peers over NVLink, the other node
              # through the proxy), then bench rows hybrid vs all-through-the-proxy in the same run; normal mode
-             # 2 nodes (small test + bench); then the LogFMT combine tests (NVLink and proxy paths)
+             # 2 nodes (small test + bench; HYBRID_HT=0 leaves it out); then the LogFMT combine tests (NVLink and
+             # proxy paths; HYBRID_LOGFMT=0 leaves them out). HYBRID_TESTS: a -k filter of the LL hybrid tests
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60} CUDA_MODULE_LOADING=EAGER
       start_budget ${HYBRID_BUDGET_S:-480}
       B="$PY -m uccl_ep.cli.main bench --backend cuda"
       PT="$PY -m pytest -q -p no:cacheprovider -rf"
-      UCCL_EP_RANKS_PER_NODE=2 bounded 200 $PT core/tests/gpu/test_cuda_ll_hybrid.py 2>&1 | tee "$OUT/hybrid_tests.log" | tail -6
-      for t in ${LL_TOKENS:-128 256}; do
-        for how in hybrid proxy; do
-          bounded 60 $B --mode ll --nodes 2 $([ $how = proxy ] && echo --force-proxy) --num-tokens $t --iters 50 \
-            --warmup 10 --timeout 55 --json "$OUT/hybrid_ll_${how}_$t.json" 2>&1 | grep -E "│ ll|rror" | sed "s/^/$how /" | cut -c1-260
+      UCCL_EP_RANKS_PER_NODE=2 bounded 200 $PT core/tests/gpu/test_cuda_ll_hybrid.py -k "${HYBRID_TESTS:-.}" 2>&1 | \
+        tee "$OUT/hybrid_tests.log" | tail -6
+      # HYBRID_NIC (e.g. efa-400g): the rows again under the NIC model, where a node mate's traffic through the
+      # proxy costs NIC time as it does on a real host and the NVLink path does not
+      for nic in "" ${HYBRID_NIC:-}; do
+        for t in ${LL_TOKENS:-128 256}; do
+          for how in hybrid proxy; do
+            bounded 60 $B --mode ll --nodes 2 $([ $how = proxy ] && echo --force-proxy) ${nic:+--nic-model $nic} \
+              --num-tokens $t --iters 50 --warmup 10 --timeout 55 --json "$OUT/hybrid_ll_${how}_$t${nic:+_$nic}.json" 2>&1 | \
+              grep -E "│ ll|rror" | sed "s/^/$how${nic:+ $nic} /" | cut -c1-260
+          done
         done
       done
-      bounded 120 $PT core/tests/gpu/test_cuda_ht_internode.py -k "small and rpn2 and kernel" 2>&1 | \
+      [ "${HYBRID_HT:-1}" = 1 ] && bounded 120 $PT core/tests/gpu/test_cuda_ht_internode.py -k "small and rpn2 and kernel" 2>&1 | \
         tee "$OUT/hybrid_ht_tests.log" | tail -3
-      bounded 90 $B --mode ht --nodes 2 --num-sms 24 --iters 20 --warmup 3 --timeout 80 --json "$OUT/hybrid_ht_24.json" 2>&1 | tail -6
-      bounded 150 $PT core/tests/gpu/test_cuda_ll.py core/tests/gpu/test_cuda_ll_proxy.py -k logfmt 2>&1 | \
-        tee "$OUT/logfmt_tests.log" | tail -4
+      [ "${HYBRID_HT:-1}" = 1 ] && bounded 90 $B --mode ht --nodes 2 --num-sms 24 --iters 20 --warmup 3 --timeout 80 --json "$OUT/hybrid_ht_24.json" 2>&1 | tail -6
+      [ "${HYBRID_LOGFMT:-1}" = 1 ] && bounded 150 $PT core/tests/gpu/test_cuda_ll.py core/tests/gpu/test_cuda_ll_proxy.py \
+        -k logfmt 2>&1 | tee "$OUT/logfmt_tests.log" | tail -4
       echo "hybrid step: $(( SECONDS - t0 )) s" ;;
     compare)  # the same benches on several trees in one call: COMPARE_TREES (default "base": .cmp/<tree>.tar.gz,
               # carried, each a `git archive REV core` tarball) and this checkout's core ("new"), each installed into its own
