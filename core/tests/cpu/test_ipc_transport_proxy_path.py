@@ -163,6 +163,7 @@ def test_kernel_parameters_and_set_alternation(engine):
     w = torch.rand(T, 4, generator=g)
     log = engine.launches
     for it in range(2):
+        engine.ex.ctx.enable_shrink = bool(it)  # the second op as a Buffer in shrink mode would make it
         out = eng.dispatch(None, x, topk, T, E, True, False, False, {1} if it else set(), None, None)
         handle, finish = out[2], out[3]
         lay = eng.layout
@@ -174,8 +175,11 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert d["fifos"] == eng.fifo_table.ptr and d["num_fifos"] == engine.proxy.num_fifos
         assert d["send_area"] == engine.ex.ll_mem.ptr + lay.send(s) and d["send_off"] == lay.send(s)
         assert d["recv_off"] == lay.recv(s) and d["counter"] == counter_base(s, 0)
-        # the mask: the executor's device words (read by the kernels when they run), whatever the host set says
-        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True) and d["mask"] == engine.ex.mask_ptr
+        # the mask: the executor's device words (read by the kernels when they run), whatever the host set
+        # says, in shrink mode; none (0: nothing read, nothing masked) otherwise
+        shrink = bool(engine.ex.ctx.enable_shrink)
+        assert d["payload_bytes"] == ProxyLayout.payload_bytes(H, True)
+        assert d["mask"] == (engine.ex.mask_ptr if shrink else 0)
         # packed regions: one per peer, room for every token's selections of the peer's experts
         slots = T * min(4, E // R)
         # token | row << 16 per slot; a row per token (kernel_abi.h)
@@ -194,7 +198,7 @@ def test_kernel_parameters_and_set_alternation(engine):
         assert all(r[k] == d[k] for k in ("region_bytes", "counts_bytes", "idx_bytes", "payload_bytes", "max_slots",
                                           "signal_total"))
         assert r["status"] == eng.status_dev and r["timeout_ns"] == 123
-        assert r["mask"] == engine.ex.mask_ptr and r["shrink"] == 0
+        assert r["mask"] == d["mask"] and r["shrink"] == int(shrink)
         # the rank's own region: read in the send area; its counter is the receiver's device word
         assert r["send_area"] == d["send_area"] and d["self_counter"] == r["counter_cache"] + 8 * engine.ex.ctx.rank
         y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)

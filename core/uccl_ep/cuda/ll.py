@@ -198,8 +198,10 @@ class LowLatencyEngine:
         return lay, s, outs, x.contiguous(), topk_idx.contiguous()
 
     def _shrink_fields(self) -> dict:
-        """The mask words every LL kernel reads, and whether an expired wait on a peer masks it."""
-        return dict(mask=self.ec.mask_ptr, shrink=int(self.ec.ctx.enable_shrink))
+        """The mask words every LL kernel reads (0 outside shrink mode, where no rank is ever masked:
+        the kernels then read none), and whether an expired wait on a peer masks it."""
+        shrink = bool(self.ec.ctx.enable_shrink)
+        return dict(mask=self.ec.mask_ptr if shrink else 0, shrink=int(shrink))
 
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):

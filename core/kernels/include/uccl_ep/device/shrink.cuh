@@ -20,11 +20,18 @@ UCCL_DEVICE bool rank_masked(uint64_t mask, int r) {
   return mask != 0 && ld_volatile(reinterpret_cast<const int*>(mask) + r) != 0;
 }
 
+// The bits of "no mask words" (mask 0: a Buffer not in shrink mode, where no rank is ever masked).
+static __device__ const unsigned long long kNoMaskBits = 0ull;
+
 // The mask as a bitmask of ranks (< 64, the LL kernels' limit), read once by the block into shared
-// memory: every thread of the block must call it (contains __syncthreads). The pointer form lets a
-// kernel short of registers read the bits where it needs them.
+// memory: every thread of the block must call it (contains __syncthreads, except with mask 0, which
+// reads nothing and returns at once). The pointer form lets a kernel short of registers read the bits
+// where it needs them.
+// NOTES: without shrink mode the host passes mask 0, so the kernels' start is not held up by the mask
+// loads and the two block barriers (docs/benchmarks.md, "Before and after the tree's reorganisation").
 UCCL_DEVICE const unsigned long long* block_mask_bits_shared(uint64_t mask, int num_ranks) {
   __shared__ unsigned long long s_mask_bits;
+  if (mask == 0) return &kNoMaskBits;  // a kernel parameter: uniform over the block
   if (threadIdx.x == 0) s_mask_bits = 0ull;
   __syncthreads();
   for (int r = threadIdx.x; r < num_ranks && r < 64; r += blockDim.x)
@@ -34,7 +41,7 @@ UCCL_DEVICE const unsigned long long* block_mask_bits_shared(uint64_t mask, int 
 }
 
 UCCL_DEVICE int64_t block_mask_bits(uint64_t mask, int num_ranks) {
-  return int64_t(*block_mask_bits_shared(mask, num_ranks));
+  return mask == 0 ? 0 : int64_t(*block_mask_bits_shared(mask, num_ranks));
 }
 
 // A bounded wait on `peer` expired: in shrink mode mask the peer (another rank's only: a wait on
