@@ -27,8 +27,8 @@ static __device__ const unsigned long long kNoMaskBits = 0ull;
 // memory: every thread of the block must call it (contains __syncthreads, except with mask 0, which
 // reads nothing and returns at once). The pointer form lets a kernel short of registers read the bits
 // where it needs them.
-// NOTES: without shrink mode the host passes mask 0, so the kernels' start is not held up by the mask
-// loads and the two block barriers (docs/benchmarks.md, "Before and after the tree's reorganisation").
+// NOTES: without shrink mode no rank is ever masked, so the host passes mask 0 and the kernels read
+// no mask words and pass no extra block barriers at their start.
 UCCL_DEVICE const unsigned long long* block_mask_bits_shared(uint64_t mask, int num_ranks) {
   __shared__ unsigned long long s_mask_bits;
   if (mask == 0) return &kNoMaskBits;  // a kernel parameter: uniform over the block
