@@ -7,8 +7,10 @@ events follow DeepEP V1's `deep_ep.Buffer`; docs/api.md states the contract.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
+import weakref
 from typing import Any, Optional, Union
 
 import torch
@@ -37,6 +39,21 @@ logger = get_logger(__name__)
 
 #: dtype of top-k expert ids (DeepEP's default 64-bit build).
 topk_idx_t = torch.int64
+
+# Buffers not yet destroyed, released at interpreter exit (_release_at_exit).
+_LIVE_BUFFERS: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
+
+
+def _release_at_exit() -> None:
+    """Every Buffer still alive when the interpreter exits gets its executor's `release_at_exit`.
+    NOTES: without it a Buffer held by a module, a daemon thread or a reference cycle outlives the
+    interpreter's teardown: its proxy threads run until the process ends (peers see no goodbye and
+    wait for the heartbeat timeout) and nanobind reports the native objects as leaked."""
+    for buf in list(_LIVE_BUFFERS):
+        buf._release("interpreter exit", at_exit=True)
+
+
+atexit.register(_release_at_exit)
 
 _COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -134,6 +151,7 @@ class Buffer(LowLatencyMixin):
         self._comm_stream = None
         self._init_low_latency_state()
         self._destroyed = False
+        _LIVE_BUFFERS.add(self)
         logger.info("Buffer rank %d/%d: backend=%s topology=%s nvl=%d rdma=%d low_latency=%s", self.rank,
                     self.group_size, self.backend, self.topology, self.num_nvl_bytes, self.num_rdma_bytes,
                     self.low_latency_mode)
@@ -225,6 +243,29 @@ class Buffer(LowLatencyMixin):
         finally:
             self._executor.destroy()
             self._destroyed = True
+            _LIVE_BUFFERS.discard(self)
+
+    def _release(self, why: str, at_exit: bool = False) -> None:
+        """Local release of a Buffer nobody destroyed (garbage collection, interpreter exit): no
+        collective barrier, as the other ranks need not be here; their waits on this rank end with
+        PeerFailure (the proxy's goodbye) or their own timeout."""
+        if getattr(self, "_destroyed", True):
+            return
+        self._destroyed = True
+        _LIVE_BUFFERS.discard(self)
+        try:
+            if self.explicitly_destroy:
+                logger.warning("uccl_ep.Buffer rank %d: released at %s without destroy() (explicitly_destroy=True)",
+                               self.rank, why)
+            if at_exit:
+                self._executor.release_at_exit()
+            else:
+                self._executor.destroy()
+        except Exception as e:  # noqa: BLE001 - nothing to raise to at collection or exit
+            logger.debug("uccl_ep.Buffer rank %d: release at %s: %s: %s", self.rank, why, type(e).__name__, e)
+
+    def __del__(self) -> None:
+        self._release("garbage collection")
 
     def _check_alive(self) -> None:
         if getattr(self, "_destroyed", True):

@@ -106,3 +106,9 @@ class Executor:
 
     def destroy(self) -> None:
         pass
+
+    def release_at_exit(self) -> None:
+        """What the interpreter's exit needs of a Buffer nobody destroyed: stop whatever threads or
+        processes would outlive it (the proxy, which first sends what was pushed and says goodbye to
+        its peers) without waiting for the device; the process's end frees the rest."""
+        self.destroy()

@@ -386,6 +386,16 @@ class CudaExecutor(Executor):
             return torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", self.device))
         return mem.tensor()
 
+    def release_at_exit(self) -> None:
+        """At interpreter exit (Buffer not destroyed): stop the peer watch and the proxy session only.
+        NOTES: no device synchronize here: a kernel still waiting on a gone peer would hold the exit up
+        to the device timeout, and the process's end releases the device memory anyway."""
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.close()
+        if getattr(self, "session", None) is not None:
+            self.session.close()
+
     def destroy(self):
         """Release everything, also with a peer gone or the GPU context failed: every step runs (each
         is bounded), and the first error is raised after the last."""
