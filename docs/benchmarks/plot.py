@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmark plots for docs/: bars of normal-mode GB/s and low-latency µs per (machine, backend),
-from docs/benchmarks/data.csv, which benchmark runs append to:
+"""Benchmark plots for docs/: bars of normal-mode GB/s and low-latency µs per series (the `backend`
+column names what ran), from docs/benchmarks/data.csv, which holds the current figures (one row per
+series and op; benchmark runs can append to it):
 
     uccl-ep bench --json run.json ...                          # any machine
     python docs/benchmarks/plot.py append run.json --machine "2x H200 NVLink" [--nodes 1]
@@ -70,29 +71,36 @@ def plot(rows: list[dict[str, str]], out: Path) -> list[Path]:
 
     written = []
     for mode, (title, metric, ylabel) in PANELS.items():
-        # series = (machine, backend); categories = op/dtype; the latest row wins per (series, category)
-        values: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        # series = backend (the label of what ran); categories = op/dtype; the latest row wins
+        values: dict[str, dict[str, float]] = defaultdict(dict)
+        machines = set()
         for r in sorted(rows, key=lambda r: r.get("date", "")):
             v = _number(r.get(metric, ""))
             if r.get("mode") != mode or v is None:
                 continue
-            values[(r["machine"], r["backend"])][f"{r['op']} {r['dtype']}"] = v
+            values[r["backend"]][f"{r['op']} {r['dtype']}".strip()] = v
+            machines.add(r["machine"])
         fig, ax = plt.subplots(figsize=(8, 4))
         cats = sorted({c for s in values.values() for c in s})
         if not cats:
             ax.text(0.5, 0.5, f"no {mode} data yet", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
         else:
-            width = 0.8 / len(values)
+            colors = plt.get_cmap("tab10").colors  # one distinct colour per series
+            width = 0.8 / max(sum(cat in d for d in values.values()) for cat in cats)
             for i, (series, data) in enumerate(sorted(values.items())):
-                xs = [c + i * width for c, cat in enumerate(cats) if cat in data]
-                ys = [data[cat] for cat in cats if cat in data]
-                ax.bar(xs, ys, width, label=f"{series[1]} — {series[0]}")
-            ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cats))], cats)
+                xs, ys = [], []
+                for c, cat in enumerate(cats):  # bars of a category centred on it, series that have it only
+                    if cat in data:
+                        present = [s for s in sorted(values) if cat in values[s]]
+                        xs.append(c + (present.index(series) - (len(present) - 1) / 2) * width)
+                        ys.append(data[cat])
+                bars = ax.bar(xs, ys, width, label=series, color=colors[i % len(colors)])
+                ax.bar_label(bars, fmt="%.0f", fontsize=7)
+            ax.set_xticks(range(len(cats)), cats, fontsize=8)
             ax.set_ylabel(ylabel)
-            ax.set_yscale("log")
             ax.legend(fontsize=7)
-        ax.set_title(title)
+        ax.set_title(f"{title} ({'; '.join(sorted(machines))})" if machines else title, fontsize=10)
         fig.tight_layout()
         path = out / f"{mode}.png"
         fig.savefig(path, dpi=110)
