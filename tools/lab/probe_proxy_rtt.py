@@ -36,7 +36,7 @@ def _pct(xs, q):
 def worker(rank, world, iters):
     from uccl_ep import Buffer
     from uccl_ep.cuda import runtime as rt
-    from uccl_ep.cuda.proxy_path import counter_base
+    from uccl_ep.cuda.ll_proxy import counter_base
     dev = torch.cuda.current_device()
     group = dist.group.WORLD
     nbytes = Buffer.get_low_latency_rdma_size_hint(128, 7168, world, 288)

@@ -1,4 +1,4 @@
-// Bindings of the GPU proxy path (uccl_ep/cuda/proxy_path.py): where a proxy's FIFOs and counters
+// Bindings of the GPU proxy path (uccl_ep/cuda/ll_proxy.py): where a proxy's FIFOs and counters
 // live, the device-side FifoLayout table kernels push through, and the driver calls that make
 // the proxy's host memory visible to kernels (`uccl_ep._C.cuda.host_register`, ...).
 #include <nanobind/nanobind.h>

@@ -178,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_proxy_dma(const UCCL_GRID_C
   // Stable during this launch: only the group's last block to leave moves them (below).
   unsigned long long idx = ld_volatile_u64(&st->base_idx), bytes = ld_volatile_u64(&st->base_bytes);
   const uint64_t began = clock_ns();  // diagnostics (GPU clock)
-  // The receive kernel may start now (programmatic launch, proxy_path.py): it changes nothing this
+  // The receive kernel may start now (programmatic launch, ll_proxy.py): it changes nothing this
   // kernel reads, and waits for this grid (griddepcontrol.wait) before it completes.
   allow_dependent_launch();
   __shared__ unsigned long long s_target, s_pushed_at, s_early_seen;

@@ -3,7 +3,7 @@
 It reads the very parameter structs the engine packs (names from kernel_abi_internode.h), follows
 the kernels' protocol step for step -- meta records and fences, per (peer, channel) ring streams,
 staged rounds, one ordered Write per round, credits -- and pushes the same commands through the
-rank's real proxy, so a test runs uccl_ep.cuda.ht_internode end to end on CPU tensors and compares
+rank's real proxy, so a test runs uccl_ep.cuda.ht_proxy end to end on CPU tensors and compares
 with uccl_ep.refs. Warps are not modelled: each stream is one cooperative generator, all of a
 launch's streams are interleaved until done (as the kernel's co-resident blocks are).
 
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from uccl_ep.cuda import ht_internode_plan as plan
+from uccl_ep.cuda import ht_proxy_plan as plan
 from uccl_ep.cuda import runtime
 from uccl_ep.proxy import native
 
@@ -160,7 +160,7 @@ class DmaRole:
 
     def run(self):
         """Generator: True on progress; ends when every ring's work of this launch is copied."""
-        from uccl_ep.cuda.ht_internode import DMA_RING_CAPACITY as cap
+        from uccl_ep.cuda.ht_proxy import DMA_RING_CAPACITY as cap
         idx = [int(st[0]) for st in self.states]
         got = [int(st[1]) for st in self.states]
         rings = [int(t) for t in self.table]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, mem, plan_slot
-from uccl_ep.cuda import ht_internode_plan as plan
+from uccl_ep.cuda import ht_proxy_plan as plan
 
 
 class ForwardKernels:

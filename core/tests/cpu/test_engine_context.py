@@ -18,8 +18,8 @@ from uccl_ep.cuda.engine_context import EngineContext
 
 pytestmark = pytest.mark.cpu
 CUDA = Path(__file__).resolve().parents[2] / "uccl_ep" / "cuda"
-ENGINES = ["ll.py", "ll_hybrid.py", "proxy_path.py", "proxy_session.py", "ht.py", "ht_ce.py", "ht_internode.py",
-           "ht_internode_forward.py"]
+ENGINES = ["ll.py", "ll_hybrid.py", "ll_proxy.py", "proxy_session.py", "ht.py", "ht_ce.py", "ht_proxy.py",
+           "ht_proxy_forward.py"]
 FIELDS = {f.name for f in dataclasses.fields(EngineContext)}
 
 

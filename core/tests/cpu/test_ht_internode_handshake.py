@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ht_proxy_emulator import unpack  # noqa: E402
 from test_ht_internode_proxy_path import _routing, engine  # noqa: E402,F401  (engine: a fixture)
 from uccl_ep.config import Config  # noqa: E402
-from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
+from uccl_ep.cuda import ht_proxy_plan as plan  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 T, H, E, K, WORST = 40, 256, 8, 8, 200

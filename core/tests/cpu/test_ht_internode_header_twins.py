@@ -14,8 +14,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from uccl_ep.cuda import ht_internode, jit  # noqa: E402
-from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
+from uccl_ep.cuda import ht_proxy, jit  # noqa: E402
+from uccl_ep.cuda import ht_proxy_plan as plan  # noqa: E402
 from uccl_ep.host.ht_common import pack_table  # noqa: E402
 from uccl_ep.protocol.layout import MetaLayout  # noqa: E402
 from uccl_ep.routing import per_channel_counts  # noqa: E402
@@ -92,7 +92,7 @@ int main() {
 
 
 def test_copy_role_twins_agree(tmp_path):
-    """ht_internode.py's mirrors of dma_ring.h's copy-role ABI (the context it packs, the ring states it
+    """ht_proxy.py's mirrors of dma_ring.h's copy-role ABI (the context it packs, the ring states it
     initialises) against the header."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
@@ -101,8 +101,8 @@ def test_copy_role_twins_agree(tmp_path):
     src.write_text(_DMA_PROBE)
     subprocess.run([cxx, "-std=c++17", f"-I{jit.include_dir()}", str(src), "-o", str(exe)], check=True, timeout=120)
     got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    assert got == [ht_internode.DMA_RING_CAPACITY, ht_internode.DMA_UNIT_CAPACITY, ht_internode.DMA_RING_STATE_BYTES,
-                   ht_internode.DMA_CONTEXT_BYTES, 4 * 8, 10 * 8, 13 * 8]
+    assert got == [ht_proxy.DMA_RING_CAPACITY, ht_proxy.DMA_UNIT_CAPACITY, ht_proxy.DMA_RING_STATE_BYTES,
+                   ht_proxy.DMA_CONTEXT_BYTES, 4 * 8, 10 * 8, 13 * 8]
 
 
 def test_message_layout_is_the_host_executors_packed_row():

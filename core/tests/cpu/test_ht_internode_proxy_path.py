@@ -1,4 +1,4 @@
-"""Normal (HT) mode of the CUDA executor through the CPU proxy (uccl_ep/cuda/ht_internode.py) on CPU.
+"""Normal (HT) mode of the CUDA executor through the CPU proxy (uccl_ep/cuda/ht_proxy.py) on CPU.
 
 1. The Python twins of kernel_abi_internode.h: test_ht_internode_header_twins.py.
 2. The host orchestration with recording fakes of the driver and kernels and real proxies in this
@@ -34,8 +34,8 @@ from ht_proxy_emulator import Emulator, unpack  # noqa: E402
 from multirank import run_ranks  # noqa: E402
 from test_proxy import make_group, stop_all  # noqa: E402
 from uccl_ep.config import Config  # noqa: E402
-from uccl_ep.cuda import gpu_transport, ht_internode, proxy_path, proxy_session  # noqa: E402
-from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
+from uccl_ep.cuda import gpu_transport, ht_proxy, ll_proxy, proxy_session  # noqa: E402
+from uccl_ep.cuda import ht_proxy_plan as plan  # noqa: E402
 from uccl_ep.errors import LimitExceeded, Unsupported  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
 from uccl_ep.topology import Topology  # noqa: E402
@@ -114,15 +114,15 @@ class RecordingKernel:
 
 def _install_fakes(log, emulator=None, start_proxy=None):
     """Replace the device runtime under the engine (in this process)."""
-    from uccl_ep.cuda import ht, ht_internode_forward
+    from uccl_ep.cuda import ht, ht_proxy_forward
     import uccl_ep.proxy
-    ht_internode_forward.current_stream = lambda: 0
-    ht_internode.DeviceMemory = HostMem
-    ht_internode.MappedHostMemory = HostMem
-    proxy_path.DeviceMemory = HostMem
+    ht_proxy_forward.current_stream = lambda: 0
+    ht_proxy.DeviceMemory = HostMem
+    ht_proxy.MappedHostMemory = HostMem
+    ll_proxy.DeviceMemory = HostMem
     proxy_session.DeviceMemory = HostMem
-    ht_internode.load_kernel = lambda dev, src, name: RecordingKernel(log, name, emulator)
-    ht_internode.current_stream = ht.current_stream = lambda: 0
+    ht_proxy.load_kernel = lambda dev, src, name: RecordingKernel(log, name, emulator)
+    ht_proxy.current_stream = ht.current_stream = lambda: 0
     torch.cuda.synchronize = lambda *a, **k: None
     if start_proxy is not None:
         uccl_ep.proxy.start_proxy = start_proxy
@@ -133,7 +133,7 @@ def _engine(ex):
     engine.close() frees the engine's memory, _close() the session too."""
     session = proxy_session.GpuProxySession(ex, ex.nvl_mem, gpu_transport.choose(ex.multi_host))
     try:
-        return ht_internode.ProxyNormalEngine(ex, session)
+        return ht_proxy.ProxyNormalEngine(ex, session)
     except BaseException:
         session.close()
         raise
@@ -162,8 +162,8 @@ def engine(monkeypatch):
     R, rank = 2, 0
     proxies = make_group(R, "loop", num_counters=proxy_session.NUM_COUNTERS, region_bytes=4 << 20)
     asked, log = {}, []
-    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
-             ht_internode.load_kernel, ht_internode.current_stream, torch.cuda.synchronize)
+    saved = (ht_proxy.DeviceMemory, ht_proxy.MappedHostMemory, ll_proxy.DeviceMemory, proxy_session.DeviceMemory,
+             ht_proxy.load_kernel, ht_proxy.current_stream, torch.cuda.synchronize)
     import uccl_ep.proxy
     from uccl_ep.cuda import ht
     saved_sp, saved_cs = uccl_ep.proxy.start_proxy, ht.current_stream
@@ -173,9 +173,9 @@ def engine(monkeypatch):
     yield SimpleNamespace(eng=eng, ex=ex, asked=asked, log=log, proxy=proxies[rank], R=R)
     _close(eng)
     stop_all(proxies)
-    (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
-     ht_internode.load_kernel,
-     ht_internode.current_stream, torch.cuda.synchronize) = saved
+    (ht_proxy.DeviceMemory, ht_proxy.MappedHostMemory, ll_proxy.DeviceMemory, proxy_session.DeviceMemory,
+     ht_proxy.load_kernel,
+     ht_proxy.current_stream, torch.cuda.synchronize) = saved
     uccl_ep.proxy.start_proxy, ht.current_stream = saved_sp, saved_cs
 
 
@@ -192,7 +192,7 @@ def test_proxy_on_the_nvl_buffer_over_ipc(engine):
     addr, nbytes = C.proxy_counters_address(p)
     assert covered(addr, addr + nbytes) and engine.eng.counters_dev == addr + (1 << 46)
     blob = ctypes.string_at(engine.eng.fifo_table.ptr, p.num_fifos * C.FIFO_LAYOUT_BYTES)
-    ent = proxy_path.fifo_table_entry(blob, 1, C.FIFO_LAYOUT_BYTES)
+    ent = ll_proxy.fifo_table_entry(blob, 1, C.FIFO_LAYOUT_BYTES)
     assert ent["slots"] == C.proxy_fifo_layout(p, 1)["slots"] + (1 << 46)
     assert ent["head"] == engine.eng.fifo_words.ptr + 128
 
@@ -206,8 +206,8 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
     R = 2
     proxies = make_group(R, "loop", num_counters=proxy_session.NUM_COUNTERS, region_bytes=4 << 20)
     asked, log = {}, []
-    saved = (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
-             ht_internode.load_kernel, ht_internode.current_stream, torch.cuda.synchronize,
+    saved = (ht_proxy.DeviceMemory, ht_proxy.MappedHostMemory, ll_proxy.DeviceMemory, proxy_session.DeviceMemory,
+             ht_proxy.load_kernel, ht_proxy.current_stream, torch.cuda.synchronize,
              uccl_ep.proxy.start_proxy, ht.current_stream)
     _install_fakes(log, start_proxy=lambda group, **kw: asked.update(kw) or proxies[0])
     try:
@@ -223,9 +223,9 @@ def test_normal_engine_between_hosts_uses_fabric(monkeypatch):
         _close(eng)
     finally:
         stop_all(proxies)
-        (ht_internode.DeviceMemory, ht_internode.MappedHostMemory, proxy_path.DeviceMemory, proxy_session.DeviceMemory,
-     ht_internode.load_kernel,
-         ht_internode.current_stream, torch.cuda.synchronize, uccl_ep.proxy.start_proxy, ht.current_stream) = saved
+        (ht_proxy.DeviceMemory, ht_proxy.MappedHostMemory, ll_proxy.DeviceMemory, proxy_session.DeviceMemory,
+     ht_proxy.load_kernel,
+         ht_proxy.current_stream, torch.cuda.synchronize, uccl_ep.proxy.start_proxy, ht.current_stream) = saved
 
 
 def _routing(T, E, K, g):
@@ -281,16 +281,16 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
     """Several ranks per node: two ring geometries (hop 1 / hop B in area 0 with the RDMA sizes,
     hop 2 / hop A in area 1 with the NVL sizes, ring ids C + c), 3 blocks per channel, the node
     column in the meta record, and the handle shapes."""
-    from uccl_ep.cuda import ht, ht_internode_forward
+    from uccl_ep.cuda import ht, ht_proxy_forward
     import uccl_ep.proxy
     monkeypatch.setenv("UCCL_EP_IPC_COPY", "cuda")  # a loop proxy: no copy rings, no copy role
     R, rank = 4, 1
     proxies = make_group(R, "loop", num_counters=proxy_session.NUM_COUNTERS, region_bytes=8 << 20)
     log = []
-    for mod, name in ((ht_internode, "DeviceMemory"), (ht_internode, "MappedHostMemory"), (proxy_path, "DeviceMemory"),
+    for mod, name in ((ht_proxy, "DeviceMemory"), (ht_proxy, "MappedHostMemory"), (ll_proxy, "DeviceMemory"),
                       (proxy_session, "DeviceMemory"),
-                      (ht_internode, "load_kernel"), (ht_internode, "current_stream"), (ht, "current_stream"),
-                      (ht_internode_forward, "current_stream"), (torch.cuda, "synchronize"),
+                      (ht_proxy, "load_kernel"), (ht_proxy, "current_stream"), (ht, "current_stream"),
+                      (ht_proxy_forward, "current_stream"), (torch.cuda, "synchronize"),
                       (uccl_ep.proxy, "start_proxy")):
         monkeypatch.setattr(mod, name, getattr(mod, name))
     _install_fakes(log, start_proxy=lambda group, **kw: proxies[rank])
@@ -355,27 +355,27 @@ def test_scope_refusals(monkeypatch):
     monkeypatch.delenv("UCCL_EP_TRANSPORT", raising=False)
     ctx = lambda R, rpn: SimpleNamespace(num_ranks=R, topology=Topology(R, rpn))  # noqa: E731
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert ht_internode.unavailable_reason(ctx(2, 1)) is None
-    assert "several hosts" in ht_internode.unavailable_reason(ctx(4, 2))
-    assert "several hosts" in ht_internode.unavailable_reason(ctx(4, 1))
+    assert ht_proxy.unavailable_reason(ctx(2, 1)) is None
+    assert "several hosts" in ht_proxy.unavailable_reason(ctx(4, 2))
+    assert "several hosts" in ht_proxy.unavailable_reason(ctx(4, 1))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    assert ht_internode.unavailable_reason(ctx(4, 2)) is None       # 2 nodes x 2 ranks: forwarding
-    assert "at most 8 ranks" in ht_internode.unavailable_reason(ctx(32, 16))
+    assert ht_proxy.unavailable_reason(ctx(4, 2)) is None       # 2 nodes x 2 ranks: forwarding
+    assert "at most 8 ranks" in ht_proxy.unavailable_reason(ctx(32, 16))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 32)
-    assert "at most 16" in ht_internode.unavailable_reason(ctx(32, 1))
+    assert "at most 16" in ht_proxy.unavailable_reason(ctx(32, 1))
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")   # no provider here registers GPU memory
-    assert "FI_HMEM" in ht_internode.unavailable_reason(ctx(2, 1))
+    assert "FI_HMEM" in ht_proxy.unavailable_reason(ctx(2, 1))
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "loop")
-    assert "cannot move GPU memory" in ht_internode.unavailable_reason(ctx(2, 1))
+    assert "cannot move GPU memory" in ht_proxy.unavailable_reason(ctx(2, 1))
     ex = _fake_ex(0, 32, 16, 1 << 20)
     monkeypatch.delenv("UCCL_EP_TRANSPORT")
     with pytest.raises(Unsupported, match="ranks per node"):
-        ht_internode.ProxyNormalEngine(ex, None)
+        ht_proxy.ProxyNormalEngine(ex, None)
     monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
-    assert ht_internode.serves(SimpleNamespace(topology=Topology(2, 2)))
+    assert ht_proxy.serves(SimpleNamespace(topology=Topology(2, 2)))
     monkeypatch.delenv("UCCL_EP_FORCE_PROXY")
-    assert not ht_internode.serves(SimpleNamespace(topology=Topology(2, 2)))
-    assert ht_internode.serves(SimpleNamespace(topology=Topology(2, 1)))
+    assert not ht_proxy.serves(SimpleNamespace(topology=Topology(2, 2)))
+    assert ht_proxy.serves(SimpleNamespace(topology=Topology(2, 1)))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Ring depth and credit cadence of normal mode through the proxy with one rank per node
-(uccl_ep/cuda/ht_internode.py, device/internode_ring.cuh), on CPU: what a stream can keep in flight.
+(uccl_ep/cuda/ht_proxy.py, device/internode_ring.cuh), on CPU: what a stream can keep in flight.
 
 - Without forwarding only area 0 carries rings, so it gets the whole region: at the bench's shape
   (2 ranks as 2 nodes, 7168 hidden, 24 SMs, DeepEP's config table, the NVL size hint) BF16 dispatch
@@ -23,8 +23,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ht_proxy_emulator import _Kernels as Kernels, credit_batch  # noqa: E402
 from uccl_ep import Buffer  # noqa: E402
-from uccl_ep.cuda import ht_internode  # noqa: E402
-from uccl_ep.cuda import ht_internode_plan as plan  # noqa: E402
+from uccl_ep.cuda import ht_proxy  # noqa: E402
+from uccl_ep.cuda import ht_proxy_plan as plan  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 H, R = 7168, 2
@@ -43,8 +43,8 @@ def test_one_rank_per_node_rings_take_the_whole_region(msg):
     Buffer.set_num_sms(24)
     config = Buffer.get_dispatch_config(R)
     C = config.num_channels
-    one = ht_internode.ProxyNormalEngine.ring(_engine_like(False, config), msg, C, config, "x")["ring"]
-    two = ht_internode.ProxyNormalEngine.ring(_engine_like(True, config), msg, C, config, "x")["ring"]
+    one = ht_proxy.ProxyNormalEngine.ring(_engine_like(False, config), msg, C, config, "x")["ring"]
+    two = ht_proxy.ProxyNormalEngine.ring(_engine_like(True, config), msg, C, config, "x")["ring"]
     eng = _engine_like(False, config)
     assert one["ring_slots"] == min(config.num_max_rdma_chunked_recv_tokens, eng.shared // (2 * R * C) // msg)
     assert one["ring_slots"] == config.num_max_rdma_chunked_recv_tokens  # the config's depth, not the region's half

@@ -1,4 +1,4 @@
-"""Host-side orchestration of the CUDA executor's proxy path (uccl_ep/cuda/proxy_path.py) on CPU,
+"""Host-side orchestration of the CUDA executor's proxy path (uccl_ep/cuda/ll_proxy.py) on CPU,
 with the driver, device memory and kernel launches replaced by recording fakes and real proxies
 (loop transport) in this process: which host memory is registered for the device, the FifoLayout
 table the kernels push through, every kernel parameter struct packed from the header's own field
@@ -16,9 +16,9 @@ import torch
 
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
-from uccl_ep.cuda import gpu_transport, proxy_path, proxy_session, runtime
+from uccl_ep.cuda import gpu_transport, ll_proxy, proxy_session, runtime
 from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
-from uccl_ep.cuda.proxy_path import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
+from uccl_ep.cuda.ll_proxy import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
                                      fifo_table_entry, write_chunk_bytes)
 from uccl_ep.proxy import native
 from uccl_ep.topology import Topology
@@ -101,11 +101,11 @@ def engine(monkeypatch, request):
                          ipc_copy="kernel" if copy == "kernel" else "")
     asked, launches = {}, []
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[rank])
-    monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
+    monkeypatch.setattr(ll_proxy, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
-    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel(launches, name, defines))
-    monkeypatch.setattr(proxy_path, "device_arch", lambda dev: arch)
-    monkeypatch.setattr(proxy_path, "current_stream", lambda device=None: 0)
+    monkeypatch.setattr(ll_proxy, "load_kernel", lambda dev, src, name, defines=(): FakeKernel(launches, name, defines))
+    monkeypatch.setattr(ll_proxy, "device_arch", lambda dev: arch)
+    monkeypatch.setattr(ll_proxy, "current_stream", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 512, 8
     nbytes = low_latency_rdma_size_hint(T, H, R, E)
@@ -232,8 +232,8 @@ def test_kernel_parameters_and_set_alternation(engine):
 def _assert_copy_launch(eng, launch, send):
     """The copy kernel follows the send kernel and reads the byte counters the send kernel adds to."""
     name, grid, block, params, _, programmatic = launch
-    assert name == "ll_proxy_dma" and block == proxy_path._DMA_BLOCK
-    # plain stream order after its send kernel (proxy_path._launch_copies)
+    assert name == "ll_proxy_dma" and block == ll_proxy._DMA_BLOCK
+    # plain stream order after its send kernel (ll_proxy._launch_copies)
     assert programmatic is False
     k = _unpack("LLProxyDmaParams", params)
     n = eng.num_proxy_threads
@@ -299,11 +299,11 @@ def test_ranks_must_share_the_settings_of_the_counters_growth():
     values and refuses differing ones by name, on every rank alike, instead of letting the receive
     kernels wait for a growth their peers never send; an invalid value never gets as far as a Tuning."""
     from uccl_ep.errors import InvalidArgument
-    mine = proxy_path.shared_settings(Tuning(ll_proxy_parts=2, proxy_write_kb=1024))
+    mine = ll_proxy.shared_settings(Tuning(ll_proxy_parts=2, proxy_write_kb=1024))
     assert mine == (2, 1024)
-    proxy_path.check_same_shared_settings([mine, mine, mine])
+    ll_proxy.check_same_shared_settings([mine, mine, mine])
     with pytest.raises(InvalidArgument, match=r"tuning.ll_proxy_parts.*rank 1: 4/1024"):
-        proxy_path.check_same_shared_settings([mine, (4, 1024)])
+        ll_proxy.check_same_shared_settings([mine, (4, 1024)])
     with pytest.raises(InvalidArgument, match="tuning.ll_proxy_parts"):
         Tuning(ll_proxy_parts=9)  # above its maximum
 
@@ -465,17 +465,17 @@ def test_forced_routes(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)   # both ranks on this host
     ctx = SimpleNamespace(low_latency_mode=True, allow_nvlink_for_low_latency_mode=False, num_ranks=2)
-    assert proxy_path.proxy_forced(ctx)              # DeepEP's flag: LL through the network path
+    assert ll_proxy.proxy_forced(ctx)              # DeepEP's flag: LL through the network path
     ctx.allow_nvlink_for_low_latency_mode = True
-    assert not proxy_path.proxy_forced(ctx)
+    assert not ll_proxy.proxy_forced(ctx)
     monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
-    assert proxy_path.proxy_forced(ctx)
-    assert proxy_path.unavailable_reason(ctx) is None
+    assert ll_proxy.proxy_forced(ctx)
+    assert ll_proxy.unavailable_reason(ctx) is None
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")   # no provider here registers GPU memory
-    assert "FI_HMEM" in proxy_path.unavailable_reason(ctx)
+    assert "FI_HMEM" in ll_proxy.unavailable_reason(ctx)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "ipc")
     ctx.num_ranks = 65
-    assert "at most 64" in proxy_path.unavailable_reason(ctx)
+    assert "at most 64" in ll_proxy.unavailable_reason(ctx)
 
 
 def test_gpu_transport_choice(monkeypatch):
@@ -519,9 +519,9 @@ def test_ll_engine_between_hosts_uses_fabric(monkeypatch):
     proxies = make_group(R, "loop", num_counters=NUM_COUNTERS, region_bytes=1 << 16)
     asked = {}
     monkeypatch.setattr("uccl_ep.proxy.start_proxy", lambda group, **kw: asked.update(kw) or proxies[0])
-    monkeypatch.setattr(proxy_path, "DeviceMemory", FakeMem)
+    monkeypatch.setattr(ll_proxy, "DeviceMemory", FakeMem)
     monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
-    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): FakeKernel([], name, defines))
+    monkeypatch.setattr(ll_proxy, "load_kernel", lambda dev, src, name, defines=(): FakeKernel([], name, defines))
     monkeypatch.setattr(proxy_session, "_LOADING_WARNED", False)
     monkeypatch.setattr(gpu_transport, "_probe_fabric", lambda: None)
     monkeypatch.setenv("UCCL_EP_TRANSPORT", "fabric")
@@ -585,15 +585,15 @@ def test_copy_kernel_diagnostics_are_summed_over_rings(engine):
     """transport_counters() adds each ring's DmaConsumer diagnostic words (dma_ring.h) to the proxy's
     counters under copy_kernel_* names; the other words (ring positions, locks) stay out."""
     eng = engine.eng
-    n, per = eng.num_proxy_threads, proxy_path._DMA_CONSUMER_BYTES // 8
+    n, per = eng.num_proxy_threads, ll_proxy._DMA_CONSUMER_BYTES // 8
     words = [0] * (per * n)
     for r in range(n):
         for w in range(per):
             words[r * per + w] = 1000 * (r + 1) + w  # every word distinct
     eng.ec.drv.memcpy_htod(eng.dev, eng.dma_mem.ptr + 16 * n, struct.pack(f"<{per * n}Q", *words))
     got = eng.transport_counters()
-    for key, w in proxy_path._DMA_CONSUMER_DIAG_WORDS.items():
+    for key, w in ll_proxy._DMA_CONSUMER_DIAG_WORDS.items():
         assert got[f"copy_kernel_{key}"] == sum(1000 * (r + 1) + w for r in range(n)), key
-    assert not any(k.startswith("copy_kernel_") and k[len("copy_kernel_"):] not in proxy_path._DMA_CONSUMER_DIAG_WORDS
+    assert not any(k.startswith("copy_kernel_") and k[len("copy_kernel_"):] not in ll_proxy._DMA_CONSUMER_DIAG_WORDS
                    for k in got)
     assert "ipc_post_to_deliver_ns" in got  # the proxy's own counters come along

@@ -183,13 +183,13 @@ def _host_compiles(cxx, src, lines):
 
 def test_copy_ring_state_words_match_the_host(tmp_path):
     """The words of DmaConsumer and HtDmaRing (dma_ring.h) the host reads or hands over, and the size,
-    as proxy_path.py and ht_internode.py have them."""
-    from uccl_ep.cuda import proxy_path
+    as ll_proxy.py and ht_proxy.py have them."""
+    from uccl_ep.cuda import ll_proxy
     cxx = _tool_or_skip("a C++ compiler", shutil.which("g++") or shutil.which("c++"))
     lines = ['#include <cstddef>', '#include "uccl_ep/dma_ring.h"',
-             f"static_assert(sizeof(uccl_ep::DmaConsumer) == {proxy_path._DMA_CONSUMER_BYTES}, \"size\");",
-             f"static_assert(sizeof(uccl_ep::DmaDesc) == {proxy_path._DMA_DESC_BYTES}, \"descriptor\");"]
-    for name, word in {**proxy_path._DMA_CONSUMER_DIAG_WORDS, **proxy_path._DMA_CONSUMER_POSITION_WORDS}.items():
+             f"static_assert(sizeof(uccl_ep::DmaConsumer) == {ll_proxy._DMA_CONSUMER_BYTES}, \"size\");",
+             f"static_assert(sizeof(uccl_ep::DmaDesc) == {ll_proxy._DMA_DESC_BYTES}, \"descriptor\");"]
+    for name, word in {**ll_proxy._DMA_CONSUMER_DIAG_WORDS, **ll_proxy._DMA_CONSUMER_POSITION_WORDS}.items():
         lines.append(f"static_assert(offsetof(uccl_ep::DmaConsumer, {name}) == {8 * word}, \"{name}\");")
     # the normal-mode copy role's ring position (copy_ring_handover, proxy_session.py): word 0
     lines.append("static_assert(offsetof(uccl_ep::HtDmaRing, base_idx) == 0, \"HtDmaRing base_idx\");")

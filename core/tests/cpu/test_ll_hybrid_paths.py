@@ -12,7 +12,7 @@ import pytest
 from uccl_ep.cuda import ll_hybrid
 from uccl_ep.cuda.executor import plan_paths
 from uccl_ep.cuda.ll_hybrid import HybridPeers, ll_peer_paths
-from uccl_ep.cuda.proxy_path import ProxyLayout
+from uccl_ep.cuda.ll_proxy import ProxyLayout
 from uccl_ep.errors import LimitExceeded, Unsupported
 from uccl_ep.topology import Topology
 
@@ -74,7 +74,7 @@ def test_forced_proxy_sends_every_peer_through_the_proxy():
 def test_forced_by_env(monkeypatch):
     monkeypatch.setenv("UCCL_EP_FORCE_PROXY", "1")
     ctx = _ctx(4, 2)
-    from uccl_ep.cuda.proxy_path import proxy_forced
+    from uccl_ep.cuda.ll_proxy import proxy_forced
     assert proxy_forced(ctx)
     assert ll_peer_paths(0, 4, 2, True, proxy_forced(ctx)) == (S, P, P, P)
 

@@ -155,7 +155,7 @@ def test_nvlink_layout_has_room_for_logfmt_within_deepeps_hint():
 
 
 def test_proxy_layout_has_room_for_logfmt_within_deepeps_hint():
-    from uccl_ep.cuda.proxy_path import ProxyLayout
+    from uccl_ep.cuda.ll_proxy import ProxyLayout
     for T, H, R, E in _SHAPES:
         hint = Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
         bf16_only, lay = ProxyLayout.make(T, H, E, R), ProxyLayout.make(T, H, E, R, budget=hint)
@@ -173,7 +173,7 @@ def test_proxy_layout_has_room_for_logfmt_within_deepeps_hint():
 
 
 def test_proxy_logfmt_combine_below_the_hint_is_a_typed_error():
-    from uccl_ep.cuda.proxy_path import ProxyLayout
+    from uccl_ep.cuda.ll_proxy import ProxyLayout
     lay = ProxyLayout.make(16, 7168, 8, 2)  # no room beyond the BF16 layout
     lay.combine_region(4)
     with pytest.raises(LimitExceeded, match="num_rdma_bytes"):

@@ -31,7 +31,7 @@ from multirank import run_ranks  # noqa: E402
 from test_ht_internode_proxy_path import FakeDrv, HostMem, RecordingKernel  # noqa: E402
 from test_proxy import make_group, stop_all  # noqa: E402
 from uccl_ep.config import Config, low_latency_rdma_size_hint  # noqa: E402
-from uccl_ep.cuda import ht, ht_internode, proxy_path, proxy_session  # noqa: E402
+from uccl_ep.cuda import ht, ht_proxy, ll_proxy, proxy_session  # noqa: E402
 from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.cuda.proxy_session import LL_COUNTER_BASE, NUM_COUNTERS  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
@@ -85,15 +85,15 @@ def both(monkeypatch):
     started, log = [], []
     import uccl_ep.proxy
     monkeypatch.setattr(uccl_ep.proxy, "start_proxy", lambda group, **kw: started.append(kw) or proxies[rank])
-    for mod in (proxy_path, proxy_session, ht_internode):
+    for mod in (ll_proxy, proxy_session, ht_proxy):
         monkeypatch.setattr(mod, "DeviceMemory", HostMem)
-    monkeypatch.setattr(ht_internode, "MappedHostMemory", HostMem)
-    monkeypatch.setattr(proxy_path, "load_kernel", lambda dev, src, name, defines=(): Kernel(log, name))
-    monkeypatch.setattr(ht_internode, "load_kernel", lambda dev, src, name: Kernel(log, name))
+    monkeypatch.setattr(ht_proxy, "MappedHostMemory", HostMem)
+    monkeypatch.setattr(ll_proxy, "load_kernel", lambda dev, src, name, defines=(): Kernel(log, name))
+    monkeypatch.setattr(ht_proxy, "load_kernel", lambda dev, src, name: Kernel(log, name))
     monkeypatch.setattr(proxy_session, "load_kernel", lambda dev, src, name: Handover(log))
-    for mod in (proxy_path, ht_internode, ht):
+    for mod in (ll_proxy, ht_proxy, ht):
         monkeypatch.setattr(mod, "current_stream", lambda device=None: 0)
-    monkeypatch.setattr(proxy_path, "device_arch", lambda dev: "sm_90a")
+    monkeypatch.setattr(ll_proxy, "device_arch", lambda dev: "sm_90a")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 256, 8
     ll_bytes = low_latency_rdma_size_hint(T, H, R, E)
@@ -104,8 +104,8 @@ def both(monkeypatch):
     ex = EngineContext(ctx=ctx, device=0, drv=FakeDrv(), region=region, nvl_mem=nvl, ll_mem=ll, error_dev_ptr=err.ptr,
                        errors=err, timeout_ns=123, multi_host=False, mask_ptr=0xD000, owner=object())
     session = proxy_session.open_for(ex, True, True)
-    ll_eng = proxy_path.ProxyLowLatencyEngine(ex, session)
-    ht_eng = ht_internode.ProxyNormalEngine(ex, session)
+    ll_eng = ll_proxy.ProxyLowLatencyEngine(ex, session)
+    ht_eng = ht_proxy.ProxyNormalEngine(ex, session)
     yield SimpleNamespace(ex=ex, session=session, ll=ll_eng, ht=ht_eng, started=started, log=log, T=T, H=H, E=E,
                           R=R, proxy=proxies[rank])
     ll_eng.close()
@@ -152,15 +152,15 @@ def test_one_proxy_for_both_engines(both):
     words = both.ht.proxy_words()
     assert words["region"] == s.region_dev and words["fifos"] == s.fifo_table.ptr
     assert both.ht.ring(64, 2, Config(4, 4, 32, 2, 8), "test")["num_counters"] == NUM_COUNTERS
-    assert ht_internode.plan.NUM_COUNTERS <= LL_COUNTER_BASE
+    assert ht_proxy.plan.NUM_COUNTERS <= LL_COUNTER_BASE
 
 
 def test_low_latency_clean_keeps_normal_mode_counters(both):
     addr, nbytes = C.proxy_counters_address(both.session.proxy)
     assert nbytes == both.R * NUM_COUNTERS * 8
     counters = (ctypes.c_int64 * (both.R * NUM_COUNTERS)).from_address(addr)
-    ht_counters = (3, ht_internode.plan.HEAD_BASE + 3, ht_internode.plan.META_COUNTER0)
-    ll_counter = proxy_path.counter_base(1, 1)
+    ht_counters = (3, ht_proxy.plan.HEAD_BASE + 3, ht_proxy.plan.META_COUNTER0)
+    ll_counter = ll_proxy.counter_base(1, 1)
     for src in range(both.R):
         for c in ht_counters:
             counters[src * NUM_COUNTERS + c] = 7 + c

@@ -58,12 +58,12 @@ def test_resolve_refuses_other_types():
 
 def test_shared_settings_compare_argument_values():
     """What every rank must agree on is compared as Tuning values (not environment values)."""
-    from uccl_ep.cuda import ht_ce, proxy_path
+    from uccl_ep.cuda import ht_ce, ll_proxy
     a, b = Tuning(), Tuning(ll_proxy_parts=2)
-    assert proxy_path.shared_settings(a) == (1, 16383)
-    proxy_path.check_same_shared_settings([proxy_path.shared_settings(a)] * 2)
+    assert ll_proxy.shared_settings(a) == (1, 16383)
+    ll_proxy.check_same_shared_settings([ll_proxy.shared_settings(a)] * 2)
     with pytest.raises(InvalidArgument, match=r"tuning.ll_proxy_parts.*rank 1: 2/16383"):
-        proxy_path.check_same_shared_settings([proxy_path.shared_settings(a), proxy_path.shared_settings(b)])
+        ll_proxy.check_same_shared_settings([ll_proxy.shared_settings(a), ll_proxy.shared_settings(b)])
     c = Tuning(ht_defines="UCCL_EP_HT_PUBLISH_EVERY=8")
     with pytest.raises(InvalidArgument, match="tuning.ht_defines"):
         ht_ce.check_same_settings([ht_ce.shared_settings(a), ht_ce.shared_settings(c)])

@@ -1,7 +1,7 @@
 """Normal (HT) mode of the `cuda` backend through the CPU proxy, against `uccl_ep.refs`, on 2+ GPUs of
 one host acting as nodes (UCCL_EP_RANKS_PER_NODE=1 / ranks_per_node=1): GPU -> FIFO -> proxy ->
 ipc transport (peer copy into the receiver's NVL buffer, then the immediate) -> receiving proxy ->
-counter -> kernel (core/kernels/ht/proxy/*.cu, uccl_ep/cuda/ht_internode.py).
+counter -> kernel (core/kernels/ht/proxy/*.cu, uccl_ep/cuda/ht_proxy.py).
 
 With 4 GPUs also 2 nodes x 2 ranks (ranks_per_node=2: each token crosses to a node once, its rail
 rank forwards it inside the node, combine reduces inside the node first; combine inputs on a 1/16
@@ -37,7 +37,7 @@ from multirank import run_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
-# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.proxy_path.warn_lazy_module_loading.
+# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.ll_proxy.warn_lazy_module_loading.
 EAGER_ENV = {"CUDA_MODULE_LOADING": "EAGER"}
 FORCED_ENV = {"UCCL_EP_FORCE_PROXY": "1", **EAGER_ENV}
 

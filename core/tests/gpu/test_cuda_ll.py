@@ -102,7 +102,7 @@ def _proxy_state(buf) -> str:
     eng = buf._executor._ll
     if eng is None or not hasattr(eng, "proxy") or eng.proxy is None:
         return "(not the proxy path)"
-    from uccl_ep.cuda.proxy_path import NUM_COUNTERS, counter_base
+    from uccl_ep.cuda.ll_proxy import NUM_COUNTERS, counter_base
     addr, _ = eng.C.proxy_counters_address(eng.proxy)
     R = eng.R
     vals = (ctypes.c_int64 * (R * NUM_COUNTERS)).from_address(addr)

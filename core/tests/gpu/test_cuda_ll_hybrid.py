@@ -34,7 +34,7 @@ from test_cuda_ll import worker_timeout  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 WORLD = 4
-# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.proxy_path.warn_lazy_module_loading.
+# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.ll_proxy.warn_lazy_module_loading.
 HYBRID_ENV = {"UCCL_EP_RANKS_PER_NODE": "2", "UCCL_EP_FORCE_PROXY": "0", "CUDA_MODULE_LOADING": "EAGER"}
 
 
@@ -48,7 +48,7 @@ def worker_paths(rank, world, H, E, T_max, seed):
     """One dispatch + combine vs the reference, per path layout; returns what the proxy carried."""
     from uccl_ep import Buffer
     from uccl_ep.cuda.ll import LowLatencyEngine
-    from uccl_ep.cuda.proxy_path import ProxyLowLatencyEngine
+    from uccl_ep.cuda.ll_proxy import ProxyLowLatencyEngine
     group = dist.group.WORLD
     nbytes = Buffer.get_low_latency_rdma_size_hint(T_max, H, world, E)
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -130,7 +130,7 @@ def worker_one_rank_nodes(rank, world, H, E, T_max, seed):
     """Nodes of one rank (2 GPUs as 2 nodes): LL through the proxy kernels with no NVLink peer, chosen
     by the topology (not forced), against the reference like any other layout."""
     from uccl_ep import Buffer
-    from uccl_ep.cuda.proxy_path import ProxyLowLatencyEngine
+    from uccl_ep.cuda.ll_proxy import ProxyLowLatencyEngine
     nbytes = Buffer.get_low_latency_rdma_size_hint(T_max, H, world, E)
     buf = Buffer(dist.group.WORLD, 0, nbytes, low_latency_mode=True, backend="cuda", explicitly_destroy=True)
     eng = buf._executor._ll

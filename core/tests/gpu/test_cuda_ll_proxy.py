@@ -30,7 +30,7 @@ from test_cuda_ll import worker_logfmt, worker_timeout  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
-# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.proxy_path.warn_lazy_module_loading.
+# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.ll_proxy.warn_lazy_module_loading.
 EAGER_ENV = {"CUDA_MODULE_LOADING": "EAGER"}
 PROXY_ENV = {"UCCL_EP_FORCE_PROXY": "1", **EAGER_ENV}
 
@@ -38,7 +38,7 @@ PROXY_ENV = {"UCCL_EP_FORCE_PROXY": "1", **EAGER_ENV}
 def worker_engaged(rank, world, H, E, T_max, seed):
     """allow_nvlink_for_low_latency_mode=False selects the proxy path; it carried the traffic."""
     from uccl_ep import Buffer
-    from uccl_ep.cuda.proxy_path import ProxyLowLatencyEngine
+    from uccl_ep.cuda.ll_proxy import ProxyLowLatencyEngine
     group = dist.group.WORLD
     nbytes = Buffer.get_low_latency_rdma_size_hint(T_max, H, world, E)
     buf = Buffer(group, 0, nbytes, low_latency_mode=True, backend="cuda", allow_nvlink_for_low_latency_mode=False)

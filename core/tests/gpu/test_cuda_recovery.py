@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 TIMEOUT_S = 5.0
 ENV = {"UCCL_EP_TIMEOUT_S": str(TIMEOUT_S), "UCCL_EP_GPU_TIMEOUT_S": str(TIMEOUT_S),
-       "CUDA_MODULE_LOADING": "EAGER"}  # see uccl_ep.cuda.proxy_path.warn_lazy_module_loading
+       "CUDA_MODULE_LOADING": "EAGER"}  # see uccl_ep.cuda.ll_proxy.warn_lazy_module_loading
 PATHS = {"nvlink": {}, "proxy": {"ranks_per_node": 1}}
 H = 2048
 _COUNTED = {"mem_alloc": ("device", 1), "mem_free": ("device", -1), "host_alloc_mapped": ("pinned", 1),

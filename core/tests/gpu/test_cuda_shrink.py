@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 TIMEOUT_S = 5.0
 ENV = {"UCCL_EP_TIMEOUT_S": str(TIMEOUT_S), "UCCL_EP_GPU_TIMEOUT_S": str(TIMEOUT_S)}
-# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.proxy_path.warn_lazy_module_loading.
+# CUDA_MODULE_LOADING=EAGER: see uccl_ep.cuda.ll_proxy.warn_lazy_module_loading.
 PROXY_ENV = {**ENV, "UCCL_EP_FORCE_PROXY": "1", "CUDA_MODULE_LOADING": "EAGER"}
 PATHS = {"nvlink": ENV, "proxy": PROXY_ENV}
 H, E, T = 2048, 32, 64

@@ -266,7 +266,7 @@ def _run_in_job(args) -> int:
 
 def _eager_loading_for_proxy(args) -> None:
     """The GPU proxy paths between GPUs of one host need eager CUDA module loading (see
-    uccl_ep.cuda.proxy_path.warn_lazy_module_loading); set it unless the user chose otherwise."""
+    uccl_ep.cuda.ll_proxy.warn_lazy_module_loading); set it unless the user chose otherwise."""
     import os
     from .. import env
     forced = bool(env.get("UCCL_EP_FORCE_PROXY"))

@@ -24,7 +24,7 @@ import torch
 from ..executor_interface import BufferContext, Executor
 from ..errors import InvalidArgument, LimitExceeded, PeerFailure, Timeout, UcclEpError, Unsupported
 from ..group_store import GroupStore, heartbeat_interval_s
-from . import ht_ce, ht_tuning, liveness, ll_hybrid, proxy_path, proxy_session
+from . import ht_ce, ht_tuning, liveness, ll_hybrid, ll_proxy, proxy_session
 from .runtime import DeviceMemory, MappedHostMemory, abi_enum, driver
 from .engine_context import EngineContext
 from .shrink import DeviceMask, masked_barrier
@@ -59,14 +59,14 @@ def unavailable_reason(ctx: BufferContext) -> str | None:
     why = driver_unavailable_reason()
     if why:
         return why
-    from . import gpu_transport, proxy_path
+    from . import gpu_transport, ll_proxy
     multi_host = gpu_transport.multi_host_guess(ctx)
-    if proxy_path.proxy_forced(ctx) or ((multi_host or ctx.topology.is_internode) and ctx.low_latency_mode):
-        why = proxy_path.unavailable_reason(ctx)  # LL through the proxy (forced, or peers on other nodes)
+    if ll_proxy.proxy_forced(ctx) or ((multi_host or ctx.topology.is_internode) and ctx.low_latency_mode):
+        why = ll_proxy.unavailable_reason(ctx)  # LL through the proxy (forced, or peers on other nodes)
         if why:
             return why
     if ctx.topology.is_internode:
-        from .ht_internode import unavailable_reason as internode_reason
+        from .ht_proxy import unavailable_reason as internode_reason
         why = internode_reason(ctx)  # normal mode goes through the proxy between nodes
         if why:
             return why
@@ -90,7 +90,7 @@ def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool
     for the NIC between hosts (gpu_transport.py); NVLink kernels and IPC maps stay within one host. LL
     between nodes is hybrid: the proxy kernels store to the peers of the rank's own node over NVLink
     (ll_hybrid.ll_peer_paths), unless the proxy is forced."""
-    from .ht_internode import serves as ht_through_proxy
+    from .ht_proxy import serves as ht_through_proxy
     if len(set(devices)) != len(devices):
         raise Unsupported(f"the cuda executor needs one distinct GPU per rank on each host; got (host, device) "
                           f"{devices}")
@@ -103,7 +103,7 @@ def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool
             raise Unsupported(f"ranks on several hosts with nodes of {G} ranks spanning hosts {sorted(set(hosts))}: "
                               "a node's ranks must share a host (leave ranks_per_node / UCCL_EP_RANKS_PER_NODE "
                               "unset, or a divisor of the ranks per host)")
-    return multi_host, ht_proxy, proxy_path.proxy_forced(ctx) or multi_host or ctx.topology.is_internode
+    return multi_host, ht_proxy, ll_proxy.proxy_forced(ctx) or multi_host or ctx.topology.is_internode
 
 
 class CudaExecutor(Executor):
@@ -121,7 +121,7 @@ class CudaExecutor(Executor):
         # One proxy session serves every engine that goes through the proxy, over one registered
         # region: with both buffers and normal mode through the proxy (which puts LL through it too:
         # plan_paths), one allocation holds both, the NVL buffer first (proxy_session.shared_region).
-        from .ht_internode import serves as ht_through_proxy
+        from .ht_proxy import serves as ht_through_proxy
         self.region = None
         if ctx.num_nvl_bytes and ctx.num_rdma_bytes and ht_through_proxy(ctx):
             self.region, self.nvl_mem, self.ll_mem = proxy_session.shared_region(self.device, ctx.num_nvl_bytes,
@@ -138,20 +138,20 @@ class CudaExecutor(Executor):
             ht_sizes = str(e)
         mine = (socket.gethostname(), self.device,
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
-                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, proxy_path.shared_settings(ctx.tuning),
+                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, ll_proxy.shared_settings(ctx.tuning),
                 ht_ce.shared_settings(ctx.tuning), liveness.process_record())
         infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
         # The path of each peer's LL traffic: NVLink (a node's peers, also on the proxy path), or the proxy.
         self.ll_paths = ll_hybrid.ll_peer_paths(ctx.rank, ctx.num_ranks, ctx.topology.ranks_per_node, self.ll_proxy,
-                                                proxy_path.proxy_forced(ctx))
+                                                ll_proxy.proxy_forced(ctx))
         ll_nvlink = [r for r, p in enumerate(self.ll_paths) if p == ll_hybrid.NVLINK] if self.ll_mem is not None else []
         if self.nvl_mem is not None and not self.ht_proxy:
             ht_tuning.check_same_block_sizes([i[4] for i in infos])
             ht_ce.check_same_settings([i[6] for i in infos])
         if self.ll_mem is not None and self.ll_proxy:
-            proxy_path.check_same_shared_settings([i[5] for i in infos])
+            ll_proxy.check_same_shared_settings([i[5] for i in infos])
         for r, (_, d) in enumerate(devices):
             if r != ctx.rank and (not (self.ht_proxy and self.ll_proxy) or r in ll_nvlink):
                 if not self.drv.can_access_peer(self.device, d):
@@ -187,7 +187,7 @@ class CudaExecutor(Executor):
             # constructs its Buffer (as DeepEP sets everything up in the constructor), once for every
             # engine that goes through the proxy, not at a mode's first call, which a rank that fails
             # (shrink mode) never makes.
-            from .ht_internode import scope_reason
+            from .ht_proxy import scope_reason
             need_ht = self.nvl_mem is not None and self.ht_proxy and scope_reason(ctx, self.multi_host) is None
             self.session = proxy_session.open_for(self.engine_ctx, need_ht, self.ll_mem is not None and self.ll_proxy)
             if self.nvl_mem is not None and (not self.ht_proxy or need_ht):
@@ -310,7 +310,7 @@ class CudaExecutor(Executor):
                 raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
                                     hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
             from .ll import LowLatencyEngine
-            self._ll = proxy_path.ProxyLowLatencyEngine(self.engine_ctx, self.session) if self.ll_proxy else \
+            self._ll = ll_proxy.ProxyLowLatencyEngine(self.engine_ctx, self.session) if self.ll_proxy else \
                 LowLatencyEngine(self.engine_ctx)
         return self._ll
 
@@ -345,7 +345,7 @@ class CudaExecutor(Executor):
     # -- normal mode --------------------------------------------------------------------------------
     def _ht_engine(self):
         if self._ht is None and self.ht_proxy:
-            from .ht_internode import ProxyNormalEngine
+            from .ht_proxy import ProxyNormalEngine
             self._ht = ProxyNormalEngine(self.engine_ctx, self.session)
         if self._ht is None:
             from .ht import NormalEngine

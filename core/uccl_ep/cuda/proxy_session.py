@@ -1,5 +1,5 @@
 """The cuda executor's proxy session: one proxy per Buffer for every engine that goes through it
-(low-latency mode, proxy_path.ProxyLowLatencyEngine; normal mode, ht_internode.ProxyNormalEngine).
+(low-latency mode, ll_proxy.ProxyLowLatencyEngine; normal mode, ht_proxy.ProxyNormalEngine).
 
 The executor opens it in its constructor when any engine will need it (the bootstrap is
 collective); the engines receive it and start nothing themselves. What it owns, once:

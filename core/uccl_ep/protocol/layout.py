@@ -1,6 +1,6 @@
 """Counter indices and the region's areas of the proxy protocol: where the host executor keeps
 things, and the layout the cuda executor's normal mode through the proxy shares with it
-(cuda/ht_internode_plan.py).
+(cuda/ht_proxy_plan.py).
 
 Counters (per source rank, see csrc/executor/ring_engine.h for the ring part):
     [0, 512)            ring TAIL(r): ordered writes of HT streams (sequence-applied)

@@ -62,7 +62,7 @@ struct DmaRingHeader {
 };
 static_assert(sizeof(DmaRingHeader) == 64, "DmaRingHeader is part of the host/device ABI");
 
-// The consumer's state per ring, in device memory next to the rings' table (proxy_path.py lays it
+// The consumer's state per ring, in device memory next to the rings' table (ll_proxy.py lays it
 // out: ring table u64[n] | pushed bytes u64[n] | DmaConsumer[n] | ...), zero at start. Written by
 // the copy kernel, except push_ns, which the send kernels stamp after their pushes (diagnostics).
 struct DmaConsumer {
@@ -82,7 +82,7 @@ struct DmaConsumer {
   unsigned long long launches;       // launches that found a push stamp and a descriptor
   unsigned long long pad[3];
 };
-static_assert(sizeof(DmaConsumer) == 128, "DmaConsumer is part of the host/device ABI (proxy_path.py)");
+static_assert(sizeof(DmaConsumer) == 128, "DmaConsumer is part of the host/device ABI (ll_proxy.py)");
 
 // dst of a skip descriptor (see above).
 constexpr uint64_t kDmaSkipDst = 0;
@@ -125,7 +125,7 @@ struct HtDmaRing {
   uint64_t fetch_wait_ns;  // diagnostics: the fetcher's time without any descriptor to take
   uint64_t pad[8];
 };
-static_assert(sizeof(HtDmaRing) == 128, "HtDmaRing is part of the host/device ABI (ht_internode.py)");
+static_assert(sizeof(HtDmaRing) == 128, "HtDmaRing is part of the host/device ABI (ht_proxy.py)");
 constexpr uint64_t kHtDmaRunning = ~uint64_t(0);
 
 // One unit of copy work: bytes [src, +len) to dst, piece of descriptor `desc`.
@@ -138,7 +138,7 @@ static_assert(sizeof(HtDmaUnit) == 32, "HtDmaUnit is part of the host/device ABI
 // last descriptor published done, so a unit slot is rewritten only after its copy completed.
 constexpr uint64_t kHtDmaUnitCapacity = 32768;
 
-// What the copy role needs, in device memory, written once at set-up (ht_internode.py).
+// What the copy role needs, in device memory, written once at set-up (ht_proxy.py).
 struct HtDmaContext {
   uint64_t rings;       // u64[n]: device address of each proxy thread's copy ring (DmaRingHeader + slots)
   uint64_t pushed;      // u64[n]: bytes of the Writes pushed to each proxy thread (cumulative, by senders)
@@ -156,6 +156,6 @@ struct HtDmaContext {
   int64_t timeout_ns;
   int64_t pad[2];
 };
-static_assert(sizeof(HtDmaContext) == 128, "HtDmaContext is part of the host/device ABI (ht_internode.py)");
+static_assert(sizeof(HtDmaContext) == 128, "HtDmaContext is part of the host/device ABI (ht_proxy.py)");
 
 }  // namespace uccl_ep

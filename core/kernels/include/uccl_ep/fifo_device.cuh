@@ -2,7 +2,7 @@
 // consumer is one CPU proxy thread (layout, lap-parity commit bit and the host half:
 // uccl_ep/fifo_layout.h, core/csrc/fifo/fifo_host.*).
 //
-// Where the parts live for GPU producers (built by uccl_ep/cuda/proxy_path.py):
+// Where the parts live for GPU producers (built by uccl_ep/cuda/ll_proxy.py):
 //   slots, tail, completed, status   pinned host memory of the proxy, registered and mapped for
 //                                    the device (these are device addresses of that mapping)
 //   head, tail_cache                 device memory: producers reserve and cache without crossing

@@ -1,6 +1,6 @@
 // Host <-> kernel ABI of the high-throughput (normal) mode through the CPU proxy
 // (ht/proxy/notify.cu, ht/proxy/dispatch.cu, ht/proxy/combine.cu; Python:
-// uccl_ep/cuda/ht_internode.py). Same rules as kernel_abi.h: every *Params struct is a list of
+// uccl_ep/cuda/ht_proxy.py). Same rules as kernel_abi.h: every *Params struct is a list of
 // 64-bit fields that uccl_ep.cuda.runtime.pack_params fills by name from this header.
 //
 // The protocol is the host executor's (uccl_ep/host/ht.py, ht_internode.py, csrc/executor/
@@ -104,7 +104,7 @@ UCCL_EP_HOST_DEVICE constexpr int64_t ht_partial_msg_bytes(int64_t hidden, int64
 }
 
 // The rings of one area of the region for one op (uccl_ep.protocol.rings.RingSpec, built by
-// cuda/ht_internode_plan.geometry), the same on every rank: a member of the params structs below
+// cuda/ht_proxy_plan.geometry), the same on every rank: a member of the params structs below
 // (`ring`: area 0, hop 1 / hop B; `nvl_ring`: area 1, hop 2 / hop A of the forward kernels).
 struct HTRingGeometry {
   int64_t msg_bytes;        // bytes per message (multiple of 16)

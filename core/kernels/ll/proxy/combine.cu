@@ -13,7 +13,7 @@
 // Hybrid (proxy_ll.cuh): an NVLink peer's rows are staged straight into its recv area (in zero copy
 // too, read from y) and signalled by one system-scope add to its NVLink word.
 // Recv (ll_combine_proxy_recv, one block per token t; launched while the copies run, see
-// proxy_path.py): for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
+// ll_proxy.py): for each expert g in topk_idx[t] (not -1, owner not masked) t's row sits in g's owner's
 // region at (this rank's selections of the owner's experts below g) + (t's rank among this rank's
 // selections of g, exactly the dispatch slot), both counted by the whole block in one strided scan
 // of topk_idx per selected expert (one thread per expert scanning alone would make T*K serial

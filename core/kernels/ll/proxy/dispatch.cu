@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(512)
         if (e >= 0 && q < p.max_slots) {  // the slot names the token and its row in the owner's region
           const int owner = e / E_loc;      // (q >= max_slots only with a repeated expert: never past the index)
           auto* index = reinterpret_cast<uint32_t*>(region_of_owner(owner) + index_at(p.counts_bytes));
-          index[q] = uint32_t(t) | uint32_t(s_rows_before[owner]) << 16;  // num_max <= 65536 (proxy_path.py)
+          index[q] = uint32_t(t) | uint32_t(s_rows_before[owner]) << 16;  // num_max <= 65536 (ll_proxy.py)
         }
       }
     }

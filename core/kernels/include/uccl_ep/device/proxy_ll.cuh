@@ -27,7 +27,7 @@ UCCL_DEVICE unsigned long long* dma_counter(uint64_t dma_pushed, int64_t num_pro
 // from it). No-op without copy rings.
 UCCL_DEVICE void stamp_dma_push(uint64_t dma_pushed, int64_t num_proxy_threads, int fifo) {
   if (dma_pushed == 0) return;
-  auto* state = reinterpret_cast<DmaConsumer*>(dma_pushed + 8 * uint64_t(num_proxy_threads));  // proxy_path.py layout
+  auto* state = reinterpret_cast<DmaConsumer*>(dma_pushed + 8 * uint64_t(num_proxy_threads));  // ll_proxy.py layout
   *reinterpret_cast<volatile unsigned long long*>(&state[fifo % int(num_proxy_threads)].push_ns) = clock_ns();
 }
 

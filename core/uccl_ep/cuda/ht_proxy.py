@@ -8,7 +8,7 @@ the proxy posts each Write as a descriptor into its copy ring (dma_ring.h), as i
 request to a NIC, and the kernels' own copy role (device/ht_dma.cuh: extra blocks at the end of each
 grid) copies it into the receiver's region; the proxy then delivers the immediate to the receiving
 proxy, as an RDMA write with immediate. ``UCCL_EP_IPC_COPY=cuda`` makes the proxy copy through the
-driver instead (and needs CUDA_MODULE_LOADING=EAGER, proxy_path.warn_lazy_module_loading).
+driver instead (and needs CUDA_MODULE_LOADING=EAGER, ll_proxy.warn_lazy_module_loading).
 
 Per op:
   notify    a meta record (fresh dispatch) to every rank: counted Write + fenced Atomic on
@@ -30,7 +30,7 @@ Topologies: one rank per node (ranks_per_node = 1, or a forced proxy on one host
 rank is treated as its own node and the handle is the intranode 6-tuple): the kernels above;
 several ranks per node: ht/proxy/forward_*.cu (each token crosses to a node once, the rank of
 its rail forwards it to the node's other ranks over the area-1 rings, and combine reduces inside
-the node first, in fp32), driven by ht_internode_forward.py. Between hosts the transport is
+the node first, in fp32), driven by ht_proxy_forward.py. Between hosts the transport is
 ipc+fabric (gpu_transport.py): node mates over ipc, other nodes over the NIC.
 """
 
@@ -46,8 +46,8 @@ from .. import env
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
 from . import gpu_transport
-from . import ht_internode_plan as plan
-from .ht_internode_plan import ProxyNormalPlan, check_scales
+from . import ht_proxy_plan as plan
+from .ht_proxy_plan import ProxyNormalPlan, check_scales
 from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params, warp_size
 
 __all__ = ["serves", "unavailable_reason", "scope_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
@@ -316,7 +316,7 @@ class ProxyNormalEngine:
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                  num_tokens_per_expert, expert_alignment, num_worst_tokens, config):
         if self.forward:
-            from . import ht_internode_forward as fwd
+            from . import ht_proxy_forward as fwd
             return fwd.dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                                 num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
         R, dev = self.R, x.device
@@ -378,7 +378,7 @@ class ProxyNormalEngine:
 
     def cached_dispatch(self, x, x_scales, handle, config):
         if self.forward:
-            from . import ht_internode_forward as fwd
+            from . import ht_proxy_forward as fwd
             return fwd.cached_dispatch(self, x, x_scales, handle, config)
         check_scales(x_scales)
         st: ProxyNormalPlan = handle.plan
@@ -399,7 +399,7 @@ class ProxyNormalEngine:
     # -- combine -----------------------------------------------------------------------------------
     def combine(self, x, handle, topk_weights, biases, config):
         if self.forward:
-            from . import ht_internode_forward as fwd
+            from . import ht_proxy_forward as fwd
             return fwd.combine(self, x, handle, topk_weights, biases, config)
         if x.dtype != torch.bfloat16:
             raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")

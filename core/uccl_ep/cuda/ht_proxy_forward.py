@@ -1,6 +1,6 @@
 """Normal mode through the CPU proxy with several ranks per node (ht/proxy/forward_dispatch.cu,
 ht/proxy/forward_combine.cu): the host executor's two-level protocol (uccl_ep/host/ht_internode.py)
-on GPU warps, driven from ProxyNormalEngine (ht_internode.py), which owns the proxy, the rings and
+on GPU warps, driven from ProxyNormalEngine (ht_proxy.py), which owns the proxy, the rings and
 the notify step.
 
   dispatch  notify (records with the tokens per destination node) -> hop 1 once per node to the
@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InvalidArgument, Unsupported
 from ..handles import NormalHandle
-from . import ht_internode_plan as plan
+from . import ht_proxy_plan as plan
 from .runtime import current_stream, pack_params
 
 __all__ = ["dispatch", "cached_dispatch", "combine"]
