@@ -21,6 +21,7 @@ __all__ = [
     "check_topk_ids_in_range",
     "split_fp8_tuple",
     "check_extra_kwargs",
+    "check_combine_rows",
     "exclusive",
     "FP8_DTYPES",
 ]
@@ -165,6 +166,17 @@ _KNOWN_INERT_KWARGS = {
     "src_signal_expect_value": 0,
 }
 _ALWAYS_ACCEPTED = {"is_intranode"}
+
+
+def check_combine_rows(x: torch.Tensor, num_rows: int, topk_weights: torch.Tensor | None, backend: str) -> None:
+    """A normal-mode combine's inputs against its handle: BF16 rows (as DeepEP combines), one per row
+    the dispatch produced, and as many weight rows."""
+    if x.dtype != torch.bfloat16:
+        raise Unsupported(f"the {backend} backend combines BF16 only (as DeepEP); got {x.dtype}")
+    if x.shape[0] != num_rows:
+        raise InvalidArgument("x", f"{num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
+    if topk_weights is not None and topk_weights.shape[0] != num_rows:
+        raise InvalidArgument("topk_weights", f"{num_rows} rows", topk_weights.shape[0])
 
 
 def check_extra_kwargs(where: str, kwargs: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
-from uccl_ep.cuda import gpu_transport, ll_proxy, proxy_session, runtime
+from uccl_ep.cuda import gpu_transport, ll, ll_proxy, proxy_session, runtime
 from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.cuda.ll_proxy import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
                                      fifo_table_entry, write_chunk_bytes)
@@ -105,7 +105,8 @@ def engine(monkeypatch, request):
     monkeypatch.setattr(proxy_session, "DeviceMemory", FakeMem)
     monkeypatch.setattr(ll_proxy, "load_kernel", lambda dev, src, name, defines=(): FakeKernel(launches, name, defines))
     monkeypatch.setattr(ll_proxy, "device_arch", lambda dev: arch)
-    monkeypatch.setattr(ll_proxy, "current_stream", lambda device=None: 0)
+    for mod in (ll, ll_proxy):  # the receive launch is the LL engine's (_dispatch_end)
+        monkeypatch.setattr(mod, "current_stream", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     T, H, E = 16, 512, 8
     nbytes = low_latency_rdma_size_hint(T, H, R, E)

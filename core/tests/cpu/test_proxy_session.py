@@ -32,6 +32,7 @@ from test_ht_internode_proxy_path import FakeDrv, HostMem, RecordingKernel  # no
 from test_proxy import make_group, stop_all  # noqa: E402
 from uccl_ep.config import Config, low_latency_rdma_size_hint  # noqa: E402
 from uccl_ep.cuda import ht, ht_proxy, ll_proxy, proxy_session  # noqa: E402
+from uccl_ep.cuda import ll as ll_engine  # noqa: E402
 from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.cuda.proxy_session import LL_COUNTER_BASE, NUM_COUNTERS  # noqa: E402
 from uccl_ep.proxy import native  # noqa: E402
@@ -91,7 +92,7 @@ def both(monkeypatch):
     monkeypatch.setattr(ll_proxy, "load_kernel", lambda dev, src, name, defines=(): Kernel(log, name))
     monkeypatch.setattr(ht_proxy, "load_kernel", lambda dev, src, name: Kernel(log, name))
     monkeypatch.setattr(proxy_session, "load_kernel", lambda dev, src, name: Handover(log))
-    for mod in (ll_proxy, ht_proxy, ht):
+    for mod in (ll_engine, ll_proxy, ht_proxy, ht):
         monkeypatch.setattr(mod, "current_stream", lambda device=None: 0)
     monkeypatch.setattr(ll_proxy, "device_arch", lambda dev: "sm_90a")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)

@@ -253,3 +253,18 @@ def test_group_dependent_errors():
 
 def test_config_must_be_a_config(normal):
     assert Config(24, 6, 256) != Config(24, 8, 256)
+
+
+def test_check_combine_rows_names_the_argument():
+    from uccl_ep.validate import check_combine_rows
+    x = torch.zeros(6, 8, dtype=torch.bfloat16)
+    check_combine_rows(x, 6, torch.zeros(6, 2), "cuda")  # as the handle says: nothing raised
+    check_combine_rows(x, 6, None, "cuda")
+    with pytest.raises(Unsupported, match="cuda backend combines BF16 only"):
+        check_combine_rows(x.float(), 6, None, "cuda")
+    with pytest.raises(InvalidArgument) as e:
+        check_combine_rows(x, 5, None, "cuda")
+    assert e.value.argument == "x" and "5 rows" in str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        check_combine_rows(x, 6, torch.zeros(4, 2), "cuda")
+    assert e.value.argument == "topk_weights" and "6 rows" in str(e.value)

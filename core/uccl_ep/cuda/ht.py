@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
+from ..errors import InvalidArgument, LimitExceeded, Timeout
 from ..handles import NormalHandle
+from ..validate import check_combine_rows
 from . import ht_tuning
 from .ht_ce import CopyEngineOps
 from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
@@ -293,13 +294,8 @@ class NormalEngine:
 
     # -- combine -----------------------------------------------------------------------------------
     def combine(self, x, handle, topk_weights, biases, config):
-        if x.dtype != torch.bfloat16:
-            raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
         plan = handle.plan
-        if x.shape[0] != plan.num_rows:
-            raise InvalidArgument("x", f"{plan.num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
-        if topk_weights is not None and topk_weights.shape[0] != plan.num_rows:
-            raise InvalidArgument("topk_weights", f"{plan.num_rows} rows", topk_weights.shape[0])
+        check_combine_rows(x, plan.num_rows, topk_weights, "cuda")
         self._ensure_geometry(plan.num_channels, config.num_max_nvl_chunked_recv_tokens)
         T, H = plan.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0

@@ -45,10 +45,12 @@ import torch
 from .. import env
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
+from ..validate import check_combine_rows
 from . import gpu_transport
 from . import ht_proxy_plan as plan
 from .ht_proxy_plan import ProxyNormalPlan, check_scales
-from .runtime import DeviceMemory, MappedHostMemory, current_stream, load_kernel, pack_params, warp_size
+from .runtime import (DeviceMemory, MappedHostMemory, current_stream, free_after_device, load_kernel, pack_params,
+                      warp_size)
 
 __all__ = ["serves", "unavailable_reason", "scope_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
 
@@ -401,13 +403,8 @@ class ProxyNormalEngine:
         if self.forward:
             from . import ht_proxy_forward as fwd
             return fwd.combine(self, x, handle, topk_weights, biases, config)
-        if x.dtype != torch.bfloat16:
-            raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
         st: ProxyNormalPlan = handle.plan
-        if x.shape[0] != st.num_rows:
-            raise InvalidArgument("x", f"{st.num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
-        if topk_weights is not None and topk_weights.shape[0] != st.num_rows:
-            raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
+        check_combine_rows(x, st.num_rows, topk_weights, "cuda")
         T, H = st.num_tokens, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
         ring = self.ring(plan.combine_msg_bytes(H, K), st.num_channels, config, "combine")
@@ -442,17 +439,9 @@ class ProxyNormalEngine:
         """Release this engine's memory (the session stops the proxy before the NVL buffer is freed)."""
         if getattr(self, "proxy", None) is None:
             return
-        try:
-            torch.cuda.synchronize(self.dev)
-        except RuntimeError:  # a failed context: still release what we can
-            pass
-        for m in (self.state, self.dma_mem):
-            if m is not None:
-                m.free()
+        free_after_device(self.dev, self.state, self.dma_mem, self.host)
         self.dma_mem = None
         self.dma_ctx = 0
-        if self.host is not None:
-            self.host.free()
         self.state = self.host = None
         self.proxy = None
 

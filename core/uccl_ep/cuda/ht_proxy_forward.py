@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument
 from ..handles import NormalHandle
+from ..validate import check_combine_rows
 from . import ht_proxy_plan as plan
 from .runtime import current_stream, pack_params
 
@@ -119,13 +120,8 @@ def cached_dispatch(eng, x, x_scales, handle, config):
 
 
 def combine(eng, x, handle, topk_weights, biases, config):
-    if x.dtype != torch.bfloat16:
-        raise Unsupported(f"the cuda backend combines BF16 only (as DeepEP); got {x.dtype}")
     st = handle.plan
-    if x.shape[0] != st.num_rows:
-        raise InvalidArgument("x", f"{st.num_rows} rows (the rows of the dispatch output for `handle`)", x.shape[0])
-    if topk_weights is not None and topk_weights.shape[0] != st.num_rows:
-        raise InvalidArgument("topk_weights", f"{st.num_rows} rows", topk_weights.shape[0])
+    check_combine_rows(x, st.num_rows, topk_weights, "cuda")
     T, H, C = st.num_tokens, x.shape[1], st.num_channels
     K = topk_weights.shape[1] if topk_weights is not None else 0
     rings = dict(eng.ring(plan.partial_msg_bytes(H, K), C, config, "combine hop B", area=0),

@@ -197,6 +197,25 @@ class LowLatencyEngine:
         outs = dispatch_outputs(x.device, num_experts // self.R, self.R, num_max, x.shape[1], use_fp8, use_ue8m0)
         return lay, s, outs, x.contiguous(), topk_idx.contiguous()
 
+    def _dispatch_end(self, owner, recv_kernel: str, recv_params: bytes, pdl: bool, outs, keep, num_max: int, H: int,
+                      num_experts: int, masked, use_fp8: bool):
+        """What every dispatch path returns: ((recv_x, scales) or recv_x, recv_count, handle, finish),
+        where finish checks the error word and launches `recv_kernel` (a block per local expert; by
+        programmatic dependent launch right after the send kernel where `pdl`), keeping the op's
+        tensors (`keep`) alive until then."""
+        recv_x, scales, recv_count, src_info, layout_range = outs
+        kernel, E_loc = self._k[recv_kernel], num_experts // self.R
+
+        def finish(follows_send: bool = False) -> None:
+            self.ec.check_error()
+            _ = keep
+            kernel.launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev), programmatic=follows_send and pdl)
+
+        plan = LowLatencyPlan(num_tokens=keep[0].shape[0], num_max=num_max, hidden=H, num_experts=num_experts,
+                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
+        handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
+        return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
+
     def _shrink_fields(self) -> dict:
         """The mask words every LL kernel reads (0 outside shrink mode, where no rank is ever masked:
         the kernels then read none), and whether an expired wait on a peer masks it."""
@@ -230,17 +249,9 @@ class LowLatencyEngine:
             num_max=num_max, hidden=H, num_local_experts=E_loc, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
             use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ec.timeout_ns, **shrink)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
-
-        def finish(follows_send: bool = False) -> None:
-            self.ec.check_error()
-            _ = keep
-            self._k["ll_dispatch_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev),
-                                               programmatic=follows_send and self.pdl)
-
-        plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
-                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
-        handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
-        return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
+        return self._dispatch_end(owner, "ll_dispatch_recv", recv_params, self.pdl,
+                                  (recv_x, scales, recv_count, src_info, layout_range), keep, num_max, H, num_experts,
+                                  masked, use_fp8)
 
     # -- combine -------------------------------------------------------------------------------
     def next_combine_buffer(self, handle) -> torch.Tensor:

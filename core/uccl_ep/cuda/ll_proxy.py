@@ -47,14 +47,12 @@ from .. import env
 from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning, require_same_across_ranks
 from ..tuning import shared_values as tuning_shared_values
 from ..config import NUM_MAX_LOCAL_EXPERTS
-from ..errors import Aborted, LimitExceeded
-from ..handles import LowLatencyHandle
-from ..protocol.ll_plan import LowLatencyPlan
+from ..errors import LimitExceeded
 from . import gpu_transport
 from .ll import _LOGFMT, LowLatencyEngine
 from .ll_hybrid import HybridPeers
 from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
-from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number
+from .runtime import DeviceMemory, current_stream, device_arch, free_after_device, load_kernel, pack_params, sm_number
 
 __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "PackedRegion",
            "ProxyLowLatencyEngine", "NUM_COUNTERS", "CHUNK_BYTES", "counter_base"]
@@ -328,13 +326,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         """Release this engine's device memory (the session stops the proxy and frees the rest)."""
         if getattr(self, "proxy", None) is None:
             return
-        try:
-            torch.cuda.synchronize(self.dev)
-        except RuntimeError:  # a failed context: still release what we can
-            pass
-        for m in (self.work, getattr(self, "dma_mem", None), self.hybrid.table):
-            if m is not None:
-                m.free()
+        free_after_device(self.dev, self.work, getattr(self, "dma_mem", None), self.hybrid.table)
         self.work = None
         self.dma_mem = None
         self.proxy = None
@@ -441,17 +433,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape,
             **self.hybrid.recv_fields(self.mem, lay, s, 0))
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
-
-        def finish(follows_send: bool = False) -> None:
-            self.ec.check_error()
-            _ = keep
-            self._k["ll_dispatch_proxy_recv"].launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev),
-                                                     programmatic=follows_send and self.recv_pdl)
-
-        plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
-                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
-        handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
-        return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
+        return self._dispatch_end(owner, "ll_dispatch_proxy_recv", recv_params, self.recv_pdl,
+                                  (recv_x, scales, recv_count, src_info, layout_range), keep, num_max, H, num_experts,
+                                  masked, use_fp8)
 
     # -- combine ---------------------------------------------------------------------------------
     def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,

@@ -24,7 +24,8 @@ from . import jit
 
 __all__ = ["driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "param_fields",
            "abi_enum",
-           "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch", "warp_size"]
+           "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch", "warp_size",
+           "free_after_device"]
 
 
 def torch_gpu_runtime() -> str:
@@ -302,3 +303,15 @@ class MappedHostMemory:
         if self.host_ptr:
             ptr, self.host_ptr = self.host_ptr, 0
             driver().host_free(self.device, ptr)
+
+
+def free_after_device(device: int, *memories) -> None:
+    """Wait for `device` to finish (a failed context is no reason to keep the memory: its error is
+    ignored), then free each of `memories` that is not None (DeviceMemory, MappedHostMemory)."""
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        pass
+    for memory in memories:
+        if memory is not None:
+            memory.free()
