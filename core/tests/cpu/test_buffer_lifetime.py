@@ -66,3 +66,16 @@ def test_buffer_alive_at_exit_says_goodbye():
     assert left == "left"
     assert "closed its endpoint" in msg, msg
     assert took < 30.0, (took, msg)  # the goodbye, not the 60 s timeout
+
+
+def test_cuda_executor_at_exit_stops_threads_without_waiting_for_the_device(monkeypatch):
+    from types import SimpleNamespace
+
+    from uccl_ep.cuda.executor import CudaExecutor
+    closed = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: closed.append("device wait"))
+    fake = SimpleNamespace(_watch=SimpleNamespace(close=lambda: closed.append("watch")),
+                           session=SimpleNamespace(close=lambda: closed.append("session")))
+    CudaExecutor.release_at_exit(fake)
+    assert closed == ["watch", "session"]  # a kernel stuck on a gone peer cannot hold the exit up
+    CudaExecutor.release_at_exit(SimpleNamespace(_watch=None, session=None))  # nothing opened: nothing to do
