@@ -246,9 +246,12 @@ class Buffer(LowLatencyMixin):
             _LIVE_BUFFERS.discard(self)
 
     def _release(self, why: str, at_exit: bool = False) -> None:
-        """Local release of a Buffer nobody destroyed (garbage collection, interpreter exit): no
-        collective barrier, as the other ranks need not be here; their waits on this rank end with
-        PeerFailure (the proxy's goodbye) or their own timeout."""
+        """Local release of a Buffer nobody destroyed (interpreter exit): no collective barrier, as the
+        other ranks need not be here; their waits on this rank end with PeerFailure (the proxy's
+        goodbye) or their own timeout.
+        NOTES: garbage collection is left to the executors (the host executor's __del__ releases its
+        proxy): a Buffer sits in a reference cycle with its executor, so it is collected at no
+        particular point of the program, and a device synchronize there could stall a later op."""
         if getattr(self, "_destroyed", True):
             return
         self._destroyed = True
@@ -263,9 +266,6 @@ class Buffer(LowLatencyMixin):
                 self._executor.destroy()
         except Exception as e:  # noqa: BLE001 - nothing to raise to at collection or exit
             logger.debug("uccl_ep.Buffer rank %d: release at %s: %s: %s", self.rank, why, type(e).__name__, e)
-
-    def __del__(self) -> None:
-        self._release("garbage collection")
 
     def _check_alive(self) -> None:
         if getattr(self, "_destroyed", True):

@@ -1,7 +1,8 @@
-"""A Buffer nobody destroys is still released: when it is garbage-collected (its executor's proxy
-stops) and, when something keeps it alive to the end, at interpreter exit (the proxy says goodbye, so
-a peer waiting on this rank fails at once with PeerFailure naming the cause instead of waiting for
-its timeout). Host executor through the proxy, 2 gloo ranks."""
+"""A Buffer nobody destroys is still released: when it is garbage-collected (the host executor's
+proxy stops) and, when something keeps it alive to the end, at interpreter exit (the proxy says
+goodbye, so a peer waiting on this rank fails at once with PeerFailure naming the cause instead of
+waiting for its timeout). Host executor through the proxy, 2 gloo ranks; the cuda executor's exit
+release by itself."""
 
 import gc
 import threading
