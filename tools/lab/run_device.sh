@@ -137,13 +137,13 @@ for step in $STEPS; do
       PT="$PY -m pytest -q -p no:cacheprovider -rf"
       UCCL_EP_RANKS_PER_NODE=2 bounded 200 $PT core/tests/gpu/test_cuda_ll_hybrid.py -k "${HYBRID_TESTS:-.}" 2>&1 | \
         tee "$OUT/hybrid_tests.log" | tail -6
-      # HYBRID_NIC (e.g. efa-400g): the rows again under the NIC model, where a node mate's traffic through the
-      # proxy costs NIC time as it does on a real host and the NVLink path does not
+      # HYBRID_NIC (e.g. "efa-400g efa-400g,mates=1"): the rows again under each NIC model; with mates=1 a node
+      # mate's traffic through the proxy costs NIC time too (the all-RDMA baseline), the NVLink path's never
       for nic in "" ${HYBRID_NIC:-}; do
         for t in ${LL_TOKENS:-128 256}; do
           for how in hybrid proxy; do
             bounded 60 $B --mode ll --nodes 2 $([ $how = proxy ] && echo --force-proxy) ${nic:+--nic-model $nic} \
-              --num-tokens $t --iters 50 --warmup 10 --timeout 55 --json "$OUT/hybrid_ll_${how}_$t${nic:+_$nic}.json" 2>&1 | \
+              --num-tokens $t --iters 50 --warmup 10 --timeout 55 --json "$OUT/hybrid_ll_${how}_$t${nic:+_${nic//[,=]/_}}.json" 2>&1 | \
               grep -E "│ ll|rror" | sed "s/^/$how${nic:+ $nic} /" | cut -c1-260
           done
         done

@@ -9,6 +9,8 @@
 //   window_us=<us>   the reordering window (>= 0)
 //   nics=<n>         NICs per rank; proxy thread t sends on NIC t mod n (as fabric stripes threads)
 //   seed=<n>         seeds the reordering (mixed with rank and thread), so a run can be replayed
+//   mates=<0|1>      1: writes to the writer's own node go through the NIC too (a transport that
+//                    sends every peer over the fabric, no NVLink or ipc path: the all-RDMA case)
 //
 // The model, per message: it occupies its NIC's link for len / bw (a serialized link, one per
 // (rank, NIC) and shared by the proxy threads on that NIC, so the threads together never exceed
@@ -16,7 +18,7 @@
 // to the inner transport only then, so the inner transport's contract holds unchanged: the
 // immediate is delivered after the write's bytes are visible, and a local completion means the
 // source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node) pass
-// straight through: no NIC carries them. With reorder > 0 writes overtake each other (to one peer too) within the
+// straight through unless mates=1: with the split ipc+fabric transport no NIC carries them. With reorder > 0 writes overtake each other (to one peer too) within the
 // window, as on EFA's SRD, and local completions are released out of order the same way.
 // Every held message is released at its time; nothing is dropped or duplicated.
 //
@@ -50,6 +52,7 @@ struct Params {
   double window_ns = 0;
   uint32_t nics = 1;
   uint64_t seed = 0;
+  bool mates = false;  // node mates through the NIC as well
 };
 
 Params parse(const std::string& spec) {
@@ -91,8 +94,12 @@ Params parse(const std::string& spec) {
     } else if (k == "seed") {
       need(x >= 0 && x < 9.2e18 && x == double(uint64_t(x)), "an integer >= 0");
       p.seed = uint64_t(x);
+    } else if (k == "mates") {
+      need(x == 0 || x == 1, "0 or 1");
+      p.mates = x == 1;
     } else {
-      throw TransportError("nic model: unknown parameter '" + k + "' (bw, lat_us, reorder, window_us, nics, seed)");
+      throw TransportError("nic model: unknown parameter '" + k +
+                           "' (bw, lat_us, reorder, window_us, nics, seed, mates)");
     }
   }
   if (!have_bw) throw TransportError("nic model: bw=<bytes/s> is required (in '" + spec + "')");
@@ -174,7 +181,7 @@ class NicModelTransport final : public Transport {
                    uint64_t ctx, std::string* error) override {
     // Back-pressure: held plus posted-not-completed stays within what the inner endpoint takes.
     if (outstanding_ >= std::max<uint32_t>(opt_.max_outstanding, 16)) return PostResult::kAgain;
-    if (same_node(peer)) {
+    if (!p_.mates && same_node(peer)) {
       const PostResult r = inner_->write(peer, local_off, remote_off, len, has_imm, imm, ctx, error);
       if (r == PostResult::kOk) ++outstanding_;
       return r;

@@ -46,13 +46,18 @@ def test_decorate_wraps_what_reaches_other_nodes():
     assert decorate("loop", None) == "loop"
     assert transport_unavailable_reason(decorate("loop", m)) is None
     assert transport_unavailable_reason(decorate("fault:loop", m)) is None
+    allrdma = parse_nic_model("efa-400g,mates=1")
+    assert allrdma.mates == 1 and allrdma.spec().endswith(",mates=1") and m.spec().endswith(",mates=0")
+    assert decorate("ipc", allrdma) == f"nic:{allrdma.spec()}:ipc"
+    with pytest.raises(InvalidArgument, match="mates"):  # a split transport's node mates never reach the model
+        decorate("ipc+fabric", allrdma)
 
 
 @pytest.mark.parametrize("spec,key", [
     ("bw=-5", "bw"), ("bw=fast", "bw"), ("lat_us=3", "bw"), ("efa-400g,lat_us=-1", "lat_us"),
     ("efa-400g,reorder=2", "reorder"), ("efa-400g,nics=0", "nics"), ("efa-400g,nics=1.5", "nics"),
     ("efa-400g,window_us=x", "window_us"), ("efa-400g,seed=-1", "seed"), ("bw=inf", "bw"),
-    ("efa-400g,lat_us=nan", "lat_us")])
+    ("efa-400g,lat_us=nan", "lat_us"), ("efa-400g,mates=2", "mates"), ("efa-400g,mates=0.5", "mates")])
 def test_bad_parameter_names_it(spec, key):
     with pytest.raises(InvalidArgument, match=f"UCCL_EP_NIC_MODEL \\({key}\\)"):
         parse_nic_model(spec)
@@ -69,6 +74,7 @@ def test_native_side_checks_the_spec_too():
     assert "lat_us" in transport_unavailable_reason("nic:bw=1e9,lat_us=-2:loop")
     assert "unknown parameter" in transport_unavailable_reason("nic:bw=1e9,speed=2:loop")
     assert "nic:<model>:<inner" in transport_unavailable_reason("nic:bw=1e9")
+    assert "0 or 1" in transport_unavailable_reason("nic:bw=1e9,mates=3:loop")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,14 +115,16 @@ def test_rate_is_capped_per_nic_shared_by_its_threads():
              (f"bw={cap:g}", 1, 512, 1),                       # one thread, one NIC
              (f"bw={cap:g}", 2, 512, 1),                       # two threads on one NIC: still one link
              (f"bw={cap:g},nics=2", 2, 1024, 1),               # two threads, two NICs: twice the rate
-             (f"bw={cap:g}", 1, 512, 2)]                       # one node: no NIC in the way
+             (f"bw={cap:g}", 1, 512, 2),                       # one node: no NIC in the way
+             (f"bw={cap:g},mates=1", 1, 512, 2)]               # one node, all through the NIC (all-RDMA)
     refused, *rows = run_ranks(_rate_worker, 2, cases, timeout_s=120)[0]
     assert "`nic_model (reorder)`" in refused
-    free, one, shared, two, mates = [r[1] for r in rows]
+    free, one, shared, two, mates, allrdma = [r[1] for r in rows]
     print(f"MB/s at a cap of {cap / 1e6:g}: none {free / 1e6:.0f}, 1 thread {one / 1e6:.1f}, 2 threads on one NIC "
           f"{shared / 1e6:.1f}, 2 threads on 2 NICs {two / 1e6:.1f}, node mates {mates / 1e6:.0f}")
     assert free > 3 * cap, f"the loop transport is too slow here to test a cap of {cap:g} B/s: {free:g}"
     assert mates > 3 * cap and rows[4][2] == 0, rows[4]
+    assert 0.8 * cap < allrdma <= 1.02 * cap and rows[5][2] == 512 * WRITE, rows[5]
     assert 0.8 * cap < one <= 1.02 * cap, one
     assert 0.8 * cap < shared <= 1.02 * cap, shared
     assert 1.6 * cap < two <= 2.04 * cap, two

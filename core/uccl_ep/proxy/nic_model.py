@@ -4,7 +4,9 @@ A NIC model caps each NIC's send rate (bytes/s, one serialized link per NIC shar
 threads on it), adds a one-way latency to every message and, like EFA's SRD, lets messages
 overtake each other within a window, so a machine without such a NIC shows what the proxy
 protocols reach against a line rate. The native decorator is ``csrc/transport/nic_model.cc``;
-only traffic to ranks of other nodes goes through it (node mates pass straight through).
+only traffic to ranks of other nodes goes through it (node mates pass straight through), unless
+``mates=1``: then node mates cost NIC time too, as with a transport that sends every peer over the
+fabric (no NVLink or ipc path; the all-RDMA baseline hybrid paths are measured against).
 
 Specs: a preset name, ``key=value`` pairs, or a preset followed by overrides::
 
@@ -14,7 +16,7 @@ Specs: a preset name, ``key=value`` pairs, or a preset followed by overrides::
 
 Keys: ``bw`` (bytes/s of one NIC), ``lat_us``, ``reorder`` (probability a message gets a uniform
 extra delay in [0, window_us]), ``window_us`` (default: lat_us), ``nics`` (NICs per rank),
-``seed``. The presets are model parameters (nominal line rates; latency of the order the
+``seed``, ``mates`` (0 or 1). The presets are model parameters (nominal line rates; latency of the order the
 vendors quote), not measurements.
 """
 
@@ -35,7 +37,8 @@ PRESETS: dict[str, tuple[float, float, float, float, str]] = {
 }
 
 _KEYS = {"bw": "bytes/s > 0 (e.g. 50e9)", "lat_us": "microseconds >= 0", "reorder": "a probability in [0, 1]",
-         "window_us": "microseconds >= 0", "nics": "an integer in [1, 64]", "seed": "an integer >= 0"}
+         "window_us": "microseconds >= 0", "nics": "an integer in [1, 64]", "seed": "an integer >= 0",
+         "mates": "0 or 1"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class NicModel:
     window_us: float = 0.0
     nics: int = 1             # NICs per rank (proxy thread t sends on NIC t mod nics)
     seed: int = 0
+    mates: int = 0            # 1: node mates through the NIC too (the all-RDMA case)
     label: str = ""           # the spec as given (for tables)
 
     @property
@@ -57,7 +61,7 @@ class NicModel:
         """The canonical form the native decorator parses (no ':' and no '+', so it nests in
         transport names)."""
         return (f"bw={int(round(self.bw))},lat_us={self.lat_us:.6f},reorder={self.reorder:.9f},"
-                f"window_us={self.window_us:.6f},nics={self.nics},seed={self.seed}")
+                f"window_us={self.window_us:.6f},nics={self.nics},seed={self.seed},mates={self.mates}")
 
 
 def _number(argument: str, key: str, text: str) -> float:
@@ -102,13 +106,13 @@ def parse_nic_model(spec: str | None, argument: str = "UCCL_EP_NIC_MODEL") -> Ni
             raise InvalidArgument(f"{argument} ({key})", _KEYS[key], values[key])
     if not 0.0 <= values.get("reorder", 0.0) <= 1.0:
         raise InvalidArgument(f"{argument} (reorder)", _KEYS["reorder"], values["reorder"])
-    for key, lo, hi in (("nics", 1, 64), ("seed", 0, 2**63 - 1)):
+    for key, lo, hi in (("nics", 1, 64), ("seed", 0, 2**63 - 1), ("mates", 0, 1)):
         v = values.get(key, lo)
         if v != int(v) or not lo <= v <= hi:
             raise InvalidArgument(f"{argument} ({key})", _KEYS[key], v)
     model = NicModel(bw=values["bw"], lat_us=values.get("lat_us", 0.0), reorder=values.get("reorder", 0.0),
                      window_us=values.get("window_us", 0.0), nics=int(values.get("nics", 1)),
-                     seed=int(values.get("seed", 0)), label=text)
+                     seed=int(values.get("seed", 0)), mates=int(values.get("mates", 0)), label=text)
     if "window_us" not in values and model.reorder > 0:
         model = replace(model, window_us=model.lat_us)
     return model
@@ -126,5 +130,8 @@ def decorate(transport: str, model: NicModel | None) -> str:
         return transport
     local, plus, remote = transport.partition("+")
     if plus:
+        if model.mates:  # the split transport's local part never reaches the model
+            raise InvalidArgument("UCCL_EP_NIC_MODEL (mates)", f"0 with the split transport {transport!r} (its node "
+                                  "mates go through the local part); mates=1 models a transport without one", 1)
         return f"{local}+{decorate(remote, model)}"
     return f"nic:{model.spec()}:{transport}"
