@@ -53,7 +53,8 @@ def worker(rank, world, H, T, E, seed):
     ours = Buffer(group, nvl, rdma, backend="cuda", **kw)
     ref = Buffer(group, nvl, rdma, backend="reference", **kw)
     ex = ours._executor
-    assert ours.backend == "cuda" and ex.ht_proxy and ex.ll_proxy, (ex.ht_proxy, ex.ll_proxy)
+    assert ours.backend == "cuda" and ex.ht_through_proxy and ex.ll_through_proxy, \
+        (ex.ht_through_proxy, ex.ll_through_proxy)
     assert ex.session is not None and ex._ht.session is ex.session and ex._ll.session is ex.session
     assert ex._ht.proxy is ex._ll.proxy is ex.session.proxy
     assert len(started) == 1, f"rank {rank}: {len(started)} proxies bootstrapped for one Buffer"

@@ -95,15 +95,15 @@ def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool
         raise Unsupported(f"the cuda executor needs one distinct GPU per rank on each host; got (host, device) "
                           f"{devices}")
     multi_host = len({h for h, _ in devices}) > 1
-    ht_proxy = ht_through_proxy(ctx)
+    ht_via_proxy = ht_through_proxy(ctx)
     if multi_host:
         hosts = [h for h, _ in devices]
         G = ctx.topology.ranks_per_node
-        if not ht_proxy or any(len({hosts[r] for r in range(n, n + G)}) > 1 for n in range(0, len(hosts), G)):
+        if not ht_via_proxy or any(len({hosts[r] for r in range(n, n + G)}) > 1 for n in range(0, len(hosts), G)):
             raise Unsupported(f"ranks on several hosts with nodes of {G} ranks spanning hosts {sorted(set(hosts))}: "
                               "a node's ranks must share a host (leave ranks_per_node / UCCL_EP_RANKS_PER_NODE "
                               "unset, or a divisor of the ranks per host)")
-    return multi_host, ht_proxy, ll_proxy.proxy_forced(ctx) or multi_host or ctx.topology.is_internode
+    return multi_host, ht_via_proxy, ll_proxy.proxy_forced(ctx) or multi_host or ctx.topology.is_internode
 
 
 class CudaExecutor(Executor):
@@ -142,34 +142,34 @@ class CudaExecutor(Executor):
                 ht_ce.shared_settings(ctx.tuning), liveness.process_record())
         infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
-        self.multi_host, self.ht_proxy, self.ll_proxy = plan_paths(ctx, devices)
+        self.multi_host, self.ht_through_proxy, self.ll_through_proxy = plan_paths(ctx, devices)
         # The path of each peer's LL traffic: NVLink (a node's peers, also on the proxy path), or the proxy.
-        self.ll_paths = ll_hybrid.ll_peer_paths(ctx.rank, ctx.num_ranks, ctx.topology.ranks_per_node, self.ll_proxy,
+        self.ll_paths = ll_hybrid.ll_peer_paths(ctx.rank, ctx.num_ranks, ctx.topology.ranks_per_node, self.ll_through_proxy,
                                                 ll_proxy.proxy_forced(ctx))
         ll_nvlink = [r for r, p in enumerate(self.ll_paths) if p == ll_hybrid.NVLINK] if self.ll_mem is not None else []
-        if self.nvl_mem is not None and not self.ht_proxy:
+        if self.nvl_mem is not None and not self.ht_through_proxy:
             ht_tuning.check_same_block_sizes([i[4] for i in infos])
             ht_ce.check_same_settings([i[6] for i in infos])
-        if self.ll_mem is not None and self.ll_proxy:
+        if self.ll_mem is not None and self.ll_through_proxy:
             ll_proxy.check_same_shared_settings([i[5] for i in infos])
         for r, (_, d) in enumerate(devices):
-            if r != ctx.rank and (not (self.ht_proxy and self.ll_proxy) or r in ll_nvlink):
+            if r != ctx.rank and (not (self.ht_through_proxy and self.ll_through_proxy) or r in ll_nvlink):
                 if not self.drv.can_access_peer(self.device, d):
                     raise Unsupported(f"GPU {self.device} cannot access peer GPU {d} (rank {r}) directly; the cuda "
                                       "executor needs NVLink/PCIe peer access" + (
                                           " for the low-latency peers of a node (or pass allow_nvlink_for_low_latency_"
-                                          "mode=False: every peer through the proxy)" if self.ll_proxy else ""))
-        if self.region is not None and not (self.ht_proxy and self.ll_proxy):
+                                          "mode=False: every peer through the proxy)" if self.ll_through_proxy else ""))
+        if self.region is not None and not (self.ht_through_proxy and self.ll_through_proxy):
             raise RuntimeError(f"rank {ctx.rank}: one proxy region was laid out for both modes, but plan_paths "
-                               f"routes normal mode {'through' if self.ht_proxy else 'around'} the proxy and "
-                               f"low-latency mode {'through' if self.ll_proxy else 'around'} it")
+                               f"routes normal mode {'through' if self.ht_through_proxy else 'around'} the proxy and "
+                               f"low-latency mode {'through' if self.ll_through_proxy else 'around'} it")
         self.session = None
         # Normal mode through the proxy: its transport reaches the peers' NVL buffers itself.
-        self.nvl_peer_base = [] if self.ht_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
+        self.nvl_peer_base = [] if self.ht_through_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
         # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process); its
         # kernels store to the NVLink peers of the rank's node (hybrid) through these maps (0: no map).
-        self.ll_peer_base = [] if self.ll_proxy and not ll_nvlink else \
-            self._open_peers(self.ll_mem, [i[3] for i in infos], None if not self.ll_proxy else ll_nvlink)
+        self.ll_peer_base = [] if self.ll_through_proxy and not ll_nvlink else \
+            self._open_peers(self.ll_mem, [i[3] for i in infos], None if not self.ll_through_proxy else ll_nvlink)
         self._ll = None
         self._ht = None
         # A peer on this host whose process exits fails the buffer at once (PeerFailure), instead of
@@ -188,9 +188,9 @@ class CudaExecutor(Executor):
             # engine that goes through the proxy, not at a mode's first call, which a rank that fails
             # (shrink mode) never makes.
             from .ht_proxy import scope_reason
-            need_ht = self.nvl_mem is not None and self.ht_proxy and scope_reason(ctx, self.multi_host) is None
-            self.session = proxy_session.open_for(self.engine_ctx, need_ht, self.ll_mem is not None and self.ll_proxy)
-            if self.nvl_mem is not None and (not self.ht_proxy or need_ht):
+            need_ht = self.nvl_mem is not None and self.ht_through_proxy and scope_reason(ctx, self.multi_host) is None
+            self.session = proxy_session.open_for(self.engine_ctx, need_ht, self.ll_mem is not None and self.ll_through_proxy)
+            if self.nvl_mem is not None and (not self.ht_through_proxy or need_ht):
                 # NOTES: the normal-mode kernels are loaded (compiled on a cold JIT cache) before the
                 # barrier below, so the ranks leave the constructor together: loaded lazily at the first
                 # call, one rank compiling while its peer already waits made the peer's GPU wait time out.
@@ -199,7 +199,7 @@ class CudaExecutor(Executor):
             # rings: a CUDA graph captured of one mode hands the rings over from the other
             # (proxy_session.claim_copy_rings) only if that one is known at capture.
             shared_rings = self.session is not None and self.session.copy_kernel and need_ht
-            if self.ll_mem is not None and self.ll_proxy and (ctx.low_latency_mode or shared_rings):
+            if self.ll_mem is not None and self.ll_through_proxy and (ctx.low_latency_mode or shared_rings):
                 self._ll_engine()
             self.host_barrier("Buffer() (buffers mapped)")
         except BaseException:
@@ -310,7 +310,7 @@ class CudaExecutor(Executor):
                 raise LimitExceeded("num_rdma_bytes", "bytes of the low-latency buffer", 1, 0,
                                     hint="build the Buffer with num_rdma_bytes = Buffer.get_low_latency_rdma_size_hint(...)")
             from .ll import LowLatencyEngine
-            self._ll = ll_proxy.ProxyLowLatencyEngine(self.engine_ctx, self.session) if self.ll_proxy else \
+            self._ll = ll_proxy.ProxyLowLatencyEngine(self.engine_ctx, self.session) if self.ll_through_proxy else \
                 LowLatencyEngine(self.engine_ctx)
         return self._ll
 
@@ -344,7 +344,7 @@ class CudaExecutor(Executor):
 
     # -- normal mode --------------------------------------------------------------------------------
     def _ht_engine(self):
-        if self._ht is None and self.ht_proxy:
+        if self._ht is None and self.ht_through_proxy:
             from .ht_proxy import ProxyNormalEngine
             self._ht = ProxyNormalEngine(self.engine_ctx, self.session)
         if self._ht is None:
