@@ -186,35 +186,40 @@ class LowLatencyEngine:
         return self.mem.ptr + self.layout.dispatch_signal_off(s)
 
     # -- dispatch ------------------------------------------------------------------------------
-    def _dispatch_start(self, x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked):
+    def _dispatch_start(self, x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0):
         """What every dispatch path does first: the layout, the next buffer set, fresh outputs
         (recv_x, scales, recv_count, src_info, layout_range), contiguous inputs.
 
-        NOTES: ``masked`` (the Buffer's host-side set) is not passed on: the kernels read the
-        executor's device mask (shrink.py) when they run, which also holds the ranks they mask."""
+        NOTES: the Buffer's host-side masked set is not passed to the kernels: they read the
+        executor's device mask (shrink.py) when they run, which also holds the ranks they mask; it
+        only goes into the handle's plan (_dispatch_end)."""
         lay = self.ensure_layout(num_max, x.shape[1], num_experts)
         s = self._flip()
         outs = dispatch_outputs(x.device, num_experts // self.R, self.R, num_max, x.shape[1], use_fp8, use_ue8m0)
         return lay, s, outs, x.contiguous(), topk_idx.contiguous()
 
-    def _dispatch_end(self, owner, recv_kernel: str, recv_params: bytes, pdl: bool, outs, keep, num_max: int, H: int,
-                      num_experts: int, masked, use_fp8: bool):
+    def _dispatch_end(self, owner, recv_kernel: str, recv_params: bytes, pdl: bool, outs, keep, T: int, num_max: int,
+                      H: int, num_experts: int, masked, use_fp8: bool):
         """What every dispatch path returns: ((recv_x, scales) or recv_x, recv_count, handle, finish),
         where finish checks the error word and launches `recv_kernel` (a block per local expert; by
         programmatic dependent launch right after the send kernel where `pdl`), keeping the op's
         tensors (`keep`) alive until then."""
         recv_x, scales, recv_count, src_info, layout_range = outs
-        kernel, E_loc = self._k[recv_kernel], num_experts // self.R
-
-        def finish(follows_send: bool = False) -> None:
-            self.ec.check_error()
-            _ = keep
-            kernel.launch(E_loc, _RECV_BLOCK, recv_params, current_stream(self.dev), programmatic=follows_send and pdl)
-
-        plan = LowLatencyPlan(num_tokens=keep[0].shape[0], num_max=num_max, hidden=H, num_experts=num_experts,
+        finish = self._receive_phase(self._k[recv_kernel], num_experts // self.R, _RECV_BLOCK, recv_params, keep, pdl)
+        plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
                               recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
         handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
         return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
+
+    def _receive_phase(self, kernel, grid: int, block: int, params: bytes, keep, pdl: bool):
+        """An op's receive phase, run later (now, in the recv hook or after the event): check the error
+        word, launch `kernel` (by programmatic dependent launch right after the send kernel where
+        `pdl`), keeping the op's tensors (`keep`) alive until then."""
+        def finish(follows_send: bool = False) -> None:
+            self.ec.check_error()
+            _ = keep
+            kernel.launch(grid, block, params, current_stream(self.dev), programmatic=follows_send and pdl)
+        return finish
 
     def _shrink_fields(self) -> dict:
         """The mask words every LL kernel reads (0 outside shrink mode, where no rank is ever masked:
@@ -224,12 +229,9 @@ class LowLatencyEngine:
 
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
-        R = self.R
-        T, H = x.shape
-        K = topk_idx.shape[1]
-        E_loc = num_experts // R
-        lay, s, (recv_x, scales, recv_count, src_info, layout_range), x, topk_idx = self._dispatch_start(
-            x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
+        lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
+        recv_x, scales, recv_count, src_info, layout_range = outs
+        R, (T, H), K, E_loc = self.R, x.shape, topk_idx.shape[1], num_experts // self.R
         shrink = self._shrink_fields()
         params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
                              peer_recv=self._table(2 * s), peer_signal=self._table(2 * s + 1), seq=self._seq(s),
@@ -249,8 +251,7 @@ class LowLatencyEngine:
             num_max=num_max, hidden=H, num_local_experts=E_loc, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
             use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ec.timeout_ns, **shrink)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
-        return self._dispatch_end(owner, "ll_dispatch_recv", recv_params, self.pdl,
-                                  (recv_x, scales, recv_count, src_info, layout_range), keep, num_max, H, num_experts,
+        return self._dispatch_end(owner, "ll_dispatch_recv", recv_params, self.pdl, outs, keep, T, num_max, H, num_experts,
                                   masked, use_fp8)
 
     # -- combine -------------------------------------------------------------------------------
@@ -296,12 +297,5 @@ class LowLatencyEngine:
             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
             timeout_ns=self.ec.timeout_ns, meta_off=lay.meta_off, **shrink)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
-        recv_threads = self.combine_recv_threads
-
-        def finish(follows_send: bool = False) -> None:
-            self.ec.check_error()
-            _ = keep
-            kernels["ll_combine_recv"].launch(max(T, 1), recv_threads, recv_params, current_stream(self.dev),
-                                              programmatic=follows_send and self.pdl)
-
-        return result, finish
+        return result, self._receive_phase(kernels["ll_combine_recv"], max(T, 1), self.combine_recv_threads,
+                                           recv_params, keep, self.pdl)

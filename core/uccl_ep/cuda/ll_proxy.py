@@ -397,12 +397,9 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
     # -- dispatch --------------------------------------------------------------------------------
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
-        R = self.R
-        T, H = x.shape
-        K = topk_idx.shape[1]
-        E_loc = num_experts // R
-        lay, s, (recv_x, scales, recv_count, src_info, layout_range), x, topk_idx = self._dispatch_start(
-            x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0, masked)
+        lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
+        recv_x, scales, recv_count, src_info, layout_range = outs
+        R, (T, H), K, E_loc = self.R, x.shape, topk_idx.shape[1], num_experts // self.R
         reg = lay.dispatch_region(K, use_fp8)
         shrink = self._shrink_fields()
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
@@ -433,9 +430,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape,
             **self.hybrid.recv_fields(self.mem, lay, s, 0))
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
-        return self._dispatch_end(owner, "ll_dispatch_proxy_recv", recv_params, self.recv_pdl,
-                                  (recv_x, scales, recv_count, src_info, layout_range), keep, num_max, H, num_experts,
-                                  masked, use_fp8)
+        return self._dispatch_end(owner, "ll_dispatch_proxy_recv", recv_params, self.recv_pdl, outs, keep, T, num_max,
+                                  H, num_experts, masked, use_fp8)
 
     # -- combine ---------------------------------------------------------------------------------
     def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,
@@ -490,14 +486,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, shrink=shrink["shrink"],
             **shape, **self.hybrid.recv_fields(self.mem, lay, s, 1))
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
-
-        def finish(follows_send: bool = False) -> None:
-            self.ec.check_error()
-            _ = keep
-            kernels["ll_combine_proxy_recv"].launch(max(T, 1), _COMBINE_RECV_BLOCK, recv_params, current_stream(self.dev),
-                                                    programmatic=follows_send and self.recv_pdl)
-
-        return result, finish
+        return result, self._receive_phase(kernels["ll_combine_proxy_recv"], max(T, 1), _COMBINE_RECV_BLOCK,
+                                           recv_params, keep, self.recv_pdl)
 
     def fifo_table_bytes(self) -> bytes:  # diagnostics: the packed FifoLayout table the kernels read
         return self.session.fifo_table_bytes()
