@@ -18,8 +18,9 @@
 // to the inner transport only then, so the inner transport's contract holds unchanged: the
 // immediate is delivered after the write's bytes are visible, and a local completion means the
 // source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node) pass
-// straight through unless mates=1: with the split ipc+fabric transport no NIC carries them. With reorder > 0 writes overtake each other (to one peer too) within the
-// window, as on EFA's SRD, and local completions are released out of order the same way.
+// straight through unless mates=1: with the split ipc+fabric transport no NIC carries them. With
+// reorder > 0 writes overtake each other (to one peer too) within the window, as on EFA's SRD, and
+// local completions are released out of order the same way.
 // Every held message is released at its time; nothing is dropped or duplicated.
 //
 // NOTES: the sending side carries the whole cost (link, latency, reordering); the receiving NIC's
