@@ -114,15 +114,36 @@ int64_t now_ns() {
 
 // One NIC's send link: the time its last reserved byte leaves. Shared by the proxy threads of a
 // rank that use this NIC (each thread's endpoint is a separate Transport).
+// Idle accounting: a message posted after the link went free ends an idle stretch (the first
+// message excepted); their total time and the number of stretches of at least kGapNs tell a
+// link starved inside an op (many stretches per op) from one that only fills and drains
+// between ops (about one per op). idle() and gaps() count the open stretch up to `now` too, so
+// the difference of two readings is what happened between them.
 struct Link {
+  static constexpr int64_t kGapNs = 2000;
   std::atomic<int64_t> free_ns{0};
+  std::atomic<uint64_t> idle_ns{0}, gaps_closed{0};
+  int64_t open(int64_t now) const {  // relaxed: statistics
+    const int64_t f = free_ns.load(std::memory_order_relaxed);
+    return f > 0 && now > f ? now - f : 0;
+  }
+  uint64_t idle(int64_t now) const { return idle_ns.load(std::memory_order_relaxed) + uint64_t(open(now)); }
+  uint64_t gaps(int64_t now) const {
+    return gaps_closed.load(std::memory_order_relaxed) + (open(now) >= kGapNs ? 1 : 0);
+  }
   // Reserves `dur` ns of the link from `now` on; returns when the message has left it.
   int64_t reserve(int64_t now, int64_t dur) {
     // relaxed: the CAS orders reservations among themselves; nothing else is published through it.
     int64_t cur = free_ns.load(std::memory_order_relaxed);
     for (;;) {
       const int64_t end = std::max(cur, now) + dur;
-      if (free_ns.compare_exchange_weak(cur, end, std::memory_order_relaxed)) return end;
+      if (free_ns.compare_exchange_weak(cur, end, std::memory_order_relaxed)) {
+        if (cur > 0 && now > cur) {  // relaxed: statistics
+          idle_ns.fetch_add(uint64_t(now - cur), std::memory_order_relaxed);
+          if (now - cur >= kGapNs) gaps_closed.fetch_add(1, std::memory_order_relaxed);
+        }
+        return end;
+      }
     }
   }
 };
@@ -174,6 +195,12 @@ class NicModelTransport final : public Transport {
         {"nic_model_wait_ns", wait_ns_.load(std::memory_order_relaxed)},
         {"nic_model_overtaken", overtaken_.load(std::memory_order_relaxed)},
         {"nic_model_held_completions", held_completions_.load(std::memory_order_relaxed)}};
+    // A link is shared by the threads on it: the first of them reports it, so that the proxy's sum
+    // over threads counts every link once.
+    const bool reports_link = uint32_t(opt_.thread_index) < p_.nics;
+    const int64_t now = now_ns();
+    c.emplace_back("nic_model_idle_ns", reports_link ? link_->idle(now) : 0);
+    c.emplace_back("nic_model_idle_gaps", reports_link ? link_->gaps(now) : 0);
     for (auto& kv : inner_->counters()) c.push_back(std::move(kv));
     return c;
   }

@@ -115,6 +115,11 @@ def test_time_op_counts_every_call_and_reports_synced():
     assert {"mean", "median", "min", "max", "synced_mean", "synced_median"} <= set(t)
     assert t["min"] <= t["median"] <= t["max"]
     assert "synced_mean" not in time_op(lambda: None, 2, 0, torch.device("cpu"))
+    # on_timed brackets exactly the back-to-back calls
+    seen = []
+    t = time_op(lambda: calls.append(1), 3, 2, torch.device("cpu"), synced_iters=2,
+                on_timed=lambda when: seen.append((when, len(calls))))
+    assert seen == [("start", 8), ("end", 11)] and t["timed_calls"] == 3
 
 
 def test_subcommands_of_other_distributions_load_by_entry_point(tmp_path, monkeypatch, capsys):

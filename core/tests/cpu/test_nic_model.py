@@ -247,6 +247,11 @@ def test_bench_reports_the_share_of_the_cap(tmp_path):
         assert r["verified"] == "ok" and r["nic_cap_gbps"] == pytest.approx(0.2)
         assert r["nic_bytes"] > 0 and r["nic_gbps"] == pytest.approx(r["nic_bytes"] / 1e9 / r["time_s"])
         assert 0 < r["nic_of_cap"] <= 1.02, r       # the model never lets more through than its cap
+        # the link's idle time per back-to-back op: some (latency, host work), and busy + idle
+        # within the op's time (one link per rank here; ops run one after the other)
+        busy_us = r["nic_bytes"] / (r["nic_cap_gbps"] * 1e3)
+        assert r["nic_idle_us"] > 0 and r["nic_idle_gaps"] >= 1, r
+        assert r["nic_idle_us"] + busy_us <= r["time_s"] * 1e6 * 1.05, r
 
 
 def test_bench_flag_rejects_a_bad_model(capsys):

@@ -230,9 +230,9 @@ def _synced_iters(spec: BenchSpec) -> int:
     return max(1, min(spec.iters, 10))
 
 
-def _timed_with_proxy(fn, spec: BenchSpec, device, group, counters_fn) -> tuple[dict, dict]:
+def _timed_with_proxy(fn, spec: BenchSpec, device, group, counters_fn, on_timed=None) -> tuple[dict, dict]:
     before = _proxy_snapshot(counters_fn)
-    t = time_op(fn, spec.iters, spec.warmup, device, group, synced_iters=_synced_iters(spec))
+    t = time_op(fn, spec.iters, spec.warmup, device, group, synced_iters=_synced_iters(spec), on_timed=on_timed)
     return t, _proxy_fields(before, _proxy_snapshot(counters_fn), int(t["calls"]))
 
 
@@ -240,6 +240,9 @@ def nic_fields(nic_bytes: float, time_s: float, cap_gbps: float) -> dict:
     """Bytes per op through the NIC model -> its GB/s (per rank) and share of the cap."""
     gbps = nic_bytes / 1e9 / time_s if time_s > 0 else 0.0
     return dict(nic_bytes=nic_bytes, nic_gbps=gbps, nic_cap_gbps=cap_gbps, nic_of_cap=gbps / cap_gbps if cap_gbps else 0.0)
+
+
+_NIC_IDLE = ("nic_model_idle_ns", "nic_model_idle_gaps")
 
 
 class _InternodeRows:
@@ -259,6 +262,7 @@ class _InternodeRows:
             getattr(getattr(ex, "proxy", None), "transport_counters", None)
         self.per_op = None
         self.nic_per_op = None
+        self.nic_idle = None
         self.hop: dict = {}
         from ..proxy.nic_model import parse_nic_model
         model = parse_nic_model(spec.nic_model, "--nic-model")
@@ -272,13 +276,23 @@ class _InternodeRows:
 
     def timed(self, fn, device, group) -> dict:
         before = self._counter("ipc_copy_bytes") if self.on else None
-        nic_before = self._counter("nic_model_bytes") if self.on and self.cap_gbps else None
-        t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None)
+        modelled = self.on and bool(self.cap_gbps)
+        nic_before = self._counter("nic_model_bytes") if modelled else None
+        idle: dict[str, list] = {}  # the links' idle time and stretches (nic_model.cc Link), back to back only
+
+        def on_timed(when: str) -> None:
+            idle[when] = [self._counter(k) for k in _NIC_IDLE]
+
+        t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None,
+                                        on_timed if modelled else None)
         after = self._counter("ipc_copy_bytes") if before is not None else None
         nic_after = self._counter("nic_model_bytes") if nic_before is not None else None
-        calls = int(t["calls"])
+        calls, timed = int(t["calls"]), int(t["timed_calls"])
         self.per_op = (after - before) / calls if after is not None and calls else None
         self.nic_per_op = (nic_after - nic_before) / calls if nic_after is not None and calls else None
+        self.nic_idle = None
+        if modelled and timed and None not in idle.get("start", [None]) + idle.get("end", [None]):
+            self.nic_idle = [(e - b) / timed for b, e in zip(idle["start"], idle["end"])]
         return t
 
     def fields(self, factor: float, time_s: float) -> dict:
@@ -290,6 +304,8 @@ class _InternodeRows:
             out["transport_bytes"] = self.per_op
         if self.nic_per_op is not None:
             out.update(nic_fields(self.nic_per_op, time_s, self.cap_gbps))
+        if self.nic_idle is not None:  # per back-to-back op
+            out.update(nic_idle_us=self.nic_idle[0] / 1e3, nic_idle_gaps=self.nic_idle[1])
         out.update(self.hop)
         return out
 

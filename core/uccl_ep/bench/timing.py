@@ -18,7 +18,8 @@ def _stats(samples: list[float], prefix: str = "") -> dict[str, float]:
 
 
 def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
-            group: dist.ProcessGroup | None = None, synced_iters: int = 0) -> dict[str, float]:
+            group: dist.ProcessGroup | None = None, synced_iters: int = 0,
+            on_timed: Callable[[str], None] | None = None) -> dict[str, float]:
     """Run ``fn`` ``warmup`` times, then time ``iters`` calls; seconds per call.
 
     GPU, ``mean``/``median``/``min``/``max``: DeepEP's ``bench`` convention, so rows compare with
@@ -32,8 +33,11 @@ def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.dev
     next starts, so each sample is the whole call as one caller sees it, host path included.
 
     CPU: every call is timed with a monotonic clock (calls are synchronous there); ``synced_*``
-    repeats those figures. ``calls`` counts every call made, warm-up included.
+    repeats those figures. ``calls`` counts every call made, warm-up included; ``timed_calls`` the
+    back-to-back ones, which ``on_timed("start")`` and ``on_timed("end")`` bracket (the device
+    idle on both sides), e.g. for counters that describe back-to-back operation only.
     """
+    mark = on_timed or (lambda _: None)
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
@@ -42,23 +46,28 @@ def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.dev
         dist.barrier(group=group)
     if device.type != "cuda":
         samples = []
+        mark("start")
         for _ in range(iters):
             t0 = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - t0)
+        mark("end")
         out = _stats(samples)
         if synced_iters > 0:
             out.update(_stats(samples, "synced_"))
         out["calls"] = warmup + iters
+        out["timed_calls"] = iters
         return out
     n = max(iters, 2)  # the first sample is dropped
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    mark("start")
     for i in range(n):
         starts[i].record()
         fn()
         ends[i].record()
     torch.cuda.synchronize()
+    mark("end")
     out = _stats([s.elapsed_time(e) / 1e3 for s, e in zip(starts[1:], ends[1:])])
     if synced_iters > 0:
         if group is not None:
@@ -73,4 +82,5 @@ def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.dev
             synced.append(start.elapsed_time(end) / 1e3)
         out.update(_stats(synced, "synced_"))
     out["calls"] = warmup + n + synced_iters
+    out["timed_calls"] = n
     return out

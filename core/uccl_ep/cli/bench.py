@@ -150,7 +150,7 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
             table.add_column(col, justify="right")
     modelled = any("nic_gbps" in r for r in rows)
     if modelled:  # bytes through the NIC model per op and time, against its cap (bw x nics per rank)
-        for col in ("NIC GB/s", "cap GB/s", "of cap"):
+        for col in ("NIC GB/s", "cap GB/s", "of cap", "link idle µs/op", "idle ≥2µs/op"):
             table.add_column(col, justify="right")
     proxied = any("proxy_hop_us" in r for r in rows)
     if proxied:  # where the proxy path's time goes: writes per op, post->delivery, time in a copy submit
@@ -169,7 +169,9 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
         if modelled:
             cells += [f"{r['nic_gbps']:.2f}" if "nic_gbps" in r else "",
                       f"{r['nic_cap_gbps']:.2f}" if "nic_cap_gbps" in r else "",
-                      f"{r['nic_of_cap']:.1%}" if "nic_of_cap" in r else ""]
+                      f"{r['nic_of_cap']:.1%}" if "nic_of_cap" in r else "",
+                      f"{r['nic_idle_us']:.1f}" if "nic_idle_us" in r else "",
+                      f"{r['nic_idle_gaps']:.1f}" if "nic_idle_gaps" in r else ""]
         if proxied:
             cells += [f"{r['proxy_writes']:.0f}" if "proxy_writes" in r else "",
                       f"{r['proxy_hop_us']:.1f}" if "proxy_hop_us" in r else "",

@@ -45,23 +45,14 @@ struct CombineStager : StreamHooks {
   }
 };
 
-// out[t] and out_weights[t] from the rows of its sources (rank order), warp-cooperative.
+// out[t] and out_weights[t] from the rows of its sources (rank order), warp-cooperative: the rows
+// by the intranode combine's pipelined warp sum (combine_sum.cuh: two vectors per lane per source
+// in flight, the next chunk's loads issued before the current one is added), then the weights.
+// NOTES: one warp per token is bound by the loads it has in flight, not by arithmetic; with one
+// 16-byte load per source per lane at a time the reducer, not the proxy, set the combine's pace.
 UCCL_DEVICE void reduce_token(const HTProxyCombineParams& p, int64_t t, const uint8_t* const* rows, int nsrc) {
   const int64_t H = p.hidden, K = p.num_topk;
-  auto* out = reinterpret_cast<uint8_t*>(p.out) + t * H * 2;
-  for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
-    float acc[8];
-    combine_sum_start(acc, p.bias0, p.bias1, t, H, v);
-    Vec16 r[kHTProxyMaxRanks];
-    for (int s = 0; s < nsrc; ++s) r[s] = ld16_cg(rows[s] + v * 16);  // every source's load in flight
-    for (int s = 0; s < nsrc; ++s) {
-      float f[8];
-      unpack_bf16x8(r[s], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
-    }
-    st16(out + v * 16, pack_bf16x8(acc));
-  }
+  warp_combine_rows<2>(reinterpret_cast<uint8_t*>(p.out) + t * H * 2, rows, nsrc, H, p.bias0, p.bias1, t);
   if (p.out_weights != 0) {
     for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
       float acc = 0.0f;
