@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["add_parser", "run", "BENCH_TARGETS", "nic_model_from_args"]
 
