@@ -121,8 +121,12 @@ int64_t now_ns() {
 // the difference of two readings is what happened between them.
 struct Link {
   static constexpr int64_t kGapNs = 2000;
+  // closed stretches of at least kGapNs by length: [2, 5), [5, 10), [10, 20), [20, 50), [50, 100), >= 100 us
+  static constexpr int kBuckets = 6;
+  static constexpr int64_t kBucketUs[kBuckets] = {2, 5, 10, 20, 50, 100};
   std::atomic<int64_t> free_ns{0};
   std::atomic<uint64_t> idle_ns{0}, gaps_closed{0};
+  std::atomic<uint64_t> by_length[kBuckets] = {};
   int64_t open(int64_t now) const {  // relaxed: statistics
     const int64_t f = free_ns.load(std::memory_order_relaxed);
     return f > 0 && now > f ? now - f : 0;
@@ -140,7 +144,12 @@ struct Link {
       if (free_ns.compare_exchange_weak(cur, end, std::memory_order_relaxed)) {
         if (cur > 0 && now > cur) {  // relaxed: statistics
           idle_ns.fetch_add(uint64_t(now - cur), std::memory_order_relaxed);
-          if (now - cur >= kGapNs) gaps_closed.fetch_add(1, std::memory_order_relaxed);
+          if (now - cur >= kGapNs) {
+            gaps_closed.fetch_add(1, std::memory_order_relaxed);
+            int b = kBuckets - 1;
+            while (b > 0 && now - cur < kBucketUs[b] * 1000) --b;
+            by_length[b].fetch_add(1, std::memory_order_relaxed);
+          }
         }
         return end;
       }
@@ -201,6 +210,9 @@ class NicModelTransport final : public Transport {
     const int64_t now = now_ns();
     c.emplace_back("nic_model_idle_ns", reports_link ? link_->idle(now) : 0);
     c.emplace_back("nic_model_idle_gaps", reports_link ? link_->gaps(now) : 0);
+    for (int b = 0; b < Link::kBuckets; ++b)
+      c.emplace_back("nic_model_idle_ge" + std::to_string(Link::kBucketUs[b]) + "us",
+                     reports_link ? link_->by_length[b].load(std::memory_order_relaxed) : 0);
     for (auto& kv : inner_->counters()) c.push_back(std::move(kv));
     return c;
   }

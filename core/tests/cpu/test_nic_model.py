@@ -252,6 +252,8 @@ def test_bench_reports_the_share_of_the_cap(tmp_path):
         busy_us = r["nic_bytes"] / (r["nic_cap_gbps"] * 1e3)
         assert r["nic_idle_us"] > 0 and r["nic_idle_gaps"] >= 1, r
         assert r["nic_idle_us"] + busy_us <= r["time_s"] * 1e6 * 1.05, r
+        by_length = sum(r[f"nic_idle_ge{us}us"] for us in (2, 5, 10, 20, 50, 100))
+        assert abs(by_length - r["nic_idle_gaps"]) <= 1.0, r  # the open stretches at both ends aside
 
 
 def test_bench_flag_rejects_a_bad_model(capsys):

@@ -242,7 +242,9 @@ def nic_fields(nic_bytes: float, time_s: float, cap_gbps: float) -> dict:
     return dict(nic_bytes=nic_bytes, nic_gbps=gbps, nic_cap_gbps=cap_gbps, nic_of_cap=gbps / cap_gbps if cap_gbps else 0.0)
 
 
-_NIC_IDLE = ("nic_model_idle_ns", "nic_model_idle_gaps")
+# the links' idle time, idle stretches (>= 2 us) and those by length (nic_model.cc Link)
+_NIC_IDLE_HIST = tuple(f"nic_model_idle_ge{us}us" for us in (2, 5, 10, 20, 50, 100))
+_NIC_IDLE = ("nic_model_idle_ns", "nic_model_idle_gaps") + _NIC_IDLE_HIST
 
 
 class _InternodeRows:
@@ -306,6 +308,7 @@ class _InternodeRows:
             out.update(nic_fields(self.nic_per_op, time_s, self.cap_gbps))
         if self.nic_idle is not None:  # per back-to-back op
             out.update(nic_idle_us=self.nic_idle[0] / 1e3, nic_idle_gaps=self.nic_idle[1])
+            out.update({k.replace("nic_model_", "nic_"): v for k, v in zip(_NIC_IDLE_HIST, self.nic_idle[2:])})
         out.update(self.hop)
         return out
 
