@@ -237,7 +237,7 @@ SMALL = ["--num-tokens", "48", "--hidden", "256", "--num-experts", "8", "--num-t
 
 def test_bench_reports_the_share_of_the_cap(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "bench", *SMALL, "--json", str(out),
+    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "bench", *SMALL, "--iters", "4", "--json", str(out),
                            "--nic-model", "bw=2e8,lat_us=20,reorder=1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "of cap" in proc.stdout
@@ -248,10 +248,11 @@ def test_bench_reports_the_share_of_the_cap(tmp_path):
         assert r["nic_bytes"] > 0 and r["nic_gbps"] == pytest.approx(r["nic_bytes"] / 1e9 / r["time_s"])
         assert 0 < r["nic_of_cap"] <= 1.02, r       # the model never lets more through than its cap
         # the link's idle time per back-to-back op: some (latency, host work), and busy + idle
-        # within the op's time (one link per rank here; ops run one after the other)
+        # within the op's time (one link per rank, counted once though four threads share it; the
+        # counters are read just outside the timed calls, hence the margin)
         busy_us = r["nic_bytes"] / (r["nic_cap_gbps"] * 1e3)
         assert r["nic_idle_us"] > 0 and r["nic_idle_gaps"] >= 1, r
-        assert r["nic_idle_us"] + busy_us <= r["time_s"] * 1e6 * 1.05, r
+        assert r["nic_idle_us"] + busy_us <= r["time_s"] * 1e6 * 1.25, r
         by_length = sum(r[f"nic_idle_ge{us}us"] for us in (2, 5, 10, 20, 50, 100))
         assert abs(by_length - r["nic_idle_gaps"]) <= 1.0, r  # the open stretches at both ends aside
 

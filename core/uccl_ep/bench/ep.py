@@ -282,8 +282,9 @@ class _InternodeRows:
         nic_before = self._counter("nic_model_bytes") if modelled else None
         idle: dict[str, list] = {}  # the links' idle time and stretches (nic_model.cc Link), back to back only
 
-        def on_timed(when: str) -> None:
-            idle[when] = [self._counter(k) for k in _NIC_IDLE]
+        def on_timed(when: str) -> None:  # one reading of every counter: the marks stay close to the calls
+            now = dict(self._counters())
+            idle[when] = [int(now[k]) if k in now else None for k in _NIC_IDLE]
 
         t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None,
                                         on_timed if modelled else None)
