@@ -209,12 +209,14 @@ for step in $STEPS; do
         -k "${HTPROXY_TESTS:-small and rpn1 or cuda_graph and rpn1 or timeout}" 2>&1 | tee "$OUT/htproxy_tests.log" | tail -6
       # runs: SMS:TOKENS[:RDMA_CHUNK[:PROXY_THREADS[:NIC_MODEL[:RDMA_RECV[:NVL_MB]]]]] (chunk / recv 0 = the
       # config table's, NVL_MB 0 = the size hint: the proxy region, which bounds the rings' depth)
+      declare -A seen=()
       for run in ${HTPROXY_RUNS:-24:4096 12:4096 24:1024 24:8192}; do
         IFS=: read -r sms tok chunk thr nic recv nvl <<< "$run"
+        seen[$run]=$(( ${seen[$run]:-0} + 1 )); rep=$( (( ${seen[$run]} > 1 )) && echo ${seen[$run]} )  # repeats: _2, _3 ...
         UCCL_EP_NUM_PROXY_THREADS=${thr:-4} bounded 120 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht \
           --nodes "$NODES" --num-sms $sms --num-tokens $tok --rdma-chunk ${chunk:-0} --rdma-recv ${recv:-0} \
           --nvl-mb ${nvl:-0} --iters ${HTPROXY_ITERS:-20} ${nic:+--nic-model $nic} --warmup 3 --timeout 100 \
-          --json "$OUT/htproxy_${sms}_${tok}_${chunk:-0}_${thr:-4}${nic:+_nic}_${recv:-0}_${nvl:-0}.json" 2>&1 | tail -4
+          --json "$OUT/htproxy_${sms}_${tok}_${chunk:-0}_${thr:-4}${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}_${recv:-0}_${nvl:-0}${rep:+_$rep}.json" 2>&1 | tail -4
       done ;;
     scale)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
