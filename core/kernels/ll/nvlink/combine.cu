@@ -33,6 +33,7 @@
 // registers or shared memory for the encoder), so their speed cannot move; the executor loads both
 // builds when it starts (a first-call compile on one rank would keep its peers waiting).
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/ll_rows.cuh"
 #include "uccl_ep/device/logfmt.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/shrink.cuh"
@@ -169,24 +170,9 @@ extern "C" __global__ void __launch_bounds__(512) ll_combine_recv(const UCCL_GRI
         for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
       }
 #else
-      for (int k0 = 0; k0 < K; k0 += 8) {  // 8 experts' loads in flight, summed in k order
-        Vec16 r[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int g = k0 + u < K ? s_expert[k0 + u] : -1;
-          if (g >= 0) r[u] = ld16_cg(recv + ((int64_t(g) * p.num_max + t) * H + c * 8) * 2);
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int g = k0 + u < K ? s_expert[k0 + u] : -1;
-          if (g < 0) continue;
-          float v[8];
-          unpack_bf16x8(r[u], v);
-          const float w = s_weight[k0 + u];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
-        }
-      }
+      add_weighted_rows(acc, s_expert, s_weight, K, [&](int k) {
+        return recv + ((int64_t(s_expert[k]) * p.num_max + t) * H + c * 8) * 2;
+      });
 #endif
       st16(out + c * 16, pack_bf16x8(acc));
     }

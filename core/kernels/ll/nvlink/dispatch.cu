@@ -46,6 +46,7 @@
 // selected rank at EP8, so NVLink carries 1.5-4x fewer bytes; the receiver's expansion into
 // the per-expert slabs is a local copy it made anyway (it copied each slot's message before).
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/ll_rows.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/shrink.cuh"
 #include "uccl_ep/device/wait.cuh"
@@ -124,38 +125,7 @@ extern "C" __global__ void __launch_bounds__(512) ll_dispatch_send(const UCCL_GR
     __syncthreads();
     const int num_dst = s_num_dst;
     const uint16_t* row = reinterpret_cast<const uint16_t*>(p.x) + int64_t(t) * p.hidden;
-    if (p.use_fp8) {
-      const int nchunk = int(p.hidden / 16);  // 16 channels per thread; 8 threads per 128-block
-      for (int base = 0; base < nchunk; base += blockDim.x) {
-        const int c = base + tid;
-        float v[16];
-        float amax = 0.0f;
-        if (c < nchunk) {
-          unpack_bf16x8(ld16(row + c * 16), v);
-          unpack_bf16x8(ld16(row + c * 16 + 8), v + 8);
-#pragma unroll
-          for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-        }
-        amax = fmaxf(amax, shfl_xor(amax, 1));
-        amax = fmaxf(amax, shfl_xor(amax, 2));
-        amax = fmaxf(amax, shfl_xor(amax, 4));
-        if (c < nchunk) {
-          float scale, scale_inv;
-          fp8_block_scales(amax, p.round_scale != 0, &scale, &scale_inv);
-          const Vec16 q = quantize16(v, scale);
-          for (int k = 0; k < num_dst; ++k) {
-            uint8_t* msg = s_msg[k];
-            st16(msg + c * 16, q);
-            if ((c & 7) == 0) reinterpret_cast<float*>(msg + p.hidden)[c >> 3] = scale_inv;
-          }
-        }
-      }
-    } else {
-      for (int c = tid; c < p.hidden / 8; c += blockDim.x) {
-        const Vec16 v = ld16(row + c * 8);
-        for (int k = 0; k < num_dst; ++k) st16(s_msg[k] + c * 16, v);
-      }
-    }
+    store_token_row(row, p.hidden, p.use_fp8 != 0, p.round_scale != 0, s_msg, num_dst);
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0 && before[s_expert[tid]] < p.num_max) {  // one thread per selected expert
       const int e = s_expert[tid];

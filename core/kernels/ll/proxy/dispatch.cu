@@ -30,6 +30,7 @@
 // causality is transitive across the GPU-scope count, so the one system fence covers every block's
 // stores (the same pattern in ll/proxy/combine.cu), and 1,000+ system fences per op are avoided.
 #include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/ll_rows.cuh"
 #include "uccl_ep/device/numeric.cuh"
 #include "uccl_ep/device/proxy_ll.cuh"
 
@@ -169,36 +170,7 @@ extern "C" __global__ void __launch_bounds__(512)
     __syncthreads();
     const int num_rows = s_num_rows;
     const uint16_t* row = reinterpret_cast<const uint16_t*>(p.x) + int64_t(t) * p.hidden;
-    if (p.use_fp8) {
-      const int nchunk = int(p.hidden / 16);  // 16 channels per thread; 8 threads per 128-block
-      for (int base = 0; base < nchunk; base += blockDim.x) {
-        const int c = base + tid;
-        float v[16];
-        float amax = 0.0f;
-        if (c < nchunk) {
-          unpack_bf16x8(ld16(row + c * 16), v);
-          unpack_bf16x8(ld16(row + c * 16 + 8), v + 8);
-#pragma unroll
-          for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-        }
-        amax = fmaxf(amax, shfl_xor(amax, 1));
-        amax = fmaxf(amax, shfl_xor(amax, 2));
-        amax = fmaxf(amax, shfl_xor(amax, 4));
-        if (c >= nchunk) continue;
-        float scale, scale_inv;
-        fp8_block_scales(amax, p.round_scale != 0, &scale, &scale_inv);
-        const Vec16 q = quantize16(v, scale);
-        for (int r = 0; r < num_rows; ++r) {
-          st16(s_row[r] + c * 16, q);
-          if ((c & 7) == 0) reinterpret_cast<float*>(s_row[r] + p.hidden)[c >> 3] = scale_inv;
-        }
-      }
-    } else {
-      for (int c = tid; c < p.hidden / 8; c += blockDim.x) {
-        const Vec16 v = ld16(row + c * 8);
-        for (int r = 0; r < num_rows; ++r) st16(s_row[r] + c * 16, v);
-      }
-    }
+    store_token_row(row, p.hidden, p.use_fp8 != 0, p.round_scale != 0, s_row, num_rows);
     __syncthreads();
     if (tid < K && s_expert[tid] >= 0) {  // one thread per selected expert, all in parallel
       const int d = s_expert[tid] / E_loc;

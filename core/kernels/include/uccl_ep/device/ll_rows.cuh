@@ -1,0 +1,76 @@
+// A token's row work shared by the low-latency kernels of both paths (ll/nvlink/*.cu, ll/proxy/*.cu):
+// the dispatch's cast-and-store of one BF16 row into each of its destinations, and the combine's
+// weighted sum of a token's expert rows. The paths differ only in where those rows live.
+#pragma once
+
+#include "uccl_ep/device/arch.cuh"
+#include "uccl_ep/device/block.cuh"
+#include "uccl_ep/device/numeric.cuh"
+
+namespace uccl_ep::dev {
+
+// Token row `row` (BF16, `hidden` channels) into each of dst[0..n): FP8 e4m3 with one fp32 scale per
+// 128 channels after the payload (DeepEP's layout), or BF16 as is. The whole block calls it; each
+// thread takes 16 (FP8: 8 threads per 128-channel block) or 8 (BF16) channels at a time.
+template <int N>
+UCCL_DEVICE void store_token_row(const uint16_t* row, int64_t hidden, bool use_fp8, bool round_scale,
+                                 uint8_t* const (&dst)[N], int n) {
+  const int tid = threadIdx.x;
+  if (use_fp8) {
+    const int nchunk = int(hidden / 16);
+    for (int base = 0; base < nchunk; base += blockDim.x) {
+      const int c = base + tid;
+      float v[16];
+      float amax = 0.0f;
+      if (c < nchunk) {
+        unpack_bf16x8(ld16(row + c * 16), v);
+        unpack_bf16x8(ld16(row + c * 16 + 8), v + 8);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      }
+      amax = fmaxf(amax, shfl_xor(amax, 1));  // every lane joins the shuffles, in range or not
+      amax = fmaxf(amax, shfl_xor(amax, 2));
+      amax = fmaxf(amax, shfl_xor(amax, 4));
+      if (c >= nchunk) continue;
+      float scale, scale_inv;
+      fp8_block_scales(amax, round_scale, &scale, &scale_inv);
+      const Vec16 q = quantize16(v, scale);
+      for (int k = 0; k < n; ++k) {
+        st16(dst[k] + c * 16, q);
+        if ((c & 7) == 0) reinterpret_cast<float*>(dst[k] + hidden)[c >> 3] = scale_inv;
+      }
+    }
+  } else {
+    for (int c = tid; c < hidden / 8; c += blockDim.x) {
+      const Vec16 v = ld16(row + c * 8);
+      for (int k = 0; k < n; ++k) st16(dst[k] + c * 16, v);
+    }
+  }
+}
+
+// acc += w_k * row_k over a token's K expert slots in k order, for the 8 BF16 channels row_at(k)
+// points at (slots with expert[k] < 0 skipped), 8 experts' loads in flight, one IEEE multiply and
+// add at a time (bit-exact with uccl_ep.refs).
+template <class RowAt>
+UCCL_DEVICE void add_weighted_rows(float (&acc)[8], const int* expert, const float* weight, int K, RowAt row_at) {
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    Vec16 r[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int g = k0 + u < K ? expert[k0 + u] : -1;
+      if (g >= 0) r[u] = ld16_cg(row_at(k0 + u));
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int g = k0 + u < K ? expert[k0 + u] : -1;
+      if (g < 0) continue;
+      float v[8];
+      unpack_bf16x8(r[u], v);
+      const float w = weight[k0 + u];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(v[i], w));
+    }
+  }
+}
+
+}  // namespace uccl_ep::dev
