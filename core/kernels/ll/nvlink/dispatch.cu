@@ -168,20 +168,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
     s_count[tid] = n;
   }
   __syncthreads();
-  if (tid == 0) {
-    int acc = 0;
-    for (int j = 0; j < R; ++j) {
-      s_begin[j] = acc;
-      acc += s_count[j];
-    }
-    s_begin[R] = acc;
-    reinterpret_cast<int*>(p.recv_count)[e] = acc;
-    if (p.cumulative_stats != 0) atomicAdd(reinterpret_cast<int*>(p.cumulative_stats) + e, acc);
-  }
-  __syncthreads();
-  if (tid < R)
-    reinterpret_cast<int64_t*>(p.layout_range)[int64_t(e) * R + tid] =
-        (int64_t(s_begin[tid]) << 32) | int64_t(uint32_t(s_count[tid]));
+  lay_out_expert_rows(p, e, R, s_count, s_begin);
 
   const int total = s_begin[R];
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);

@@ -9,6 +9,31 @@
 
 namespace uccl_ep::dev {
 
+// An LL dispatch receive block's bookkeeping for local expert `e` once every source rank's row count
+// is in s_count[0..R): thread 0 lays the sources out in rank order (s_begin[0..R], s_begin[R] = the
+// total), writes recv_count[e] and adds it to the cumulative stats; then thread j < R writes
+// layout_range[e][j] = (first row << 32) | rows (DeepEP's packing). The caller's barrier must
+// precede it (s_count complete); it ends with s_begin visible to the whole block. Both paths'
+// receive kernels (ll/nvlink/dispatch.cu, ll/proxy/dispatch.cu) use it.
+template <class P>
+UCCL_DEVICE void lay_out_expert_rows(const P& p, int e, int R, const int* s_count, int* s_begin) {
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    int acc = 0;
+    for (int j = 0; j < R; ++j) {
+      s_begin[j] = acc;
+      acc += s_count[j];
+    }
+    s_begin[R] = acc;
+    reinterpret_cast<int*>(p.recv_count)[e] = acc;
+    if (p.cumulative_stats != 0) atomicAdd(reinterpret_cast<int*>(p.cumulative_stats) + e, acc);
+  }
+  __syncthreads();
+  if (tid < R)
+    reinterpret_cast<int64_t*>(p.layout_range)[int64_t(e) * R + tid] =
+        (int64_t(s_begin[tid]) << 32) | int64_t(uint32_t(s_count[tid]));
+}
+
 // Token row `row` (BF16, `hidden` channels) into each of dst[0..n): FP8 e4m3 with one fp32 scale per
 // 128 channels after the payload (DeepEP's layout), or BF16 as is. The whole block calls it; each
 // thread takes 16 (FP8: 8 threads per 128-channel block) or 8 (BF16) channels at a time.
