@@ -173,7 +173,6 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
   const int total = s_begin[R];
   const auto* recv = reinterpret_cast<const uint8_t*>(p.recv_area);
   const uint64_t* flags = ll_flags(p.recv_area, p.flag_off);
-  const int64_t H = p.hidden;
   for (int row = warp_id(); row < total; row += num_warps()) {
     int j = 0;
     while (row >= s_begin[j + 1]) ++j;
@@ -192,25 +191,7 @@ extern "C" __global__ void __launch_bounds__(256) ll_dispatch_recv(const UCCL_GR
     }
     const int t = int(got);
     const uint8_t* msg = recv + (int64_t(j) * p.num_max + t) * p.msg_bytes;
-    const int64_t out_row = int64_t(e) * rows_per_expert + row;
-    if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = t;
-    if (p.use_fp8) {
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg, H);
-      const auto* scales = reinterpret_cast<const float*>(msg + H);
-      if (p.use_ue8m0) {
-        for (int g = lane_id(); g < H / 512; g += kWarpSize) {
-          uint32_t packed = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) packed |= ((__float_as_uint(scales[g * 4 + b]) >> 23) & 0xffu) << (8 * b);
-          reinterpret_cast<uint32_t*>(p.recv_scales)[(int64_t(e) * (H / 512) + g) * rows_per_expert + row] = packed;
-        }
-      } else {
-        for (int g = lane_id(); g < H / 128; g += kWarpSize)
-          reinterpret_cast<float*>(p.recv_scales)[(int64_t(e) * (H / 128) + g) * rows_per_expert + row] = scales[g];
-      }
-    } else {
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg, H * 2);
-    }
+    place_ll_row(p, e, row, rows_per_expert, t, msg);
   }
   wait_overlapped_grids();  // the send kernel is done (see arch.cuh) before this op can complete
   last_block_bumps_seq(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<unsigned*>(p.seq));

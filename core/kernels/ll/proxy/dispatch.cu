@@ -255,7 +255,6 @@ extern "C" __global__ void __launch_bounds__(256)
   lay_out_expert_rows(p, e, R, s_count, s_begin);
 
   const int total = s_begin[R];
-  const int64_t H = p.hidden;
   for (int row = warp_id(); row < total; row += num_warps()) {
     int j = 0;
     while (row >= s_begin[j + 1]) ++j;
@@ -268,25 +267,7 @@ extern "C" __global__ void __launch_bounds__(256)
       token = token_row = 0;
     }
     const uint8_t* payload = region + payload0 + int64_t(token_row) * p.payload_bytes;
-    const int64_t out_row = int64_t(e) * rows_per_expert + row;
-    if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = token;
-    if (p.use_fp8) {
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, payload, H);
-      const auto* scales = reinterpret_cast<const float*>(payload + H);
-      if (p.use_ue8m0) {
-        for (int g = lane_id(); g < H / 512; g += kWarpSize) {
-          uint32_t packed = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) packed |= ((__float_as_uint(scales[g * 4 + b]) >> 23) & 0xffu) << (8 * b);
-          reinterpret_cast<uint32_t*>(p.recv_scales)[(int64_t(e) * (H / 512) + g) * rows_per_expert + row] = packed;
-        }
-      } else {
-        for (int g = lane_id(); g < H / 128; g += kWarpSize)
-          reinterpret_cast<float*>(p.recv_scales)[(int64_t(e) * (H / 128) + g) * rows_per_expert + row] = scales[g];
-      }
-    } else {
-      warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, payload, H * 2);
-    }
+    place_ll_row(p, e, row, rows_per_expert, token, payload);
   }
   wait_overlapped_grids();  // the copy kernel is done before this op can complete (arch.cuh; PDL launch)
   last_block_bumps_rounds(reinterpret_cast<unsigned*>(p.done), reinterpret_cast<int64_t*>(p.rounds), R, p.mask);

@@ -9,6 +9,34 @@
 
 namespace uccl_ep::dev {
 
+// Row `row` of local expert `e`'s dispatch outputs from a received message `msg` (the x bytes, then
+// with FP8 one fp32 scale per 128 channels; written by a peer, so read around L1): src_info = the
+// sender's token index, recv_x, and the scales into DeepEP's column-major layout (with use_ue8m0 the
+// exponents packed four to an int32). Warp-cooperative; both paths' receive kernels use it.
+template <class P>
+UCCL_DEVICE void place_ll_row(const P& p, int e, int row, int64_t rows_per_expert, int token, const uint8_t* msg) {
+  const int64_t H = p.hidden;
+  const int64_t out_row = int64_t(e) * rows_per_expert + row;
+  if (lane_id() == 0) reinterpret_cast<int*>(p.src_info)[out_row] = token;
+  if (!p.use_fp8) {
+    warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H * 2, msg, H * 2);
+    return;
+  }
+  warp_copy16_cg(reinterpret_cast<uint8_t*>(p.recv_x) + out_row * H, msg, H);
+  const auto* scales = reinterpret_cast<const float*>(msg + H);
+  if (p.use_ue8m0) {
+    for (int g = lane_id(); g < H / 512; g += kWarpSize) {
+      uint32_t packed = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) packed |= ((__float_as_uint(scales[g * 4 + b]) >> 23) & 0xffu) << (8 * b);
+      reinterpret_cast<uint32_t*>(p.recv_scales)[(int64_t(e) * (H / 512) + g) * rows_per_expert + row] = packed;
+    }
+  } else {
+    for (int g = lane_id(); g < H / 128; g += kWarpSize)
+      reinterpret_cast<float*>(p.recv_scales)[(int64_t(e) * (H / 128) + g) * rows_per_expert + row] = scales[g];
+  }
+}
+
 // An LL dispatch receive block's bookkeeping for local expert `e` once every source rank's row count
 // is in s_count[0..R): thread 0 lays the sources out in rank order (s_begin[0..R], s_begin[R] = the
 // total), writes recv_count[e] and adds it to the cumulative stats; then thread j < R writes
