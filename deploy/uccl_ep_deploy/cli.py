@@ -3,7 +3,9 @@
     uccl-ep launch list                                   the recipes it knows
     uccl-ep launch show RECIPE                            the merged, validated recipe (JSON)
     uccl-ep launch slurm RECIPE [--dry-run | -o F] [--wait]   sbatch script: srun + torchrun / framework flags
-    uccl-ep launch ray RECIPE [--address HEAD:6379]       placement group, one N-GPU slot per node
+    uccl-ep launch ray RECIPE [--address HEAD:6379 | --address http://HEAD:8265]
+                                                          placement group, one N-GPU slot per node
+                                                          (http://: through Ray's job submission API)
     uccl-ep launch local RECIPE [--nodes 1]               every node as a process group on this host
 
 (`uccl-ep-launch ...` is the same command where only uccl-ep-deploy is installed.)
@@ -34,7 +36,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", help="shorthand for --set launch.python=PATH (interpreter on the nodes)")
     p.add_argument("--timeout", type=int, help="shorthand for --set launch.timeout_s=S")
     p.add_argument("--dry-run", action="store_true", help="print what would run; run nothing")
-    p.add_argument("-o", "--output", help="also write the rendered script/plan to this file")
+    p.add_argument("-o", "--output", help="also write what runs here: the sbatch script (slurm), the job directory "
+                                          "(ray: ray_driver.py + plan.json)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -70,8 +73,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     s.add_argument("--log", help="the job's --output file (default uccl-ep-NAME-%%j.out)")
     r = targets.add_parser("ray", help="run on a Ray cluster: placement group, one N-GPU slot per node")
     _common(r)
-    r.add_argument("--address", help="Ray cluster HEAD:PORT (default $RAY_ADDRESS, else start a local cluster)")
-    r.add_argument("--ray-python", help="interpreter that has Ray (default: this one, else the `ray` command's)")
+    r.add_argument("--address", help="Ray cluster: HEAD:PORT (the GCS: the driver runs here), or http://HEAD:8265 "
+                                     "(the dashboard: submitted through Ray's job API); default $RAY_ADDRESS, else "
+                                     "start a local cluster")
+    r.add_argument("--ray-python", help="interpreter here that has Ray (default: this one, else the `ray` command's)")
+    r.add_argument("--job-python", default="python",
+                   help="with an http:// address: the interpreter on the cluster that runs the driver (default python)")
     r.add_argument("--placement-timeout", type=float, default=300.0, help="seconds to wait for the node slots")
     loc = targets.add_parser("local", help="run every node of the recipe as local processes")
     _common(loc)
@@ -130,34 +137,46 @@ def _slurm(args, recipe, plan) -> int:
 
 
 def _ray(args, recipe, plan) -> int:
-    from .ray import find_ray_python, render_driver, run_driver
-    text = render_driver(plan)
+    from .ray_launch import DRIVER, PLAN_FILE, find_ray_python, is_job_address, run_driver, submit_job, write_job_dir
+    address = args.address or os.environ.get("RAY_ADDRESS") or None
+    job_api = is_job_address(address)
     if args.dry_run:
-        _write(args.output, text, 0o755)
+        if args.output:
+            write_job_dir(plan, args.output)
+        d = args.output or "JOB_DIR"
         print(f"# Ray launch of {plan.name}: {plan.nodes} node(s) x {{GPU: {plan.gpus_per_node}}}, STRICT_SPREAD")
-        print(f"# cluster: {args.address or os.environ.get('RAY_ADDRESS') or '(start a local one)'}")
+        print(f"# cluster: {address or '(start a local one)'}"
+              + (" (Ray's job submission API)" if job_api else ""))
         from .plan import argv_to_shell
         print("# env of every node: " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
         print("# node 0 (head):\n" + argv_to_shell(plan.head_argv))
         if plan.worker_argv != plan.head_argv:
             print("# nodes 1..N-1:\n" + argv_to_shell(plan.worker_argv))
-        print(f"# one command: {find_ray_python_or_hint(args)} {args.output or 'DRIVER.py'}"
-              + (f" --address {args.address}" if args.address else ""))
+        print(f"# job directory ({DRIVER} + {PLAN_FILE}): {d}"
+              + ("" if args.output else "  (write it with -o DIR)"))
+        if job_api:
+            print(f"# one command: ray job submit --address {address} --working-dir {d} -- "
+                  f"{args.job_python} {DRIVER} --plan {PLAN_FILE}")
+        else:
+            print(f"# one command: {find_ray_python_or_hint(args)} {d}/{DRIVER}"
+                  + (f" --address {address}" if address else ""))
         return 0
     python = find_ray_python(args.ray_python)
+
+    def go(job_dir: Path) -> int:
+        if job_api:
+            return submit_job(job_dir, python, address, args.job_python, plan.timeout_s, args.placement_timeout)
+        return run_driver(job_dir, python, address, plan.timeout_s, args.placement_timeout)
+
     if args.output:
-        path = _write(args.output, text, 0o755)
-        assert path is not None
-        return run_driver(path, python, args.address, plan.timeout_s, args.placement_timeout)
+        return go(write_job_dir(plan, args.output))
     with tempfile.TemporaryDirectory(prefix="uccl-ep-ray-") as d:
-        path = Path(d) / f"{plan.name}.py"
-        path.write_text(text)
-        return run_driver(path, python, args.address, plan.timeout_s, args.placement_timeout)
+        return go(write_job_dir(plan, d))
 
 
 def find_ray_python_or_hint(args) -> str:
     from .errors import MissingDependency
-    from .ray import find_ray_python
+    from .ray_launch import find_ray_python
     try:
         return find_ray_python(args.ray_python)
     except MissingDependency:

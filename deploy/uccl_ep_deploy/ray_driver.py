@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """uccl-ep's one-command Ray launch: a plan (from `uccl-ep launch ray`) runs on a Ray cluster.
 
-    python THIS_FILE [--address HEAD:6379] [--plan plan.json] [--timeout S]
+    python THIS_FILE [--address HEAD:6379] [--plan plan.json] [--timeout S]   (default plan: plan.json beside it)
 
 1. connect to the cluster at --address (or $RAY_ADDRESS); with neither, start a local one;
 2. reserve one bundle per node ({GPU: G, CPU: C}) in a STRICT_SPREAD placement group, bounded wait;
@@ -12,9 +12,10 @@
    group are always removed, and a cluster this script started is shut down.
 
 NOTES: this file needs only the standard library and `ray`, so it runs in whatever Python has Ray
-(a Ray venv, a framework container), without uccl_ep installed. `uccl-ep launch ray` renders it
-with the plan embedded (PLAN_JSON below) and runs it as a script: the actor class then lives in
-`__main__`, which Ray ships by value to the workers.
+(a Ray venv, a framework container), without uccl_ep installed. `uccl-ep launch ray` writes it
+unchanged into a job directory beside the plan (plan.json) and runs it as a script, or submits the
+directory through Ray's job API (ray_jobs.py): the actor class then lives in `__main__`, which Ray
+ships by value to the workers.
 """
 
 from __future__ import annotations
@@ -29,9 +30,6 @@ import sys
 import threading
 import time
 from collections import deque
-
-PLAN_JSON = None  # replaced by the renderer
-
 
 def evaluate(argv: list, values: dict) -> list[str]:
     """Plan tokens (text, or {var, times, plus} for node-only values) -> concrete argv."""
@@ -196,19 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
                     help="Ray cluster (HEAD:PORT); default $RAY_ADDRESS, else start a local cluster")
-    ap.add_argument("--plan", help="plan JSON file (default: the plan embedded by the renderer)")
+    ap.add_argument("--plan", help="plan JSON file (default: plan.json beside this file)")
     ap.add_argument("--timeout", type=float, default=0, help="seconds for the whole job (default: the plan's)")
     ap.add_argument("--placement-timeout", type=float, default=300, help="seconds to wait for the node slots")
     a = ap.parse_args(argv)
     # SIGTERM (scancel, the CLI's outer bound) takes the same teardown path as a failure.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if a.plan:
-        with open(a.plan) as f:
-            plan = json.load(f)
-    elif PLAN_JSON is not None:
-        plan = json.loads(PLAN_JSON)
-    else:
-        ap.error("no plan: pass --plan, or render this file with `uccl-ep launch ray RECIPE -o FILE`")
+    path = a.plan or os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.json")
+    if not os.path.isfile(path):
+        ap.error(f"no plan at {path}: pass --plan, or write a job directory with `uccl-ep launch ray RECIPE -o DIR`")
+    with open(path) as f:
+        plan = json.load(f)
     return launch(plan, a.address, a.timeout or plan["timeout_s"], a.placement_timeout)
 
 

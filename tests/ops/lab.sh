@@ -26,6 +26,7 @@ OPS_CACHE=${OPS_CACHE:-$HOME/.cache/uccl-ep-ops}
 SLURMCTLD_PORT=${SLURMCTLD_PORT:-26817}
 SLURMD_PORT_BASE=${SLURMD_PORT_BASE:-27000}
 RAY_PORT=${RAY_PORT:-26379}
+RAY_DASHBOARD_PORT=${RAY_DASHBOARD_PORT:-28265}
 RAY_HEAD_IP=127.0.0.2
 RAY_WORKER_IP=127.0.0.3
 BASE_TAG=uccl-ep-ops/debian:bookworm
@@ -216,13 +217,17 @@ ray_up() {
   export RAY_USAGE_STATS_ENABLED=0
   mkdir -p "$LAB/ray"
   # NOTES: Ray rewrites 127.0.0.1 to the host's outward address, so the nodes use .2 and .3. The
-  # dashboard is off (the launcher talks to the GCS), which saves ~1 GB of memory on a 2-core box.
+  # head runs the dashboard: `uccl-ep launch ray --address http://HEAD:PORT` submits through Ray's
+  # job API, which the dashboard serves (about 1 GB of memory in all with the head here).
   if ! alive "$LAB/ray-head.pid"; then
     setsid "$OPS_RAY" start --block --head --node-ip-address=$RAY_HEAD_IP --port="$RAY_PORT" \
-      --num-cpus=2 --num-gpus=8 --include-dashboard=false \
+      --num-cpus=2 --num-gpus=8 --include-dashboard=true --dashboard-host=$RAY_HEAD_IP \
+      --dashboard-port="$RAY_DASHBOARD_PORT" \
       --disable-usage-stats --temp-dir="$LAB/ray" >"$LAB/ray-head.log" 2>&1 </dev/null &
     echo $! >"$LAB/ray-head.pid"
     WATCH_PID=$(cat "$LAB/ray-head.pid") wait_until 300 "the Ray head (see $LAB/ray-head.log)" "$OPS_RAY" status --address "$RAY_HEAD_IP:$RAY_PORT"
+    WATCH_PID=$(cat "$LAB/ray-head.pid") wait_until 120 "the Ray dashboard (see $LAB/ray-head.log)" \
+      "$(dirname "$OPS_RAY")/python" -c "import urllib.request as u; u.urlopen('http://$RAY_HEAD_IP:$RAY_DASHBOARD_PORT/api/version', timeout=10)"
   fi
   if ! alive "$LAB/ray-worker.pid"; then
     setsid "$OPS_RAY" start --block --address="$RAY_HEAD_IP:$RAY_PORT" --node-ip-address=$RAY_WORKER_IP \
@@ -231,7 +236,7 @@ ray_up() {
     WATCH_PID=$(cat "$LAB/ray-worker.pid") wait_until 300 "the Ray worker to join (see $LAB/ray-worker.log)" \
       bash -c "'$OPS_RAY' status --address '$RAY_HEAD_IP:$RAY_PORT' | grep -q '/16.0 GPU'"
   fi
-  say "ray ready: head $RAY_HEAD_IP:$RAY_PORT, worker $RAY_WORKER_IP"
+  say "ray ready: head $RAY_HEAD_IP:$RAY_PORT (jobs: http://$RAY_HEAD_IP:$RAY_DASHBOARD_PORT), worker $RAY_WORKER_IP"
 }
 
 unmount_under_lab() {

@@ -16,7 +16,7 @@ from conftest import OPS_BIN, ROOT, VENV_PY, run, uccl_ep
 from uccl_ep_deploy import InvalidArgument, build_plan, list_recipes, load, load_recipe
 from uccl_ep_deploy.catalog import PACKAGED_RECIPES
 from uccl_ep_deploy.plan import MASTER_ADDR, NODE_RANK, NodeVar, Plan, evaluate_argv, tok, token_to_shell
-from uccl_ep_deploy.ray import render_driver
+from uccl_ep_deploy.ray_launch import write_job_dir
 from uccl_ep_deploy.slurm import render_sbatch
 
 RECIPES = [(n, p) for n, p in list_recipes(str(ROOT / "recipes")) if p.is_relative_to(ROOT / "recipes")]
@@ -45,10 +45,9 @@ def test_every_recipe_validates_and_renders(name, path, tmp_path):
     assert f"#SBATCH --nodes={r.cluster.nodes}" in script
     for k, v in r.env.items():  # the platform's NIC env reaches every node
         assert f"export {k}={shlex.quote(v)}" in script
-    drv = tmp_path / "drv.py"
-    drv.write_text(render_driver(plan))
-    py_compile.compile(str(drv), doraise=True)
-    assert Plan.from_json(plan.to_json()).head_argv == plan.head_argv
+    job = write_job_dir(plan, tmp_path / "job")  # the driver as shipped, beside the plan
+    py_compile.compile(str(job / "ray_driver.py"), doraise=True)
+    assert Plan.from_json((job / "plan.json").read_text()).head_argv == plan.head_argv
 
 
 def test_framework_multinode_flags():
@@ -137,6 +136,10 @@ def test_cli_list_show_dry_run_and_errors():
     assert re.search(r"^srun --nodes=2 ", p.stdout, re.M) and "/dev/tcp/$MASTER_ADDR/30000" in p.stdout
     p = uccl_ep("launch", "ray", "megatron/tiny-moe-p5en", "--dry-run")
     assert p.returncode == 0 and "STRICT_SPREAD" in p.stdout and "--node-rank" in p.stdout
+    assert "ray_driver.py" in p.stdout and "job submission" not in p.stdout
+    p = uccl_ep("launch", "ray", "bench-cpu", "--dry-run", "--address", "http://10.0.0.1:8265")
+    assert p.returncode == 0 and "Ray's job submission API" in p.stdout
+    assert "ray job submit --address http://10.0.0.1:8265 --working-dir JOB_DIR -- python ray_driver.py" in p.stdout
     p = uccl_ep("launch", "local", "bench-cpu", "--dry-run", "--nodes", "3")
     assert p.returncode == 0 and p.stdout.count("--nnodes 3") == 3
     p = uccl_ep("launch", "slurm", "bench-cpu", "--dry-run", "--set", "cluster.nodes=0")
