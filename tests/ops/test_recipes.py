@@ -15,7 +15,7 @@ from conftest import OPS_BIN, ROOT, VENV_PY, run, uccl_ep
 
 from uccl_ep_deploy import InvalidArgument, build_plan, list_recipes, load, load_recipe
 from uccl_ep_deploy.catalog import PACKAGED_RECIPES
-from uccl_ep_deploy.plan import MASTER_ADDR, NODE_RANK, NodeVar, Plan, evaluate_argv, tok, token_to_shell
+from uccl_ep_deploy.plan import MASTER_ADDR, NodeVar, Plan, evaluate_argv, tok, token_to_shell
 from uccl_ep_deploy.ray_launch import write_job_dir
 from uccl_ep_deploy.slurm import render_sbatch
 
