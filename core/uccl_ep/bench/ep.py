@@ -242,9 +242,10 @@ def nic_fields(nic_bytes: float, time_s: float, cap_gbps: float) -> dict:
     return dict(nic_bytes=nic_bytes, nic_gbps=gbps, nic_cap_gbps=cap_gbps, nic_of_cap=gbps / cap_gbps if cap_gbps else 0.0)
 
 
-# the links' idle time, idle stretches (>= 2 us) and those by length (nic_model.cc Link)
-_NIC_IDLE_HIST = tuple(f"nic_model_idle_ge{us}us" for us in (2, 5, 10, 20, 50, 100))
-_NIC_IDLE = ("nic_model_idle_ns", "nic_model_idle_gaps") + _NIC_IDLE_HIST
+# the links' idle time and idle stretches (>= 2 us), and those by length: every counter
+# nic_model_idle_ge<N>us the model reports (its buckets are nic_model.cc's Link::kBucketUs)
+_NIC_IDLE = ("nic_model_idle_ns", "nic_model_idle_gaps")
+_NIC_IDLE_BY_LENGTH = "nic_model_idle_ge"
 
 
 class _InternodeRows:
@@ -284,7 +285,7 @@ class _InternodeRows:
 
         def on_timed(when: str) -> None:  # one reading of every counter: the marks stay close to the calls
             now = dict(self._counters())
-            idle[when] = [int(now[k]) if k in now else None for k in _NIC_IDLE]
+            idle[when] = {k: int(v) for k, v in now.items() if k in _NIC_IDLE or k.startswith(_NIC_IDLE_BY_LENGTH)}
 
         t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None,
                                         on_timed if modelled else None)
@@ -294,8 +295,9 @@ class _InternodeRows:
         self.per_op = (after - before) / calls if after is not None and calls else None
         self.nic_per_op = (nic_after - nic_before) / calls if nic_after is not None and calls else None
         self.nic_idle = None
-        if modelled and timed and None not in idle.get("start", [None]) + idle.get("end", [None]):
-            self.nic_idle = [(e - b) / timed for b, e in zip(idle["start"], idle["end"])]
+        start, end = idle.get("start", {}), idle.get("end", {})
+        if modelled and timed and all(k in start and k in end for k in _NIC_IDLE):
+            self.nic_idle = {k: (end[k] - start[k]) / timed for k in start if k in end}
         return t
 
     def fields(self, factor: float, time_s: float) -> dict:
@@ -308,8 +310,10 @@ class _InternodeRows:
         if self.nic_per_op is not None:
             out.update(nic_fields(self.nic_per_op, time_s, self.cap_gbps))
         if self.nic_idle is not None:  # per back-to-back op
-            out.update(nic_idle_us=self.nic_idle[0] / 1e3, nic_idle_gaps=self.nic_idle[1])
-            out.update({k.replace("nic_model_", "nic_"): v for k, v in zip(_NIC_IDLE_HIST, self.nic_idle[2:])})
+            out.update(nic_idle_us=self.nic_idle["nic_model_idle_ns"] / 1e3,
+                       nic_idle_gaps=self.nic_idle["nic_model_idle_gaps"])
+            out.update({k.replace("nic_model_", "nic_"): v for k, v in self.nic_idle.items()
+                        if k.startswith(_NIC_IDLE_BY_LENGTH)})
         out.update(self.hop)
         return out
 
