@@ -207,16 +207,17 @@ for step in $STEPS; do
         ht/proxy/forward_dispatch.cu ht/proxy/forward_combine.cu 2>&1 | tail -2
       bounded 240 $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider \
         -k "${HTPROXY_TESTS:-small and rpn1 or cuda_graph and rpn1 or timeout}" 2>&1 | tee "$OUT/htproxy_tests.log" | tail -6
-      # runs: SMS:TOKENS[:RDMA_CHUNK[:PROXY_THREADS[:NIC_MODEL[:RDMA_RECV[:NVL_MB]]]]] (chunk / recv 0 = the
-      # config table's, NVL_MB 0 = the size hint: the proxy region, which bounds the rings' depth)
+      # runs: SMS:TOKENS[:RDMA_CHUNK[:PROXY_THREADS[:NIC_MODEL[:RDMA_RECV[:NVL_MB[:NODES]]]]]] (chunk / recv 0 = the
+      # config table's, NVL_MB 0 = the size hint: the proxy region, which bounds the rings' depth; NODES: default
+      # every GPU its own node)
       declare -A seen=()
       for run in ${HTPROXY_RUNS:-24:4096 12:4096 24:1024 24:8192}; do
-        IFS=: read -r sms tok chunk thr nic recv nvl <<< "$run"
+        IFS=: read -r sms tok chunk thr nic recv nvl nodes <<< "$run"; NODES_RUN=${nodes:-$NODES}
         seen[$run]=$(( ${seen[$run]:-0} + 1 )); rep=$( (( ${seen[$run]} > 1 )) && echo ${seen[$run]} )  # repeats: _2, _3 ...
         UCCL_EP_NUM_PROXY_THREADS=${thr:-4} bounded 120 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht \
-          --nodes "$NODES" --num-sms $sms --num-tokens $tok --rdma-chunk ${chunk:-0} --rdma-recv ${recv:-0} \
+          --nodes "$NODES_RUN" --num-sms $sms --num-tokens $tok --rdma-chunk ${chunk:-0} --rdma-recv ${recv:-0} \
           --nvl-mb ${nvl:-0} --iters ${HTPROXY_ITERS:-20} ${nic:+--nic-model $nic} --warmup 3 --timeout 100 \
-          --json "$OUT/htproxy_${sms}_${tok}_${chunk:-0}_${thr:-4}${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}_${recv:-0}_${nvl:-0}${rep:+_$rep}.json" 2>&1 | tail -4
+          --json "$OUT/htproxy_n${NODES_RUN}_${sms}_${tok}_${chunk:-0}_${thr:-4}${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}_${recv:-0}_${nvl:-0}${rep:+_$rep}.json" 2>&1 | tail -4
       done ;;
     scale)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
