@@ -16,7 +16,9 @@ while waiting, as in DeepEP where the cut-off rank times out and masks the other
 
 Keys: ``<prefix>/m/<op>/<src>/<dst>`` for the message of exchange number ``op`` (every rank counts
 its exchanges; all ranks of the group make the same sequence of calls, as with collectives); the
-receiver deletes a key once read, so the Store holds only messages in flight. Slow (a Store round
+receiver deletes a key once read, so the Store holds only messages in flight. A message over
+``_PART_BYTES`` travels in parts (``<key>/<i>``, set before the key itself, which carries the
+count). Slow (a Store round
 trip per message) and exact; used by the reference backend, Buffer construction and the CUDA
 executor's host barriers, where a bounded, named wait matters more than speed.
 """
@@ -35,6 +37,11 @@ __all__ = ["GroupStore", "store_of", "heartbeat_interval_s", "failure_grace_s", 
 
 _lock = threading.Lock()
 _instances: dict[tuple, int] = {}
+
+# NOTES: torch's libuv TCPStore server drops a client whose value exceeds 8 MiB ("Invalid payload
+# size"), which a DeepSeek-size reference exchange at 4 ranks reaches; half of that leaves room.
+_PART_BYTES = 4 << 20
+_NONE, _WHOLE, _PARTS = b"\x00", b"\x01", b"\x02"
 
 
 def store_of(group):
@@ -181,6 +188,30 @@ class GroupStore:
     def _key(self, op: int, src: int, dst: int) -> str:
         return f"{self.prefix}/m/{op}/{src}/{dst}"
 
+    def _send(self, key: str, payload: Optional[bytes]) -> None:
+        if payload is None:
+            self.store.set(key, _NONE)
+        elif len(payload) <= _PART_BYTES:
+            self.store.set(key, _WHOLE + payload)
+        else:  # the parts first: the key's presence tells the receiver that all of them are there
+            parts = range(0, len(payload), _PART_BYTES)
+            for i, at in enumerate(parts):
+                self.store.set(f"{key}/{i}", payload[at:at + _PART_BYTES])
+            self.store.set(key, _PARTS + str(len(parts)).encode())
+
+    def _receive(self, key: str) -> Optional[bytes]:
+        data = self.store.get(key)
+        self.store.delete_key(key)
+        if data[:1] == _WHOLE:
+            return data[1:]
+        if data[:1] != _PARTS:
+            return None
+        chunks = []
+        for i in range(int(data[1:].decode())):
+            chunks.append(self.store.get(f"{key}/{i}"))
+            self.store.delete_key(f"{key}/{i}")
+        return b"".join(chunks)
+
     def exchange(self, per_dest: Sequence[Optional[bytes]], phase: str, skip: Iterable[int] = (),
                  on_missing: Optional[Callable[[int, BaseException], bool]] = None,
                  learn_skips: bool = False) -> list[Optional[bytes]]:
@@ -205,7 +236,7 @@ class GroupStore:
             if dst == self.rank:
                 out[dst] = payload
             else:
-                self.store.set(self._key(op, self.rank, dst), b"\x01" + payload if payload is not None else b"\x00")
+                self._send(self._key(op, self.rank, dst), payload)
         waiting = [src for src in range(self.size) if src != self.rank and src not in skip]
         started = time.monotonic()
         deadline = started + self.timeout_s
@@ -215,9 +246,7 @@ class GroupStore:
             for src in waiting:
                 key = self._key(op, src, self.rank)
                 if self.store.check([key]):
-                    data = self.store.get(key)
-                    self.store.delete_key(key)
-                    out[src] = data[1:] if data[:1] == b"\x01" else None
+                    out[src] = self._receive(key)
                 else:
                     still.append(src)
             waiting = still
