@@ -33,9 +33,10 @@ using namespace uccl_ep;
 int main() {
   printf("%d %d %d %d %d %d %d\n", kHTProxyMaxRanks, kHTProxyMaxChannels, kHTProxyHeadBase, kHTProxyMetaCounter,
          kHTProxyNumCounters, kHTProxyWarps, (int)sizeof(HTProxyState));
-  printf("%zu %zu %zu %zu %zu %zu %zu\n", offsetof(HTProxyState, op), offsetof(HTProxyState, seen),
+  printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", offsetof(HTProxyState, op), offsetof(HTProxyState, seen),
          offsetof(HTProxyState, send_pos), offsetof(HTProxyState, recv_pos), offsetof(HTProxyState, self_tail),
-         offsetof(HTProxyState, self_head), offsetof(HTProxyState, area_geometry));
+         offsetof(HTProxyState, self_head), offsetof(HTProxyState, area_geometry), offsetof(HTProxyState, mate_tail),
+         offsetof(HTProxyState, mate_head));
   const long long cases[][3] = {{512, 0, 0}, {14336, 0, 8}, {7168, 56, 8}, {384, 3, 5}, {4096, 32, 0}, {16, 1, 1}};
   for (auto& c : cases) {
     HTDispatchMsg m = ht_dispatch_msg(c[0], c[1], c[2]);
@@ -65,7 +66,8 @@ def test_header_twins_agree(tmp_path):
     assert consts == [plan.MAX_RANKS, plan.MAX_CHANNELS, plan.HEAD_BASE, plan.META_COUNTER0, plan.NUM_COUNTERS, 16,
                       off["bytes"]]
     assert [int(v) for v in lines[1].split()] == [off["op"], off["seen"], off["send_pos"], off["recv_pos"],
-                                                  off["self_tail"], off["self_head"], off["area_geometry"]]
+                                                  off["self_tail"], off["self_head"], off["area_geometry"],
+                                                  off["mate_tail"], off["mate_head"]]
     for line, (hb, ns, k) in zip(lines[2:8], [(512, 0, 0), (14336, 0, 8), (7168, 56, 8), (384, 3, 5), (4096, 32, 0),
                                               (16, 1, 1)]):
         got = [int(v) for v in line.split()]

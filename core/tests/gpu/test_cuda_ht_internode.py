@@ -72,7 +72,8 @@ def _pair(group, world, H, mode):
     from uccl_ep import Buffer, Config
     configs = [Buffer.get_dispatch_config(world), Config(8, 4, 32, 2, 8)]
     nvl = max(c.get_nvl_buffer_size_hint(H * 2, world) for c in configs)
-    kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2}}[mode]
+    kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2},
+          "rpn2proxy": {"ranks_per_node": 2}}[mode]
     ours = Buffer(group, nvl, 0, backend="cuda", **kw)
     ref = Buffer(group, nvl, 0, backend="reference", **kw)
     assert ours.backend == "cuda" and ours.topology == ref.topology
@@ -172,7 +173,7 @@ def worker(rank, world, H, T, E, seed, mode):
                         yw = go[2] if with_topk else None
                         b0 = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
                         b1 = torch.randn(n_tok, H, generator=gen).to(torch.bfloat16).to(dev)
-                        if mode == "rpn2":
+                        if mode.startswith("rpn2"):
                             # NOTES: the node-first fp32 reduce differs from the reference's flat order
                             # unless the sums are exact: values on a 1/16 grid (dispatch weights are
                             # exact already: one non-zero rank per slot).
@@ -192,7 +193,7 @@ def worker(rank, world, H, T, E, seed, mode):
     eng = ours._executor._ht
     counters = eng.transport_counters()
     kind = eng.proxy.transport_name.split(":")[-1]  # ipc:kernel (the kernels' copy role) or ipc:cuda
-    out = (checked, eng.proxy.transport_name, int(counters.get(f"ipc_{kind}_copies", 0)))
+    out = (checked, eng.proxy.transport_name, int(counters.get(f"ipc_{kind}_copies", 0)), eng.mates is not None)
     dist.barrier()
     return out
 
@@ -290,18 +291,21 @@ BIG = dict(H=7168, T=4096, E=256, seed=2)
 
 
 @pytest.mark.parametrize("copy", ["kernel", "cuda"])
-@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2"])
+@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2", "rpn2proxy"])
 @pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
 def test_ht_internode_matches_reference(shape, mode, copy):
     """Every option against the reference, the Writes copied by the kernels' copy role (UCCL_EP_IPC_COPY=
-    kernel, the default) or by the proxy through the driver (cuda)."""
-    if mode == "rpn2" and _world() < 4:
+    kernel, the default) or by the proxy through the driver (cuda). rpn2: 2 nodes x 2 ranks, the node
+    mates' hop (dispatch hop 2, combine hop A) over NVLink; rpn2proxy: the same through the proxy
+    (UCCL_EP_FORCE_PROXY)."""
+    if mode.startswith("rpn2") and _world() < 4:
         pytest.skip("2 nodes x 2 ranks (per-node dedup, forwarding) needs 4 GPUs")
-    world = _world() // 2 * 2 if mode == "rpn2" else _world()
-    env = dict(FORCED_ENV if mode == "forced" else EAGER_ENV, UCCL_EP_IPC_COPY=copy)
+    world = _world() // 2 * 2 if mode.startswith("rpn2") else _world()
+    env = dict(FORCED_ENV if mode in ("forced", "rpn2proxy") else EAGER_ENV, UCCL_EP_IPC_COPY=copy)
     out = run_ranks(worker, world, *shape.values(), mode, backend="nccl", timeout_s=900, env=env)
-    for checked, transport, copies in out:
+    for checked, transport, copies, mates in out:
         assert checked > 0 and transport == f"ipc:{copy}" and copies > 0
+        assert mates == (mode == "rpn2"), (mode, mates)
 
 
 @pytest.mark.parametrize("mode", ["rpn1", "rpn2"])

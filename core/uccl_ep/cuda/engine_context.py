@@ -43,3 +43,5 @@ class EngineContext:
     region: Any = None            # one allocation holding both buffers (proxy_session.shared_region) or None
     check_error: Callable[[], None] = _no_error          # raises what a kernel recorded (sticky)
     host_barrier: Callable[..., None] = _no_barrier      # (phase, masks=False): every rank here, bounded
+    all_gather: Callable[[bytes, str], list] | None = None  # (payload, phase): every rank's, bounded (GroupStore);
+    #                                                         None: no engine may exchange (CPU fakes)

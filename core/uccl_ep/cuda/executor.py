@@ -181,7 +181,8 @@ class CudaExecutor(Executor):
             ctx=ctx, device=self.device, drv=self.drv, timeout_ns=self.timeout_ns, errors=self.errors,
             error_dev_ptr=self.error_dev_ptr, owner=owner, mask_ptr=self.mask.ptr, multi_host=self.multi_host,
             nvl_mem=self.nvl_mem, nvl_peer_base=self.nvl_peer_base, ll_mem=self.ll_mem, ll_peer_base=self.ll_peer_base,
-            ll_paths=tuple(self.ll_paths), region=self.region, check_error=self.check_error, host_barrier=self.host_barrier)
+            ll_paths=tuple(self.ll_paths), region=self.region, check_error=self.check_error, host_barrier=self.host_barrier,
+            all_gather=self.channel.all_gather)
         try:
             # NOTES: the proxy session's bootstrap is collective: opened here, while every rank
             # constructs its Buffer (as DeepEP sets everything up in the constructor), once for every

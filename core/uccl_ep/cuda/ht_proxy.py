@@ -37,6 +37,7 @@ ipc+fabric (gpu_transport.py): node mates over ipc, other nodes over the NIC.
 from __future__ import annotations
 
 import hashlib
+import pickle
 import struct
 import time
 
@@ -140,7 +141,7 @@ class ProxyNormalEngine:
         self.status_dev, self.counters_dev = session.status_dev, session.counters_dev
         self.num_counters = session.num_counters
         self.region_dev = session.region_dev
-        self.state = self.host = self.dma_mem = None
+        self.state = self.host = self.dma_mem = self.mates = None
         self.dma_ctx = 0
         try:
             if self.dma_role:
@@ -149,6 +150,8 @@ class ProxyNormalEngine:
             self.drv.memset_d8(self.dev, self.state.ptr, 0, plan.STATE_BYTES, 0)
             self.drv.synchronize(self.dev)
             self.host = MappedHostMemory(self.dev, 4 * (3 + self.R + _MAX_LOCAL_EXPERTS))
+            if self.forward and ec.all_gather is not None:
+                self._map_mates(ec.all_gather)
         except BaseException:
             self.close()
             raise
@@ -194,6 +197,31 @@ class ProxyNormalEngine:
         self.dma_offsets = off
         # HtDmaRing.base_idx: where the next launch starts (its byte count stays this engine's own)
         self.session.add_ring_consumer("ht", base + off["state"], DMA_RING_STATE_BYTES // 8, (0,))
+
+    def _map_mates(self, all_gather) -> None:
+        """The node mates' regions and HTProxyStates mapped here (``self.mates``: u64 [R][2], the forward
+        kernels' ``mates``), so hop 2 and hop A go over NVLink instead of the proxy: for every node whose
+        ranks all see each other's GPUs and none forces the proxy (UCCL_EP_FORCE_PROXY), else not at all
+        on that node (both ends of a stream must take the same path). Collective (the constructor's)."""
+        mine = (self.dev, self.mem.ipc_handle(), self.state.ipc_handle())
+        got = [pickle.loads(b) for b in all_gather(pickle.dumps(mine), "normal mode (node mates' rings)")]
+        node = range(self.rank // self.G * self.G, (self.rank // self.G + 1) * self.G)
+        ok = not env.get("UCCL_EP_FORCE_PROXY") and all(
+            r == self.rank or self.drv.can_access_peer(self.dev, got[r][0]) for r in node)
+        oks = [pickle.loads(b) for b in all_gather(pickle.dumps(ok), "normal mode (node mates' paths)")]
+        if not all(oks[r] for r in node):
+            return
+        table = [0] * (2 * self.R)
+        for r in node:
+            if r != self.rank:
+                table[2 * r], table[2 * r + 1] = self.mem.open_peer(got[r][1]), self.state.open_peer(got[r][2])
+        self.mates = DeviceMemory(self.dev, 16 * self.R)
+        self.drv.memcpy_htod(self.dev, self.mates.ptr, struct.pack(f"<{2 * self.R}Q", *table))
+
+    @property
+    def mates_ptr(self) -> int:
+        """The forward kernels' ``mates`` (0: hop 2 and hop A through the proxy)."""
+        return self.mates.ptr if self.mates is not None else 0
 
     def role(self, main_blocks: int, block: int, per_ring: int = _COPY_BLOCKS_PER_RING,
               senders: int | None = None) -> tuple[int, dict]:
@@ -439,8 +467,8 @@ class ProxyNormalEngine:
         """Release this engine's memory (the session stops the proxy before the NVL buffer is freed)."""
         if getattr(self, "proxy", None) is None:
             return
-        free_after_device(self.dev, self.state, self.dma_mem, self.host)
-        self.dma_mem = None
+        free_after_device(self.dev, self.mates, self.state, self.dma_mem, self.host)
+        self.dma_mem = self.mates = None
         self.dma_ctx = 0
         self.state = self.host = None
         self.proxy = None

@@ -46,7 +46,7 @@ def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdm
         scale_stride_col=scales.stride(1) if scales is not None else 0,
         num_topk=topk_idx.shape[1] if topk_idx is not None else 0, num_experts=st.num_experts, num_ranks=eng.R,
         rank=eng.rank, ranks_per_node=eng.G, num_channels=st.num_channels, num_rows=rows, rdma_rows=rdma_rows,
-        **eng.proxy_words(), **rings, **role)
+        mates=eng.mates_ptr, **eng.proxy_words(), **rings, **role)
     eng.kernels["ht_proxy_forward_dispatch"].launch(grid, _BLOCK, params, current_stream())
 
 
@@ -139,6 +139,6 @@ def combine(eng, x, handle, topk_weights, biases, config):
         node_send_prefix=st.node_send_prefix.data_ptr(), rdma_prefix=st.rdma_prefix.data_ptr(),
         rdma_count=st.rdma_count.data_ptr(), rdma_mask=st.rdma_mask.data_ptr(), recv_prefix=st.recv_prefix.data_ptr(),
         recv_end=st.recv_end.data_ptr(), recv_count=st.recv_count.data_ptr(), num_tokens=T, hidden=H, num_topk=K,
-        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, **eng.proxy_words(), **rings, **role)
+        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, mates=eng.mates_ptr, **eng.proxy_words(), **rings, **role)
     eng.kernels["ht_proxy_forward_combine"].launch(grid, _BLOCK, params, current_stream())
     return out, out_w

@@ -40,8 +40,11 @@ def state_offsets() -> dict[str, int]:
     self_tail = recv + MAX_RANKS * MAX_RINGS * 8
     self_head = self_tail + MAX_RINGS * 8
     area_geometry = self_head + MAX_RINGS * 8
+    mate_tail = area_geometry + 2 * 8
+    mate_head = mate_tail + MAX_RANKS * MAX_RINGS * 8
     return dict(op=0, seen=seen, send_pos=send, recv_pos=recv, self_tail=self_tail, self_head=self_head,
-                area_geometry=area_geometry, bytes=area_geometry + 2 * 8)
+                area_geometry=area_geometry, mate_tail=mate_tail, mate_head=mate_head,
+                bytes=mate_head + MAX_RANKS * MAX_RINGS * 8)
 
 
 STATE_BYTES = state_offsets()["bytes"]

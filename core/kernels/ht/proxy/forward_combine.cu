@@ -90,9 +90,8 @@ struct PartialStager : StreamHooks {
       if (g == me_local || sh->cnt[g] == 0) continue;
       const int64_t need = sh->posA[g] + sh->cnt[g];
       if (sh->tailA[g] < need) {
-        // acquire (inside wait_counter): the rows the TAIL covers are in this rank's region
-        sh->tailA[g] = wait_counter(proxy_counter(*aA, local_rank(g), aA->first_ring + c), need, aA->status,
-                                    aA->timeout_ns, aA->err, kPhaseHTCombineSend, aA->rank, local_rank(g), c, nullptr);
+        // acquire (inside wait_tail): the rows the TAIL covers are in this rank's region
+        sh->tailA[g] = wait_tail(*aA, local_rank(g), c, need, kPhaseHTCombineSend);
         if (sh->tailA[g] < 0) return false;
       }
     }
@@ -105,59 +104,40 @@ struct PartialStager : StreamHooks {
       const int i = int(k - k0);
       const uint32_t mask = uint32_t(sh->mask[i]);
       const uint8_t* rows[kMaxLocal];
-      bool cg[kMaxLocal];
       int nsrc = 0;
       for (int l = 0; l < G; ++l) {  // local ranks ascending: the host executor's order
         if (!((mask >> l) & 1u)) continue;
-        if (l == me_local) {
-          rows[nsrc] = reinterpret_cast<const uint8_t*>(p->x) + (self_start + sh->self[i]) * H * 2;
-          cg[nsrc++] = false;
-        } else {
-          rows[nsrc] = receive_slot(*aA, local_rank(l), c, sh->posA[l] + sh->pos[i][l]);
-          cg[nsrc++] = true;
-        }
+        rows[nsrc++] = l == me_local ? reinterpret_cast<const uint8_t*>(p->x) + (self_start + sh->self[i]) * H * 2
+                                     : receive_slot(*aA, local_rank(l), c, sh->posA[l] + sh->pos[i][l]);
       }
       uint8_t* out = staging_slot(*aB, src, c, base + k);
-      for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
-        float acc[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-        for (int s = 0; s < nsrc; ++s) {
-          float f[8];
-          unpack_bf16x8(cg[s] ? ld16_cg(rows[s] + v * 16) : ld16(rows[s] + v * 16), f);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);  // 0 + row, then in order
-        }
-        Vec16 lo_v, hi_v;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          lo_v.w[e] = __float_as_uint(acc[e]);
-          hi_v.w[e] = __float_as_uint(acc[4 + e]);
-        }
-        st16(out + v * 32, lo_v);
-        st16(out + v * 32 + 16, hi_v);
-      }
+      warp_combine_rows<2, true>(out, rows, nsrc, H, 0, 0, 0);  // 0 + row, then in order, in fp32
       for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
         float acc = 0.0f;
-        for (int s = 0; s < nsrc; ++s) {
-          const uint8_t* w = cg[s] ? rows[s] + 2 * H + 4 * kk : nullptr;
-          const float v = cg[s] ? __uint_as_float(ld_u32_cg(w))
-                                : reinterpret_cast<const float*>(p->topk_weights)[(self_start + sh->self[i]) * K + kk];
+        int s = 0;
+        for (int l = 0; l < G; ++l) {
+          if (!((mask >> l) & 1u)) continue;
+          const float v = l == me_local
+                              ? reinterpret_cast<const float*>(p->topk_weights)[(self_start + sh->self[i]) * K + kk]
+                              : __uint_as_float(ld_u32_cg(rows[s] + 2 * H + 4 * kk));
           acc = __fadd_rn(acc, v);
+          ++s;
         }
         reinterpret_cast<float*>(out + 4 * H)[kk] = acc;
       }
     }
   }
 
-  // After the round's push: its hop-A rows are consumed; credits go back every half ring.
+  // After the round's push: its hop-A rows are consumed; credits go back every half ring through the
+  // proxy, every round to a node mate over NVLink (one store).
   UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) {
-    const int64_t lazy = aA->slots / 2 > 1 ? aA->slots / 2 : 1;
+    const int64_t lazy = aA->mates != nullptr ? 1 : (aA->slots / 2 > 1 ? aA->slots / 2 : 1);
     for (int g = 0; g < G; ++g) {
       if (g == me_local) continue;
       sh->posA[g] += sh->cnt[g];
       if (sh->posA[g] - sh->creditedA[g] >= lazy) {
-        if (!push_credit(*aA, local_rank(g), c, sh->posA[g] - sh->creditedA[g], kPhaseHTCombineSend)) return false;
+        if (!return_credit(*aA, local_rank(g), c, sh->posA[g], sh->posA[g] - sh->creditedA[g], kPhaseHTCombineSend))
+          return false;
         sh->creditedA[g] = sh->posA[g];
       }
     }
@@ -169,18 +149,40 @@ struct PartialStager : StreamHooks {
 UCCL_DEVICE void reduce_partials(const HTProxyForwardCombineParams& p, int64_t t, const uint8_t* const* rows, int nsrc) {
   const int64_t H = p.hidden, K = p.num_topk;
   auto* out = reinterpret_cast<uint8_t*>(p.out) + t * H * 2;
-  for (int64_t v = lane_id(); v < H / 8; v += kWarpSize) {
-    float acc[8];
-    combine_sum_start(acc, p.bias0, p.bias1, t, H, v);
-    for (int s = 0; s < nsrc; ++s) {
-      const Vec16 lo_v = ld16_cg(rows[s] + v * 32), hi_v = ld16_cg(rows[s] + v * 32 + 16);
+  constexpr int U = 2;  // vectors per lane per step: with a pair of sources, 8 loads in flight per lane
+  const int64_t nvec = H / 8;
+  for (int64_t v0 = lane_id(); v0 < nvec; v0 += U * kWarpSize) {
+    float acc[U][8];
+    chunk_start<U>(acc, v0, nvec, p.bias0, p.bias1, t, H);
+    for (int s = 0; s < nsrc; s += 2) {
+      const bool two = s + 1 < nsrc;
+      Vec16 x[2][U][2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[e] = __fadd_rn(acc[e], __uint_as_float(lo_v.w[e]));
-        acc[4 + e] = __fadd_rn(acc[4 + e], __uint_as_float(hi_v.w[e]));
+      for (int u = 0; u < U; ++u) {
+        const int64_t v = v0 + u * kWarpSize;
+        if (v >= nvec) continue;
+        x[0][u][0] = ld16_cg(rows[s] + v * 32);
+        x[0][u][1] = ld16_cg(rows[s] + v * 32 + 16);
+        if (two) {
+          x[1][u][0] = ld16_cg(rows[s + 1] + v * 32);
+          x[1][u][1] = ld16_cg(rows[s + 1] + v * 32 + 16);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // the pair in order: one IEEE add at a time
+        if (j == 1 && !two) break;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (v0 + u * kWarpSize >= nvec) continue;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc[u][e] = __fadd_rn(acc[u][e], __uint_as_float(x[j][u][0].w[e]));
+            acc[u][4 + e] = __fadd_rn(acc[u][4 + e], __uint_as_float(x[j][u][1].w[e]));
+          }
+        }
       }
     }
-    st16(out + v * 16, pack_bf16x8(acc));
+    chunk_store<U>(out, acc, v0, nvec);
   }
   if (p.out_weights != 0) {
     for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
@@ -265,7 +267,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
       for (int l = 0; l < G; ++l) {
         if (l == me_local) continue;
         if (sh.posA[l] > sh.creditedA[l] &&
-            !push_credit(aA, node * G + l, c, sh.posA[l] - sh.creditedA[l], kPhaseHTCombineSend))
+            !return_credit(aA, node * G + l, c, sh.posA[l], sh.posA[l] - sh.creditedA[l], kPhaseHTCombineSend))
           return;
         aA.state->recv_pos[node * G + l][aA.first_ring + c] = uint64_t(sh.posA[l]);
       }

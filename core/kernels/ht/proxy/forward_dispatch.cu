@@ -19,8 +19,8 @@
 //
 // NOTES: processing the sources one after another keeps every hop-2 stream single-producer and
 // in the host executor's order, which lets receivers and the combine find each row by counting
-// instead of carrying positions. On one host hop 2 goes through the proxy's ipc transport (a peer
-// copy over NVLink); DeepEP stores directly over NVLink instead, which is the next step.
+// instead of carrying positions. Hop 2 is stored over NVLink into the node mates' rings (RingArgs::
+// mates, as DeepEP does) unless the proxy is forced, when it goes through the proxy like hop 1.
 #include "uccl_ep/device/internode_ring.cuh"
 #include "uccl_ep/device/internode_rows.cuh"
 
@@ -158,9 +158,7 @@ struct ForwardConsumer : StreamHooks {
       if (g == me_local || sh->cnt[g] == 0) continue;
       const int64_t need = sh->pos2[g] + sh->cnt[g] - a2->slots;  // credits needed
       if (sh->credit2[g] < need) {
-        const int64_t* head = proxy_counter(*a2, local_rank(g), a2->head_base + a2->first_ring + c);
-        sh->credit2[g] = wait_counter(head, need, a2->status, a2->timeout_ns, a2->err, kPhaseHTDispatchRecv, a2->rank,
-                                      local_rank(g), c, nullptr);
+        sh->credit2[g] = wait_head(*a2, local_rank(g), c, need, kPhaseHTDispatchRecv);
         if (sh->credit2[g] < 0) return false;
       }
     }
@@ -180,15 +178,18 @@ struct ForwardConsumer : StreamHooks {
         warp_copy16_cg(staging_slot(*a2, local_rank(l), c, sh->pos2[l] + sh->pos[i][l]), slot, M.L.bytes);
       }
     }
-    // the hop-2 staging copies before the leader's push (system scope only for readers outside this
-    // GPU's threads: see send_stream)
-    if (a2->dma != nullptr) __threadfence();
-    else fence_system();
+    // the hop-2 copies before the leader's push or release (fence_staged)
+    fence_staged(*a2, a2->dma != nullptr && a2->mates == nullptr);
   }
 
   UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) {
     for (int l = 0; l < G; ++l) {
       if (l == me_local || sh->cnt[l] == 0) continue;
+      if (a2->mates != nullptr) {  // the copies went straight into the mate's ring
+        sh->pos2[l] += sh->cnt[l];
+        publish_to_mate(*a2, local_rank(l), c, sh->pos2[l]);
+        continue;
+      }
       const int64_t ring = a2->first_ring + c;
       int64_t pos = sh->pos2[l], left = sh->cnt[l];
       while (left > 0) {  // at most two Writes: the run may wrap around the ring

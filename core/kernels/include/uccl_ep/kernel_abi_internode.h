@@ -57,6 +57,11 @@ struct HTProxyState {
   // Geometry keys of the two ring areas as used since the last handshake (0: unused since): a
   // cached dispatch or combine needs the handshake only where it would use an area in another one.
   uint64_t area_geometry[2];
+  // Area-1 streams with a node mate over NVLink (HTProxyForward*Params::mates), the proxy's TAIL and
+  // HEAD counters' stand-ins, stored by the mate through its map of this struct: messages it wrote
+  // into this rank's ring (TAIL), and messages of this rank's stream it consumed (HEAD).
+  uint64_t mate_tail[kHTProxyMaxRanks][kHTProxyMaxRings];
+  uint64_t mate_head[kHTProxyMaxRanks][kHTProxyMaxRings];
 };
 
 // Byte offset of a slot: rings [peer][ring - first_ring][slot] of `msg` bytes from `base`.
@@ -268,6 +273,8 @@ struct HTProxyForwardDispatchParams {
   uint64_t state;
   uint64_t error;
   uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
+  uint64_t mates;           // u64 [R][2] (device): each node mate's region and HTProxyState* as mapped
+                            //    here (0 elsewhere): area-1 streams stored over NVLink; 0: all through the proxy
   int64_t num_tokens;
   int64_t hidden_bytes;
   int64_t num_scales;
@@ -315,6 +322,8 @@ struct HTProxyForwardCombineParams {
   uint64_t state;
   uint64_t error;
   uint64_t dma;             // HtDmaContext* (device/ht_dma.cuh), 0: no copy role in this launch
+  uint64_t mates;           // u64 [R][2] (device): each node mate's region and HTProxyState* as mapped
+                            //    here (0 elsewhere): area-1 streams stored over NVLink; 0: all through the proxy
   int64_t num_tokens;
   int64_t hidden;
   int64_t num_topk;

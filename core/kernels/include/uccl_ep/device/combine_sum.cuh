@@ -52,11 +52,26 @@ UCCL_DEVICE void chunk_add(float (&acc)[U][8], const Vec16 (&x)[2][U], bool two,
   }
 }
 
-template <int U>
+// kFp32: the sums as they are (32 bytes per vector: a partial of the hierarchical combine), else BF16.
+template <int U, bool kFp32 = false>
 UCCL_DEVICE void chunk_store(uint8_t* out, const float (&acc)[U][8], int64_t v0, int64_t nvec) {
 #pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (v0 + u * kWarpSize < nvec) st16(out + (v0 + u * kWarpSize) * 16, pack_bf16x8(acc[u]));
+  for (int u = 0; u < U; ++u) {
+    const int64_t v = v0 + u * kWarpSize;
+    if (v >= nvec) continue;
+    if constexpr (kFp32) {
+      Vec16 lo, hi;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        lo.w[e] = __float_as_uint(acc[u][e]);
+        hi.w[e] = __float_as_uint(acc[u][4 + e]);
+      }
+      st16(out + v * 32, lo);
+      st16(out + v * 32 + 16, hi);
+    } else {
+      st16(out + v * 16, pack_bf16x8(acc[u]));
+    }
+  }
 }
 
 // One warp sums token t's `nsrc` BF16 rows (`rows`, in source order, read through L2: peers wrote
@@ -65,11 +80,13 @@ UCCL_DEVICE void chunk_store(uint8_t* out, const float (&acc)[U][8], int64_t v0,
 // Used where cp.async is missing (sm < 80, HIP) or UCCL_EP_HT_COMBINE_STAGES=0; elsewhere the
 // default is warp_combine_rows_staged below.
 //
+// kFp32 stores the fp32 sums (ht/proxy/forward_combine.cu: a node's partial) instead of BF16.
+//
 // NOTES: combine receivers are busy, not waiting (UCCL_EP_HT_PROF's cycle accounting: nearly all of
 // their cycles outside waits), bound by loads in flight per SM. Prefetching one chunk ahead gains
 // nothing on its own; it keeps as many loads in flight as 4 unpipelined vectors per lane with 2, in
 // fewer registers, and more warps per block (Tuning.ht_combine_warps) is what pays.
-template <int U>
+template <int U, bool kFp32 = false>
 UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int nsrc, int64_t H, uint64_t bias0,
                                    uint64_t bias1, int64_t t) {
   const int lane = lane_id();
@@ -100,7 +117,7 @@ UCCL_DEVICE void warp_combine_rows(uint8_t* out, const uint8_t* const* rows, int
         cur[1][u] = nxt[1][u];
       }
     }
-    chunk_store<U>(out, acc, v0, nvec);
+    chunk_store<U, kFp32>(out, acc, v0, nvec);
   }
 }
 

@@ -11,6 +11,11 @@
 //                an unfenced Atomic HEAD(ring) (lazily: at least half a ring, or the end)
 //
 // Positions are cumulative per (peer, ring) across ops (HTProxyState), so nothing is reset.
+//
+// A node mate's area-1 stream (RingArgs::mates) skips the proxy: the sender stages straight into
+// the mate's receive ring over NVLink and stores TAIL into the mate's HTProxyState (mate_tail), the
+// receiver stores HEAD into the sender's (mate_head); positions and credits mean what they mean
+// through the proxy.
 // NOTES: credits are returned once a sender's round (`chunk` messages) is consumed, at most half a
 // ring (credit_batch), and the sender's rounds are at most half a ring (ring_spec: chunk <=
 // slots / 2), so the message a receiver waits for is always within the sender's credit: the lazy
@@ -70,6 +75,7 @@ struct RingArgs {
   HTProxyState* state;
   ErrorWord* err;
   const HtDmaContext* dma;  // the launch's copy role, or nullptr (Writes' bytes counted per proxy thread)
+  const uint64_t* mates;    // area 1: u64 [R][2] node mates' (region, HTProxyState*) as mapped here, or nullptr
   int rank;
   int num_rings;  // channels
   int num_fifos;
@@ -109,6 +115,7 @@ UCCL_DEVICE RingArgs ring_args(const P& p) {
   a.state = reinterpret_cast<HTProxyState*>(p.state);
   a.err = reinterpret_cast<ErrorWord*>(p.error);
   a.dma = p.dma_blocks > 0 ? dma_context(p.dma) : nullptr;
+  a.mates = nullptr;
   a.rank = int(p.rank);
   a.num_rings = int(p.num_channels);
   a.num_fifos = int(p.num_fifos);
@@ -124,13 +131,24 @@ template <class P>
 UCCL_DEVICE RingArgs nvl_ring_args(const P& p) {
   RingArgs a = ring_args(p);
   set_geometry(a, p.nvl_ring);
+  a.mates = reinterpret_cast<const uint64_t*>(p.mates);
   return a;
+}
+
+// Node mate r's region as mapped here when stream (me, r) of these rings goes over NVLink, else nullptr.
+UCCL_DEVICE uint8_t* mate_region(const RingArgs& a, int r) {
+  return a.mates != nullptr ? reinterpret_cast<uint8_t*>(a.mates[2 * r]) : nullptr;
+}
+UCCL_DEVICE HTProxyState* mate_state(const RingArgs& a, int r) {
+  return reinterpret_cast<HTProxyState*>(a.mates[2 * r + 1]);
 }
 
 // Staging slot of message position `pos` of stream (dst, channel c), and receive slot of
 // stream (src, c), as device pointers. The stream to this rank itself stages straight into its
 // receive ring (HTProxyState::self_tail).
 UCCL_DEVICE uint8_t* staging_slot(const RingArgs& a, int dst, int c, int64_t pos) {
+  if (uint8_t* mate = dst != a.rank ? mate_region(a, dst) : nullptr)  // the mate's receive ring itself
+    return mate + ht_ring_slot(uint64_t(a.recv_base), a.rank, c, a.num_rings, a.slots, pos % a.slots, a.msg);
   const uint64_t base = uint64_t(dst == a.rank ? a.recv_base : a.send_base);
   return a.region + ht_ring_slot(base, dst, c, a.num_rings, a.slots, pos % a.slots, a.msg);
 }
@@ -142,28 +160,61 @@ UCCL_DEVICE const int64_t* proxy_counter(const RingArgs& a, int src, int64_t c) 
   return a.counters + int64_t(src) * a.num_counters + c;
 }
 
-// Waits (bounded) until a device word of this rank's stream to itself reaches `target`; the value,
-// or -1 (error word filled).
-UCCL_DEVICE int64_t wait_self(const uint64_t* word, int64_t target, const RingArgs& a, int phase, int c) {
+// Waits (bounded) until a device word reaches `target`: one of this rank's stream to itself (peer =
+// this rank; the other side's st_release_gpu) or one a node mate stores over NVLink (its
+// st_release_sys); the value, or -1 (error word filled, naming `peer`).
+UCCL_DEVICE int64_t wait_word(const uint64_t* word, int64_t target, const RingArgs& a, int phase, int peer, int c) {
   const uint64_t start = clock_ns();
   for (uint32_t spins = 1;; ++spins) {
-    const int64_t v = int64_t(ld_acquire_gpu(word));  // pairs with the other side's st_release_gpu
+    const int64_t v = int64_t(peer == a.rank ? ld_acquire_gpu(word) : ld_acquire_sys(word));
     if (v >= target) return v;
     if ((spins & 1023u) == 0) {
       const uint64_t now = clock_ns();
       if (now - start > a.timeout_ns) {
-        raise_error(a.err, kErrTimeout, phase, a.rank, a.rank, c, now - start);
+        raise_error(a.err, kErrTimeout, phase, a.rank, peer, c, now - start);
         return -1;
       }
       if (error_raised(a.err)) return -1;
     }
   }
 }
+UCCL_DEVICE int64_t wait_self(const uint64_t* word, int64_t target, const RingArgs& a, int phase, int c) {
+  return wait_word(word, target, a, phase, a.rank, c);
+}
+
+// One thread: waits (bounded) until HEAD of this rank's stream (dst, c) covers `target` messages
+// (credits: the proxy's counter, or the device word of the stream to itself or to a node mate).
+UCCL_DEVICE int64_t wait_head(const RingArgs& a, int dst, int c, int64_t target, int phase) {
+  const int64_t ring = a.first_ring + c;
+  if (dst == a.rank) return wait_self(&a.state->self_head[ring], target, a, phase, c);
+  if (mate_region(a, dst) != nullptr) return wait_word(&a.state->mate_head[dst][ring], target, a, phase, dst, c);
+  return wait_counter(proxy_counter(a, dst, a.head_base + ring), target, a.status, a.timeout_ns, a.err, phase, a.rank,
+                      dst, c, nullptr);
+}
+
+// Leader only, after the round's stores into a node mate's ring were fenced at system scope: TAIL of
+// stream (me -> dst, c) = `pos` messages, in the mate's HTProxyState.
+UCCL_DEVICE void publish_to_mate(const RingArgs& a, int dst, int c, int64_t pos) {
+  st_release_sys(&mate_state(a, dst)->mate_tail[a.rank][a.first_ring + c], uint64_t(pos));
+}
+
+// Every warp that staged into stream (dst, ...) before the leader publishes it: only a reader outside
+// this GPU's threads -- a NIC, the driver's copy engine, a node mate -- needs the stores fenced at
+// system scope; the copy role (a.dma) reads them on this GPU after acquiring what the leader's
+// system-scope release published, so a GPU-scope fence orders them (release is cumulative).
+// NOTES: fence.sc.sys waits for this warp's outstanding NVLink traffic too and costs microseconds
+// per round while the copy role streams.
+UCCL_DEVICE void fence_staged(const RingArgs& a, bool local_reader) {
+  if (local_reader) __threadfence();
+  else fence_system();
+}
 
 // One thread: waits (bounded) until TAIL of stream (src, c) covers `target` messages (the proxy's
 // counter, or the device word of the stream to itself); the value, or -1 (error word filled).
 UCCL_DEVICE int64_t wait_tail(const RingArgs& a, int src, int c, int64_t target, int phase) {
   if (src == a.rank) return wait_self(&a.state->self_tail[a.first_ring + c], target, a, phase, c);
+  if (mate_region(a, src) != nullptr)  // acquire: the mate's stores into the ring before its release
+    return wait_word(&a.state->mate_tail[src][a.first_ring + c], target, a, phase, src, c);
   // acquire (inside wait_counter): the receiving proxy bumps TAIL with release after the copies it
   // accounts for landed in this rank's region.
   return wait_counter(proxy_counter(a, src, a.first_ring + c), target, a.status, a.timeout_ns, a.err, phase, a.rank,
@@ -196,11 +247,18 @@ UCCL_DEVICE bool push_credit(const RingArgs& a, int src, int c, int64_t n, int p
 }
 
 // Credits of stream (src, c): `n` more messages consumed, `consumed` of them in all (the position).
-// The stream to this rank itself publishes the position in device memory (HTProxyState::self_head).
+// The stream to this rank itself publishes the position in device memory (HTProxyState::self_head),
+// a node mate's in the mate's (mate_head).
 UCCL_DEVICE bool return_credit(const RingArgs& a, int src, int c, int64_t consumed, int64_t n, int phase) {
-  if (src != a.rank) return push_credit(a, src, c, n, phase);
-  st_release_gpu(&a.state->self_head[a.first_ring + c], uint64_t(consumed));  // the slots' reads before it
-  return true;
+  if (src == a.rank) {
+    st_release_gpu(&a.state->self_head[a.first_ring + c], uint64_t(consumed));  // the slots' reads before it
+    return true;
+  }
+  if (mate_region(a, src) != nullptr) {
+    st_release_sys(&mate_state(a, src)->mate_head[a.rank][a.first_ring + c], uint64_t(consumed));
+    return true;
+  }
+  return push_credit(a, src, c, n, phase);
 }
 
 // Sends messages [0, n) of stream (dst, c). `stager.stage(k0, k1, base, g)` writes this warp's
@@ -212,8 +270,8 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
                              Stager& stager, int phase) {
   const int64_t ring = a.first_ring + c;
   const int64_t base = int64_t(a.state->send_pos[dst][ring]);  // read by every warp before any round
-  const int64_t* head = proxy_counter(a, dst, a.head_base + ring);
   const bool local = dst == a.rank;  // staged straight into the own receive ring, no Write
+  const bool mate = !local && mate_region(a, dst) != nullptr;  // into the mate's ring over NVLink, no Write
   const bool leader = group_leader(g);
   int64_t credit = 0;  // leader: last credit value read (cumulative, like the positions)
   bool failed = false;
@@ -222,10 +280,7 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       const int64_t pos = base + k0;
       int64_t k1 = -1;
       if (!failed) {
-        if (pos - credit >= a.slots)
-          credit = local ? wait_self(&a.state->self_head[ring], pos - a.slots + 1, a, phase, c)
-                         : wait_counter(head, pos - a.slots + 1, a.status, a.timeout_ns, a.err, phase, a.rank, dst, c,
-                                        nullptr);
+        if (pos - credit >= a.slots) credit = wait_head(a, dst, c, pos - a.slots + 1, phase);
         if (credit >= 0) {
           const int64_t room = min64(a.slots - pos % a.slots, a.slots - (pos - credit));
           k1 = k0 + min64(min64(n - k0, a.chunk), min64(room, stager.max_round()));
@@ -238,17 +293,11 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
     const int64_t k1 = *s_word;
     if (k1 < 0) return false;
     stager.stage(k0, k1, base, g);
-    // This warp's staging stores before the leader's release (of self_tail, or of the command). Only a
-    // reader outside this GPU's threads -- a NIC, the driver's copy engine -- needs them fenced at system
-    // scope here; the copy role (a.dma) reads them on this GPU after acquiring what the leader's
-    // system-scope release published, so a GPU-scope fence orders them (release is cumulative).
-    // NOTES: fence.sc.sys waits for this warp's outstanding NVLink traffic too and costs microseconds
-    // per round while the copy role streams.
-    if (local || a.dma != nullptr) __threadfence();
-    else fence_system();
+    fence_staged(a, local || (a.dma != nullptr && !mate));  // this warp's stores before the leader's release
     group_sync(g);
-    if (leader && local) {
-      st_release_gpu(&a.state->self_tail[ring], uint64_t(base + k1));
+    if (leader && (local || mate)) {
+      if (local) st_release_gpu(&a.state->self_tail[ring], uint64_t(base + k1));
+      else publish_to_mate(a, dst, c, base + k1);
       failed = !stager.finish(k0, k1, base);
     } else if (leader) {
       const int64_t slot0 = (base + k0) % a.slots;
