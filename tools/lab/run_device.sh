@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid compare matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid forward compare matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -154,6 +154,27 @@ for step in $STEPS; do
       [ "${HYBRID_LOGFMT:-1}" = 1 ] && bounded 150 $PT core/tests/gpu/test_cuda_ll.py core/tests/gpu/test_cuda_ll_proxy.py \
         -k logfmt 2>&1 | tee "$OUT/logfmt_tests.log" | tail -4
       echo "hybrid step: $(( SECONDS - t0 )) s" ;;
+    forward)  # 4+ GPUs, normal mode at 2 nodes x G/2: the rpn2 tests (FORWARD_TESTS, a -k filter), then the bench
+              # with the node mates' hop over NVLink (nvlink, the default), through the proxy (proxy:
+              # UCCL_EP_FORCE_PROXY=1) and with every GPU its own node (flat: all through the proxy), without a
+              # NIC model and under each of FORWARD_NIC (default efa-400g) -> $OUT/forward_<how>_<tokens>[_<nic>].json
+      export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60} CUDA_MODULE_LOADING=EAGER
+      start_budget ${FORWARD_BUDGET_S:-480}
+      G=$($PY -c "import torch; print(torch.cuda.device_count())")
+      bounded 220 $PY -m pytest -q -p no:cacheprovider -rf core/tests/gpu/test_cuda_ht_internode.py \
+        -k "${FORWARD_TESTS:-small and rpn2 and kernel or graph and rpn2}" 2>&1 | tee "$OUT/forward_tests.log" | tail -4
+      for nic in "" ${FORWARD_NIC-efa-400g}; do
+        for tok in ${FORWARD_TOKENS:-4096}; do
+          for how in nvlink proxy flat; do
+            name=forward_${how}_$tok${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}
+            UCCL_EP_FORCE_PROXY=$([ $how = proxy ] && echo 1 || echo 0) bounded 100 $PY -m uccl_ep.cli.main bench --backend cuda \
+              --mode ht --nodes $([ $how = flat ] && echo "$G" || echo 2) --num-sms ${FORWARD_SMS:-24} --num-tokens $tok \
+              --iters ${FORWARD_ITERS:-20} --warmup 3 --timeout 90 ${nic:+--nic-model $nic} --json "$OUT/$name.json" \
+              > "$OUT/$name.log" 2>&1; echo "$name rc=$?"
+          done
+        done
+      done
+      echo "forward step: $(( SECONDS - t0 )) s" ;;
     compare)  # the same benches on several trees in one call: COMPARE_TREES (default "base": .cmp/<tree>.tar.gz,
               # carried, each a `git archive REV core` tarball) and this checkout's core ("new"), each installed into its own
               # --target dir and run with PYTHONPATH, alternating base/new per bench and repetition
