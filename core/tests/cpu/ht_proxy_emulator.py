@@ -361,8 +361,8 @@ class _Kernels:
             if dst == p["rank"]:
                 st.self_tail[ring] = base + k1
             else:
-                src = plan_slot(p["send_base"], dst, c, p["num_channels"], S, slot0, msg)
-                to = plan_slot(p["recv_base"], p["rank"], c, p["num_channels"], S, slot0, msg)
+                src = plan_slot(p["send_base"], ring_row(p, dst), c, p["num_channels"], S, slot0, msg)
+                to = plan_slot(p["recv_base"], ring_row(p, p["rank"]), c, p["num_channels"], S, slot0, msg)
                 self._push_write(ring % p["num_fifos"],
                                  C.encode_ordered_write(dst, src, to, (k1 - k0) * msg, ring, k1 - k0), (k1 - k0) * msg)
             if hooks:
@@ -401,7 +401,7 @@ class _Kernels:
         S, msg = p["ring_slots"], p["msg_bytes"]
         if base_key == "send_base" and peer == p["rank"]:  # the own stream stages into its receive ring
             base_key = "recv_base"
-        return mem(p["region"] + plan_slot(p[base_key], peer, c, p["num_channels"], S, pos % S, msg), msg)
+        return mem(p["region"] + plan_slot(p[base_key], ring_row(p, peer), c, p["num_channels"], S, pos % S, msg), msg)
 
     # -- ht/proxy/dispatch.cu ---------------------------------------------------------------------
     def ht_proxy_dispatch(self, p: dict) -> None:
@@ -520,8 +520,13 @@ class _Kernels:
 
 
 def plan_slot(base: int, peer: int, c: int, num_rings: int, slots: int, slot: int, msg: int) -> int:
-    """ht_ring_slot of kernel_abi_internode.h."""
+    """ht_ring_slot of kernel_abi_internode.h (``peer``: the row, ring_row)."""
     return base + ((peer * num_rings + c) * slots + slot) * msg
+
+
+def ring_row(p: dict, peer: int) -> int:
+    """The row of peer's rings in the area (HTRingGeometry::peer_div / peer_mod; device ring_row)."""
+    return (peer // p["peer_div"]) % p["peer_mod"]
 
 
 from ht_proxy_emulator_forward import ForwardKernels  # noqa: E402  (it uses the helpers above)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, mem, plan_slot
+from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, mem, plan_slot, ring_row
 from uccl_ep.cuda import ht_proxy_plan as plan
 
 
@@ -85,8 +85,8 @@ class ForwardKernels:
                             while left:
                                 run_ = min(left, S2 - pos % S2)
                                 slot0 = pos % S2
-                                f = plan_slot(p2["send_base"], node * G + l, c, Cn, S2, slot0, msg)
-                                t = plan_slot(p2["recv_base"], me, c, Cn, S2, slot0, msg)
+                                f = plan_slot(p2["send_base"], ring_row(p2, node * G + l), c, Cn, S2, slot0, msg)
+                                t = plan_slot(p2["recv_base"], ring_row(p2, me), c, Cn, S2, slot0, msg)
                                 self._push_write(ring2 % p["num_fifos"], C.encode_ordered_write(
                                     node * G + l, f, t, run_ * msg, ring2, run_), run_ * msg)
                                 pos, left = pos + run_, left - run_
@@ -309,5 +309,5 @@ def _round_layout(rnd: dict, masks, k0: int, me_l: int, locals_: list, run: dict
 def _nvl(p: dict) -> dict:
     """The area-1 (hop 2 / hop A) geometry of a forward kernel's params, under the plain names."""
     return dict(p, **{k: p["nvl_" + k] for k in ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base",
-                                                 "first_ring")})
+                                                 "first_ring", "peer_div", "peer_mod")})
 

@@ -72,8 +72,8 @@ DMA_RUNNING = (1 << 64) - 1
 # The ring fields of a params struct, and those that fix where an op's messages land (an area's
 # geometry key, geometry_keys; the round size does not: each op's rounds and credits are its own,
 # and a receiver returns every credit of an op at its end).
-_RING_FIELDS = ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring")
-_GEOMETRY = ("msg_bytes", "ring_slots", "recv_base", "send_base", "first_ring")
+_RING_FIELDS = ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring", "peer_div", "peer_mod")
+_GEOMETRY = ("msg_bytes", "ring_slots", "recv_base", "send_base", "first_ring", "peer_div", "peer_mod")
 
 
 def serves(ctx) -> bool:
@@ -242,7 +242,7 @@ class ProxyNormalEngine:
         # NOTES: without forwarding (one rank per node) only area 0 carries rings: it gets the whole
         # region, so deep rings (config.num_max_rdma_chunked_recv_tokens) are not cut to half of it.
         g = plan.geometry(self.R, self.shared, self.ec.ctx.timeout_s, msg, channels, config, phase, area,
-                          areas=2 if self.forward else 1)
+                          areas=2 if self.forward else 1, ranks_per_node=self.G)
         geometry = {k: getattr(g, k) for k in _RING_FIELDS}
         if area:
             return {"nvl_ring": geometry}
@@ -260,7 +260,7 @@ class ProxyNormalEngine:
             if geometry is None:
                 keys.append(0)
                 continue
-            raw = struct.pack("<6q", channels, *(geometry[k] for k in _GEOMETRY))
+            raw = struct.pack(f"<{1 + len(_GEOMETRY)}q", channels, *(geometry[k] for k in _GEOMETRY))
             keys.append(int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") | 1)
         return keys[0], keys[1]
 

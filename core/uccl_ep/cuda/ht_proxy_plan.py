@@ -81,17 +81,22 @@ def region_layout(region_bytes: int, num_ranks: int) -> tuple[int, MetaLayout]:
 
 
 def geometry(num_ranks: int, shared_bytes: int, timeout_s: float, msg_bytes: int, num_channels: int, config,
-             phase: str, area: int = 0, areas: int = 2) -> RingSpec:
+             phase: str, area: int = 0, areas: int = 2, ranks_per_node: int = 1) -> RingSpec:
     """Rings of this op: one per channel, in area 0 (hop 1 / hop B: the config's RDMA sizes) or
     area 1 (hop 2 / hop A: its NVL sizes) of the host layout's two; ``areas=1`` (one rank per node:
     no second hop) gives area 0 the whole shared part, so its rings are as deep as the config asks
-    where half the region would cut them."""
+    where half the region would cut them. With forwarding (``ranks_per_node`` > 1) an area's rings
+    take rows only for the ranks its streams reach: area 0 one per node (the rank's rail peers, row =
+    node), area 1 one per node mate (row = local rank)."""
     ex = SimpleNamespace(num_ranks=num_ranks, shared_bytes=shared_bytes, threads=1, timeout_s=timeout_s)
     if area == 0:
         slots, chunk = config.num_max_rdma_chunked_recv_tokens, config.num_max_rdma_chunked_send_tokens
     else:
         slots, chunk = config.num_max_nvl_chunked_recv_tokens, config.num_max_nvl_chunked_send_tokens
-    return ring_spec(ex, msg_bytes, num_channels, slots, chunk, phase, area=area, areas=areas)
+    G = ranks_per_node if areas == 2 else 1
+    peers, peer_div = (num_ranks // G, G) if area == 0 else (G, 1)
+    return ring_spec(ex, msg_bytes, num_channels, slots, chunk, phase, area=area, areas=areas, peers=peers,
+                     peer_div=peer_div)
 
 
 def channel_counts(in_rank: torch.Tensor, num_channels: int) -> torch.Tensor:

@@ -196,8 +196,8 @@ struct ForwardConsumer : StreamHooks {
         const int64_t run = min64(left, a2->slots - pos % a2->slots);
         const int64_t slot0 = pos % a2->slots;
         const TransferCmd cmd = protocol::make_ordered_write(
-            uint32_t(local_rank(l)), ht_ring_slot(uint64_t(a2->send_base), local_rank(l), c, a2->num_rings, a2->slots, slot0, a2->msg),
-            ht_ring_slot(uint64_t(a2->recv_base), a2->rank, c, a2->num_rings, a2->slots, slot0, a2->msg),
+            uint32_t(local_rank(l)), ring_slot(*a2, a2->send_base, local_rank(l), c, slot0),
+            ring_slot(*a2, a2->recv_base, a2->rank, c, slot0),
             uint32_t(run * a2->msg), uint32_t(ring), uint32_t(run));
         dma_count_push(a2->dma, int(ring % a2->num_fifos), uint64_t(run * a2->msg));
         if (!fifo_push(a2->fifos[ring % a2->num_fifos], cmd, a2->timeout_ns, a2->err,

@@ -118,6 +118,9 @@ struct HTRingGeometry {
   int64_t recv_base;        // region offset of the receive rings
   int64_t send_base;        // region offset of the staging rings
   int64_t first_ring;       // ring id (TAIL counter) of channel 0; HEAD(r) = head_base + r
+  int64_t peer_div;         // the rings of peer r are row (r / peer_div) % peer_mod of the area: only
+  int64_t peer_mod;         //    the peers an area's streams reach take room (forwarding: area 0 the
+                            //    nodes' rail ranks, area 1 the node mates; otherwise every rank)
 };
 
 struct HTProxyNotifyParams {

@@ -79,6 +79,7 @@ struct RingArgs {
   int rank;
   int num_rings;  // channels
   int num_fifos;
+  int peer_div, peer_mod;  // the rows of the area's rings (HTRingGeometry)
   int64_t msg, slots, chunk, recv_base, send_base, first_ring, head_base, num_counters;
   uint64_t timeout_ns;
 };
@@ -102,6 +103,16 @@ UCCL_DEVICE void set_geometry(RingArgs& a, const HTRingGeometry& g) {
   a.recv_base = g.recv_base;
   a.send_base = g.send_base;
   a.first_ring = g.first_ring;
+  a.peer_div = int(g.peer_div);
+  a.peer_mod = int(g.peer_mod);
+}
+
+// The row of peer r's rings in an area (HTRingGeometry::peer_div / peer_mod).
+UCCL_DEVICE int ring_row(const RingArgs& a, int r) { return (r / a.peer_div) % a.peer_mod; }
+
+// Byte offset of slot `slot` of the ring (peer r's row, channel c) of the rings at `base`.
+UCCL_DEVICE uint64_t ring_slot(const RingArgs& a, int64_t base, int r, int c, int64_t slot) {
+  return ht_ring_slot(uint64_t(base), ring_row(a, r), c, a.num_rings, a.slots, slot, a.msg);
 }
 
 // The area-0 rings (hop 1 / hop B) of a proxy params struct.
@@ -148,12 +159,12 @@ UCCL_DEVICE HTProxyState* mate_state(const RingArgs& a, int r) {
 // receive ring (HTProxyState::self_tail).
 UCCL_DEVICE uint8_t* staging_slot(const RingArgs& a, int dst, int c, int64_t pos) {
   if (uint8_t* mate = dst != a.rank ? mate_region(a, dst) : nullptr)  // the mate's receive ring itself
-    return mate + ht_ring_slot(uint64_t(a.recv_base), a.rank, c, a.num_rings, a.slots, pos % a.slots, a.msg);
+    return mate + ring_slot(a, a.recv_base, a.rank, c, pos % a.slots);
   const uint64_t base = uint64_t(dst == a.rank ? a.recv_base : a.send_base);
-  return a.region + ht_ring_slot(base, dst, c, a.num_rings, a.slots, pos % a.slots, a.msg);
+  return a.region + ring_slot(a, int64_t(base), dst, c, pos % a.slots);
 }
 UCCL_DEVICE const uint8_t* receive_slot(const RingArgs& a, int src, int c, int64_t pos) {
-  return a.region + ht_ring_slot(uint64_t(a.recv_base), src, c, a.num_rings, a.slots, pos % a.slots, a.msg);
+  return a.region + ring_slot(a, a.recv_base, src, c, pos % a.slots);
 }
 
 UCCL_DEVICE const int64_t* proxy_counter(const RingArgs& a, int src, int64_t c) {
@@ -301,8 +312,8 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       failed = !stager.finish(k0, k1, base);
     } else if (leader) {
       const int64_t slot0 = (base + k0) % a.slots;
-      const uint64_t from = ht_ring_slot(uint64_t(a.send_base), dst, c, a.num_rings, a.slots, slot0, a.msg);
-      const uint64_t to = ht_ring_slot(uint64_t(a.recv_base), a.rank, c, a.num_rings, a.slots, slot0, a.msg);
+      const uint64_t from = ring_slot(a, a.send_base, dst, c, slot0);
+      const uint64_t to = ring_slot(a, a.recv_base, a.rank, c, slot0);
       const TransferCmd cmd = protocol::make_ordered_write(uint32_t(dst), from, to, uint32_t((k1 - k0) * a.msg),
                                                            uint32_t(ring), uint32_t(k1 - k0));
       dma_count_push(a.dma, int(ring % a.num_fifos), uint64_t((k1 - k0) * a.msg));
