@@ -33,7 +33,7 @@ H, R = 7168, 2
 def _engine_like(forward: bool, config):
     nvl = config.get_nvl_buffer_size_hint(H * 2, R)
     shared, _ = plan.region_layout(nvl, R)
-    return SimpleNamespace(R=R, shared=shared, forward=forward, num_counters=6144, num_fifos=8,
+    return SimpleNamespace(R=R, G=2 if forward else 1, shared=shared, forward=forward, num_counters=6144, num_fifos=8,
                            ec=SimpleNamespace(ctx=SimpleNamespace(timeout_s=60.0), timeout_ns=1))
 
 
@@ -48,7 +48,14 @@ def test_one_rank_per_node_rings_take_the_whole_region(msg):
     eng = _engine_like(False, config)
     assert one["ring_slots"] == min(config.num_max_rdma_chunked_recv_tokens, eng.shared // (2 * R * C) // msg)
     assert one["ring_slots"] == config.num_max_rdma_chunked_recv_tokens  # the config's depth, not the region's half
-    assert two["ring_slots"] == min(config.num_max_rdma_chunked_recv_tokens, eng.shared // 2 // (2 * R * C) // msg)
+    # with forwarding (here 1 node x 2 ranks) area 0 keeps rows for one rank per node, area 1 per node mate
+    fwd = _engine_like(True, config)
+    assert two["ring_slots"] == min(config.num_max_rdma_chunked_recv_tokens,
+                                    eng.shared // 2 // (2 * (R // fwd.G) * C) // msg)
+    assert (two["peer_div"], two["peer_mod"], one["peer_div"], one["peer_mod"]) == (fwd.G, R // fwd.G, 1, R)
+    mates = ht_proxy.ProxyNormalEngine.ring(fwd, msg, C, config, "x", area=1)["nvl_ring"]
+    assert (mates["peer_div"], mates["peer_mod"]) == (1, fwd.G)
+    assert mates["ring_slots"] == min(config.num_max_nvl_chunked_recv_tokens, eng.shared // 2 // (2 * fwd.G * C) // msg)
     # both rings of every (peer, channel) fit the region below its meta records
     assert one["send_base"] + R * C * one["ring_slots"] * msg <= eng.shared
     print(f"msg {msg} B: {two['ring_slots']} -> {one['ring_slots']} slots, in flight per stream "
