@@ -9,6 +9,8 @@ the notify step.
   combine   handshake -> hop A (rows back to their forwarder, area 1) -> the forwarder's fp32 sum
             over its node (local ranks ascending) -> hop B (area 0) -> the source adds biases, then
             the nodes' partials in order
+Hop 2 and hop A (ring area 1) go over NVLink into the node mates' rings when the engine mapped them
+(``eng.mates_ptr``; ProxyNormalEngine._map_mates), else through the proxy like hop 1 and hop B.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@
 //   block 3c+2:         the source: token-major over channel c, rounds of B tokens (one warp each);
 //                       out[t] = (bias0 + bias1) + partial of node 0 + partial of node 1 + ... in
 //                       fp32, one IEEE add at a time, nodes ascending, cast to BF16
+// Hop A is stored over NVLink into the forwarder's ring (RingArgs::mates) unless the proxy is forced.
 // NOTES: partials travel in fp32 as in the host executor (DeepEP rounds them to BF16), so the
 // result equals the reference's flat rank-order sum whenever the fp32 sums are exact (the common
 // case for BF16 data); see uccl_ep/host/ht_internode.py.
