@@ -179,7 +179,7 @@ struct ForwardConsumer : StreamHooks {
       }
     }
     // the hop-2 copies before the leader's push or release (fence_staged)
-    fence_staged(*a2, a2->dma != nullptr && a2->mates == nullptr);
+    fence_staged(a2->dma != nullptr && a2->mates == nullptr);
   }
 
   UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) {

@@ -209,13 +209,13 @@ UCCL_DEVICE void publish_to_mate(const RingArgs& a, int dst, int c, int64_t pos)
   st_release_sys(&mate_state(a, dst)->mate_tail[a.rank][a.first_ring + c], uint64_t(pos));
 }
 
-// Every warp that staged into stream (dst, ...) before the leader publishes it: only a reader outside
+// Every warp that staged a round, before the leader publishes it: only a reader outside
 // this GPU's threads -- a NIC, the driver's copy engine, a node mate -- needs the stores fenced at
 // system scope; the copy role (a.dma) reads them on this GPU after acquiring what the leader's
 // system-scope release published, so a GPU-scope fence orders them (release is cumulative).
 // NOTES: fence.sc.sys waits for this warp's outstanding NVLink traffic too and costs microseconds
 // per round while the copy role streams.
-UCCL_DEVICE void fence_staged(const RingArgs& a, bool local_reader) {
+UCCL_DEVICE void fence_staged(bool local_reader) {
   if (local_reader) __threadfence();
   else fence_system();
 }
@@ -304,7 +304,7 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
     const int64_t k1 = *s_word;
     if (k1 < 0) return false;
     stager.stage(k0, k1, base, g);
-    fence_staged(a, local || (a.dma != nullptr && !mate));  // this warp's stores before the leader's release
+    fence_staged(local || (a.dma != nullptr && !mate));  // this warp's stores before the leader's release
     group_sync(g);
     if (leader && (local || mate)) {
       if (local) st_release_gpu(&a.state->self_tail[ring], uint64_t(base + k1));
