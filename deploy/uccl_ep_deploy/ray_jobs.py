@@ -7,7 +7,8 @@ submission API: the cluster's dashboard address (http://HEAD:8265), no connectio
 
 1. submits the directory as the job's working_dir, with the entrypoint `PY ray_driver.py --plan
    plan.json` (PY: the interpreter on the cluster that has Ray, default `python`);
-2. prints the job's log as it grows, and its final status;
+2. prints the job's log as it grows (streamed from the dashboard; polled if the stream breaks), and
+   its final status;
 3. bounds it: past the plan's timeout plus the placement wait (and a margin for Ray's own start-up),
    or on SIGTERM / SIGINT here, the job is stopped (the driver then stops every node) before this
    script returns.
@@ -21,6 +22,7 @@ NOTES: like ray_driver.py it needs only the standard library and `ray` (with its
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shlex
 import signal
 import sys
@@ -75,8 +77,21 @@ def submit_and_follow(address: str, job_dir: str, python: str, timeout_s: float,
             time.sleep(_POLL_S)
         show_new_lines()
 
+    async def stream() -> None:  # the log as the dashboard pushes it; ends with the job
+        nonlocal shown
+        async for chunk in client.tail_job_logs(job):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+            shown += len(chunk)
+
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        try:
+            asyncio.run(asyncio.wait_for(stream(), max(1.0, deadline - time.monotonic())))
+        except (RuntimeError, OSError) as e:  # the stream broke (proxy, dashboard restart): poll instead
+            _say(f"log stream ended ({e}); following by polling")
+        except asyncio.TimeoutError:
+            pass  # the deadline: checked below
         while True:
             status = client.get_job_status(job)
             show_new_lines()

@@ -132,6 +132,7 @@ def test_ray_bench_across_two_nodes(ray_lab, tmp_path, how):
     if how == "jobs":
         assert re.search(r"\[uccl-ep ray\] submitted job \S+ to http://127.0.0.2:28265", p.stdout), p.stdout[-3000:]
         assert re.search(r"job \S+ succeeded", p.stdout)
+        assert "following by polling" not in p.stdout, p.stdout[-3000:]  # the log came by the dashboard's stream
     assert_ray_clean()
 
 
