@@ -81,3 +81,24 @@ def test_credits_come_back_per_round():
     assert credit_batch(dict(ring_slots=8, chunk=4)) == 4 and credit_batch(dict(ring_slots=2, chunk=1)) == 1
     assert _credits(132, 12, 264) == [12] * 22  # a credit per round of the sender, not per 66 messages
     assert _credits(8, 4, 10) == [4, 4, 2]      # the last one at the end of the stream
+
+
+def test_forwarding_rings_at_two_nodes_of_eight():
+    """16 ranks as 2 nodes x 8 in the NVL buffer a DeepEP config asks for: hop 1 / hop B rings take 2 rows
+    (one per node) instead of 16, hop 2 / hop A 8 (the node's ranks), so both get the config's depth."""
+    R16, G = 16, 8
+    Buffer.set_num_sms(20)
+    config = Buffer.get_combine_config(R16)
+    C = config.num_channels
+    shared, _ = plan.region_layout(config.get_nvl_buffer_size_hint(H * 2, R16), R16)
+    partial = plan.partial_msg_bytes(H, 8)
+    rows = plan.geometry(R16, shared, 60.0, partial, C, config, "hop B", area=0, areas=2, ranks_per_node=G)
+    every = plan.geometry(R16, shared, 60.0, partial, C, config, "hop B", area=0, areas=2, ranks_per_node=1)
+    assert (rows.peer_div, rows.peer_mod, every.peer_mod) == (G, R16 // G, R16)
+    assert rows.ring_slots == config.num_max_rdma_chunked_recv_tokens > 4 * every.ring_slots
+    mates = plan.geometry(R16, shared, 60.0, plan.combine_msg_bytes(H, 8), C, config, "hop A", area=1, areas=2,
+                          ranks_per_node=G)
+    assert (mates.peer_div, mates.peer_mod) == (1, G)
+    # every row's receive and staging rings fit the area
+    for g, n in ((rows, R16 // G), (mates, G)):
+        assert g.send_base + n * C * g.ring_slots * g.msg_bytes <= (g.first_ring // C + 1) * (shared // 2 // 16 * 16)
