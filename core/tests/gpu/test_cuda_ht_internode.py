@@ -261,8 +261,8 @@ def worker_timeout(rank, world, H, T, E, seed, mode):
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
     cfg = Buffer.get_dispatch_config(world)
-    buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda", ranks_per_node=1,
-                 gpu_timeout_s=1.0)
+    buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda",
+                 ranks_per_node=2 if mode == "rpn2" else 1, gpu_timeout_s=1.0)
     x = torch.randn(T, H, device=dev).to(torch.bfloat16)
     idx, w = _routing("uniform", T, E, 8, world, torch.Generator().manual_seed(seed + rank), dev)
     lay = buf.get_dispatch_layout(idx, E)
@@ -315,9 +315,14 @@ def test_ht_internode_cuda_graph(mode):
     run_ranks(worker_graph, _world() // 2 * 2, *SMALL.values(), mode, backend="nccl", timeout_s=300, env=EAGER_ENV)
 
 
-def test_ht_internode_device_wait_timeout():
-    out = run_ranks(worker_timeout, _world(), *SMALL.values(), "rpn1", backend="nccl", timeout_s=300,
-                    env=EAGER_ENV)
+@pytest.mark.parametrize("mode", ["rpn1", "rpn2"])
+def test_ht_internode_device_wait_timeout(mode):
+    """rpn2: the waits on the node mate's NVLink words (hop 2) and on the other node's proxy counters
+    both end in a Timeout naming a peer."""
+    if mode == "rpn2" and _world() < 4:
+        pytest.skip("needs 4 GPUs")
+    world = _world() // 2 * 2 if mode == "rpn2" else _world()
+    out = run_ranks(worker_timeout, world, *SMALL.values(), mode, backend="nccl", timeout_s=300, env=EAGER_ENV)
     print("timeout outcome:", out[0])
 
 
