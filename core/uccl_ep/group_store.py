@@ -272,8 +272,10 @@ class GroupStore:
                         continue
                     if on_missing is not None and on_missing(src, error):
                         waiting.remove(src)
-                        try:  # a late message must not stay in the Store
-                            self.store.delete_key(self._key(op, src, self.rank))
+                        try:  # a late message (and its parts) must not stay in the Store
+                            key = self._key(op, src, self.rank)
+                            if self.store.check([key]):
+                                self._receive(key)
                         except Exception:  # noqa: BLE001
                             pass
                         continue
