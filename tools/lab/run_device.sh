@@ -157,7 +157,8 @@ for step in $STEPS; do
     forward)  # 4+ GPUs, normal mode at 2 nodes x G/2: the rpn2 tests (FORWARD_TESTS, a -k filter), then the bench
               # with the node mates' hop over NVLink (nvlink, the default), through the proxy (proxy:
               # UCCL_EP_FORCE_PROXY=1) and with every GPU its own node (flat: all through the proxy), without a
-              # NIC model and under each of FORWARD_NIC (default efa-400g) -> $OUT/forward_<how>_<tokens>[_<nic>].json
+              # NIC model and under each of FORWARD_NIC (default efa-400g) -> $OUT/forward_<how>_<tokens>[_<nic>].json;
+              # FORWARD_HOWS picks among nvlink proxy flat, FORWARD_ARGS adds bench flags (e.g. --ht-dispatch fresh)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60} CUDA_MODULE_LOADING=EAGER
       start_budget ${FORWARD_BUDGET_S:-480}
       G=$($PY -c "import torch; print(torch.cuda.device_count())")
@@ -165,11 +166,11 @@ for step in $STEPS; do
         -k "${FORWARD_TESTS:-small and rpn2 and kernel or graph and rpn2}" 2>&1 | tee "$OUT/forward_tests.log" | tail -4
       for nic in "" ${FORWARD_NIC-efa-400g}; do
         for tok in ${FORWARD_TOKENS:-4096}; do
-          for how in nvlink proxy flat; do
+          for how in ${FORWARD_HOWS:-nvlink proxy flat}; do
             name=forward_${how}_$tok${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}
             UCCL_EP_FORCE_PROXY=$([ $how = proxy ] && echo 1 || echo 0) bounded 100 $PY -m uccl_ep.cli.main bench --backend cuda \
               --mode ht --nodes $([ $how = flat ] && echo "$G" || echo 2) --num-sms ${FORWARD_SMS:-24} --num-tokens $tok \
-              --iters ${FORWARD_ITERS:-20} --warmup 3 --timeout 90 ${nic:+--nic-model $nic} --json "$OUT/$name.json" \
+              --iters ${FORWARD_ITERS:-20} --warmup 3 --timeout 90 ${nic:+--nic-model $nic} ${FORWARD_ARGS:-} --json "$OUT/$name.json" \
               > "$OUT/$name.log" 2>&1; echo "$name rc=$?"
           done
         done
@@ -226,18 +227,19 @@ for step in $STEPS; do
       NODES=$($PY -c "import torch; print(torch.cuda.device_count())")
       $PY tools/lab/precompile.py layout.cu ht/proxy/notify.cu ht/proxy/dispatch.cu ht/proxy/combine.cu \
         ht/proxy/forward_dispatch.cu ht/proxy/forward_combine.cu 2>&1 | tail -2
-      bounded 240 $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider \
+      [ "${HTPROXY_TESTS:-}" = none ] || bounded 240 $PY -m pytest core/tests/gpu/test_cuda_ht_internode.py -x -q -p no:cacheprovider \
         -k "${HTPROXY_TESTS:-small and rpn1 or cuda_graph and rpn1 or timeout}" 2>&1 | tee "$OUT/htproxy_tests.log" | tail -6
       # runs: SMS:TOKENS[:RDMA_CHUNK[:PROXY_THREADS[:NIC_MODEL[:RDMA_RECV[:NVL_MB[:NODES]]]]]] (chunk / recv 0 = the
       # config table's, NVL_MB 0 = the size hint: the proxy region, which bounds the rings' depth; NODES: default
-      # every GPU its own node)
+      # every GPU its own node); HTPROXY_ARGS: more bench flags for every run (e.g. --ht-dispatch fresh,worst);
+      # HTPROXY_TESTS=none skips the tests
       declare -A seen=()
       for run in ${HTPROXY_RUNS:-24:4096 12:4096 24:1024 24:8192}; do
         IFS=: read -r sms tok chunk thr nic recv nvl nodes <<< "$run"; NODES_RUN=${nodes:-$NODES}
         seen[$run]=$(( ${seen[$run]:-0} + 1 )); rep=$( (( ${seen[$run]} > 1 )) && echo ${seen[$run]} )  # repeats: _2, _3 ...
         UCCL_EP_NUM_PROXY_THREADS=${thr:-4} bounded 120 $PY -m uccl_ep.cli.main bench --backend cuda --mode ht \
           --nodes "$NODES_RUN" --num-sms $sms --num-tokens $tok --rdma-chunk ${chunk:-0} --rdma-recv ${recv:-0} \
-          --nvl-mb ${nvl:-0} --iters ${HTPROXY_ITERS:-20} ${nic:+--nic-model $nic} --warmup 3 --timeout 100 \
+          --nvl-mb ${nvl:-0} --iters ${HTPROXY_ITERS:-20} ${nic:+--nic-model $nic} --warmup 3 --timeout 100 ${HTPROXY_ARGS:-} \
           --json "$OUT/htproxy_n${NODES_RUN}_${sms}_${tok}_${chunk:-0}_${thr:-4}${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}_${recv:-0}_${nvl:-0}${rep:+_$rep}.json" 2>&1 | tail -4
       done ;;
     scale)

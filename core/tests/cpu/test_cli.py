@@ -50,6 +50,37 @@ def test_bench_joins_torchrun_job(tmp_path):
     _check_rows(data["rows"], 2, modes=("ll",))
 
 
+@pytest.mark.parametrize("backend", ["reference", "host"])
+def test_bench_fresh_and_worst_dispatch_rows(tmp_path, backend):
+    """--ht-dispatch adds dispatch rows with new routing (layout tensors; with num_worst_tokens), each
+    checked against the cached dispatch's rows before it is timed; through the proxy (host, 2 nodes)
+    they also carry the RDMA-formula fields."""
+    out = tmp_path / "bench.json"
+    args = [*SMALL[:-1], backend, "--cpu", "--mode", "ht", "--ht-dispatch", "fresh,worst", "--json", str(out)]
+    if backend == "host":
+        args += ["--nodes", "2"]
+    proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "bench", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["op"], r["dtype"]) for r in rows] == [
+        ("dispatch", "bf16"), ("dispatch", "fp8"), ("combine", "bf16"), ("dispatch-fresh", "bf16"),
+        ("dispatch-fresh", "fp8"), ("dispatch-worst", "bf16"), ("dispatch-worst", "fp8")]
+    _check_rows(rows, 2, modes=("ht",))
+    by = {(r["op"], r["dtype"]): r for r in rows}
+    for dtype in ("bf16", "fp8"):  # the same rows moved, whatever the call's kind
+        assert by[("dispatch-worst", dtype)]["bytes"] == by[("dispatch", dtype)]["bytes"]
+        if backend == "host":
+            assert by[("dispatch-fresh", dtype)]["rdma_bytes"] == by[("dispatch", dtype)]["rdma_bytes"] > 0
+
+
+def test_bench_refuses_an_unknown_dispatch_kind(capsys):
+    from uccl_ep.cli.main import main
+    assert main(["bench", *SMALL, "--cpu", "--ht-dispatch", "fresh,cold"]) == 2
+    err = capsys.readouterr()
+    assert "--ht-dispatch" in err.out + err.err and "fresh, worst" in err.out + err.err
+
+
 def test_doctor_json():
     proc = subprocess.run([sys.executable, "-m", "uccl_ep.cli.main", "doctor", "--json"], capture_output=True,
                           text=True, timeout=120)

@@ -247,6 +247,7 @@ def test_bench_reports_the_share_of_the_cap(tmp_path):
         assert r["verified"] == "ok" and r["nic_cap_gbps"] == pytest.approx(0.2)
         assert r["nic_bytes"] > 0 and r["nic_gbps"] == pytest.approx(r["nic_bytes"] / 1e9 / r["time_s"])
         assert 0 < r["nic_of_cap"] <= 1.02, r       # the model never lets more through than its cap
+        assert r["nic_wait_us"] >= 20, r             # a Write's post -> due: at least the model's latency
         # the link's idle time per back-to-back op: some (latency, host work), and busy + idle
         # within the op's time (one link per rank, counted once though four threads share it; the
         # counters are read just outside the timed calls, hence the margin)

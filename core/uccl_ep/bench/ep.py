@@ -58,6 +58,7 @@ class BenchSpec:
     nvl_bytes: int = 0            # > 0: the NVL buffer's bytes (else the configs' hint)
     nic_model: str = ""           # the NIC model the proxies run under (UCCL_EP_NIC_MODEL), for the cap column
     tune: tuple = ()              # "key=value" items of uccl_ep.Tuning for every Buffer (--tune)
+    ht_dispatch: tuple = ()       # normal-mode dispatch rows besides the cached one: "fresh", "worst" (--ht-dispatch)
 
 
 def _routing(num_tokens: int, num_experts: int, num_topk: int, device, gen: torch.Generator):
@@ -154,6 +155,38 @@ def _bench_ht(spec: BenchSpec, group, rank: int, world: int, device, rows: _Rows
     rows.add(mode="ht", op="combine", dtype="bf16", tokens=T, experts=E, bytes=bf16_bytes, time_s=t_comb["mean"],
              synced_s=t_comb["synced_mean"], baseline_s=base_comb, verified=verified,
              **internode.fields(1.0, t_comb["mean"]))
+    for variant in spec.ht_dispatch:
+        fresh = dict(kwargs, topk_idx=topk_idx, topk_weights=topk_weights, config=dcfg)
+        if variant == "worst":  # DeepEP's bound: every token of every rank; no host wait for the counts
+            fresh["num_worst_tokens"] = T * world
+        for dtype, xs, base, factor in (("bf16", x, base_bf16, 1.0), ("fp8", x_fp8, base_fp8, (1 + 4 / 128) / 2)):
+            progress(f"ht: timing dispatch {variant} {dtype}")
+            ok = _check_fresh_dispatch(buf, xs, fresh, recv_x if dtype == "bf16" else recv_fp8, recv_idx, rank, variant) \
+                if spec.check else "skipped"
+            t = internode.timed(lambda: buf.dispatch(xs, **fresh), device, group)
+            rows.add(mode="ht", op=f"dispatch-{variant}", dtype=dtype, tokens=T, experts=E, bytes=bf16_bytes * factor,
+                     time_s=t["mean"], synced_s=t["synced_mean"], baseline_s=base, verified=ok,
+                     **internode.fields(factor, t["mean"]))
+
+
+def _check_fresh_dispatch(buf, xs, kwargs: dict, expected_x, expected_idx, rank: int, variant: str) -> str:
+    """A dispatch with new routing (layout tensors, no handle; ``num_worst_tokens`` for "worst") places
+    the same rows as the verified one, bit for bit; a "worst" output's rows past the real count carry
+    top-k id -1."""
+    out_x, out_idx, *_ = buf.dispatch(xs, **kwargs)
+    got = out_x if isinstance(out_x, tuple) else (out_x,)
+    want = expected_x if isinstance(expected_x, tuple) else (expected_x,)
+    n = want[0].shape[0]
+    worst = kwargs.get("num_worst_tokens", 0)
+    if got[0].shape[0] != (worst or n):
+        raise AssertionError(f"rank {rank}: HT dispatch ({variant}) returned {got[0].shape[0]} rows, "
+                             f"expected {worst or n}")
+    for g, w in zip(got, want):
+        if not torch.equal(g[:n].contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)):
+            raise AssertionError(f"rank {rank}: HT dispatch ({variant}) rows differ from the cached dispatch's")
+    if not torch.equal(out_idx[:n], expected_idx) or bool((out_idx[n:] != -1).any()):
+        raise AssertionError(f"rank {rank}: HT dispatch ({variant}) top-k ids differ (or padding rows are not -1)")
+    return "ok"
 
 
 def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
@@ -246,6 +279,7 @@ def nic_fields(nic_bytes: float, time_s: float, cap_gbps: float) -> dict:
 # nic_model_idle_ge<N>us the model reports (its buckets are nic_model.cc's Link::kBucketUs)
 _NIC_IDLE = ("nic_model_idle_ns", "nic_model_idle_gaps")
 _NIC_IDLE_BY_LENGTH = "nic_model_idle_ge"
+_NIC_WAIT = ("nic_model_wait_ns", "nic_model_writes")  # summed post -> due over the Writes through the model
 
 
 class _InternodeRows:
@@ -285,7 +319,8 @@ class _InternodeRows:
 
         def on_timed(when: str) -> None:  # one reading of every counter: the marks stay close to the calls
             now = dict(self._counters())
-            idle[when] = {k: int(v) for k, v in now.items() if k in _NIC_IDLE or k.startswith(_NIC_IDLE_BY_LENGTH)}
+            idle[when] = {k: int(v) for k, v in now.items()
+                          if k in _NIC_IDLE or k in _NIC_WAIT or k.startswith(_NIC_IDLE_BY_LENGTH)}
 
         t, self.hop = _timed_with_proxy(fn, self.spec, device, group, self._counters if self.on else None,
                                         on_timed if modelled else None)
@@ -297,7 +332,10 @@ class _InternodeRows:
         self.nic_idle = None
         start, end = idle.get("start", {}), idle.get("end", {})
         if modelled and timed and all(k in start and k in end for k in _NIC_IDLE):
-            self.nic_idle = {k: (end[k] - start[k]) / timed for k in start if k in end}
+            self.nic_idle = {k: (end[k] - start[k]) / timed for k in start if k in end and k not in _NIC_WAIT}
+            writes = end.get("nic_model_writes", 0) - start.get("nic_model_writes", 0)
+            if writes > 0:  # a Write's mean post -> due: link queue, serialization, latency, reordering
+                self.nic_idle["wait_us"] = (end["nic_model_wait_ns"] - start["nic_model_wait_ns"]) / writes / 1e3
         return t
 
     def fields(self, factor: float, time_s: float) -> dict:
@@ -314,6 +352,8 @@ class _InternodeRows:
                        nic_idle_gaps=self.nic_idle["nic_model_idle_gaps"])
             out.update({k.replace("nic_model_", "nic_"): v for k, v in self.nic_idle.items()
                         if k.startswith(_NIC_IDLE_BY_LENGTH)})
+            if "wait_us" in self.nic_idle:
+                out["nic_wait_us"] = self.nic_idle["wait_us"]
         out.update(self.hop)
         return out
 

@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "preset (efa-400g, efa-200g, cx7-400g), key=value pairs (bw=<bytes/s>, lat_us, reorder, "
                         "window_us, nics, seed) or a preset with overrides (efa-200g,nics=2); internode rows then add "
                         "the GB/s through the model and its share of the cap (bw x nics)")
+    p.add_argument("--ht-dispatch", default="", metavar="KINDS",
+                   help="normal-mode dispatch rows besides the cached one (DeepEP's tuned call), comma-separated: "
+                        "fresh (new routing: layout tensors, the host waits for the counts), worst (new routing "
+                        "with num_worst_tokens = tokens x ranks: no host wait)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations (default 20 GPU / 5 CPU)")
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--no-check", action="store_true", help="skip result verification")
@@ -102,6 +106,16 @@ def _apply_nic_model(args) -> None:
         os.environ["UCCL_EP_NIC_MODEL"] = args.nic_model
 
 
+def _ht_dispatch_kinds(value: str) -> tuple:
+    """--ht-dispatch into its kinds, in the order given; an unknown kind is refused naming the flag."""
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    for k in kinds:
+        if k not in ("fresh", "worst"):
+            from ..errors import InvalidArgument
+            raise InvalidArgument("--ht-dispatch", "a comma-separated list of fresh, worst", value)
+    return tuple(dict.fromkeys(kinds))
+
+
 def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     from .. import env
     from ..bench.ep import BenchSpec, spec_to_dict
@@ -111,7 +125,8 @@ def _spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
                      nodes=getattr(args, "nodes", 0), rdma_chunk=getattr(args, "rdma_chunk", 0),
                      rdma_recv=getattr(args, "rdma_recv", 0), nvl_bytes=getattr(args, "nvl_mb", 0) << 20,
                      nic_model=getattr(args, "nic_model", "") or str(env.get("UCCL_EP_NIC_MODEL")),
-                     tune=tuple(getattr(args, "tune", None) or ()))
+                     tune=tuple(getattr(args, "tune", None) or ()),
+                     ht_dispatch=_ht_dispatch_kinds(getattr(args, "ht_dispatch", "")))
     Tuning.from_pairs(spec.tune)  # a bad --tune is refused here, before any rank starts
     if getattr(args, "nvl_mb", 0) < 0:
         from ..errors import InvalidArgument
@@ -150,7 +165,7 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
             table.add_column(col, justify="right")
     modelled = any("nic_gbps" in r for r in rows)
     if modelled:  # bytes through the NIC model per op and time, against its cap (bw x nics per rank)
-        for col in ("NIC GB/s", "cap GB/s", "of cap", "link idle µs/op", "idle ≥2µs/op"):
+        for col in ("NIC GB/s", "cap GB/s", "of cap", "link idle µs/op", "idle ≥2µs/op", "post→due µs"):
             table.add_column(col, justify="right")
     proxied = any("proxy_hop_us" in r for r in rows)
     if proxied:  # where the proxy path's time goes: writes per op, post->delivery, time in a copy submit
@@ -171,7 +186,8 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
                       f"{r['nic_cap_gbps']:.2f}" if "nic_cap_gbps" in r else "",
                       f"{r['nic_of_cap']:.1%}" if "nic_of_cap" in r else "",
                       f"{r['nic_idle_us']:.1f}" if "nic_idle_us" in r else "",
-                      f"{r['nic_idle_gaps']:.1f}" if "nic_idle_gaps" in r else ""]
+                      f"{r['nic_idle_gaps']:.1f}" if "nic_idle_gaps" in r else "",
+                      f"{r['nic_wait_us']:.1f}" if "nic_wait_us" in r else ""]
         if proxied:
             cells += [f"{r['proxy_writes']:.0f}" if "proxy_writes" in r else "",
                       f"{r['proxy_hop_us']:.1f}" if "proxy_hop_us" in r else "",
@@ -193,6 +209,7 @@ def _merge_ranks(per_rank: list[list[dict[str, Any]]], baseline: str) -> list[di
         same = [rows[i] for rows in per_rank]
         out = dict(row)
         for key in ("time_s", "synced_s", "baseline_s", "bytes", "rdma_bytes", "transport_bytes", "nic_bytes",
+                    "nic_wait_us",
                     "proxy_writes",
                     "proxy_hop_us", "proxy_submit_us", "proxy_inbox_us", "copy_wait_us", "copy_us",
                     "done_seen_us", "push_start_us", "push_seen_us", "push_post_us", "post_seen_us"):
@@ -290,6 +307,7 @@ def run(args) -> int:
     from ..errors import InvalidArgument
     try:
         nic_model_from_args(args)
+        _ht_dispatch_kinds(getattr(args, "ht_dispatch", ""))
     except InvalidArgument as e:
         print(f"uccl-ep bench: {e}", file=sys.stderr)
         return 2
