@@ -208,7 +208,8 @@ class _Kernels:
         struct_name = {"ht_layout": "HTLayoutParams", "ht_proxy_notify": "HTProxyNotifyParams",
                        "ht_proxy_dispatch": "HTProxyDispatchParams", "ht_proxy_combine": "HTProxyCombineParams",
                        "ht_proxy_forward_dispatch": "HTProxyForwardDispatchParams",
-                       "ht_proxy_forward_combine": "HTProxyForwardCombineParams"}[name]
+                       "ht_proxy_forward_combine": "HTProxyForwardCombineParams",
+                       "ht_proxy_plan_send": "HTProxyPlanSendParams", "ht_proxy_plan_recv": "HTProxyPlanRecvParams"}[name]
         p = unpack(struct_name, params)
         self.launches.append((name, dict(p, grid=grid, block=block)))
         self.dma = DmaRole(p) if p.get("dma_blocks", 0) > 0 else None
@@ -530,7 +531,9 @@ def ring_row(p: dict, peer: int) -> int:
 
 
 from ht_proxy_emulator_forward import ForwardKernels  # noqa: E402  (it uses the helpers above)
+from ht_proxy_emulator_plan import PlanKernels  # noqa: E402
 
 
-class Emulator(ForwardKernels, _Kernels):
-    """Executes kernel launches of one rank against its proxy (several ranks per node: ForwardKernels)."""
+class Emulator(ForwardKernels, PlanKernels, _Kernels):
+    """Executes kernel launches of one rank against its proxy (several ranks per node: ForwardKernels;
+    a fresh dispatch's plan: PlanKernels)."""

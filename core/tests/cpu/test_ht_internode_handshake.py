@@ -46,9 +46,9 @@ def _ops(eng, R, log):
     def op(fn):
         n = len(log)
         fn()
-        launched = [name for name, *_ in log[n:]]
+        launched = [name for name, *_ in log[n:] if not name.startswith("ht_proxy_plan_")]  # a fresh dispatch's plan
         assert launched[0] == "ht_proxy_notify" and len(launched) == 2, launched
-        p = unpack("HTProxyNotifyParams", log[n][3])
+        p = unpack("HTProxyNotifyParams", next(params for name, _, _, params in log[n:] if name == "ht_proxy_notify"))
         keys = (p["area_geometry0"], p["area_geometry1"])
         changed = any(k and area[i] and area[i] != k for i, k in enumerate(keys))
         if not p["handshake"] or changed:  # a fresh exchange, or a handshake sent

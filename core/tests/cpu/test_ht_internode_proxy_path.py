@@ -248,8 +248,16 @@ def test_parameters_of_one_op_sequence(engine):
     config = Config(6, 4, 32, 4, 16)
     out = eng.dispatch(x, None, idx, w, ntpr, in_rank, ntpe, 1, worst, config)  # worst: no CPU wait
     names = [n for n, *_ in log]
-    assert names == ["ht_proxy_notify", "ht_proxy_dispatch"]
+    assert names == ["ht_proxy_plan_send", "ht_proxy_notify", "ht_proxy_plan_recv", "ht_proxy_dispatch"]
+    # the plan on the device: one block per destination, then the receive side over the rows
+    ps, pr = unpack("HTProxyPlanSendParams", log[0][3]), unpack("HTProxyPlanRecvParams", log[2][3])
+    assert log[0][1] == R and ps["record_ints"] == R + 3 + E // R + 1 and ps["is_token_in_rank"] == in_rank.data_ptr()
+    assert ps["msg_bytes"] == plan.dispatch_msg_bytes(2 * H, 0, K) and ps["num_channels"] == 3
+    assert pr["num_rows"] == worst and log[2][1] == 1 and pr["rank_prefix"] == 0 and pr["recv_src_meta"] != 0
+    assert pr["send_prefix"] == ps["send_prefix"]
+    del log[2], log[0]
     n = unpack("HTProxyNotifyParams", log[0][3])
+    assert n["per_dst"] == ps["records"]
     assert n["handshake"] == 0 and n["record_ints"] == R + 3 + E // R + 1 and n["check_col"] == R + 3 + E // R
     assert n["meta_base"] == eng.meta.base == eng.shared and n["meta_slot_bytes"] == eng.meta.slot
     assert n["num_counters"] == proxy_session.NUM_COUNTERS and n["counters"] == eng.counters_dev and n["num_worst_tokens"] == worst

@@ -57,6 +57,7 @@ __all__ = ["serves", "unavailable_reason", "scope_reason", "ProxyNormalEngine", 
 
 _BLOCK = 512
 _NOTIFY_BLOCK = 256
+_PLAN_BLOCK = 256     # ht/proxy/plan.cu kPlanThreads
 _MAX_LOCAL_EXPERTS = 1024
 # The copy role (ipc "kernel" copies between GPUs of one host; device/ht_dma.cuh): blocks per proxy
 # thread's copy ring in the dispatch and combine kernels (the notify kernel takes one per ring), and
@@ -131,8 +132,9 @@ class ProxyNormalEngine:
             ("layout.cu", "ht_layout"), ("ht/proxy/notify.cu", "ht_proxy_notify"),
             ("ht/proxy/dispatch.cu", "ht_proxy_dispatch"), ("ht/proxy/combine.cu", "ht_proxy_combine"),
             ("ht/proxy/forward_dispatch.cu", "ht_proxy_forward_dispatch"),
-            ("ht/proxy/forward_combine.cu", "ht_proxy_forward_combine"))
-            if self.forward or "forward" not in n}
+            ("ht/proxy/forward_combine.cu", "ht_proxy_forward_combine"),
+            ("ht/proxy/plan.cu", "ht_proxy_plan_send"), ("ht/proxy/plan.cu", "ht_proxy_plan_recv"))
+            if ("plan" not in n or not self.forward) and ("forward" not in n or self.forward)}
         # the session's proxy and mappings, under the names the kernels' parameters use; this
         # engine's counters are the session's normal-mode range, from 0 (ordered counters < 1024)
         self.C, self.proxy = session.C, session.proxy
@@ -354,8 +356,9 @@ class ProxyNormalEngine:
         msg = plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, K)
         ring = self.ring(msg, C, config, "dispatch")
         in_rank = is_token_in_rank.contiguous()
-        counts = plan.channel_counts(in_rank, C)
-        per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg)
+        cols = plan.record_columns(R, C, E_loc)
+        per_dst, send_prefix, head = self._plan_send(in_rank, num_tokens_per_rank, num_tokens_per_expert, C, E_loc,
+                                                     msg, cols)
         meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
         self.last_worst = num_worst_tokens
         tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C,
@@ -366,8 +369,7 @@ class ProxyNormalEngine:
             vals = self.wait_host(tag)
             num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
             rows = num_recv
-        lay = plan.recv_layout(meta_out, self.rank, C)
-        send_prefix = counts.cumsum(1).to(torch.int32)
+        lay, items = self._plan_recv(meta_out, send_prefix, in_rank, head, C, cols, rows)
         recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
         recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
@@ -378,15 +380,60 @@ class ProxyNormalEngine:
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
         self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, send_prefix, lay.recv_prefix,
                               lay.recv_end, (recv_x, recv_scales, recv_idx, recv_w, recv_src), C, rows, ring, E)
-        head = plan.send_head(in_rank)
-        if self.internode:
-            items = plan.internode_handle(lay, send_prefix, in_rank, head, rows)
-        else:
-            items = plan.intranode_handle(lay, send_prefix, recv_src, in_rank, head)
+        if not self.internode:  # DeepEP's intranode 6-tuple: the source index of every row, from the kernel
+            items = items[:3] + (recv_src,) + items[3:]
         state = ProxyNormalPlan(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
                                 send_prefix=send_prefix, recv_prefix=lay.recv_prefix, recv_end=lay.recv_end,
                                 in_rank=in_rank, send_head=head, recv_counts=per_src)
         return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, self.owner, state)
+
+    def _plan_send(self, in_rank, num_tokens_per_rank, num_tokens_per_expert, C: int, E_loc: int, msg: int,
+                   cols: dict):
+        """A fresh dispatch's send side on the device (ht/proxy/plan.cu): the notify records [R, L],
+        send_prefix [R, C] and send_head [T, R] (ht_proxy_plan.channel_counts / records / send_head)."""
+        T, R, dev = in_rank.shape[0], self.R, in_rank.device
+        records = torch.empty(R, cols["ints"], dtype=torch.int64, device=dev)
+        send_prefix = torch.empty(R, C, dtype=torch.int32, device=dev)
+        head = torch.empty(T, R, dtype=torch.int32, device=dev)
+        params = pack_params("HTProxyPlanSendParams", is_token_in_rank=in_rank.data_ptr(),
+                             num_tokens_per_rank=num_tokens_per_rank.data_ptr(),
+                             num_tokens_per_expert=num_tokens_per_expert.data_ptr(), records=records.data_ptr(),
+                             send_prefix=send_prefix.data_ptr(), send_head=head.data_ptr(), num_tokens=T,
+                             num_ranks=R, num_channels=C, num_local_experts=E_loc, msg_bytes=msg,
+                             record_ints=cols["ints"])
+        self.kernels["ht_proxy_plan_send"].launch(R, _PLAN_BLOCK, params, current_stream())
+        return records, send_prefix, head
+
+    def _plan_recv(self, meta_out, send_prefix, in_rank, head, C: int, cols: dict, rows: int):
+        """A fresh dispatch's receive side on the device (ht/proxy/plan.cu), from the records the
+        notify kernel received: the layout (recv_prefix, recv_end) and DeepEP's handle items, the
+        10-tuple with one rank per node (ht_proxy_plan.internode_handle) or the 6-tuple less its
+        source indices on one node (intranode_handle; the dispatch kernel writes those)."""
+        R, dev = self.R, meta_out.device
+        i32 = dict(dtype=torch.int32, device=dev)
+        recv_prefix, recv_end = torch.empty(R, C, **i32), torch.empty(R, **i32)
+        out = dict(recv_prefix=recv_prefix, recv_end=recv_end, recv_end_copy=None, channel_prefix=None,
+                   rank_prefix=None, send_prefix_copy=None, recv_src_meta=None, nvl_head=None)
+        if self.internode:
+            out.update(recv_end_copy=torch.empty(R, **i32), channel_prefix=torch.empty(R, C, **i32),
+                       send_prefix_copy=torch.empty(R, C, **i32), recv_src_meta=torch.empty(rows, 2, **i32),
+                       nvl_head=torch.empty(rows, 1, **i32))
+        else:
+            out["rank_prefix"] = torch.empty(R, R, **i32)
+        ptrs = {k: (v.data_ptr() if v is not None else 0) for k, v in out.items()}
+        params = pack_params("HTProxyPlanRecvParams", meta_out=meta_out.data_ptr(), send_prefix=send_prefix.data_ptr(),
+                             num_ranks=R, rank=self.rank, num_channels=C, record_ints=cols["ints"], num_rows=rows,
+                             **ptrs)
+        grid = max(1, min(1024, (rows + _PLAN_BLOCK - 1) // _PLAN_BLOCK))
+        self.kernels["ht_proxy_plan_recv"].launch(grid, _PLAN_BLOCK, params, current_stream())
+        lay = plan.RecvLayout(recv_prefix=recv_prefix, recv_end=recv_end)
+        if self.internode:
+            items = (in_rank, out["send_prefix_copy"], send_prefix, out["channel_prefix"], out["recv_end_copy"],
+                     recv_prefix, recv_end, out["recv_src_meta"].view(torch.uint8).view(rows, 8), head,
+                     out["nvl_head"])
+        else:
+            items = (out["rank_prefix"], send_prefix, recv_prefix, in_rank, head)
+        return lay, items
 
     def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, send_prefix, recv_prefix, recv_end, outs,
                          channels, rows, ring, num_experts):

@@ -126,19 +126,23 @@ def records(num_tokens_per_rank: torch.Tensor, counts: torch.Tensor, num_tokens_
     dev = counts.device
     parts = [num_tokens_per_rank.to(torch.int64).view(1, R).expand(R, R), counts,
              num_tokens_per_expert.to(torch.int64).view(R, E_loc)]
-    cols = dict(channel=R, expert=R + C, node=-1)
+    cols = record_columns(R, C, E_loc, node_counts is not None)
     if node_counts is not None:
-        G = R // node_counts.shape[0]
-        parts.append(node_counts.repeat_interleave(G, dim=0))
-        cols["node"] = R + C + E_loc
-    check = R + C + E_loc + (C if node_counts is not None else 0)
+        parts.append(node_counts.repeat_interleave(R // node_counts.shape[0], dim=0))
     parts.append(torch.full((R, 1), msg_bytes, dtype=torch.int64, device=dev))
-    rec = torch.cat(parts, dim=1).contiguous()
+    return torch.cat(parts, dim=1).contiguous(), cols
+
+
+def record_columns(R: int, C: int, E_loc: int, node_counts: bool = False) -> dict[str, int]:
+    """Where the fields of a meta record start (records), and its length ``ints``; a record that does
+    not fit its meta slot is refused."""
+    cols = dict(channel=R, expert=R + C, node=R + C + E_loc if node_counts else -1)
+    check = R + C + E_loc + (C if node_counts else 0)
     cols.update(check=check, ints=check + 1)
     if 8 * cols["ints"] > meta_slot_bytes(R):
         raise LimitExceeded("num_tokens_per_expert", "ints of the per-op meta record", cols["ints"],
                             meta_slot_bytes(R) // 8)
-    return rec, cols
+    return cols
 
 
 class RecvLayout(SimpleNamespace):

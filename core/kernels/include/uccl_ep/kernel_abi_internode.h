@@ -123,6 +123,40 @@ struct HTRingGeometry {
                             //    nodes' rail ranks, area 1 the node mates; otherwise every rank)
 };
 
+// A fresh dispatch's plan (ht/proxy/plan.cu), one rank per node or a forced proxy on one node.
+struct HTProxyPlanSendParams {
+  uint64_t is_token_in_rank;       // bool [T, R], contiguous
+  uint64_t num_tokens_per_rank;    // int32 [R]
+  uint64_t num_tokens_per_expert;  // int32 [E]
+  uint64_t records;                // out int64 [R, L]: the notify record for each destination
+  uint64_t send_prefix;            // out int32 [R, C]: my tokens to j in channels 0..c
+  uint64_t send_head;              // out int32 [T, R]: index of token t among my tokens to j, or -1
+  int64_t num_tokens;
+  int64_t num_ranks;
+  int64_t num_channels;
+  int64_t num_local_experts;
+  int64_t msg_bytes;
+  int64_t record_ints;             // L = R + C + E_loc + 1
+};
+
+struct HTProxyPlanRecvParams {
+  uint64_t meta_out;               // int64 [R, L]: the records received, by source
+  uint64_t send_prefix;            // int32 [R, C] (ht_proxy_plan_send's), copied to send_prefix_copy
+  uint64_t recv_prefix;            // out int32 [R, C]: first row of (source, channel)
+  uint64_t recv_end;               // out int32 [R]: end row of each source's block
+  uint64_t recv_end_copy;          // out int32 [R] or 0
+  uint64_t channel_prefix;         // out int32 [R, C] or 0: what source i sends me in channels 0..c
+  uint64_t rank_prefix;            // out int32 [R, R] or 0: tokens sources 0..i send rank j
+  uint64_t send_prefix_copy;       // out int32 [R, C] or 0
+  uint64_t recv_src_meta;          // out int32 [rows, 2] or 0: (source node, NVL mask), zero past the real rows
+  uint64_t nvl_head;               // out int32 [rows] or 0: the row, -1 past the real rows
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t num_channels;
+  int64_t record_ints;
+  int64_t num_rows;
+};
+
 struct HTProxyNotifyParams {
   uint64_t per_dst;         // int64 [R, L]: the record for each destination (0: handshake)
   uint64_t meta_out;        // int64 [R, L]: the records received, by source (0: handshake)

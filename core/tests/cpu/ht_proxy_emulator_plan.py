@@ -1,0 +1,54 @@
+"""The CPU stand-in for ht/proxy/plan.cu (a fresh dispatch's plan, one rank per node or a forced proxy
+on one node), for the emulator (ht_proxy_emulator.py): it runs the host reference of each matrix
+(uccl_ep.cuda.ht_proxy_plan: channel_counts, records, send_head, recv_layout and the handle
+builders) on the tensors the launch points at, so the engine's wiring of the kernels -- which
+buffers, which shapes, which handle items come from where -- is checked end to end on CPU, bitwise
+against uccl_ep.refs. core/tests/gpu/test_cuda_ht_internode.py checks the kernels themselves
+against the same references.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ht_proxy_emulator import mem
+from uccl_ep.cuda import ht_proxy_plan as plan
+
+
+def _i32(addr: int, *shape: int) -> np.ndarray:
+    n = int(np.prod(shape)) if shape else 1
+    return mem(addr, 4 * n, np.int32).reshape(shape)
+
+
+class PlanKernels:
+    def ht_proxy_plan_send(self, p: dict) -> None:
+        T, R, Cn, E_loc, L = p["num_tokens"], p["num_ranks"], p["num_channels"], p["num_local_experts"], p["record_ints"]
+        in_rank = torch.from_numpy(mem(p["is_token_in_rank"], T * R, np.uint8).reshape(T, R).astype(bool))
+        per_rank = torch.from_numpy(_i32(p["num_tokens_per_rank"], R).copy())
+        per_expert = torch.from_numpy(_i32(p["num_tokens_per_expert"], R * E_loc).copy())
+        counts = plan.channel_counts(in_rank, Cn)
+        records, cols = plan.records(per_rank, counts, per_expert, p["msg_bytes"])
+        assert cols["ints"] == L, (cols, L)
+        mem(p["records"], 8 * R * L, np.int64)[:] = records.numpy().reshape(-1)
+        _i32(p["send_prefix"], R, Cn)[:] = counts.cumsum(1).numpy()
+        _i32(p["send_head"], T, R)[:] = plan.send_head(in_rank).numpy()
+
+    def ht_proxy_plan_recv(self, p: dict) -> None:
+        R, me, Cn, L, rows = p["num_ranks"], p["rank"], p["num_channels"], p["record_ints"], p["num_rows"]
+        meta = torch.from_numpy(mem(p["meta_out"], 8 * R * L, np.int64).reshape(R, L).copy())
+        lay = plan.recv_layout(meta, me, Cn)
+        _i32(p["recv_prefix"], R, Cn)[:] = lay.recv_prefix.numpy()
+        _i32(p["recv_end"], R)[:] = lay.recv_end.numpy()
+        send_prefix = torch.from_numpy(_i32(p["send_prefix"], R, Cn).copy())
+        if p["rank_prefix"]:  # the intranode 6-tuple's rank prefix matrix
+            _i32(p["rank_prefix"], R, R)[:] = lay.counts.cumsum(0).numpy()
+        if p["send_prefix_copy"]:  # the internode 10-tuple (one rank per node; no rows: empty tensors at 0)
+            items = plan.internode_handle(lay, send_prefix, torch.zeros(0, R, dtype=torch.bool),
+                                          torch.zeros(0, R, dtype=torch.int32), rows)
+            _i32(p["send_prefix_copy"], R, Cn)[:] = items[1].numpy()
+            _i32(p["channel_prefix"], R, Cn)[:] = items[3].numpy()
+            _i32(p["recv_end_copy"], R)[:] = items[4].numpy()
+            if rows:
+                _i32(p["recv_src_meta"], rows, 2)[:] = items[7].view(torch.int32).view(rows, 2).numpy()
+                _i32(p["nvl_head"], rows)[:] = items[9].view(-1).numpy()
