@@ -49,6 +49,13 @@ PY=python3
 # A step's time budget: start_budget SECONDS, then `bounded CAP CMD...` runs CMD under min(CAP, time
 # left) and returns 124 when skipped (under 20 s left) or cut; `left` prints the seconds left.
 start_budget() { t0=$SECONDS; budget=$1; }
+# A device call returns a few files only: bundle NAME GLOB... packs the step's outputs into $OUT/NAME.tgz
+# and removes them (their names stay listed in the log).
+bundle() {
+  local name=$1; shift
+  (cd "$OUT" && shopt -s nullglob && files=($@) && (( ${#files[@]} )) && tar -czf "$name.tgz" "${files[@]}" && rm -f "${files[@]}" \
+    && echo "  bundled ${#files[@]} files into $name.tgz")
+}
 left() { echo $(( budget - (SECONDS - t0) )); }
 bounded() {
   local cap=$1; shift; local l; l=$(left)
@@ -175,7 +182,8 @@ for step in $STEPS; do
           done
         done
       done
-      echo "forward step: $(( SECONDS - t0 )) s" ;;
+      echo "forward step: $(( SECONDS - t0 )) s"
+      bundle forward 'forward_*' ;;
     compare)  # the same benches on several trees in one call: COMPARE_TREES (default "base": .cmp/<tree>.tar.gz,
               # carried, each a `git archive REV core` tarball) and this checkout's core ("new"), each installed into its own
               # --target dir and run with PYTHONPATH, alternating base/new per bench and repetition
@@ -241,7 +249,8 @@ for step in $STEPS; do
           --nodes "$NODES_RUN" --num-sms $sms --num-tokens $tok --rdma-chunk ${chunk:-0} --rdma-recv ${recv:-0} \
           --nvl-mb ${nvl:-0} --iters ${HTPROXY_ITERS:-20} ${nic:+--nic-model $nic} --warmup 3 --timeout 100 ${HTPROXY_ARGS:-} \
           --json "$OUT/htproxy_n${NODES_RUN}_${sms}_${tok}_${chunk:-0}_${thr:-4}${nic:+_$(tr -c 'A-Za-z0-9.\n' - <<< "$nic")}_${recv:-0}_${nvl:-0}${rep:+_$rep}.json" 2>&1 | tail -4
-      done ;;
+      done
+      bundle htproxy 'htproxy_*' ;;
     scale)
       export UCCL_EP_GPU_TIMEOUT_S=${UCCL_EP_GPU_TIMEOUT_S:-20} UCCL_EP_TIMEOUT_S=${UCCL_EP_TIMEOUT_S:-60}
       start_budget ${SCALE_BUDGET_S:-520}

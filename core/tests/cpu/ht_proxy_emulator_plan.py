@@ -42,7 +42,7 @@ class PlanKernels:
         _i32(p["recv_end"], R)[:] = lay.recv_end.numpy()
         send_prefix = torch.from_numpy(_i32(p["send_prefix"], R, Cn).copy())
         if p["rank_prefix"]:  # the intranode 6-tuple's rank prefix matrix
-            _i32(p["rank_prefix"], R, R)[:] = lay.counts.cumsum(0).numpy()
+            _i32(p["rank_prefix"], R, R)[:] = plan.intranode_handle(lay, send_prefix, None, None, None)[0].numpy()
         if p["send_prefix_copy"]:  # the internode 10-tuple (one rank per node; no rows: empty tensors at 0)
             items = plan.internode_handle(lay, send_prefix, torch.zeros(0, R, dtype=torch.bool),
                                           torch.zeros(0, R, dtype=torch.int32), rows)

@@ -179,7 +179,8 @@ def send_head(in_rank: torch.Tensor) -> torch.Tensor:
 
 def intranode_handle(lay: RecvLayout, send_prefix: torch.Tensor, recv_src_idx: torch.Tensor, in_rank: torch.Tensor,
                      head: torch.Tensor) -> tuple:
-    """DeepEP's 6-tuple (one node, every rank reached through the proxy)."""
+    """DeepEP's 6-tuple (one node, every rank reached through the proxy): the host reference of
+    ht/proxy/plan.cu (the engine computes it there; the CPU emulator runs this)."""
     return (lay.counts.cumsum(0).to(torch.int32), send_prefix, lay.recv_prefix, recv_src_idx, in_rank, head)
 
 
@@ -187,6 +188,7 @@ def internode_handle(lay: RecvLayout, send_prefix: torch.Tensor, in_rank: torch.
                      num_rows: int) -> tuple:
     """DeepEP's 10-tuple for one rank per node (node n = rank n): the RDMA-level matrices equal the
     rank-level ones, a token's only local rank is 0 (mask 1), and send_nvl_head is the row index.
+    The host reference of ht/proxy/plan.cu (the engine computes it there; the CPU emulator runs this).
 
     recv_src_meta rows = (source node: int32, NVL mask: int32), zero past the real rows; with
     num_worst_tokens send_nvl_head has that many rows (DeepEP's shape), -1 past the real ones."""
