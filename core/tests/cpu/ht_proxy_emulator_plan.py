@@ -27,19 +27,35 @@ class PlanKernels:
         in_rank = torch.from_numpy(mem(p["is_token_in_rank"], T * R, np.uint8).reshape(T, R).astype(bool))
         per_rank = torch.from_numpy(_i32(p["num_tokens_per_rank"], R).copy())
         per_expert = torch.from_numpy(_i32(p["num_tokens_per_expert"], R * E_loc).copy())
+        G = p["ranks_per_node"]
         counts = plan.channel_counts(in_rank, Cn)
-        records, cols = plan.records(per_rank, counts, per_expert, p["msg_bytes"])
-        assert cols["ints"] == L, (cols, L)
+        node_counts = None
+        if G > 1:  # forwarding: the node columns too
+            in_node = plan.node_mask(in_rank, G)
+            node_counts = plan.channel_counts(in_node, Cn)
+            _i32(p["node_send_prefix"], R // G, Cn)[:] = node_counts.cumsum(1).numpy()
+            if T:
+                _i32(p["send_rdma_head"], T, R // G)[:] = plan.send_head(in_node).numpy()
+        records, cols = plan.records(per_rank, counts, per_expert, p["msg_bytes"], node_counts)
+        assert cols["ints"] == L and cols["node"] == p["node_col"], (cols, L, p["node_col"])
         mem(p["records"], 8 * R * L, np.int64)[:] = records.numpy().reshape(-1)
         _i32(p["send_prefix"], R, Cn)[:] = counts.cumsum(1).numpy()
-        _i32(p["send_head"], T, R)[:] = plan.send_head(in_rank).numpy()
+        if T:
+            _i32(p["send_head"], T, R)[:] = plan.send_head(in_rank).numpy()
 
     def ht_proxy_plan_recv(self, p: dict) -> None:
         R, me, Cn, L, rows = p["num_ranks"], p["rank"], p["num_channels"], p["record_ints"], p["num_rows"]
         meta = torch.from_numpy(mem(p["meta_out"], 8 * R * L, np.int64).reshape(R, L).copy())
-        lay = plan.recv_layout(meta, me, Cn)
+        G = p["ranks_per_node"]
+        lay = plan.recv_layout(meta, me, Cn, p["node_col"], G)
         _i32(p["recv_prefix"], R, Cn)[:] = lay.recv_prefix.numpy()
         _i32(p["recv_end"], R)[:] = lay.recv_end.numpy()
+        if p["recv_count"]:
+            _i32(p["recv_count"], R, Cn)[:] = lay.recv_count.numpy()
+        if p["node_col"] >= 0:  # the forwarder's rows from each node's rail source
+            _i32(p["rdma_count"], R // G, Cn)[:] = lay.rdma_count.numpy()
+            _i32(p["rdma_end"], R // G)[:] = lay.rdma_end.numpy()
+            _i32(p["rdma_prefix"], R // G, Cn)[:] = lay.rdma_prefix.numpy()
         send_prefix = torch.from_numpy(_i32(p["send_prefix"], R, Cn).copy())
         if p["rank_prefix"]:  # the intranode 6-tuple's rank prefix matrix
             _i32(p["rank_prefix"], R, R)[:] = plan.intranode_handle(lay, send_prefix, None, None, None)[0].numpy()

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ht_proxy_emulator import Emulator, unpack  # noqa: E402
+from ht_proxy_emulator_plan import PlanKernels  # noqa: E402
 from multirank import run_ranks  # noqa: E402
 from test_proxy import make_group, stop_all  # noqa: E402
 from uccl_ep.config import Config  # noqa: E402
@@ -110,6 +111,9 @@ class RecordingKernel:
         self.log.append((self.name, grid, block, params))
         if self.emulator is not None:
             self.emulator.launch(self.name, grid, block, params, smem)
+        elif self.name.startswith("ht_proxy_plan_"):  # a pure computation the host reads back: run its twin
+            struct_name = {"ht_proxy_plan_send": "HTProxyPlanSendParams", "ht_proxy_plan_recv": "HTProxyPlanRecvParams"}
+            getattr(PlanKernels(), self.name)(unpack(struct_name[self.name], params))
 
 
 def _install_fakes(log, emulator=None, start_proxy=None):
@@ -314,6 +318,12 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
             in_rank[:, r] = ((idx >= r * E // R) & (idx < (r + 1) * E // R)).any(1)
         ntpe = torch.bincount(idx[idx >= 0], minlength=E).to(torch.int32)
         out = eng.dispatch(x, None, idx, w, in_rank.sum(0, dtype=torch.int32), in_rank, ntpe, 1, worst, config)
+        # the plan on the device: a block per rank and per node, then the receive side (no per-row items)
+        plans = [entry for entry in log if entry[0].startswith("ht_proxy_plan_")]
+        assert [p[0] for p in plans] == ["ht_proxy_plan_send", "ht_proxy_plan_recv"] and plans[0][1] == R + R // 2
+        pr = unpack("HTProxyPlanRecvParams", plans[1][3])
+        assert pr["node_col"] == R + 3 + E // R and pr["nvl_head"] == 0 and pr["rdma_end"] != 0 and plans[1][1] == 1
+        log[:] = [entry for entry in log if not entry[0].startswith("ht_proxy_plan_")]
         n = unpack("HTProxyNotifyParams", log[0][3])
         assert n["node_col"] == R + 3 + E // R and n["ranks_per_node"] == 2 and n["num_channels"] == 3
         assert n["record_ints"] == R + 2 * 3 + E // R + 1

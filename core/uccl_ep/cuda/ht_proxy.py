@@ -134,7 +134,7 @@ class ProxyNormalEngine:
             ("ht/proxy/forward_dispatch.cu", "ht_proxy_forward_dispatch"),
             ("ht/proxy/forward_combine.cu", "ht_proxy_forward_combine"),
             ("ht/proxy/plan.cu", "ht_proxy_plan_send"), ("ht/proxy/plan.cu", "ht_proxy_plan_recv"))
-            if ("plan" not in n or not self.forward) and ("forward" not in n or self.forward)}
+            if "forward" not in n or self.forward}
         # the session's proxy and mappings, under the names the kernels' parameters use; this
         # engine's counters are the session's normal-mode range, from 0 (ordered counters < 1024)
         self.C, self.proxy = session.C, session.proxy
@@ -357,8 +357,8 @@ class ProxyNormalEngine:
         ring = self.ring(msg, C, config, "dispatch")
         in_rank = is_token_in_rank.contiguous()
         cols = plan.record_columns(R, C, E_loc)
-        per_dst, send_prefix, head = self._plan_send(in_rank, num_tokens_per_rank, num_tokens_per_expert, C, E_loc,
-                                                     msg, cols)
+        per_dst, send_prefix, head, _, _ = self.plan_send(in_rank, num_tokens_per_rank, num_tokens_per_expert, C,
+                                                          E_loc, msg, cols)
         meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
         self.last_worst = num_worst_tokens
         tag = self.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C,
@@ -369,7 +369,8 @@ class ProxyNormalEngine:
             vals = self.wait_host(tag)
             num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
             rows = num_recv
-        lay, items = self._plan_recv(meta_out, send_prefix, in_rank, head, C, cols, rows)
+        lay = self.plan_recv(meta_out, send_prefix, C, cols, rows)
+        items = self.plan_handle(lay, send_prefix, in_rank, head, rows)
         recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
         recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
         recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
@@ -378,43 +379,53 @@ class ProxyNormalEngine:
         x = x.contiguous()
         topk_idx = topk_idx.contiguous() if topk_idx is not None else None
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
-        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, send_prefix, lay.recv_prefix,
-                              lay.recv_end, (recv_x, recv_scales, recv_idx, recv_w, recv_src), C, rows, ring, E)
+        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, send_prefix, lay["recv_prefix"],
+                              lay["recv_end"], (recv_x, recv_scales, recv_idx, recv_w, recv_src), C, rows, ring, E)
         if not self.internode:  # DeepEP's intranode 6-tuple: the source index of every row, from the kernel
             items = items[:3] + (recv_src,) + items[3:]
         state = ProxyNormalPlan(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
-                                send_prefix=send_prefix, recv_prefix=lay.recv_prefix, recv_end=lay.recv_end,
+                                send_prefix=send_prefix, recv_prefix=lay["recv_prefix"], recv_end=lay["recv_end"],
                                 in_rank=in_rank, send_head=head, recv_counts=per_src)
         return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, self.owner, state)
 
-    def _plan_send(self, in_rank, num_tokens_per_rank, num_tokens_per_expert, C: int, E_loc: int, msg: int,
-                   cols: dict):
+    def plan_send(self, in_rank, num_tokens_per_rank, num_tokens_per_expert, C: int, E_loc: int, msg: int,
+                  cols: dict):
         """A fresh dispatch's send side on the device (ht/proxy/plan.cu): the notify records [R, L],
-        send_prefix [R, C] and send_head [T, R] (ht_proxy_plan.channel_counts / records / send_head)."""
-        T, R, dev = in_rank.shape[0], self.R, in_rank.device
+        send_prefix [R, C] and send_head [T, R] (ht_proxy_plan.channel_counts / records / send_head),
+        and with forwarding node_send_prefix [N, C] and send_rdma_head [T, N] (else None)."""
+        T, R, G, dev = in_rank.shape[0], self.R, self.G, in_rank.device
+        i32 = dict(dtype=torch.int32, device=dev)
         records = torch.empty(R, cols["ints"], dtype=torch.int64, device=dev)
-        send_prefix = torch.empty(R, C, dtype=torch.int32, device=dev)
-        head = torch.empty(T, R, dtype=torch.int32, device=dev)
+        send_prefix, head = torch.empty(R, C, **i32), torch.empty(T, R, **i32)
+        node_prefix, node_head = (torch.empty(R // G, C, **i32), torch.empty(T, R // G, **i32)) if self.forward \
+            else (None, None)
         params = pack_params("HTProxyPlanSendParams", is_token_in_rank=in_rank.data_ptr(),
                              num_tokens_per_rank=num_tokens_per_rank.data_ptr(),
                              num_tokens_per_expert=num_tokens_per_expert.data_ptr(), records=records.data_ptr(),
-                             send_prefix=send_prefix.data_ptr(), send_head=head.data_ptr(), num_tokens=T,
-                             num_ranks=R, num_channels=C, num_local_experts=E_loc, msg_bytes=msg,
-                             record_ints=cols["ints"])
-        self.kernels["ht_proxy_plan_send"].launch(R, _PLAN_BLOCK, params, current_stream())
-        return records, send_prefix, head
+                             send_prefix=send_prefix.data_ptr(), send_head=head.data_ptr(),
+                             send_rdma_head=node_head.data_ptr() if self.forward else 0,
+                             node_send_prefix=node_prefix.data_ptr() if self.forward else 0, num_tokens=T,
+                             num_ranks=R, ranks_per_node=G, num_channels=C, num_local_experts=E_loc, msg_bytes=msg,
+                             node_col=cols["node"], record_ints=cols["ints"])
+        blocks = R + (R // G if self.forward else 0)
+        self.kernels["ht_proxy_plan_send"].launch(blocks, _PLAN_BLOCK, params, current_stream())
+        return records, send_prefix, head, node_prefix, node_head
 
-    def _plan_recv(self, meta_out, send_prefix, in_rank, head, C: int, cols: dict, rows: int):
+    def plan_recv(self, meta_out, send_prefix, C: int, cols: dict, rows: int) -> dict:
         """A fresh dispatch's receive side on the device (ht/proxy/plan.cu), from the records the
-        notify kernel received: the layout (recv_prefix, recv_end) and DeepEP's handle items, the
-        10-tuple with one rank per node (ht_proxy_plan.internode_handle) or the 6-tuple less its
-        source indices on one node (intranode_handle; the dispatch kernel writes those)."""
-        R, dev = self.R, meta_out.device
+        notify kernel received: the layout (recv_prefix, recv_end; with forwarding recv_count and the
+        forwarder's rdma_count / rdma_end / rdma_prefix; its handle is built after the dispatch) or
+        DeepEP's handle items of one rank per node (ht_proxy_plan.internode_handle) or one node through the proxy
+        (intranode_handle, less the source indices the dispatch kernel writes)."""
+        R, G, dev = self.R, self.G, meta_out.device
         i32 = dict(dtype=torch.int32, device=dev)
-        recv_prefix, recv_end = torch.empty(R, C, **i32), torch.empty(R, **i32)
-        out = dict(recv_prefix=recv_prefix, recv_end=recv_end, recv_end_copy=None, channel_prefix=None,
-                   rank_prefix=None, send_prefix_copy=None, recv_src_meta=None, nvl_head=None)
-        if self.internode:
+        out = dict(recv_prefix=torch.empty(R, C, **i32), recv_end=torch.empty(R, **i32), recv_end_copy=None,
+                   channel_prefix=None, rank_prefix=None, send_prefix_copy=None, recv_src_meta=None, nvl_head=None,
+                   recv_count=None, rdma_count=None, rdma_end=None, rdma_prefix=None)
+        if self.forward:
+            out.update(recv_count=torch.empty(R, C, **i32), rdma_count=torch.empty(R // G, C, **i32),
+                       rdma_end=torch.empty(R // G, **i32), rdma_prefix=torch.empty(R // G, C, **i32))
+        elif self.internode:
             out.update(recv_end_copy=torch.empty(R, **i32), channel_prefix=torch.empty(R, C, **i32),
                        send_prefix_copy=torch.empty(R, C, **i32), recv_src_meta=torch.empty(rows, 2, **i32),
                        nvl_head=torch.empty(rows, 1, **i32))
@@ -422,18 +433,21 @@ class ProxyNormalEngine:
             out["rank_prefix"] = torch.empty(R, R, **i32)
         ptrs = {k: (v.data_ptr() if v is not None else 0) for k, v in out.items()}
         params = pack_params("HTProxyPlanRecvParams", meta_out=meta_out.data_ptr(), send_prefix=send_prefix.data_ptr(),
-                             num_ranks=R, rank=self.rank, num_channels=C, record_ints=cols["ints"], num_rows=rows,
-                             **ptrs)
-        grid = max(1, min(1024, (rows + _PLAN_BLOCK - 1) // _PLAN_BLOCK))
+                             num_ranks=R, rank=self.rank, ranks_per_node=G, num_channels=C, node_col=cols["node"],
+                             record_ints=cols["ints"], num_rows=rows if out["nvl_head"] is not None else 0, **ptrs)
+        grid = max(1, min(1024, (rows + _PLAN_BLOCK - 1) // _PLAN_BLOCK)) if out["nvl_head"] is not None else 1
         self.kernels["ht_proxy_plan_recv"].launch(grid, _PLAN_BLOCK, params, current_stream())
-        lay = plan.RecvLayout(recv_prefix=recv_prefix, recv_end=recv_end)
-        if self.internode:
-            items = (in_rank, out["send_prefix_copy"], send_prefix, out["channel_prefix"], out["recv_end_copy"],
-                     recv_prefix, recv_end, out["recv_src_meta"].view(torch.uint8).view(rows, 8), head,
-                     out["nvl_head"])
-        else:
-            items = (out["rank_prefix"], send_prefix, recv_prefix, in_rank, head)
-        return lay, items
+        return out
+
+    @staticmethod
+    def plan_handle(out: dict, send_prefix, in_rank, head, rows: int) -> tuple:
+        """DeepEP's handle items from plan_recv: the internode 10-tuple (one rank per node) or the
+        intranode 6-tuple less its source indices (one node through the proxy)."""
+        if out["nvl_head"] is not None:
+            return (in_rank, out["send_prefix_copy"], send_prefix, out["channel_prefix"], out["recv_end_copy"],
+                    out["recv_prefix"], out["recv_end"], out["recv_src_meta"].view(torch.uint8).view(rows, 8), head,
+                    out["nvl_head"])
+        return out["rank_prefix"], send_prefix, out["recv_prefix"], in_rank, head
 
     def _launch_dispatch(self, x, scales, topk_idx, topk_weights, in_rank, send_prefix, recv_prefix, recv_end, outs,
                          channels, rows, ring, num_experts):

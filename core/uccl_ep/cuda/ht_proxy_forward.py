@@ -64,10 +64,9 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
     msg = plan.forward_msg_bytes(x.shape[1] * x.element_size(), ns, K)
     rings = _dispatch_rings(eng, msg, C, config, "dispatch")
     in_rank = is_token_in_rank.contiguous()
-    in_node = plan.node_mask(in_rank, G)
-    counts = plan.channel_counts(in_rank, C)
-    node_counts = plan.channel_counts(in_node, C)
-    per_dst, cols = plan.records(num_tokens_per_rank, counts, num_tokens_per_expert, msg, node_counts)
+    cols = plan.record_columns(R, C, E_loc, node_counts=True)
+    per_dst, send_prefix, _, node_send_prefix, send_rdma_head = eng.plan_send(
+        in_rank, num_tokens_per_rank, num_tokens_per_expert, C, E_loc, msg, cols)
     meta_out = torch.zeros_like(per_dst)  # defined even where no notify kernel runs (CPU emulation)
     eng.last_worst = num_worst_tokens
     tag = eng.notify(per_dst, meta_out, cols, E_loc, expert_alignment, num_worst_tokens, C,
@@ -79,12 +78,13 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
         vals = eng.wait_host(tag)
         num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
         rows, rdma_rows = num_recv, vals[1 + R + E_loc]
-    lay = plan.recv_layout(meta_out, eng.rank, C, cols["node"], G)
+    lay = plan.RecvLayout(counts=meta_out[:, :R], **{k: v for k, v in eng.plan_recv(meta_out, send_prefix, C, cols,
+                                                                                    rows).items() if v is not None})
     st = plan.RecvLayout(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
-                         rdma_rows=rdma_rows, in_rank=in_rank, send_prefix=counts.cumsum(1).to(torch.int32),
-                         node_send_prefix=node_counts.cumsum(1).to(torch.int32), recv_prefix=lay.recv_prefix,
+                         rdma_rows=rdma_rows, in_rank=in_rank, send_prefix=send_prefix,
+                         node_send_prefix=node_send_prefix, recv_prefix=lay.recv_prefix,
                          recv_end=lay.recv_end, recv_count=lay.recv_count, rdma_prefix=lay.rdma_prefix,
-                         rdma_count=lay.rdma_count, send_rdma_head=plan.send_head(in_node))
+                         rdma_count=lay.rdma_count, send_rdma_head=send_rdma_head)
     recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
     recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
     recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None

@@ -131,12 +131,16 @@ struct HTProxyPlanSendParams {
   uint64_t records;                // out int64 [R, L]: the notify record for each destination
   uint64_t send_prefix;            // out int32 [R, C]: my tokens to j in channels 0..c
   uint64_t send_head;              // out int32 [T, R]: index of token t among my tokens to j, or -1
+  uint64_t send_rdma_head;         // out int32 [T, N] (several ranks per node; else 0): ... to node n
+  uint64_t node_send_prefix;       // out int32 [N, C] (several ranks per node; else 0)
   int64_t num_tokens;
   int64_t num_ranks;
+  int64_t ranks_per_node;          // G: 1, or > 1 with blocks R .. R + N for the nodes
   int64_t num_channels;
   int64_t num_local_experts;
   int64_t msg_bytes;
-  int64_t record_ints;             // L = R + C + E_loc + 1
+  int64_t node_col;                // column of the node counts in a record, or -1
+  int64_t record_ints;             // L = R + C + E_loc (+ C with forwarding) + 1
 };
 
 struct HTProxyPlanRecvParams {
@@ -150,9 +154,15 @@ struct HTProxyPlanRecvParams {
   uint64_t send_prefix_copy;       // out int32 [R, C] or 0
   uint64_t recv_src_meta;          // out int32 [rows, 2] or 0: (source node, NVL mask), zero past the real rows
   uint64_t nvl_head;               // out int32 [rows] or 0: the row, -1 past the real rows
+  uint64_t recv_count;             // out int32 [R, C] or 0: what source i sends me in channel c
+  uint64_t rdma_count;             // out int32 [N, C] (node_col >= 0): what node n's rail source forwards through me
+  uint64_t rdma_end;               // out int32 [N]: end of node n's block of those rows
+  uint64_t rdma_prefix;            // out int32 [N, C]: first of those rows per (node, channel)
   int64_t num_ranks;
   int64_t rank;
+  int64_t ranks_per_node;
   int64_t num_channels;
+  int64_t node_col;                // column of the node counts in a record, or -1 (no forwarding)
   int64_t record_ints;
   int64_t num_rows;
 };
