@@ -35,10 +35,6 @@ namespace {
 constexpr int kPlanThreads = 256;
 constexpr int kMaxChannels = 64;
 
-}  // namespace
-
-namespace {
-
 // Whether token t goes to column `col`: rank col, or (node) any rank of node col.
 UCCL_DEVICE bool wanted(const uint8_t* in_rank, int64_t t, int R, int col, int G, bool node) {
   if (!node) return in_rank[t * R + col] != 0;
