@@ -33,6 +33,7 @@ def _exchange_worker(rank, world, sizes):
             seen.append([None if b is None else _digest(b) for b in got])
         keys = (ch._key(op, src, rank) for op in range(len(sizes)) for src in range(world))
         left = [k for k in keys if ch.store.check([k]) or ch.store.check([k + "/0"])]
+        dist.barrier()  # rank 0 hosts the store: it stays until every rank has looked at it
         return seen, left
     finally:
         ch.close()
