@@ -276,6 +276,17 @@ void register_proxy(nb::module_& m) {
         for (const auto& [name, value] : p.transport_counters()) d[name.c_str()] = value;
         return d;
       }, "Named transport event counts summed over threads (e.g. the fault decorator's).")
+      .def("transport_trace", [](const proxy::Proxy& p) {
+        const std::vector<int64_t> flat = p.transport_trace();
+        nb::list rows;
+        const size_t width = size_t(transport::Transport::kTraceFields) + 1;
+        for (size_t i = 0; i + width <= flat.size(); i += width) {
+          nb::list row;
+          for (size_t k = 0; k < width; ++k) row.append(flat[i + k]);
+          rows.append(row);
+        }
+        return rows;
+      }, "The transport's recorded events as rows [thread, kind, t_ns, a, b, c, d, e] (NIC model trace=N).")
       .def("push", [](proxy::Proxy& p, nb::handle f, nb::handle w0, nb::handle w1, nb::handle t) {
             const int fifo = fifo_arg(p, f);
             const TransferCmd c{u64_arg(w0, "word0", ~uint64_t(0)), u64_arg(w1, "word1", ~uint64_t(0))};

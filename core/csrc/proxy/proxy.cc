@@ -419,6 +419,19 @@ std::vector<std::pair<std::string, uint64_t>> Proxy::transport_counters() const 
   return sum;
 }
 
+std::vector<int64_t> Proxy::transport_trace() const {
+  constexpr int kFields = transport::Transport::kTraceFields;
+  std::vector<int64_t> out;
+  for (size_t t = 0; t < threads_.size(); ++t) {
+    const std::vector<int64_t> events = threads_[t]->transport().trace();
+    for (size_t e = 0; e + kFields <= events.size(); e += kFields) {
+      out.push_back(int64_t(t));
+      out.insert(out.end(), events.begin() + int64_t(e), events.begin() + int64_t(e + kFields));
+    }
+  }
+  return out;
+}
+
 uint64_t Proxy::stat_commands() const {
   uint64_t n = 0;
   for (const auto& t : threads_) n += t->commands_posted();

@@ -125,6 +125,8 @@ class Proxy {
   uint64_t stat_commands() const;
   // Every thread's transport counters, summed by name.
   std::vector<std::pair<std::string, uint64_t>> transport_counters() const;
+  // Every thread's transport trace (Transport::trace), each event prefixed with the thread index.
+  std::vector<int64_t> transport_trace() const;
 
  private:
   ProxyConfig config_;

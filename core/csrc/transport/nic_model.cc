@@ -11,6 +11,8 @@
 //   seed=<n>         seeds the reordering (mixed with rank and thread), so a run can be replayed
 //   mates=<0|1>      1: writes to the writer's own node go through the NIC too (a transport that
 //                    sends every peer over the fabric, no NVLink or ipc path: the all-RDMA case)
+//   trace=<n>        keep the endpoint's last n events (posts, refusals, releases, deliveries) for
+//                    trace(): a lab measurement (tools/lab/trace_nic.py), 0 = off
 //
 // The model, per message: it occupies its NIC's link for len / bw (a serialized link, one per
 // (rank, NIC) and shared by the proxy threads on that NIC, so the threads together never exceed
@@ -54,6 +56,7 @@ struct Params {
   uint32_t nics = 1;
   uint64_t seed = 0;
   bool mates = false;  // node mates through the NIC as well
+  uint64_t trace = 0;  // events kept for trace()
 };
 
 Params parse(const std::string& spec) {
@@ -95,12 +98,15 @@ Params parse(const std::string& spec) {
     } else if (k == "seed") {
       need(x >= 0 && x < 9.2e18 && x == double(uint64_t(x)), "an integer >= 0");
       p.seed = uint64_t(x);
+    } else if (k == "trace") {
+      need(x >= 0 && x <= 1e7 && x == double(uint64_t(x)), "an integer in [0, 10000000]");
+      p.trace = uint64_t(x);
     } else if (k == "mates") {
       need(x == 0 || x == 1, "0 or 1");
       p.mates = x == 1;
     } else {
       throw TransportError("nic model: unknown parameter '" + k +
-                           "' (bw, lat_us, reorder, window_us, nics, seed, mates)");
+                           "' (bw, lat_us, reorder, window_us, nics, seed, mates, trace)");
     }
   }
   if (!have_bw) throw TransportError("nic model: bw=<bytes/s> is required (in '" + spec + "')");
@@ -168,6 +174,41 @@ std::shared_ptr<Link> link_for(const std::string& key) {
   return l;
 }
 
+// The endpoint's last `capacity` events, Transport::kTraceFields int64 each: kind, time (ns, steady
+// clock: one time base for every rank of a host), then per kind
+//   kPost     link exit, due, bytes, peer, immediate
+//   kRefused  outstanding, 0, bytes, peer, immediate (the first refusal of a run of them)
+//   kRelease  due, 0, bytes, peer, immediate (handed to the inner transport)
+//   kDeliver  0, 0, 0, peer, immediate (an immediate received from `peer`)
+// NOTES: a mutex, not a lock-free ring: only a lab run turns it on, and the reader is another thread.
+class TraceRecorder {
+ public:
+  enum Kind : int64_t { kPost = 0, kRefused = 1, kRelease = 2, kDeliver = 3 };
+  explicit TraceRecorder(uint64_t capacity) : capacity_(capacity) {}
+  bool on() const { return capacity_ > 0; }
+  void add(Kind kind, int64_t t, int64_t a, int64_t b, int64_t len, int peer, uint32_t imm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (events_.size() < capacity_ * Transport::kTraceFields) events_.resize(events_.size() + Transport::kTraceFields);
+    int64_t* e = &events_[(next_ % capacity_) * Transport::kTraceFields];
+    e[0] = kind, e[1] = t, e[2] = a, e[3] = b, e[4] = len, e[5] = peer, e[6] = int64_t(imm);
+    ++next_;
+  }
+  std::vector<int64_t> events() const {  // oldest first
+    std::lock_guard<std::mutex> lock(mu_);
+    if (next_ <= capacity_) return events_;
+    const size_t split = (next_ % capacity_) * Transport::kTraceFields;
+    std::vector<int64_t> out(events_.begin() + int64_t(split), events_.end());
+    out.insert(out.end(), events_.begin(), events_.begin() + int64_t(split));
+    return out;
+  }
+
+ private:
+  const uint64_t capacity_;
+  mutable std::mutex mu_;
+  std::vector<int64_t> events_;
+  uint64_t next_ = 0;
+};
+
 class NicModelTransport final : public Transport {
  public:
   NicModelTransport(std::unique_ptr<Transport> inner, const std::string& spec, const Options& opt)
@@ -177,7 +218,8 @@ class NicModelTransport final : public Transport {
         opt_(opt),
         rng_(p_.seed * 0x9E3779B97F4A7C15ull + uint64_t(opt.rank) * 1000003ull + uint64_t(opt.thread_index)),
         link_(link_for(opt.job_key + "/r" + std::to_string(opt.rank) + "/nic" +
-                       std::to_string(uint32_t(opt.thread_index) % p_.nics))) {}
+                       std::to_string(uint32_t(opt.thread_index) % p_.nics))),
+        trace_(p_.trace) {}
 
   std::string name() const override { return "nic:" + spec_ + ":" + inner_->name(); }
   std::string device() const override { return inner_->device(); }
@@ -186,6 +228,7 @@ class NicModelTransport final : public Transport {
     if (p_.reorder > 0) c.ordered = false;
     return c;
   }
+  std::vector<int64_t> trace() const override { return trace_.events(); }
   void register_region(void* base, uint64_t bytes) override { inner_->register_region(base, bytes); }
   Bytes local_address() override { return inner_->local_address(); }
   Bytes region_key() override { return inner_->region_key(); }
@@ -220,7 +263,12 @@ class NicModelTransport final : public Transport {
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string* error) override {
     // Back-pressure: held plus posted-not-completed stays within what the inner endpoint takes.
-    if (outstanding_ >= std::max<uint32_t>(opt_.max_outstanding, 16)) return PostResult::kAgain;
+    if (outstanding_ >= std::max<uint32_t>(opt_.max_outstanding, 16)) {
+      if (trace_.on() && !refusing_) trace_.add(TraceRecorder::kRefused, now_ns(), outstanding_, 0, int64_t(len), peer, imm);
+      refusing_ = true;
+      return PostResult::kAgain;
+    }
+    refusing_ = false;
     if (!p_.mates && same_node(peer)) {
       const PostResult r = inner_->write(peer, local_off, remote_off, len, has_imm, imm, ctx, error);
       if (r == PostResult::kOk) ++outstanding_;
@@ -237,6 +285,7 @@ class NicModelTransport final : public Transport {
     writes_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(len, std::memory_order_relaxed);
     wait_ns_.fetch_add(uint64_t(due - now), std::memory_order_relaxed);
+    if (trace_.on()) trace_.add(TraceRecorder::kPost, now, left, due, int64_t(len), peer, imm);
     return PostResult::kOk;
   }
 
@@ -247,6 +296,7 @@ class NicModelTransport final : public Transport {
     buf_.clear();
     inner_->poll(buf_, max);
     for (Completion& c : buf_) {
+      if (trace_.on() && c.kind == Completion::kRemoteImm) trace_.add(TraceRecorder::kDeliver, now, 0, 0, 0, c.peer, c.imm);
       if (c.kind == Completion::kLocalDone || c.kind == Completion::kLocalError) {
         if (outstanding_ > 0) --outstanding_;
         if (take_modeled(c.ctx) && chance(p_.reorder)) {
@@ -307,6 +357,7 @@ class NicModelTransport final : public Transport {
       std::string err;
       const PostResult r = inner_->write(m.peer, m.local_off, m.remote_off, m.len, m.has_imm, m.imm, m.ctx, &err);
       if (r == PostResult::kAgain) return;
+      if (trace_.on()) trace_.add(TraceRecorder::kRelease, now, m.due, 0, int64_t(m.len), m.peer, m.imm);
       if (m.seq < released_seq_) overtaken_.fetch_add(1, std::memory_order_relaxed);
       released_seq_ = std::max(released_seq_, m.seq);
       if (r == PostResult::kError) {
@@ -328,6 +379,8 @@ class NicModelTransport final : public Transport {
   uint64_t next_seq_ = 1;
   uint64_t released_seq_ = 0;
   uint32_t outstanding_ = 0;
+  bool refusing_ = false;  // the last write was refused (trace: one kRefused per run)
+  TraceRecorder trace_;
   std::priority_queue<Msg, std::vector<Msg>, std::greater<Msg>> held_;
   std::priority_queue<Done, std::vector<Done>, std::greater<Done>> done_;
   std::vector<Completion> buf_;

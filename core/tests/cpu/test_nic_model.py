@@ -265,3 +265,42 @@ def test_bench_flag_rejects_a_bad_model(capsys):
     assert "--nic-model (lat_us)" in capsys.readouterr().err
     assert nic_model_from_args(argparse.Namespace(nic_model="efa-400g")).cap_bytes_per_s == 50e9
     assert nic_model_from_args(argparse.Namespace(nic_model="")) is None
+
+
+def _trace_worker(rank, world, model, rounds):
+    from uccl_ep.proxy import native, start_proxy
+    C = native()
+    p = start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport="loop", num_threads=1,
+                    timeout_s=60.0, ranks_per_node=1, nic_model=model)
+    try:
+        dist.barrier()
+        for i in range(rounds):  # rank 0 sends atomics on counter 1, rank 1 answers on counter 2
+            if rank == 0:
+                p.push(0, *C.encode_atomic(1, 1, 1, False), 10.0)
+                p.wait_counter(1, 2, i + 1, 10.0, "pong")
+            else:
+                p.wait_counter(0, 1, i + 1, 10.0, "ping")
+                p.push(0, *C.encode_atomic(0, 2, 1, False), 10.0)
+        dist.barrier()
+        return p.transport_trace()
+    finally:
+        p.stop()
+
+
+def test_trace_keeps_the_last_events_of_each_endpoint():
+    """`trace=n`: each endpoint keeps its last n events (posts with their link exit and due time,
+    deliveries), oldest first, in one steady-clock time base."""
+    rounds, keep = 12, 10
+    traces = run_ranks(_trace_worker, 2, f"bw=1e9,lat_us=200,trace={keep}", rounds, timeout_s=120)
+    for rank, rows in enumerate(traces):
+        assert 0 < len(rows) <= keep, (rank, len(rows))
+        assert all(len(r) == 8 and r[0] == 0 for r in rows)
+        times = [r[2] for r in rows]
+        assert times == sorted(times), "oldest first"
+        posts = [r for r in rows if r[1] == 0]
+        delivered = [r for r in rows if r[1] == 3]
+        assert posts and delivered, rows
+        for _, _, t, left, due, length, peer, imm in posts:  # a zero-byte message: latency only
+            assert peer == 1 - rank and length == 0 and left >= t and due - left >= 200_000
+        answer = 2 if rank == 0 else 1  # the counter the peer's atomics bump
+        assert all(r[6] == 1 - rank and (r[7] & 0x1FFF) == answer for r in delivered), delivered

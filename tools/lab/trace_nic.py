@@ -1,0 +1,167 @@
+"""Where the NIC model's link idles inside an HT op through the proxy: the model's event trace
+(nic_model.cc `trace=n`: every post with its link exit and due time, every delivery) of N
+back-to-back cached BF16 dispatches, cached FP8 dispatches and combines, 2 ranks as 2 nodes.
+
+UCCL_EP_RANKS_PER_NODE=1 python tools/lab/trace_nic.py [--repeat N] [--backend cuda|host]
+    [--model SPEC] [--tokens T] [num_sms] [out_dir]
+
+For each op kind and rank it prints the link's idle stretches of >= 2 us and, at the start of
+each, what let every ring (channel) of that rank's streams post again, from the trace alone:
+`credit` (its next post came within 8 us of a credit -- the receiver's HEAD atomic -- for it: the
+window was full), `open` (no credit came first: the window had room and the producer -- the GPU's
+staging or the proxy's polling -- was late), `done` (it posts no more in the trace), with the us
+from the gap's start to that post; the ring whose post ended the stretch labels it. With out_dir it writes the raw events
+(nic_<op>_r<rank>.json: rows [thread, kind, t_ns, a, b, bytes, peer, imm], nic_model.cc
+TraceRecorder) for a closer look. Not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
+from multirank import run_ranks  # noqa: E402
+
+POST, REFUSED, RELEASE, DELIVER = 0, 1, 2, 3
+HEAD_BASE = 512            # uccl_ep.protocol.layout.RING_HEAD_BASE
+GAP_NS = 2000
+CREDIT_NS = 8000  # a post this soon after a credit of its ring counts as released by it
+
+
+def _imm_fields(imm: int) -> tuple[int, int, int]:
+    """(kind, counter, count): count = an ordered Write's increment or an atomic's value."""
+    kind = (imm >> 30) & 3
+    if kind == 1:
+        return kind, imm & 0x3FF, (imm >> 21) & 0x1FF
+    if kind == 2:
+        value = (imm >> 13) & 0xFFFF
+        return kind, imm & 0x1FFF, value - 0x10000 if value & 0x8000 else value
+    return kind, imm & 0x1FFF, 0
+
+
+def analyse(rows: list, bw: float) -> dict:
+    """Idle stretches of the link (from the posts' exit times) and each ring's state at their start."""
+    rows = sorted(rows, key=lambda r: r[2])
+    posts = [r for r in rows if r[1] == POST and r[5] > 0]
+    if not posts:
+        return {"posts": 0}
+    # link busy intervals [exit - bytes / bw, exit): the link is serial, so they do not overlap
+    busy = sorted((r[3] - int(r[5] * 1e9 / bw), r[3]) for r in posts)
+    gaps = [(a_end, b_start) for (_, a_end), (b_start, _) in zip(busy, busy[1:]) if b_start - a_end >= GAP_NS]
+    # per ring: cumulative messages posted (ordered Writes) and credited (HEAD atomics delivered)
+    events = []  # (t, ring, d_posted, d_credited)
+    for r in rows:
+        kind, counter, count = _imm_fields(r[7])
+        if r[1] == POST and r[5] > 0 and kind == 1:
+            events.append((r[2], counter, count, 0))
+        elif r[1] == DELIVER and kind == 2 and counter >= HEAD_BASE:
+            events.append((r[2], counter - HEAD_BASE, 0, count))
+    events.sort()
+    posts_of, credits_of = defaultdict(list), defaultdict(list)
+    for t, ring, dp, dc in events:
+        (posts_of if dp else credits_of)[ring].append(t)
+    summary, detail = defaultdict(float), []
+    for g0, g1 in gaps:
+        # what let each ring post again after the link went idle: a credit that arrived shortly
+        # before its next post ("credit"), or nothing ("open": its window had room, the producer
+        # was late); "done": it posts no more in the trace
+        state = {}
+        for ring, times in posts_of.items():
+            nxt = next((t for t in times if t > g0), None)
+            if nxt is None:
+                state[ring] = "done"
+                continue
+            credit = max((t for t in credits_of.get(ring, []) if g0 - CREDIT_NS < t <= nxt), default=None)
+            state[ring] = "credit" if credit is not None and nxt - credit <= CREDIT_NS else "open"
+            state[ring] += f"+{(nxt - g0) / 1e3:.0f}"
+        ender = min((r for r in posts_of if not state[r].startswith("done")),
+                    key=lambda r: next(t for t in posts_of[r] if t > g0), default=None)
+        label = state[ender].split("+")[0] if ender is not None else "done"
+        summary[label] += (g1 - g0) / 1e3
+        detail.append(((g0 - busy[0][0]) / 1e3, (g1 - g0) / 1e3, f"{label}({ender})", state))
+    span = (busy[-1][1] - busy[0][0]) / 1e3
+    waits = [(r[4] - r[2]) / 1e3 for r in posts]
+    return {"posts": len(posts), "span_us": span, "busy_us": sum(b - a for a, b in busy) / 1e3,
+            "gaps": len(gaps), "gap_us": sum(g1 - g0 for g0, g1 in gaps) / 1e3, "ended_by_us": dict(summary),
+            "post_to_due_us": sum(waits) / len(waits), "detail": detail}
+
+
+def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
+    from uccl_ep import Buffer
+    from uccl_ep.proxy.nic_model import parse_nic_model
+    from uccl_ep.refs.fp8 import per_token_cast_to_fp8
+    group = dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device()) if backend == "cuda" else torch.device("cpu")
+    gen = torch.Generator().manual_seed(rank)
+    T, H, E = tokens, 7168, 256
+    Buffer.set_num_sms(num_sms)
+    cfg = Buffer.get_dispatch_config(world)
+    buf = Buffer(group, cfg.get_nvl_buffer_size_hint(H * 2, world), cfg.get_rdma_buffer_size_hint(H * 2, world),
+                 backend=backend)
+    ex = buf._executor
+    proxy = getattr(getattr(ex, "_ht", None), "proxy", None) or getattr(ex, "proxy", None)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
+    x_fp8 = per_token_cast_to_fp8(x)
+    idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(8, -1).indices.to(dev)
+    a, _, c, d, _ = buf.get_dispatch_layout(idx, E)
+    rx, _, _, _, h, _ = buf.dispatch(x, num_tokens_per_rank=a, is_token_in_rank=d, num_tokens_per_expert=c, config=cfg)
+    proxy = proxy or getattr(getattr(ex, "_ht", None), "proxy", None)
+    ops = {"dispatch_bf16": lambda: buf.dispatch(x, handle=h, config=cfg),
+           "dispatch_fp8": lambda: buf.dispatch(x_fp8, handle=h, config=cfg),
+           "combine": lambda: buf.combine(rx, h, config=cfg)}
+    sync = torch.cuda.synchronize if backend == "cuda" else (lambda: None)
+    bw = parse_nic_model(model).bw
+    out = {}
+    for name, fn in ops.items():
+        for _ in range(3):
+            fn()
+        sync()
+        dist.barrier()
+        t0 = time.monotonic_ns()  # CLOCK_MONOTONIC: the steady clock of the model's events
+        for _ in range(repeat):
+            fn()
+        sync()
+        t1 = time.monotonic_ns()
+        dist.barrier()
+        rows = [r for r in proxy.transport_trace() if t0 <= r[2] <= t1]
+        if out_dir:
+            with open(os.path.join(out_dir, f"nic_{name}_r{rank}.json"), "w") as f:
+                json.dump({"t0": t0, "t1": t1, "rows": rows}, f)
+        res = analyse(rows, bw)
+        res["wall_us_per_op"] = (t1 - t0) / 1e3 / repeat
+        out[name] = res
+    return out
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    opts = {"--repeat": "3", "--backend": "cuda", "--model": "efa-400g", "--tokens": "4096"}
+    while args[:1] and args[0] in opts:
+        opts[args[0]], args = args[1], args[2:]
+    model = opts["--model"] + ",trace=200000"
+    os.environ["UCCL_EP_NIC_MODEL"] = model  # the proxies read it at start (this lab script's own processes)
+    sms = int(args[0]) if args else 24
+    out_dir = args[1] if len(args) > 1 else ""
+    backend = opts["--backend"]
+    world = 2
+    res = run_ranks(worker, world, backend, sms, int(opts["--tokens"]), int(opts["--repeat"]), model, out_dir,
+                    backend="nccl" if backend == "cuda" else "gloo", timeout_s=600)
+    for r, per_op in enumerate(res):
+        for name, s in per_op.items():
+            detail = s.pop("detail", [])
+            print(f"=== rank {r} {name}: " + json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
+                                                        for k, v in s.items()}))
+            for at, length, label, rings in detail:
+                print(f"  gap at {at:8.1f} us  {length:6.1f} us  {label:11s} " +
+                      " ".join(f"{k}:{v}" for k, v in rings.items()))
+
+
+if __name__ == "__main__":
+    main()
