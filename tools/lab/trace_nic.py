@@ -12,7 +12,9 @@ window was full), `open` (no credit came first: the window had room and the prod
 staging or the proxy's polling -- was late), `done` (it posts no more in the trace), with the us
 from the gap's start to that post; the ring whose post ended the stretch labels it. With out_dir it writes the raw events
 (nic_<op>_r<rank>.json: rows [thread, kind, t_ns, a, b, bytes, peer, imm], nic_model.cc
-TraceRecorder) for a closer look. Not a test.
+TraceRecorder) for a closer look. Rank 0 also prints, per direction, where a data Write's time goes
+after the model releases it (the stand-in's copy and inbox hand-off) and the op boundaries. Not a
+test.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
-POST, REFUSED, RELEASE, DELIVER = 0, 1, 2, 3
+POST, REFUSED, RELEASE, DELIVER, DONE = 0, 1, 2, 3, 4
 HEAD_BASE = 512            # uccl_ep.protocol.layout.RING_HEAD_BASE
 GAP_NS = 2000
 CREDIT_NS = 8000  # a post this soon after a credit of its ring counts as released by it
@@ -93,6 +95,48 @@ def analyse(rows: list, bw: float) -> dict:
             "post_to_due_us": sum(waits) / len(waits), "detail": detail}
 
 
+def _quantiles(values: list) -> str:
+    if not values:
+        return "-"
+    v = sorted(values)
+    return "/".join(f"{v[int(q * (len(v) - 1))]:.1f}" for q in (0.1, 0.5, 0.9))
+
+
+def hops(rows_by_rank: list) -> dict:
+    """Per direction, p10/p50/p90 (us) of a data Write's stages after it leaves the model: release
+    (due -> handed to the inner transport), copy (handed -> the inner transport's local completion:
+    the stand-in's copy and its record in the receiver's inbox), inbox (that completion -> the
+    receiving proxy took the immediate); and the gaps between two data posts of one rank above 40 us
+    (the op boundaries, back to back)."""
+    out = {}
+    for s, rows in enumerate(rows_by_rank):
+        done_at = defaultdict(list)
+        for r in rows:
+            if r[1] == DONE:
+                done_at[(r[0], r[4])].append(r[2])
+        deliver_at = defaultdict(list)
+        for r in rows_by_rank[1 - s]:
+            if r[1] == DELIVER and _imm_fields(r[7])[0] == 1:
+                deliver_at[r[7]].append(r[2])
+        late, copy, inbox = [], [], []
+        for r in rows:
+            if r[1] != RELEASE or r[5] == 0:
+                continue
+            late.append((r[2] - r[3]) / 1e3)
+            done = next((t for t in done_at[(r[0], r[4])] if t >= r[2]), None)
+            if done is None:
+                continue
+            copy.append((done - r[2]) / 1e3)
+            got = next((t for t in deliver_at[r[7]] if t >= done - 1000), None)
+            if got is not None:
+                inbox.append((got - done) / 1e3)
+        t = sorted(r[2] for r in rows if r[1] == POST and r[5] > 0)
+        out[f"{s}->{1 - s}"] = {"release_us": _quantiles(late), "copy_us": _quantiles(copy),
+                                "inbox_us": _quantiles(inbox),
+                                "op_gaps_us": [round((b - a) / 1e3) for a, b in zip(t, t[1:]) if b - a > 40000]}
+    return out
+
+
 def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
     from uccl_ep import Buffer
     from uccl_ep.proxy.nic_model import parse_nic_model
@@ -131,11 +175,15 @@ def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
         t1 = time.monotonic_ns()
         dist.barrier()
         rows = [r for r in proxy.transport_trace() if t0 <= r[2] <= t1]
+        everyone = [None] * world
+        dist.all_gather_object(everyone, rows)
         if out_dir:
             with open(os.path.join(out_dir, f"nic_{name}_r{rank}.json"), "w") as f:
                 json.dump({"t0": t0, "t1": t1, "rows": rows}, f)
         res = analyse(rows, bw)
         res["wall_us_per_op"] = (t1 - t0) / 1e3 / repeat
+        if rank == 0:
+            res["hops"] = hops(everyone)
         out[name] = res
     return out
 
@@ -156,6 +204,8 @@ def main() -> None:
     for r, per_op in enumerate(res):
         for name, s in per_op.items():
             detail = s.pop("detail", [])
+            for direction, h in s.pop("hops", {}).items():
+                print(f"--- {name} {direction}: " + json.dumps(h))
             print(f"=== rank {r} {name}: " + json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
                                                         for k, v in s.items()}))
             for at, length, label, rings in detail:

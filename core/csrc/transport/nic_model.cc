@@ -178,12 +178,13 @@ std::shared_ptr<Link> link_for(const std::string& key) {
 // clock: one time base for every rank of a host), then per kind
 //   kPost     link exit, due, bytes, peer, immediate
 //   kRefused  outstanding, 0, bytes, peer, immediate (the first refusal of a run of them)
-//   kRelease  due, 0, bytes, peer, immediate (handed to the inner transport)
+//   kRelease  due, ctx, bytes, peer, immediate (handed to the inner transport)
 //   kDeliver  0, 0, 0, peer, immediate (an immediate received from `peer`)
+//   kDone     0, ctx, 0, peer, 0 (the inner transport's local completion of a write)
 // NOTES: a mutex, not a lock-free ring: only a lab run turns it on, and the reader is another thread.
 class TraceRecorder {
  public:
-  enum Kind : int64_t { kPost = 0, kRefused = 1, kRelease = 2, kDeliver = 3 };
+  enum Kind : int64_t { kPost = 0, kRefused = 1, kRelease = 2, kDeliver = 3, kDone = 4 };
   explicit TraceRecorder(uint64_t capacity) : capacity_(capacity) {}
   bool on() const { return capacity_ > 0; }
   void add(Kind kind, int64_t t, int64_t a, int64_t b, int64_t len, int peer, uint32_t imm) {
@@ -298,6 +299,7 @@ class NicModelTransport final : public Transport {
     for (Completion& c : buf_) {
       if (trace_.on() && c.kind == Completion::kRemoteImm) trace_.add(TraceRecorder::kDeliver, now, 0, 0, 0, c.peer, c.imm);
       if (c.kind == Completion::kLocalDone || c.kind == Completion::kLocalError) {
+        if (trace_.on()) trace_.add(TraceRecorder::kDone, now, 0, int64_t(c.ctx), 0, c.peer, 0);
         if (outstanding_ > 0) --outstanding_;
         if (take_modeled(c.ctx) && chance(p_.reorder)) {
           held_completions_.fetch_add(1, std::memory_order_relaxed);
@@ -357,7 +359,7 @@ class NicModelTransport final : public Transport {
       std::string err;
       const PostResult r = inner_->write(m.peer, m.local_off, m.remote_off, m.len, m.has_imm, m.imm, m.ctx, &err);
       if (r == PostResult::kAgain) return;
-      if (trace_.on()) trace_.add(TraceRecorder::kRelease, now, m.due, 0, int64_t(m.len), m.peer, m.imm);
+      if (trace_.on()) trace_.add(TraceRecorder::kRelease, now, m.due, int64_t(m.ctx), int64_t(m.len), m.peer, m.imm);
       if (m.seq < released_seq_) overtaken_.fetch_add(1, std::memory_order_relaxed);
       released_seq_ = std::max(released_seq_, m.seq);
       if (r == PostResult::kError) {
