@@ -270,6 +270,7 @@ class KernelEngine final : public CopyEngine {
             {"ipc_ring_clock_mismatch", mismatch_.load(std::memory_order_relaxed)},
             {"ipc_ring_taken", taken_.load(std::memory_order_relaxed)},
             {"ipc_ring_push_post_ns", push_post_ns_.load(std::memory_order_relaxed)},
+            {"ipc_ring_pushes", pushes_.load(std::memory_order_relaxed)},
             {"ipc_ring_post_seen_ns", post_seen_ns_.load(std::memory_order_relaxed)}};
   }
 
@@ -303,15 +304,19 @@ class KernelEngine final : public CopyEngine {
     const uint64_t idx = __atomic_load_n(&h->seen_idx, __ATOMIC_RELAXED);
     const int64_t seen_at = int64_t(__atomic_load_n(&h->seen_ns, __ATOMIC_RELAXED)) + min_delay_;
     const int64_t push_at = int64_t(__atomic_load_n(&h->push_ns, __ATOMIC_RELAXED)) + min_delay_;
-    if (idx >= head_ || idx + kDmaRingCapacity < head_ || idx == last_taken_ || push_at == min_delay_) return;
+    if (idx >= head_ || idx + kDmaRingCapacity < head_ || idx == last_taken_ || seen_at == min_delay_) return;
     last_taken_ = idx;
     const int64_t posted = posted_rt_[idx & (kDmaRingCapacity - 1)];
-    const int64_t push_post = posted - push_at, post_seen = seen_at - posted;
-    if (push_post < -1000000000ll || push_post > 1000000000ll || post_seen < -1000000000ll || post_seen > 1000000000ll) return;
+    const int64_t post_seen = seen_at - posted;
+    if (post_seen < -1000000000ll || post_seen > 1000000000ll) return;
     // signed sums kept in unsigned words (two's complement): early samples may be slightly negative
-    push_post_ns_.fetch_add(uint64_t(push_post), std::memory_order_relaxed);
     post_seen_ns_.fetch_add(uint64_t(post_seen), std::memory_order_relaxed);
     taken_.fetch_add(1, std::memory_order_relaxed);
+    // the LL send kernels stamp their pushes (DmaConsumer::push_ns); the normal-mode copy role does not
+    const int64_t push_post = posted - push_at;
+    if (push_at == min_delay_ || push_post < -1000000000ll || push_post > 1000000000ll) return;
+    push_post_ns_.fetch_add(uint64_t(push_post), std::memory_order_relaxed);
+    pushes_.fetch_add(1, std::memory_order_relaxed);
   }
   uint64_t done() const {
     // acquire: pairs with the consumer's release of done (after its copies): the bytes of every
@@ -327,7 +332,8 @@ class KernelEngine final : public CopyEngine {
   uint64_t head_ = 0;       // next descriptor index
   uint64_t seen_done_ = 0;  // last done value this thread read
   std::vector<PeerCopies> peers_;
-  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0}, taken_{0}, push_post_ns_{0}, post_seen_ns_{0}, skipped_{0};
+  std::atomic<uint64_t> seen_{0}, seen_ns_{0}, mismatch_{0}, taken_{0}, pushes_{0}, push_post_ns_{0}, post_seen_ns_{0},
+      skipped_{0};
   int64_t min_delay_ = 0;  // smallest realtime - done_ns seen (this thread only)
   uint64_t last_taken_ = ~0ull;  // seen_idx of the last sample
   std::vector<int64_t> posted_rt_ = std::vector<int64_t>(kDmaRingCapacity, 0);  // CLOCK_REALTIME per slot at submit

@@ -122,10 +122,11 @@ def test_bench_proxy_hop_fields():
     k = dict(counters, ipc_kernel_copies=600, copy_kernel_wait_ns=4_000_000, copy_kernel_copy_ns=1_000_000,
              copy_kernel_descs=100, ipc_ring_done_seen_ns=600_000, ipc_ring_done_seen=100,
              copy_kernel_push_start_ns=(1 << 64) - 300_000, copy_kernel_push_seen_ns=900_000, copy_kernel_launches=60,
-             ipc_ring_push_post_ns=(1 << 64) - 80_000, ipc_ring_post_seen_ns=500_000, ipc_ring_taken=50)
+             ipc_ring_push_post_ns=(1 << 64) - 80_000, ipc_ring_post_seen_ns=500_000, ipc_ring_taken=50,
+             ipc_ring_pushes=50)
     del k["ipc_cuda_copies"]
     before_k = dict(before, copy_kernel_descs=20, ipc_ring_done_seen_ns=200_000, ipc_ring_done_seen=20,
-                    copy_kernel_launches=10, ipc_ring_push_post_ns=20_000, ipc_ring_taken=10)
+                    copy_kernel_launches=10, ipc_ring_push_post_ns=20_000, ipc_ring_taken=10, ipc_ring_pushes=10)
     g = _proxy_fields(before_k, _proxy_snapshot(lambda: k), 4)
     assert (g["copy_wait_us"], g["copy_us"], g["done_seen_us"]) == (50.0, 12.5, 5.0)
     # an overlapped copy kernel starts before the push (signed): -300 us over 50 launches

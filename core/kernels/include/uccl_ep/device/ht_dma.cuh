@@ -182,6 +182,10 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
           if (lane == 0) {
             __threadfence();  // the entries, counts and finish marks before the release below
             st_release_gpu(&r.st->units, units);
+            // diagnostics (dma_ring.h): the last descriptor taken and when; the proxy reads them once
+            // it sees that descriptor done (posted -> seen on the host clock, ipc_copy.cc)
+            st_relaxed_sys(&r.header->seen_idx, idx + uint64_t(n) - 1);
+            st_relaxed_sys(&r.header->seen_ns, clock_ns());
           }
           idx += uint64_t(n);
           bytes += taken_bytes;
@@ -199,6 +203,7 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
         retired = ld_volatile64(r.unit_end + ((d_new - 1) & cap_mask));
         // One fence both acquires the workers' finish marks (after their system-scope fences) and
         // releases their copies with `done` (fence + relaxed store: a release pattern).
+        st_relaxed_sys(&r.header->done_ns, clock_ns());  // diagnostics; ordered before done by the fence
         fence_release_sys();
         st_relaxed_sys(&r.header->done, d_new);
         r.st->descs += d_new - done;
