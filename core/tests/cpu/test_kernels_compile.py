@@ -193,6 +193,10 @@ def test_copy_ring_state_words_match_the_host(tmp_path):
         lines.append(f"static_assert(offsetof(uccl_ep::DmaConsumer, {name}) == {8 * word}, \"{name}\");")
     # the normal-mode copy role's ring position (copy_ring_handover, proxy_session.py): word 0
     lines.append("static_assert(offsetof(uccl_ep::HtDmaRing, base_idx) == 0, \"HtDmaRing base_idx\");")
+    from uccl_ep.cuda import ht_proxy
+    lines.append(f"static_assert(sizeof(uccl_ep::HtDmaRing) == {ht_proxy.DMA_RING_STATE_BYTES}, \"HtDmaRing size\");")
+    for name, word in ht_proxy._DMA_RING_DIAG_WORDS.items():  # the copy role's diagnostics the bench reads
+        lines.append(f"static_assert(offsetof(uccl_ep::HtDmaRing, {name}) == {8 * word}, \"HtDmaRing {name}\");")
     _host_compiles(cxx, tmp_path / "dma.cc", lines)
 
 

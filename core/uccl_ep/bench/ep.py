@@ -202,7 +202,9 @@ def _ranks_per_node(spec: BenchSpec, world: int) -> int | None:
 _SNAPSHOT_KEYS = ("ipc_post_to_deliver_ns", "ipc_submit_ns", "ipc_inbox_ns", "ipc_received", "copy_kernel_wait_ns",
                   "copy_kernel_copy_ns", "copy_kernel_descs", "ipc_ring_done_seen_ns", "ipc_ring_done_seen",
                   "copy_kernel_push_seen_ns", "copy_kernel_push_start_ns", "copy_kernel_launches",
-                  "ipc_ring_push_post_ns", "ipc_ring_post_seen_ns", "ipc_ring_taken", "ipc_ring_pushes")
+                  "ipc_ring_push_post_ns", "ipc_ring_post_seen_ns", "ipc_ring_taken", "ipc_ring_pushes",
+                  "copy_role_descs", "copy_role_passes", "copy_role_read_cycles", "copy_role_take_cycles",
+                  "copy_role_scan_cycles", "copy_role_publish_cycles", "copy_role_pass_ns", "copy_role_pass_cycles")
 # Sums of signed nanoseconds the native side and the copy kernel keep in unsigned 64-bit words (an
 # overlapped copy kernel starts before the push it serves: transport/copy_ring.cu).
 _SIGNED_KEYS = ("ipc_ring_push_post_ns", "ipc_ring_post_seen_ns", "copy_kernel_push_seen_ns",
@@ -256,6 +258,11 @@ def _proxy_fields(before: dict | None, after: dict | None, calls: int) -> dict:
     mean_us("copy_kernel_push_seen_ns", "copy_kernel_launches", "push_seen_us")
     mean_us("ipc_ring_push_post_ns", "ipc_ring_pushes", "push_post_us")  # host clock: the proxy's pick-up,
     mean_us("ipc_ring_post_seen_ns", "ipc_ring_taken", "post_seen_us")  # then the copy kernel's fetch
+    if d["copy_role_passes"] > 0 and d["copy_role_pass_cycles"] > 0:  # the normal-mode copy role's fetcher
+        ns_per_cycle = d["copy_role_pass_ns"] / d["copy_role_pass_cycles"]
+        out["copy_pass_us"] = d["copy_role_pass_ns"] / d["copy_role_passes"] / 1e3
+        for stage in ("read", "take", "scan", "publish"):  # per pass, by stage (the rest: pauses)
+            out[f"copy_{stage}_us"] = d[f"copy_role_{stage}_cycles"] * ns_per_cycle / d["copy_role_passes"] / 1e3
     return out
 
 

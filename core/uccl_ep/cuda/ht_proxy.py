@@ -68,6 +68,9 @@ _COPY_UNIT_BYTES = 32 << 10
 DMA_RING_CAPACITY = 8192
 DMA_UNIT_CAPACITY = 32768
 DMA_RING_STATE_BYTES = 128
+# HtDmaRing's diagnostic words (dma_ring.h): name -> index of the u64
+_DMA_RING_DIAG_WORDS = {"descs": 6, "passes": 7, "read_cycles": 8, "take_cycles": 9, "scan_cycles": 10,
+                        "publish_cycles": 11, "pass_ns": 12, "pass_cycles": 13}
 DMA_CONTEXT_BYTES = 128
 DMA_RUNNING = (1 << 64) - 1
 # The ring fields of a params struct, and those that fix where an op's messages land (an area's
@@ -521,8 +524,21 @@ class ProxyNormalEngine:
         return self.session.failure("normal mode")
 
     def transport_counters(self) -> dict:
-        """The proxy transport's counters (bytes copied, commands): the bench's transport split."""
-        return dict(self.proxy.transport_counters()) if getattr(self, "proxy", None) is not None else {}
+        """The proxy transport's counters (bytes copied, commands): the bench's transport split; with
+        the copy role, its fetcher's summed diagnostics (HtDmaRing, dma_ring.h: ``copy_role_passes``
+        and the SM cycles of its stages, ``copy_role_pass_ns`` / ``_pass_cycles`` to convert). Reads
+        device memory: call between ops (the bench does)."""
+        if getattr(self, "proxy", None) is None:
+            return {}
+        out = dict(self.proxy.transport_counters())
+        if self.dma_ctx:
+            n = self.num_proxy_threads
+            raw = self.drv.memcpy_dtoh(self.dev, self.dma_mem.ptr + self.dma_offsets["state"], DMA_RING_STATE_BYTES * n)
+            words = struct.unpack(f"<{DMA_RING_STATE_BYTES // 8 * n}Q", raw)
+            per = DMA_RING_STATE_BYTES // 8
+            for key, i in _DMA_RING_DIAG_WORDS.items():
+                out[f"copy_role_{key}"] = sum(words[r * per + i] for r in range(n))
+        return out
 
     def close(self) -> None:
         """Release this engine's memory (the session stops the proxy before the NVL buffer is freed)."""

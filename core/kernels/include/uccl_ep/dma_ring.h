@@ -122,8 +122,17 @@ struct HtDmaRing {
   uint64_t stop;           // workers whose claim is >= stop leave (kHtDmaRunning while the launch runs)
   uint64_t exited;         // blocks of this launch that left
   uint64_t descs;          // diagnostics, summed over launches: descriptors copied
-  uint64_t fetch_wait_ns;  // diagnostics: the fetcher's time without any descriptor to take
-  uint64_t pad[8];
+  // diagnostics, summed over launches: the fetcher's passes and their SM cycles by stage (reading
+  // the host ring's slots, taking descriptors, scanning finish marks, publishing done), and the
+  // passes' wall time (%globaltimer ns: cycles per ns on the host's side)
+  uint64_t passes;
+  uint64_t read_cycles;
+  uint64_t take_cycles;
+  uint64_t scan_cycles;
+  uint64_t publish_cycles;
+  uint64_t pass_ns;
+  uint64_t pass_cycles;
+  uint64_t pad[2];
 };
 static_assert(sizeof(HtDmaRing) == 128, "HtDmaRing is part of the host/device ABI (ht_proxy.py)");
 constexpr uint64_t kHtDmaRunning = ~uint64_t(0);

@@ -119,8 +119,19 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
   uint64_t target = ~uint64_t(0);  // bytes every sender of this launch pushed to this ring (once known)
   bool found_none = false, failed = false;
   uint64_t last_progress = clock_ns();
+  // diagnostics (HtDmaRing): lane 0's cycles per stage, added to the ring's sums as the fetcher leaves
+  uint64_t passes = 0, c_read = 0, c_take = 0, c_scan = 0, c_publish = 0;
+  const uint64_t first_ns = clock_ns(), first_cycles = uint64_t(clock64());
+  uint64_t stamp = first_cycles;
+  auto lap = [&](uint64_t& sum) {
+    const uint64_t now = uint64_t(clock64());
+    sum += now - stamp;
+    stamp = now;
+  };
   for (uint32_t spins = 1;; ++spins) {
     bool progress = false;
+    ++passes;
+    stamp = uint64_t(clock64());
     if (target == ~uint64_t(0)) {
       uint64_t t = ~uint64_t(0);
       // acquire (gpu): the senders' signals come after their byte counts (dma_signal)
@@ -152,6 +163,7 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
         const uint64_t fit = warp_ballot(fits);
         n = ffs64(~fit) == 0 ? kWarpSize : ffs64(~fit) - 1;
         found_none = n == 0 && run == 0;
+        lap(c_read);
         if (n > 0) {
           // acquire: the proxy released seq after the fields, having acquired the senders' command
           // (and so their staged bytes); the units below carry that to the workers.
@@ -190,6 +202,7 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
           idx += uint64_t(n);
           bytes += taken_bytes;
           progress = true;
+          lap(c_take);
         }
       }
     }
@@ -198,6 +211,7 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
     if (lane == 0)
       while (d_new < idx && ld_volatile32(r.finish + (d_new & cap_mask)) == uint32_t(d_new + 1)) ++d_new;
     d_new = shfl64(d_new, 0);
+    lap(c_scan);
     if (d_new > done) {
       if (lane == 0) {
         retired = ld_volatile64(r.unit_end + ((d_new - 1) & cap_mask));
@@ -211,6 +225,7 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
       retired = shfl64(retired, 0);
       done = d_new;
       progress = true;
+      lap(c_publish);
     }
     if (target != ~uint64_t(0) && bytes >= target && done == idx) {
       if (bytes > target && lane == 0)  // descriptors this launch's senders never counted
@@ -237,6 +252,13 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
     }
   }
   if (lane == 0) {
+    r.st->passes += passes;
+    r.st->read_cycles += c_read;
+    r.st->take_cycles += c_take;
+    r.st->scan_cycles += c_scan;
+    r.st->publish_cycles += c_publish;
+    r.st->pass_ns += clock_ns() - first_ns;
+    r.st->pass_cycles += uint64_t(clock64()) - first_cycles;
     r.st->base_idx = idx;
     r.st->base_bytes = bytes;
     __threadfence();
