@@ -209,7 +209,8 @@ class _Kernels:
                        "ht_proxy_dispatch": "HTProxyDispatchParams", "ht_proxy_combine": "HTProxyCombineParams",
                        "ht_proxy_forward_dispatch": "HTProxyForwardDispatchParams",
                        "ht_proxy_forward_combine": "HTProxyForwardCombineParams",
-                       "ht_proxy_plan_send": "HTProxyPlanSendParams", "ht_proxy_plan_recv": "HTProxyPlanRecvParams"}[name]
+                       "ht_proxy_plan_send": "HTProxyPlanSendParams", "ht_proxy_plan_recv": "HTProxyPlanRecvParams",
+                       "ht_proxy_forward_handle": "HTProxyForwardHandleParams"}[name]
         p = unpack(struct_name, params)
         self.launches.append((name, dict(p, grid=grid, block=block)))
         self.dma = DmaRole(p) if p.get("dma_blocks", 0) > 0 else None

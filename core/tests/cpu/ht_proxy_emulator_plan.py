@@ -1,10 +1,10 @@
-"""The CPU stand-in for ht/proxy/plan.cu (a fresh dispatch's plan, one rank per node or a forced proxy
-on one node), for the emulator (ht_proxy_emulator.py): it runs the host reference of each matrix
-(uccl_ep.cuda.ht_proxy_plan: channel_counts, records, send_head, recv_layout and the handle
-builders) on the tensors the launch points at, so the engine's wiring of the kernels -- which
-buffers, which shapes, which handle items come from where -- is checked end to end on CPU, bitwise
-against uccl_ep.refs. core/tests/gpu/test_cuda_ht_internode.py checks the kernels themselves
-against the same references.
+"""The CPU stand-in for ht/proxy/plan.cu (a fresh dispatch's plan, one rank per node, a forced proxy
+on one node, or several ranks per node with forwarding), for the emulator (ht_proxy_emulator.py): it
+runs the host reference of each matrix (uccl_ep.cuda.ht_proxy_plan: channel_counts, records,
+send_head, recv_layout and the handle builders) on the tensors the launch points at, so the
+engine's wiring of the kernels -- which buffers, which shapes, which handle items come from where --
+is checked end to end on CPU, bitwise against uccl_ep.refs. core/tests/gpu/test_cuda_ht_internode.py
+checks the kernels themselves against the same references.
 """
 
 from __future__ import annotations
@@ -68,3 +68,22 @@ class PlanKernels:
             if rows:
                 _i32(p["recv_src_meta"], rows, 2)[:] = items[7].view(torch.int32).view(rows, 2).numpy()
                 _i32(p["nvl_head"], rows)[:] = items[9].view(-1).numpy()
+
+    def ht_proxy_forward_handle(self, p: dict) -> None:
+        """The handle items of a fresh dispatch with forwarding (ht_proxy_plan.forward_handle), from the
+        records, the receive layout and the masks the dispatch recorded; the items it only passes
+        through (send prefixes, heads, the token mask) are the engine's own tensors."""
+        R, G, Cn, L = p["num_ranks"], p["ranks_per_node"], p["num_channels"], p["record_ints"]
+        rows, rdma_rows, N = p["num_rows"], p["rdma_rows"], R // G
+        meta = torch.from_numpy(mem(p["meta_out"], 8 * R * L, np.int64).reshape(R, L).copy())
+        lay = plan.RecvLayout(counts=meta[:, :R], recv_end=torch.from_numpy(_i32(p["recv_end"], R).copy()),
+                              rdma_count=torch.from_numpy(_i32(p["rdma_count"], N, Cn).copy()),
+                              rdma_end=torch.from_numpy(_i32(p["rdma_end"], N).copy()), recv_prefix=None)
+        recv_mask = torch.from_numpy(_i32(p["recv_mask"], rows).copy())
+        rdma_mask = torch.from_numpy(_i32(p["rdma_mask"], rdma_rows).copy())
+        items = plan.forward_handle(lay, None, None, torch.zeros(0, R, dtype=torch.bool), None, recv_mask, rdma_mask,
+                                    p["rank"], G, rows, rdma_rows)
+        _i32(p["recv_src_meta"], rows, 2)[:] = items[7].view(torch.int32).view(rows, 2).numpy()
+        _i32(p["send_nvl_head"], rdma_rows, G)[:] = items[9].numpy()
+        _i32(p["recv_rdma_prefix"], N, Cn)[:] = items[3].numpy()
+        _i32(p["rdma_rank_prefix"], N)[:] = items[4].numpy()

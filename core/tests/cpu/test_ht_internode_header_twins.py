@@ -6,6 +6,7 @@ per-channel counts. The host orchestration and end-to-end runs: test_ht_internod
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from uccl_ep.cuda import ht_proxy, jit  # noqa: E402
+from uccl_ep.cuda import ht_proxy, ht_proxy_forward, jit  # noqa: E402
 from uccl_ep.cuda import ht_proxy_plan as plan  # noqa: E402
 from uccl_ep.host.ht_common import pack_table  # noqa: E402
 from uccl_ep.protocol.layout import MetaLayout  # noqa: E402
@@ -77,6 +78,16 @@ def test_header_twins_agree(tmp_path):
     assert ring == 4096 + ((3 * 12 + 5) * 40 + 7) * 576
     meta = MetaLayout(1 << 20, 4)
     assert mrecv == meta.recv(1, 3) and msend == meta.send(1, 2)
+
+
+def test_plan_launch_twins_agree():
+    """The launch geometry ht_proxy.py and ht_proxy_forward.py use for ht/proxy/plan.cu's kernels is the
+    kernels' own (a grid of too few chunks would leave forwarder rows of send_nvl_head unwritten)."""
+    text = (jit.kernel_dir() / "ht/proxy/plan.cu").read_text()
+    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", text)}
+    assert const["kPlanThreads"] == ht_proxy._PLAN_BLOCK and const["kMaxLocal"] == plan.MAX_LOCAL
+    assert (const["kHandleThreads"], const["kHandleRows"]) == (ht_proxy_forward._HANDLE_BLOCK,
+                                                               ht_proxy_forward._HANDLE_ROWS)
 
 
 _DMA_PROBE = r"""

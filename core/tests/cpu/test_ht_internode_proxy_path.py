@@ -111,9 +111,13 @@ class RecordingKernel:
         self.log.append((self.name, grid, block, params))
         if self.emulator is not None:
             self.emulator.launch(self.name, grid, block, params, smem)
-        elif self.name.startswith("ht_proxy_plan_"):  # a pure computation the host reads back: run its twin
-            struct_name = {"ht_proxy_plan_send": "HTProxyPlanSendParams", "ht_proxy_plan_recv": "HTProxyPlanRecvParams"}
-            getattr(PlanKernels(), self.name)(unpack(struct_name[self.name], params))
+        elif self.name in _PLAN_STRUCTS:  # a pure computation the host reads back: run its twin
+            getattr(PlanKernels(), self.name)(unpack(_PLAN_STRUCTS[self.name], params))
+
+
+# ht/proxy/plan.cu's kernels (PlanKernels runs each where no emulator does)
+_PLAN_STRUCTS = {"ht_proxy_plan_send": "HTProxyPlanSendParams", "ht_proxy_plan_recv": "HTProxyPlanRecvParams",
+                 "ht_proxy_forward_handle": "HTProxyForwardHandleParams"}
 
 
 def _install_fakes(log, emulator=None, start_proxy=None):
@@ -323,7 +327,13 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
         assert [p[0] for p in plans] == ["ht_proxy_plan_send", "ht_proxy_plan_recv"] and plans[0][1] == R + R // 2
         pr = unpack("HTProxyPlanRecvParams", plans[1][3])
         assert pr["node_col"] == R + 3 + E // R and pr["nvl_head"] == 0 and pr["rdma_end"] != 0 and plans[1][1] == 1
-        log[:] = [entry for entry in log if not entry[0].startswith("ht_proxy_plan_")]
+        # the handle on the device after the dispatch kernel: a block per chunk of the forwarder's rows
+        # (300: one), then blocks over the received rows (300: one), writing the handle's own tensors
+        handles = [entry for entry in log if entry[0] == "ht_proxy_forward_handle"]
+        fh = unpack("HTProxyForwardHandleParams", handles[0][3])
+        assert len(handles) == 1 and handles[0][1] == 1 + 1 and handles[0][2] == 512
+        log[:] = [entry for entry in log if entry[0] not in ("ht_proxy_plan_send", "ht_proxy_plan_recv",
+                                                             "ht_proxy_forward_handle")]
         n = unpack("HTProxyNotifyParams", log[0][3])
         assert n["node_col"] == R + 3 + E // R and n["ranks_per_node"] == 2 and n["num_channels"] == 3
         assert n["record_ints"] == R + 2 * 3 + E // R + 1
@@ -340,6 +350,10 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
         assert d["ranks_per_node"] == 2 and d["rdma_rows"] == worst and d["num_rows"] == worst
         h = out[5]
         assert len(h) == 10 and h[1].shape == (2, 3) and h[8].shape == (T, 2) and h[9].shape == (worst, 2)
+        assert (fh["recv_rdma_prefix"], fh["rdma_rank_prefix"], fh["recv_src_meta"], fh["send_nvl_head"]) == \
+            tuple(h[k].data_ptr() for k in (3, 4, 7, 9)) and fh["rdma_end"] == pr["rdma_end"]
+        assert (fh["rdma_mask"], fh["recv_mask"], fh["meta_out"]) == (d["rdma_mask"], d["recv_mask"], n["meta_out"])
+        assert (fh["num_rows"], fh["rdma_rows"], fh["record_ints"]) == (worst, worst, n["record_ints"])
         eng.combine(torch.zeros(worst, H, dtype=torch.bfloat16), h, None, (None, None), config)
         cb = unpack("HTProxyForwardCombineParams", log[-1][3])
         assert log[-1][0] == "ht_proxy_forward_combine" and log[-1][1] == 9

@@ -164,7 +164,8 @@ def test_param_abi_sizes_match_the_packer(tmp_path):
                "HTLayoutParams", "HTNotifyParams", "HTDispatchParams", "HTCombineParams",
                "LLProxyDispatchParams", "LLProxyDispatchRecvParams", "LLProxyCombineParams",
                "LLProxyCombineRecvParams", "HTProxyNotifyParams", "HTProxyDispatchParams", "HTProxyCombineParams",
-               "HTProxyForwardDispatchParams", "HTProxyForwardCombineParams", "HTCEBeginParams",
+               "HTProxyForwardDispatchParams", "HTProxyForwardCombineParams", "HTProxyPlanSendParams",
+               "HTProxyPlanRecvParams", "HTProxyForwardHandleParams", "HTCEBeginParams",
                "HTCEWaitParams", "HTCombineCEParams", "HTDispatchCEParams"]
     lines = ['#include "uccl_ep/kernel_abi.h"', '#include "uccl_ep/kernel_abi_internode.h"']
     for s in structs:

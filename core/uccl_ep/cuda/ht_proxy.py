@@ -136,7 +136,8 @@ class ProxyNormalEngine:
             ("ht/proxy/dispatch.cu", "ht_proxy_dispatch"), ("ht/proxy/combine.cu", "ht_proxy_combine"),
             ("ht/proxy/forward_dispatch.cu", "ht_proxy_forward_dispatch"),
             ("ht/proxy/forward_combine.cu", "ht_proxy_forward_combine"),
-            ("ht/proxy/plan.cu", "ht_proxy_plan_send"), ("ht/proxy/plan.cu", "ht_proxy_plan_recv"))
+            ("ht/proxy/plan.cu", "ht_proxy_plan_send"), ("ht/proxy/plan.cu", "ht_proxy_plan_recv"),
+            ("ht/proxy/plan.cu", "ht_proxy_forward_handle"))
             if "forward" not in n or self.forward}
         # the session's proxy and mappings, under the names the kernels' parameters use; this
         # engine's counters are the session's normal-mode range, from 0 (ordered counters < 1024)

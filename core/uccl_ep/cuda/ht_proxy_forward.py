@@ -26,6 +26,8 @@ from .runtime import current_stream, pack_params
 __all__ = ["dispatch", "cached_dispatch", "combine"]
 
 _BLOCK = 512
+_HANDLE_BLOCK = 512   # ht/proxy/plan.cu kHandleThreads: ht_proxy_forward_handle's threads per block
+_HANDLE_ROWS = 1024   # ... kHandleRows: its forwarder rows per block
 
 
 def _ptr(t) -> int:
@@ -52,6 +54,29 @@ def _launch_dispatch(eng, x, scales, topk_idx, topk_weights, st, outs, rows, rdm
     eng.kernels["ht_proxy_forward_dispatch"].launch(grid, _BLOCK, params, current_stream())
 
 
+def _forward_handle(eng, meta_out, cols: dict, st, rdma_end, recv_mask) -> tuple:
+    """DeepEP's 10-tuple of a fresh dispatch on the device (ht/proxy/plan.cu ht_proxy_forward_handle,
+    after the dispatch kernel on the same stream recorded the masks; the host reference is
+    ht_proxy_plan.forward_handle, which the CPU emulator runs)."""
+    R, G, C, rows, rdma_rows = eng.R, eng.G, st.num_channels, st.num_rows, st.rdma_rows
+    i32 = dict(dtype=torch.int32, device=meta_out.device)
+    src_meta, nvl_head = torch.empty(rows, 2, **i32), torch.empty(rdma_rows, G, **i32)
+    rdma_prefix, rdma_rank_prefix = torch.empty(R // G, C, **i32), torch.empty(R // G, **i32)
+    params = pack_params(
+        "HTProxyForwardHandleParams", meta_out=meta_out.data_ptr(), recv_end=st.recv_end.data_ptr(),
+        recv_mask=recv_mask.data_ptr(), rdma_count=st.rdma_count.data_ptr(), rdma_end=rdma_end.data_ptr(),
+        rdma_mask=st.rdma_mask.data_ptr(), recv_src_meta=src_meta.data_ptr(), send_nvl_head=nvl_head.data_ptr(),
+        recv_rdma_prefix=rdma_prefix.data_ptr(), rdma_rank_prefix=rdma_rank_prefix.data_ptr(), num_ranks=R,
+        rank=eng.rank, ranks_per_node=G, num_channels=C, record_ints=cols["ints"], num_rows=rows,
+        rdma_rows=rdma_rows)
+    # a block per chunk of the forwarder's rows (send_nvl_head), then blocks over the received rows
+    chunks = (rdma_rows + _HANDLE_ROWS - 1) // _HANDLE_ROWS
+    row_blocks = max(1, min(1024, (rows + _HANDLE_BLOCK - 1) // _HANDLE_BLOCK))
+    eng.kernels["ht_proxy_forward_handle"].launch(chunks + row_blocks, _HANDLE_BLOCK, params, current_stream())
+    return (st.in_rank, st.node_send_prefix, st.send_prefix, rdma_prefix, rdma_rank_prefix, st.recv_prefix,
+            st.recv_end, src_meta.view(torch.uint8).view(rows, 8), st.send_rdma_head, nvl_head)
+
+
 def _dispatch_rings(eng, msg: int, channels: int, config, phase: str) -> dict:
     return dict(eng.ring(msg, channels, config, phase + " hop 1", area=0),
                 **eng.ring(msg, channels, config, phase + " hop 2", area=1))
@@ -59,7 +84,7 @@ def _dispatch_rings(eng, msg: int, channels: int, config, phase: str) -> dict:
 
 def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
              expert_alignment, num_worst_tokens, config):
-    R, G, dev = eng.R, eng.G, x.device
+    R, dev = eng.R, x.device
     T, C, E, E_loc, K, ns = eng.check_dispatch(x, x_scales, topk_idx, num_tokens_per_expert, config)
     msg = plan.forward_msg_bytes(x.shape[1] * x.element_size(), ns, K)
     rings = _dispatch_rings(eng, msg, C, config, "dispatch")
@@ -78,13 +103,12 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
         vals = eng.wait_host(tag)
         num_recv, per_src, per_expert = vals[0], vals[1:1 + R], vals[1 + R:1 + R + E_loc]
         rows, rdma_rows = num_recv, vals[1 + R + E_loc]
-    lay = plan.RecvLayout(counts=meta_out[:, :R], **{k: v for k, v in eng.plan_recv(meta_out, send_prefix, C, cols,
-                                                                                    rows).items() if v is not None})
+    lay = eng.plan_recv(meta_out, send_prefix, C, cols, rows)
     st = plan.RecvLayout(num_tokens=T, num_rows=rows, num_recv=num_recv, num_channels=C, num_experts=E,
                          rdma_rows=rdma_rows, in_rank=in_rank, send_prefix=send_prefix,
-                         node_send_prefix=node_send_prefix, recv_prefix=lay.recv_prefix,
-                         recv_end=lay.recv_end, recv_count=lay.recv_count, rdma_prefix=lay.rdma_prefix,
-                         rdma_count=lay.rdma_count, send_rdma_head=send_rdma_head)
+                         node_send_prefix=node_send_prefix, recv_prefix=lay["recv_prefix"],
+                         recv_end=lay["recv_end"], recv_count=lay["recv_count"], rdma_prefix=lay["rdma_prefix"],
+                         rdma_count=lay["rdma_count"], send_rdma_head=send_rdma_head)
     recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
     recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
     recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
@@ -97,8 +121,7 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
     topk_weights = topk_weights.contiguous() if topk_weights is not None else None
     _launch_dispatch(eng, x, x_scales, topk_idx, topk_weights, st,
                      (recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, st.rdma_mask), rows, rdma_rows, rings)
-    items = plan.forward_handle(lay, st.send_prefix, st.node_send_prefix, in_rank, st.send_rdma_head, recv_mask,
-                                st.rdma_mask, eng.rank, G, rows, rdma_rows)
+    items = _forward_handle(eng, meta_out, cols, st, lay["rdma_end"], recv_mask)
     state = plan.ProxyNormalPlan(recv_counts=per_src, **vars(st))
     return recv_x, recv_scales, recv_idx, recv_w, per_expert, NormalHandle(items, eng.owner, state)
 

@@ -212,7 +212,9 @@ def forward_handle(lay: RecvLayout, send_prefix: torch.Tensor, node_send_prefix:
                    ranks_per_node: int, num_rows: int, rdma_rows: int) -> tuple:
     """DeepEP's 10-tuple with several ranks per node, from the exchanged records and the masks the
     kernels recorded (recv_mask per received row, rdma_mask per token received as forwarder, in
-    (source node, token) order); num_worst_tokens pads recv_src_meta and send_nvl_head (-1)."""
+    (source node, token) order); num_worst_tokens pads recv_src_meta and send_nvl_head (-1).
+    The host reference of ht/proxy/plan.cu ht_proxy_forward_handle (the engine computes it there; the
+    CPU emulator runs this)."""
     dev, G = in_rank.device, ranks_per_node
     rows = torch.arange(num_rows, dtype=torch.int32, device=dev)
     valid = rows < lay.recv_end[-1]

@@ -347,6 +347,28 @@ struct HTProxyForwardDispatchParams {
   int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
 };
 
+// DeepEP's handle items of a fresh dispatch with forwarding (ht/proxy/plan.cu ht_proxy_forward_handle),
+// after the forwarding dispatch kernel recorded the NVL masks; ht_proxy_plan.forward_handle on the host.
+struct HTProxyForwardHandleParams {
+  uint64_t meta_out;          // int64 [R, L]: the records received, by source (columns 0..R: tokens per rank)
+  uint64_t recv_end;          // int32 [R]: end row of each source's block
+  uint64_t recv_mask;         // int32 [rows]: the NVL mask each received row carried
+  uint64_t rdma_count;        // int32 [N, C]: what node n's rail source forwards through me per channel
+  uint64_t rdma_end;          // int32 [N]: end of node n's block of those rows
+  uint64_t rdma_mask;         // int32 [rdma_rows]: the NVL mask of each token received at RDMA level
+  uint64_t recv_src_meta;     // out int32 [rows, 2]: (source node, NVL mask), zero past the real rows
+  uint64_t send_nvl_head;     // out int32 [rdma_rows, G]: row of token k at local rank g, or -1
+  uint64_t recv_rdma_prefix;  // out int32 [N, C]: rdma_count summed over channels 0..c
+  uint64_t rdma_rank_prefix;  // out int32 [N]: a copy of rdma_end
+  int64_t num_ranks;
+  int64_t rank;
+  int64_t ranks_per_node;
+  int64_t num_channels;
+  int64_t record_ints;        // L
+  int64_t num_rows;           // rows of recv_mask / recv_src_meta (num_worst_tokens pads)
+  int64_t rdma_rows;          // rows of rdma_mask / send_nvl_head (num_worst_tokens pads)
+};
+
 struct HTProxyForwardCombineParams {
   uint64_t x;                 // bf16 [rows, H]
   uint64_t topk_weights;      // fp32 [rows, K] or 0
