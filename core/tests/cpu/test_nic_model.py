@@ -133,6 +133,17 @@ def test_rate_is_capped_per_nic_shared_by_its_threads():
     assert all(r[3] == 0 for r in rows)                # reorder=0: released in posting order
 
 
+def _ping_pong(p, C, rank, rounds, ping=0, pong=0):
+    """Rounds of zero-byte messages: rank 0 bumps counter `ping` at rank 1, which answers on `pong`."""
+    for i in range(rounds):
+        if rank == 0:
+            p.push(0, *C.encode_atomic(1, ping, 1, False), 10.0)
+            p.wait_counter(1, pong, i + 1, 10.0, "pong")
+        else:
+            p.wait_counter(0, ping, i + 1, 10.0, "ping")
+            p.push(0, *C.encode_atomic(0, pong, 1, False), 10.0)
+
+
 def _pingpong_worker(rank, world, models, rounds):
     from uccl_ep.proxy import native, start_proxy
     C = native()
@@ -143,13 +154,7 @@ def _pingpong_worker(rank, world, models, rounds):
         try:
             dist.barrier()
             t0 = time.perf_counter()
-            for i in range(rounds):
-                if rank == 0:
-                    p.push(0, *C.encode_atomic(1, 0, 1, False), 10.0)
-                    p.wait_counter(1, 0, i + 1, 10.0, "pong")
-                else:
-                    p.wait_counter(0, 0, i + 1, 10.0, "ping")
-                    p.push(0, *C.encode_atomic(0, 0, 1, False), 10.0)
+            _ping_pong(p, C, rank, rounds)
             out.append((time.perf_counter() - t0) / rounds)
             dist.barrier()
         finally:
@@ -274,13 +279,7 @@ def _trace_worker(rank, world, model, rounds):
                     timeout_s=60.0, ranks_per_node=1, nic_model=model)
     try:
         dist.barrier()
-        for i in range(rounds):  # rank 0 sends atomics on counter 1, rank 1 answers on counter 2
-            if rank == 0:
-                p.push(0, *C.encode_atomic(1, 1, 1, False), 10.0)
-                p.wait_counter(1, 2, i + 1, 10.0, "pong")
-            else:
-                p.wait_counter(0, 1, i + 1, 10.0, "ping")
-                p.push(0, *C.encode_atomic(0, 2, 1, False), 10.0)
+        _ping_pong(p, C, rank, rounds, ping=1, pong=2)
         dist.barrier()
         return p.transport_trace()
     finally:
