@@ -13,8 +13,8 @@ staging or the proxy's polling -- was late), `done` (it posts no more in the tra
 from the gap's start to that post; the ring whose post ended the stretch labels it. With out_dir it writes the raw events
 (nic_<op>_r<rank>.json: rows [thread, kind, t_ns, a, b, bytes, peer, imm], nic_model.cc
 TraceRecorder) for a closer look. Rank 0 also prints, per direction, where a data Write's time goes
-after the model releases it (the stand-in's copy and inbox hand-off) and the op boundaries. Not a
-test.
+after the model releases it (the stand-in's copy and inbox hand-off), and each op boundary: the
+last Write's stages, the last data and credit this rank received, and its next post. Not a test.
 """
 
 from __future__ import annotations
@@ -137,6 +137,32 @@ def hops(rows_by_rank: list) -> dict:
     return out
 
 
+def boundaries(rows_by_rank: list) -> list:
+    """Each op boundary of each rank (a gap of over 40 us between two of its data posts), us from
+    the trace's start: its last data post of the op, that Write's due time, release and local
+    completion, the last data and the last credit delivered to this rank before its next post, and
+    that next post (which of them it waited for shows as the smallest step before it)."""
+    t0 = min(r[2] for rows in rows_by_rank for r in rows)
+    us = lambda t: round((t - t0) / 1e3, 1) if t is not None else None  # noqa: E731
+    out = []
+    for me, rows in enumerate(rows_by_rank):
+        rows = sorted(rows, key=lambda r: r[2])  # the threads' events, merged in time
+        posts = [r for r in rows if r[1] == POST and r[5] > 0]
+        for last, nxt in zip(posts, posts[1:]):
+            if nxt[2] - last[2] <= 40000:
+                continue
+            rel = next((r for r in rows if r[1] == RELEASE and r[7] == last[7] and r[2] >= last[2]), None)
+            done = next((r for r in rows if rel is not None and r[1] == DONE and r[0] == rel[0] and r[4] == rel[4]
+                         and r[2] >= rel[2]), None)
+            into = [r for r in rows if r[1] == DELIVER and r[2] < nxt[2]]
+            data_in = max((r[2] for r in into if _imm_fields(r[7])[0] == 1), default=None)
+            credit_in = max((r[2] for r in into if _imm_fields(r[7])[0] == 2), default=None)
+            out.append({"rank": me, "last_post": us(last[2]), "due": us(last[4]), "released": us(rel[2] if rel else None),
+                        "local_done": us(done[2] if done else None), "last_data_in": us(data_in),
+                        "last_credit_in": us(credit_in), "next_post": us(nxt[2])})
+    return out
+
+
 def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
     from uccl_ep import Buffer
     from uccl_ep.proxy.nic_model import parse_nic_model
@@ -184,6 +210,7 @@ def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
         res["wall_us_per_op"] = (t1 - t0) / 1e3 / repeat
         if rank == 0:
             res["hops"] = hops(everyone)
+            res["boundaries"] = boundaries(everyone)
         out[name] = res
     return out
 
@@ -206,6 +233,8 @@ def main() -> None:
             detail = s.pop("detail", [])
             for direction, h in s.pop("hops", {}).items():
                 print(f"--- {name} {direction}: " + json.dumps(h))
+            for b in s.pop("boundaries", []):
+                print(f"--- {name} op boundary: " + json.dumps(b))
             print(f"=== rank {r} {name}: " + json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
                                                         for k, v in s.items()}))
             for at, length, label, rings in detail:
