@@ -14,7 +14,20 @@ from typing import Any, Iterable
 __all__ = ["NormalHandle", "LowLatencyHandle"]
 
 
-class NormalHandle(tuple):
+class _Handle(tuple):
+    """DeepEP's positional items, plus the Buffer that made them and the executor's plan."""
+
+    owner: Any
+    plan: Any
+
+    def __new__(cls, items: Iterable[Any], owner: Any, plan: Any):
+        obj = super().__new__(cls, tuple(items))
+        obj.owner = owner
+        obj.plan = plan
+        return obj
+
+
+class NormalHandle(_Handle):
     """Intranode: (rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix,
     recv_src_idx, is_token_in_rank, send_head).
 
@@ -23,32 +36,16 @@ class NormalHandle(tuple):
     recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head).
     """
 
-    owner: Any
-    plan: Any
     kind = "normal"
-
-    def __new__(cls, items: Iterable[Any], owner: Any, plan: Any) -> "NormalHandle":
-        obj = super().__new__(cls, tuple(items))
-        obj.owner = owner
-        obj.plan = plan
-        return obj
 
     def __repr__(self) -> str:
         return f"NormalHandle(len={len(self)}, owner={type(self.owner).__name__})"
 
 
-class LowLatencyHandle(tuple):
+class LowLatencyHandle(_Handle):
     """(src_info [E_loc, R*T] int32, layout_range [E_loc, R] int64, T, H, num_experts)."""
 
-    owner: Any
-    plan: Any
     kind = "low_latency"
-
-    def __new__(cls, items: Iterable[Any], owner: Any, plan: Any) -> "LowLatencyHandle":
-        obj = super().__new__(cls, tuple(items))
-        obj.owner = owner
-        obj.plan = plan
-        return obj
 
     def __repr__(self) -> str:
         return f"LowLatencyHandle(T={self[2]}, H={self[3]}, E={self[4]})"

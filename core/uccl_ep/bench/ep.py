@@ -30,7 +30,7 @@ from ..config import Config
 from ..tuning import Tuning
 from ..refs import logfmt
 from ..refs.fp8 import per_token_cast_to_fp8
-from .timing import time_op
+from .timing import rank_context, time_op
 from .verify import check_ht, check_ll, ht_expected, ll_expected
 
 __all__ = ["BenchSpec", "run_rank", "nic_fields"]
@@ -474,13 +474,7 @@ def _bench_ll_graph(spec, buf, group, x, topk_idx, topk_weights, y, device, rows
 def run_rank(rank: int, world: int, spec_dict: dict, progress_queue: Any = None) -> list[dict[str, Any]]:
     """Body of one benchmark rank (the process group is already initialized)."""
     spec = BenchSpec(**spec_dict)
-    group = dist.group.WORLD
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()).lower() \
-        else torch.device("cpu")
-
-    def progress(msg: str) -> None:
-        if progress_queue is not None and rank == 0:
-            progress_queue.put(msg)
+    group, device, progress = rank_context(rank, progress_queue)
 
     probe = Buffer(group, 0, 0, backend=spec.backend)
     rows = _Rows(spec, world, probe.backend, device)

@@ -35,7 +35,7 @@ from ..refs.fp8 import per_token_cast_to_fp8
 from .deepep import DeepEP, Lib, deepep_lib, find_deepep, uccl_lib
 from .ep import _a2a_baseline, _routing
 from .matrix_report import derive
-from .timing import time_op
+from .timing import rank_context, time_op
 from .verify import check_ht, check_ll, ht_expected, ll_expected
 
 __all__ = ["MatrixSpec", "run_matrix_rank", "HT_TOKENS", "LL_TOKENS", "HIDDENS", "ROUTINGS", "SMS", "LL_RUNS"]
@@ -381,13 +381,7 @@ class _Run:
 def run_matrix_rank(rank: int, world: int, spec_dict: dict, progress_queue: Any = None) -> dict[str, Any]:
     """Body of one rank of the matrix (the process group is already initialized)."""
     spec = MatrixSpec(**spec_dict)
-    group = dist.group.WORLD
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()).lower() \
-        else torch.device("cpu")
-
-    def progress(msg: str) -> None:
-        if progress_queue is not None and rank == 0:
-            progress_queue.put(msg)
+    group, device, progress = rank_context(rank, progress_queue)
 
     found = find_deepep() if spec.deepep != "off" else DeepEP(None, "not asked for (--deepep off)")
     run = _Run(spec, group, rank, world, device, progress)

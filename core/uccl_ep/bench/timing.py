@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["time_op"]
+__all__ = ["time_op", "rank_context"]
 
 
 def _stats(samples: list[float], prefix: str = "") -> dict[str, float]:
@@ -84,3 +84,17 @@ def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.dev
     out["calls"] = warmup + n + synced_iters
     out["timed_calls"] = n
     return out
+
+
+def rank_context(rank: int, progress_queue: Any = None) -> tuple[Any, torch.device, Callable[[str], None]]:
+    """(group, device, progress) of a bench rank whose process group is initialized: the CUDA device
+    under NCCL, else the CPU; progress messages go to the parent (rank 0's only)."""
+    group = dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()).lower() \
+        else torch.device("cpu")
+
+    def progress(msg: str) -> None:
+        if progress_queue is not None and rank == 0:
+            progress_queue.put(msg)
+
+    return group, device, progress
