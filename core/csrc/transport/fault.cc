@@ -50,6 +50,7 @@ class FaultTransport final : public Transport {
   void finalize_setup() override { inner_->finalize_setup(); }
   std::vector<uint64_t> copy_ring() const override { return inner_->copy_ring(); }
   PostResult discard(int peer, uint64_t len, std::string* error) override { return inner_->discard(peer, len, error); }
+  std::vector<int64_t> trace() const override { return inner_->trace(); }
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
     // relaxed: statistics only.
     std::vector<std::pair<std::string, uint64_t>> c = {

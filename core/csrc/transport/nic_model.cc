@@ -11,7 +11,7 @@
 //   seed=<n>         seeds the reordering (mixed with rank and thread), so a run can be replayed
 //   mates=<0|1>      1: writes to the writer's own node go through the NIC too (a transport that
 //                    sends every peer over the fabric, no NVLink or ipc path: the all-RDMA case)
-//   trace=<n>        keep the endpoint's last n events (posts, refusals, releases, deliveries) for
+//   trace=<n>        keep the endpoint's last n events (posts, refusals, releases, completions, deliveries) for
 //                    trace(): a lab measurement (tools/lab/trace_nic.py), 0 = off
 //
 // The model, per message: it occupies its NIC's link for len / bw (a serialized link, one per

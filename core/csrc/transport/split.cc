@@ -108,6 +108,12 @@ class SplitTransport final : public Transport {
     local_->shutdown();
     remote_->shutdown();
   }
+  std::vector<int64_t> trace() const override {  // the two endpoints' events one after the other
+    std::vector<int64_t> t = local_->trace();
+    const std::vector<int64_t> r = remote_->trace();
+    t.insert(t.end(), r.begin(), r.end());
+    return t;
+  }
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
     auto c = local_->counters();
     for (auto& kv : remote_->counters()) c.push_back(kv);

@@ -119,8 +119,9 @@ class Transport {
   virtual void shutdown() {}
   // Named event counts for diagnostics and tests (safe to call from any thread).
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
-  // Recorded events, kTraceFields int64 each (the NIC model's `trace=N`: its last N posts, refusals
-  // and deliveries, for tools/lab/trace_nic.py); empty unless asked for (safe to call from any thread).
+  // Recorded events, kTraceFields int64 each (the NIC model's `trace=N`: its last N posts, refusals,
+  // releases, completions and deliveries, for tools/lab/trace_nic.py; decorators hand on their inner
+  // transport's); empty unless asked for (safe to call from any thread).
   static constexpr int kTraceFields = 7;
   virtual std::vector<int64_t> trace() const { return {}; }
   // The copy ring this endpoint's writes wait on (ipc with ipc_copy "kernel"): {host address, bytes,

@@ -272,10 +272,10 @@ def test_bench_flag_rejects_a_bad_model(capsys):
     assert nic_model_from_args(argparse.Namespace(nic_model="")) is None
 
 
-def _trace_worker(rank, world, model, rounds):
+def _trace_worker(rank, world, model, rounds, transport):
     from uccl_ep.proxy import native, start_proxy
     C = native()
-    p = start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport="loop", num_threads=1,
+    p = start_proxy(dist.group.WORLD, region_bytes=1 << 16, num_counters=4, transport=transport, num_threads=1,
                     timeout_s=60.0, ranks_per_node=1, nic_model=model)
     try:
         dist.barrier()
@@ -290,8 +290,11 @@ def test_trace_keeps_the_last_events_of_each_endpoint():
     """`trace=n`: each endpoint keeps its last n events (posts with their link exit and due time,
     deliveries), oldest first, in one steady-clock time base."""
     rounds, keep = 12, 10
-    traces = run_ranks(_trace_worker, 2, f"bw=1e9,lat_us=200,trace={keep}", rounds, timeout_s=120)
+    traces = run_ranks(_trace_worker, 2, f"bw=1e9,lat_us=200,trace={keep}", rounds, "loop", timeout_s=120)
+    # through the fault decorator too (outermost: fault:nic:<spec>:loop), which hands the model's trace on
+    traces += run_ranks(_trace_worker, 2, f"bw=1e9,lat_us=200,trace={keep}", rounds, "fault:loop", timeout_s=120)
     for rank, rows in enumerate(traces):
+        rank %= 2
         assert 0 < len(rows) <= keep, (rank, len(rows))
         assert all(len(r) == 8 and r[0] == 0 for r in rows)
         times = [r[2] for r in rows]

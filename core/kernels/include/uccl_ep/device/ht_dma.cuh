@@ -119,7 +119,8 @@ UCCL_DEVICE void fetch_and_publish(const HtDmaContext* d, int g, int64_t senders
   uint64_t target = ~uint64_t(0);  // bytes every sender of this launch pushed to this ring (once known)
   bool found_none = false, failed = false;
   uint64_t last_progress = clock_ns();
-  // diagnostics (HtDmaRing): lane 0's cycles per stage, added to the ring's sums as the fetcher leaves
+  // diagnostics (HtDmaRing): cycles per stage (every lane counts; lane 0 adds its own to the ring's
+  // sums as the fetcher leaves)
   uint64_t passes = 0, c_read = 0, c_take = 0, c_scan = 0, c_publish = 0;
   const uint64_t first_ns = clock_ns(), first_cycles = uint64_t(clock64());
   uint64_t stamp = first_cycles;
