@@ -19,6 +19,7 @@ last Write's stages, the last data and credit this rank received, and its next p
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -30,22 +31,20 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
+from uccl_ep.protocol.layout import RING_HEAD_BASE as HEAD_BASE  # noqa: E402  (HEAD(r) = base + ring)
 
 POST, REFUSED, RELEASE, DELIVER, DONE = 0, 1, 2, 3, 4
-HEAD_BASE = 512            # uccl_ep.protocol.layout.RING_HEAD_BASE
 GAP_NS = 2000
 CREDIT_NS = 8000  # a post this soon after a credit of its ring counts as released by it
 
 
+@functools.lru_cache(maxsize=None)
 def _imm_fields(imm: int) -> tuple[int, int, int]:
-    """(kind, counter, count): count = an ordered Write's increment or an atomic's value."""
-    kind = (imm >> 30) & 3
-    if kind == 1:
-        return kind, imm & 0x3FF, (imm >> 21) & 0x1FF
-    if kind == 2:
-        value = (imm >> 13) & 0xFFFF
-        return kind, imm & 0x1FFF, value - 0x10000 if value & 0x8000 else value
-    return kind, imm & 0x1FFF, 0
+    """(kind, counter, count): count = an ordered Write's increment or an atomic's value
+    (immediate.h's decoder through the bindings)."""
+    from uccl_ep.proxy import native
+    d = native().imm_decode(imm)
+    return d["kind"], d["counter"], d["increment"] if d["kind"] == 1 else d["value"] if d["kind"] == 2 else 0
 
 
 def analyse(rows: list, bw: float) -> dict:
