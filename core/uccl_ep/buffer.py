@@ -316,7 +316,7 @@ class Buffer(LowLatencyMixin):
             # NOTES: the seal lives on the plan (only this Buffer's executor made it): a handle built
             # by hand has no sealed plan, one with items replaced does not match the seal.
             try:
-                object.__setattr__(handle.plan, "_uccl_ep_seal", (id(self), tuple(id(item) for item in handle)))
+                object.__setattr__(handle.plan, "_uccl_ep_seal", (id(self), tuple(map(id, handle))))
             except (AttributeError, TypeError):  # a plan without attributes (None, slots): owner check only
                 pass
         return handle
@@ -467,7 +467,7 @@ class Buffer(LowLatencyMixin):
                                   hint="normal and low-latency handles are not interchangeable")
         if handle.owner is not self:
             raise InvalidArgument("handle", "a handle made by this Buffer", "a handle from another Buffer")
-        seal = (id(self), tuple(id(item) for item in handle))
+        seal = (id(self), tuple(map(id, handle)))
         if handle.plan is None or hasattr(handle.plan, "__dict__") and getattr(handle.plan, "_uccl_ep_seal", None) != seal:
             raise InvalidArgument("handle", f"a handle returned by this Buffer's "
                                   f"{'dispatch' if kind is NormalHandle else 'low_latency_dispatch'}, unmodified",

@@ -13,7 +13,8 @@ from .errors import InvalidArgument, LimitExceeded
 from .events import EventHandle, EventOverlap
 from .handles import LowLatencyHandle
 from .proxy.limits import check_protocol_limits
-from .validate import check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range, exclusive
+from .validate import (CheckedCalls, check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
+                       exclusive, tensor_signature)
 
 __all__ = ["LowLatencyMixin"]
 
@@ -25,6 +26,9 @@ class LowLatencyMixin:
         self._masked_ranks: set[int] = set()
         # (num_max, hidden, num_experts) shapes known to fit the buffer (_check_ll_capacity)
         self._ll_shapes_fitted: set[tuple[int, int, int]] = set()
+        # signatures of dispatch / combine calls whose checks passed (validate.CheckedCalls)
+        self._ll_dispatch_checked = CheckedCalls()
+        self._ll_combine_checked = CheckedCalls()
 
     def _check_ll_mode(self, op: str) -> None:
         self._check_alive()
@@ -73,25 +77,15 @@ class LowLatencyMixin:
 
         return lambda: hook(self)
 
-    @exclusive
-    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
-                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
-                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
-                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
-                             return_recv_hook: bool = False, **extra_kwargs: Any):
-        """-> (recv_x, recv_count [E_loc] i32, handle, EventOverlap, hook).
-
-        ``recv_x`` is BF16 [E_loc, R*T, H], or with ``use_fp8`` a pair (e4m3 [E_loc, R*T, H],
-        scales) whose scales are fp32 [E_loc, R*T, H/128] (or with ``use_ue8m0`` int32
-        [E_loc, R*T, H/512]), column-major in the last two dims.
-        """
-        self._check_ll_mode("low_latency_dispatch")
-        check_extra_kwargs("low_latency_dispatch()", extra_kwargs)
+    def _check_ll_dispatch(self, x, topk_idx, num_max, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale,
+                           use_ue8m0, async_finish, return_recv_hook) -> tuple[int, bool, bool, bool]:
+        """Every check of a low-latency dispatch's arguments that does not read tensor values;
+        -> (num_max as an int, use_fp8, round_scale, use_ue8m0 as bools)."""
         R = self.group_size
         check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2)
         num_tokens, hidden = x.shape
         device = x.device
-        num_max = check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, minimum=1)
+        num_max = check_int("num_max_dispatch_tokens_per_rank", num_max, minimum=1)
         if num_tokens > num_max:
             raise LimitExceeded("x", "tokens per rank (num_max_dispatch_tokens_per_rank)", num_tokens, num_max)
         if hidden == 0 or hidden % 128 != 0:
@@ -109,17 +103,48 @@ class LowLatencyMixin:
             raise InvalidArgument("use_ue8m0", "False unless use_fp8=True and round_scale=True", True)
         if use_ue8m0 and hidden % 512 != 0:
             raise InvalidArgument("x", "hidden a multiple of 512 with use_ue8m0 (4 scales per int32)", hidden)
-        if cumulative_local_expert_recv_stats is not None:
-            check_tensor("cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
-                         dtypes=(torch.int32,), shape=(num_experts // R,), device=device)
-        if dispatch_wait_recv_cost_stats is not None:
-            check_tensor("dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats, dtypes=(torch.int64,),
-                         shape=(R,), device=device)
+        if cumulative_stats is not None:
+            check_tensor("cumulative_local_expert_recv_stats", cumulative_stats, dtypes=(torch.int32,),
+                         shape=(num_experts // R,), device=device)
+        if wait_stats is not None:
+            check_tensor("dispatch_wait_recv_cost_stats", wait_stats, dtypes=(torch.int64,), shape=(R,), device=device)
         self._check_ll_capacity(num_max, hidden, num_experts)
-        if device.type == "cpu":
-            check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         if async_finish and return_recv_hook:
             raise InvalidArgument("async_finish", "False when return_recv_hook=True", True)
+        return num_max, use_fp8, round_scale, use_ue8m0
+
+    @exclusive
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False, **extra_kwargs: Any):
+        """-> (recv_x, recv_count [E_loc] i32, handle, EventOverlap, hook).
+
+        ``recv_x`` is BF16 [E_loc, R*T, H], or with ``use_fp8`` a pair (e4m3 [E_loc, R*T, H],
+        scales) whose scales are fp32 [E_loc, R*T, H/128] (or with ``use_ue8m0`` int32
+        [E_loc, R*T, H/512]), column-major in the last two dims.
+        """
+        self._check_ll_mode("low_latency_dispatch")
+        if extra_kwargs:
+            check_extra_kwargs("low_latency_dispatch()", extra_kwargs)
+        num_max, num_experts = num_max_dispatch_tokens_per_rank, num_experts
+        try:
+            signature = (tensor_signature(x), tensor_signature(topk_idx), type(num_max), num_max, type(num_experts),
+                         num_experts, tensor_signature(cumulative_local_expert_recv_stats),
+                         tensor_signature(dispatch_wait_recv_cost_stats), type(use_fp8), use_fp8, type(round_scale),
+                         round_scale, type(use_ue8m0), use_ue8m0, async_finish, return_recv_hook)
+        except Exception:  # noqa: BLE001 - not tensor-like: the checks below say what is wrong
+            signature = None
+        if signature in self._ll_dispatch_checked:
+            num_max, use_fp8, round_scale, use_ue8m0 = int(num_max), bool(use_fp8), bool(round_scale), bool(use_ue8m0)
+        else:
+            num_max, use_fp8, round_scale, use_ue8m0 = self._check_ll_dispatch(
+                x, topk_idx, num_max, num_experts, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+                use_fp8, round_scale, use_ue8m0, async_finish, return_recv_hook)
+            self._ll_dispatch_checked.add(signature)
+        if x.device.type == "cpu":
+            check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         recv_x, recv_count, handle, finish = self._executor.low_latency_dispatch(
             x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, self._masked_ranks,
             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
@@ -127,19 +152,10 @@ class LowLatencyMixin:
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, tensors)
         return recv_x, recv_count, self._issue_handle(handle), event, hook
 
-    @exclusive
-    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                            handle: tuple, use_logfmt: bool = False, zero_copy: bool = False,
-                            async_finish: bool = False, return_recv_hook: bool = False,
-                            out: Optional[torch.Tensor] = None,
-                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None, **extra_kwargs: Any):
-        """-> (combined_x [T, H] bf16, EventOverlap, hook): sum_k w[t,k] * y[expert][slot of t].
-
-        With ``use_logfmt`` every row travels in LogFMT-10 (``uccl_ep.refs.logfmt``) and is summed
-        as decoded (docs/api.md, "LogFMT combine")."""
-        self._check_ll_mode("low_latency_combine")
-        check_extra_kwargs("low_latency_combine()", extra_kwargs)
-        self._check_handle(handle, LowLatencyHandle, "low_latency_combine")
+    def _check_ll_combine(self, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, async_finish,
+                          return_recv_hook, out, wait_stats) -> tuple[bool, bool]:
+        """Every check of a low-latency combine's arguments past its handle's that does not read
+        tensor values; -> (use_logfmt, zero_copy) as bools."""
         use_logfmt = check_bool("use_logfmt", use_logfmt)
         zero_copy = bool(zero_copy)
         if use_logfmt and zero_copy:  # DeepEP refuses it too: the sender encodes into its own staging
@@ -158,12 +174,42 @@ class LowLatencyMixin:
         check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), shape=tuple(topk_idx.shape), device=device)
         if out is not None:
             check_tensor("out", out, dtypes=(torch.bfloat16,), shape=(num_tokens, hidden), device=device)
-        if combine_wait_recv_cost_stats is not None:
-            check_tensor("combine_wait_recv_cost_stats", combine_wait_recv_cost_stats, dtypes=(torch.int64,),
-                         shape=(R,), device=device)
+        if wait_stats is not None:
+            check_tensor("combine_wait_recv_cost_stats", wait_stats, dtypes=(torch.int64,), shape=(R,), device=device)
         if async_finish and return_recv_hook:
             raise InvalidArgument("async_finish", "False when return_recv_hook=True", True)
-        if device.type == "cpu":
+        return use_logfmt, zero_copy
+
+    @exclusive
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: tuple, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None, **extra_kwargs: Any):
+        """-> (combined_x [T, H] bf16, EventOverlap, hook): sum_k w[t,k] * y[expert][slot of t].
+
+        With ``use_logfmt`` every row travels in LogFMT-10 (``uccl_ep.refs.logfmt``) and is summed
+        as decoded (docs/api.md, "LogFMT combine")."""
+        self._check_ll_mode("low_latency_combine")
+        if extra_kwargs:
+            check_extra_kwargs("low_latency_combine()", extra_kwargs)
+        self._check_handle(handle, LowLatencyHandle, "low_latency_combine")
+        _, _, num_max, hidden, num_experts = handle
+        try:
+            signature = (tensor_signature(x), tensor_signature(topk_idx), tensor_signature(topk_weights),
+                         tensor_signature(out), tensor_signature(combine_wait_recv_cost_stats), num_max, hidden,
+                         num_experts, handle.plan.num_tokens, type(use_logfmt), use_logfmt, bool(zero_copy),
+                         async_finish, return_recv_hook)
+        except Exception:  # noqa: BLE001 - not tensor-like: the checks below say what is wrong
+            signature = None
+        if signature in self._ll_combine_checked:
+            use_logfmt, zero_copy = bool(use_logfmt), bool(zero_copy)
+        else:
+            use_logfmt, zero_copy = self._check_ll_combine(x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
+                                                           async_finish, return_recv_hook, out,
+                                                           combine_wait_recv_cost_stats)
+            self._ll_combine_checked.add(signature)
+        if x.device.type == "cpu":
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         combined, finish = self._executor.low_latency_combine(
             x, topk_idx, topk_weights, handle, self._masked_ranks, out, combine_wait_recv_cost_stats,

@@ -1,12 +1,13 @@
 """Host path of the cuda executor's low-latency engine on a CPU, with no GPU: not a test.
 
-python tools/lab/host_path_standin.py [--profile] [--iters N]
+python tools/lab/host_path_standin.py [--profile [--sort tottime|cumtime]] [--iters N]
 
 The engine (`uccl_ep.cuda.ll.LowLatencyEngine`) runs over the HIP stand-in runtime of the CPU tests
 (core/tests/cpu/hip_standin.c: every driver call answers at once, kernels are JIT-compiled for gfx942
 with Debian's clang 22, as `test_hip_runtime_loader.py` does), on CPU tensors, one rank of 2. It
 prints the host time of one dispatch (send + receive launch) and of one dispatch + combine, best of
-five rounds; `--profile` adds cProfile of the engine's calls by own time. What it measures is the
+15 rounds, at the engine and through `Buffer.low_latency_dispatch` / `low_latency_combine` (every
+check and object the public call makes); `--profile` adds cProfile of the Buffer's calls by own time. What it measures is the
 Python and launch path the engine runs per call; the GPU machine's figures add the CUDA-side torch
 calls and the real driver (`host_path.py`). Needs clang-22 and the HIP headers
 (ci/setup.d/20-gpu-toolchain.sh).
@@ -68,28 +69,67 @@ def step():
     finish(True)
 
 
+# the same engine under the public API: a Buffer and a cuda executor around it, built without their
+# constructors (no process group, no CUDA torch); only the device check, which wants a cuda tensor,
+# is left out
+from uccl_ep.buffer import Buffer
+from uccl_ep.cuda.executor import CudaExecutor
+
+buf = Buffer.__new__(Buffer)
+ex = CudaExecutor.__new__(CudaExecutor)
+ex.__dict__.update(_failure=None, errors=errors, _ll=eng, owner=buf, device=0)
+ex._check_cuda = lambda name, t: None
+buf.__dict__.update(_destroyed=False, low_latency_mode=True, group_size=2, rank=0, num_rdma_bytes=mem.nbytes,
+                    _executor=ex, enable_shrink=False)
+buf._init_low_latency_state()
+x_gpu_like = x  # CPU tensors: Buffer runs its CPU-only id range check on them; keep it out of the timing
+import uccl_ep.buffer_low_latency as bll
+bll.check_topk_ids_in_range = lambda *a: None
+
+
+def api_dispatch():
+    recv_x, count, handle, event, hook = buf.low_latency_dispatch(x, topk, num_max, E, use_fp8=True)
+    return handle
+
+
+def api_step():
+    buf.low_latency_combine(y, topk, w, api_dispatch())
+
+
 iters = int(sys.argv[1])
-for name, fn in (("dispatch", dispatch), ("dispatch + combine", step)):
-    best = float("inf")
-    for _ in range(5):
+# NOTES: rounds of every variant in turn, best of each: a small shared machine's noise comes in stretches
+variants = (("dispatch", dispatch), ("dispatch + combine", step), ("Buffer dispatch", api_dispatch),
+            ("Buffer D + C", api_step))
+best = {name: float("inf") for name, _ in variants}
+for _ in range(15):
+    for name, fn in variants:
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        best = min(best, (time.perf_counter() - t0) / iters)
-    print(f"{name:20s} {best * 1e6:7.1f} us host per call (best of 5 x {iters})")
+        best[name] = min(best[name], (time.perf_counter() - t0) / iters)
+for name, fn in variants:
+    # the function calls (Python and builtin) of one call, as cProfile counts them: noise-free
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(100):
+        fn()
+    prof.disable()
+    calls = sum(v[1] for v in pstats.Stats(prof).stats.values()) / 100
+    print(f"{name:20s} {best[name] * 1e6:7.1f} us host per call (best of 15 rounds x {iters}), {calls:5.0f} "
+          "function calls")
 if sys.argv[2] == "1":
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(iters):
-        step()
+        api_step()
     prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    pstats.Stats(prof).sort_stats(sys.argv[3] if len(sys.argv) > 3 else "tottime").print_stats(25)
 """
 
 
 def main(argv: list[str]) -> int:
     profile = "--profile" in argv
-    iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 2000
+    iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 300
     clang = hip_toolchain.clang()
     if clang is None:
         print("needs clang-22 with Debian's HIP headers (ci/setup.d/20-gpu-toolchain.sh)", file=sys.stderr)
@@ -98,10 +138,12 @@ def main(argv: list[str]) -> int:
         lib = Path(tmp)
         subprocess.run([clang, "-shared", "-fPIC", "-O1", str(ROOT / "core" / "tests" / "cpu" / "hip_standin.c"),
                         "-o", str(lib / "libamdhip64.so")], check=True)
-        env = dict(os.environ, LD_LIBRARY_PATH=str(lib), STANDIN_LOG="/dev/null", UCCL_EP_CUDA_ARCH="gfx942",
+        env = dict(os.environ, LD_LIBRARY_PATH=str(lib), STANDIN_LOG="none", UCCL_EP_CUDA_ARCH="gfx942",
                    UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(lib)),
                    UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"))
-        return subprocess.run([sys.executable, "-c", CHILD, str(iters), "1" if profile else "0"], env=env).returncode
+        sort = argv[argv.index("--sort") + 1] if "--sort" in argv else "tottime"
+        return subprocess.run([sys.executable, "-c", CHILD, str(iters), "1" if profile else "0", sort],
+                              env=env).returncode
 
 
 if __name__ == "__main__":

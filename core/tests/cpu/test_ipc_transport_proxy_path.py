@@ -164,7 +164,10 @@ def test_kernel_parameters_and_set_alternation(engine):
     w = torch.rand(T, 4, generator=g)
     log = engine.launches
     for it in range(2):
-        engine.ex.ctx.enable_shrink = bool(it)  # the second op as a Buffer in shrink mode would make it
+        # the second op as a Buffer in shrink mode would make it (a Buffer's shrink mode is fixed for
+        # its life, and the engine resolves it once per layout: its parameter templates go with it)
+        engine.ex.ctx.enable_shrink = bool(it)
+        eng._template_cache.clear()
         out = eng.dispatch(None, x, topk, T, E, True, False, False, {1} if it else set(), None, None)
         handle, finish = out[2], out[3]
         lay = eng.layout

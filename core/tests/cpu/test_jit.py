@@ -164,6 +164,43 @@ def test_param_structs_pack_from_the_header():
         runtime.pack_params("HTLayoutParams", topk_idx=0)
 
 
+def test_param_templates_pack_what_pack_params_packs():
+    """A template (fixed fields once, the per-call ones at each pack) gives pack_params' bytes, for
+    random values and any choice of per-call fields; a nested struct's fields fixed as a dict."""
+    import random
+    from uccl_ep.cuda import runtime
+    rng = random.Random(11)
+    for name in ("LLDispatchParams", "LLDispatchRecvParams", "LLProxyCombineRecvParams", "HTDispatchParams"):
+        fields = runtime.param_fields(name)
+        for _ in range(20):
+            values = {f: rng.randrange(-(1 << 40), 1 << 40) if f in ("timeout_ns",) else rng.randrange(1 << 62)
+                      for f in fields}
+            per_call = tuple(rng.sample(fields, rng.randrange(len(fields) + 1)))
+            nested: dict = {}
+            for f, v in values.items():
+                if f in per_call:
+                    continue
+                top, _, sub = f.partition(".")
+                if sub:
+                    nested.setdefault(top, {})[sub] = v
+                else:
+                    nested[f] = v
+            template = runtime.ParamTemplate(name, per_call, **nested)
+            assert template.pack(*(values[f] for f in per_call)) == runtime.pack_params(name, **values)
+    fields = runtime.param_fields("HTLayoutParams")
+    with pytest.raises(TypeError, match="missing"):
+        runtime.ParamTemplate("HTLayoutParams", (fields[0],))
+    with pytest.raises(TypeError, match="unknown"):
+        runtime.ParamTemplate("HTLayoutParams", (), bogus=1, **{f: 0 for f in fields})
+    with pytest.raises(TypeError, match="both fixed and per call"):
+        runtime.ParamTemplate("HTLayoutParams", (fields[0],), **{f: 0 for f in fields})
+    with pytest.raises(Exception):  # struct refuses a float where an integer goes
+        runtime.ParamTemplate("HTLayoutParams", (), **{f: 0.5 for f in fields})
+    template = runtime.ParamTemplate("HTLayoutParams", fields[:2], **{f: 0 for f in fields[2:]})
+    with pytest.raises(TypeError, match="2 per-call fields"):
+        template.pack(1)
+
+
 def test_driver_missing_is_reported_not_raised_at_import():
     from uccl_ep import _C
     ok, why = _C.cuda.available()

@@ -208,6 +208,61 @@ def test_low_latency_errors(ll, normal, world1):
     _raises(InvalidArgument, "hidden", ll.clean_low_latency_buffer, 16, 100, E)
 
 
+class _EqualToFalse:
+    """Equal to False and hashed alike, but not a bool: a signature must tell it apart by its type."""
+
+    def __eq__(self, other):
+        return other is False
+
+    def __hash__(self):
+        return hash(False)
+
+    def __bool__(self):
+        return False
+
+
+def test_low_latency_checks_are_skipped_only_for_a_signature_that_passed(ll):
+    """The checks of a repeated LL call are skipped (validate.CheckedCalls); any change of a tensor's
+    dtype, shape, device, layout or contiguity, or of a flag's type, checks the call in full."""
+    topk, w = _topk(), torch.rand(T, K)
+    xb = torch.randn(T, H).bfloat16()
+    for _ in range(2):  # the second round: every signature below is in the cache of passed calls
+        recv, _, handle, _, _ = ll.low_latency_dispatch(xb, topk, 16, E, use_fp8=False)
+        ll.low_latency_combine(recv, topk, w, handle)
+    assert len(ll._ll_dispatch_checked._seen) == 1 and len(ll._ll_combine_checked._seen) == 1
+    strided = torch.randn(T, 2 * H).bfloat16()[:, ::2]
+    _raises(InvalidArgument, "x", ll.low_latency_dispatch, strided, topk, 16, E, use_fp8=False, match="contiguous")
+    _raises(InvalidArgument, "x", ll.low_latency_dispatch, torch.empty(T, H, dtype=torch.bfloat16, device="meta"),
+            topk, 16, E, use_fp8=False)
+    _raises(InvalidArgument, "use_fp8", ll.low_latency_dispatch, xb, topk, 16, E, use_fp8=torch.tensor(False))
+    _raises(InvalidArgument, "use_fp8", ll.low_latency_dispatch, xb, topk, 16, E, use_fp8=_EqualToFalse())
+    _raises(InvalidArgument, "num_max_dispatch_tokens_per_rank", ll.low_latency_dispatch, xb, topk, 16.0, E,
+            use_fp8=False)
+    _raises(InvalidArgument, "x", ll.low_latency_dispatch, [[0.0] * H] * T, topk, 16, E, use_fp8=False)
+    bad = topk.clone()
+    bad[0, 0] = E  # values are checked at every call on the host
+    _raises(InvalidArgument, "topk_idx", ll.low_latency_dispatch, xb, bad, 16, E, use_fp8=False, match=f"id {E}")
+    _raises(InvalidArgument, "topk_weights", ll.low_latency_combine, recv, topk, torch.rand(K, T).t(), handle,
+            match="contiguous")
+    _raises(InvalidArgument, "x", ll.low_latency_combine, recv.float(), topk, w, handle)
+    _raises(InvalidArgument, "use_logfmt", ll.low_latency_combine, recv, topk, w, handle, use_logfmt=1.0)
+    # the handle is checked at every call, whatever the signature
+    _raises(InvalidArgument, "handle", ll.low_latency_combine, recv, topk, w, tuple(handle))
+    # and the passed signatures still pass
+    recv, _, handle, _, _ = ll.low_latency_dispatch(xb, topk, 16, E, use_fp8=False)
+    ll.low_latency_combine(recv, topk, w, handle)
+
+
+def test_checked_calls_stay_bounded():
+    from uccl_ep.validate import CheckedCalls
+    seen = CheckedCalls(limit=4)
+    for i in range(10):
+        seen.add((i,))
+        assert (i,) in seen and len(seen._seen) <= 4
+    seen.add(None)
+    assert None not in seen
+
+
 def test_raw_buffer_views(world1):
     buf = Buffer(world1, 1 << 12, 1 << 13, low_latency_mode=True, backend="reference")
     view = buf.get_local_buffer_tensor(torch.int32, offset=64)

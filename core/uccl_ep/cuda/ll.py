@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -27,7 +28,7 @@ from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
-from .runtime import (DeviceMemory, current_stream, device_arch, load_kernel, pack_params, raw_tensor, sm_number,
+from .runtime import (DeviceMemory, ParamTemplate, current_stream, device_arch, load_kernel, raw_tensor, sm_number,
                       warp_size)
 
 __all__ = ["LowLatencyEngine", "dispatch_outputs"]
@@ -87,24 +88,49 @@ class _Layout:
         return s * self.set_bytes + self.sig_off
 
 
+@lru_cache(maxsize=64)
+def _output_specs(E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
+    """The allocations of `dispatch_outputs` for one shape, worked out once."""
+    rows = R * num_max
+    if use_fp8:
+        cols = H // 512 if use_ue8m0 else H // 128
+        scales = ((E_loc, rows, cols), (cols * rows, 1, rows),  # column-major, as DeepEP's
+                  torch.int32 if use_ue8m0 else torch.float32)
+    else:
+        scales = None
+    pad = (E_loc + 63) // 64 * 64
+    return ((E_loc, rows, H), torch.float8_e4m3fn if use_fp8 else torch.bfloat16, scales, pad, pad + E_loc * rows,
+            (E_loc, rows), (E_loc, R))
+
+
 def dispatch_outputs(dev, E_loc: int, R: int, num_max: int, H: int, use_fp8: bool, use_ue8m0: bool):
     """(recv_x, scales or None, recv_count, src_info, layout_range) of a low-latency dispatch."""
-    rows = R * num_max
     # NOTES: every torch call costs a microsecond or more of host time, most of a small eager LL
     # call: one allocation per dtype (views of one byte buffer cost a slice and two views per
     # output), recv_count and src_info sharing one, src_info 256-byte aligned as before.
-    if use_fp8:
-        cols = H // 512 if use_ue8m0 else H // 128
-        recv_x = torch.empty((E_loc, rows, H), dtype=torch.float8_e4m3fn, device=dev)
-        scales = torch.empty_strided((E_loc, rows, cols), (cols * rows, 1, rows),  # column-major, as DeepEP's
-                                     dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev)
-    else:
-        recv_x = torch.empty((E_loc, rows, H), dtype=torch.bfloat16, device=dev)
-        scales = None
-    pad = (E_loc + 63) // 64 * 64
-    ints = torch.empty(pad + E_loc * rows, dtype=torch.int32, device=dev)
-    layout_range = torch.empty((E_loc, R), dtype=torch.int64, device=dev)
-    return recv_x, scales, ints[:E_loc], ints[pad:].view(E_loc, rows), layout_range
+    x_shape, x_dtype, scales, pad, num_ints, src_shape, range_shape = _output_specs(E_loc, R, num_max, H, use_fp8,
+                                                                                   use_ue8m0)
+    recv_x = torch.empty(x_shape, dtype=x_dtype, device=dev)
+    if scales is not None:
+        scales = torch.empty_strided(scales[0], scales[1], dtype=scales[2], device=dev)
+    ints = torch.empty(num_ints, dtype=torch.int32, device=dev)
+    layout_range = torch.empty(range_shape, dtype=torch.int64, device=dev)
+    return recv_x, scales, ints[:E_loc], ints[pad:].view(src_shape), layout_range
+
+
+# The receive kernels' per-call output fields, in `dispatch_output_pointers`' order.
+_DISPATCH_RECV_OUTPUTS = ("recv_x", "recv_scales", "recv_count", "src_info", "layout_range", "cumulative_stats",
+                          "wait_stats")
+
+
+def dispatch_output_pointers(outs, cumulative_stats, wait_stats) -> tuple[int, ...]:
+    """The device addresses of a dispatch's outputs (`dispatch_outputs`) and optional stats tensors,
+    in `_DISPATCH_RECV_OUTPUTS` order (0 for an absent one)."""
+    recv_x, scales, recv_count, src_info, layout_range = outs
+    return (recv_x.data_ptr(), scales.data_ptr() if scales is not None else 0, recv_count.data_ptr(),
+            src_info.data_ptr(), layout_range.data_ptr(),
+            cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
+            wait_stats.data_ptr() if wait_stats is not None else 0)
 
 
 class LowLatencyEngine:
@@ -131,6 +157,22 @@ class LowLatencyEngine:
         # LogFMT combine: the -D build of ll/nvlink/combine.cu (loaded now, see its NOTES)
         self._k_logfmt = {n: load_kernel(self.dev, "ll/nvlink/combine.cu", n, _LOGFMT) for n in
                           ("ll_combine_send", "ll_combine_recv")}
+        self._template_cache: dict = {}
+
+    def _templates(self, lay, key: tuple, build):
+        """The parameter templates (`runtime.ParamTemplate`) of one (op, buffer set, flags) under
+        layout `lay`: `build()` once, then from the cache while the layout stays.
+
+        NOTES: what differs per call (tensor pointers, the token count) is packed per call; the rest
+        (buffer offsets, peer tables, sizes, flags) is resolved here once: an eager op's host path."""
+        hit = self._template_cache.get(key)
+        if hit is not None and hit[0] is lay:
+            return hit[1]
+        if len(self._template_cache) >= 256:
+            self._template_cache.clear()
+        built = build()
+        self._template_cache[key] = (lay, built)
+        return built
 
     # -- layout ------------------------------------------------------------------------------
     def _table(self, i: int) -> int:
@@ -207,7 +249,7 @@ class LowLatencyEngine:
         recv_x, scales, recv_count, src_info, layout_range = outs
         finish = self._receive_phase(self._k[recv_kernel], num_experts // self.R, _RECV_BLOCK, recv_params, keep, pdl)
         plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
-                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)))
+                              recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)) if masked else ())
         handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
         return ((recv_x, scales) if use_fp8 else recv_x), recv_count, handle, finish
 
@@ -227,30 +269,32 @@ class LowLatencyEngine:
         shrink = bool(self.ec.ctx.enable_shrink)
         return dict(mask=self.ec.mask_ptr if shrink else 0, shrink=int(shrink))
 
+    def _dispatch_templates(self, lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0):
+        shrink = self._shrink_fields()
+        send = ParamTemplate("LLDispatchParams", ("x", "topk_idx", "num_tokens"), peer_recv=self._table(2 * s),
+                             peer_signal=self._table(2 * s + 1), seq=self._seq(s), flag_off=lay.flag_off,
+                             num_max=lay.num_max, hidden=lay.hidden, num_topk=K, num_experts=num_experts,
+                             num_ranks=self.R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
+                             msg_bytes=lay.msg_bytes, mask=shrink["mask"], error=self.ec.error_dev_ptr)
+        recv = ParamTemplate(
+            "LLDispatchRecvParams", _DISPATCH_RECV_OUTPUTS,
+            recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off, signal=self._signal_area(s), seq=self._seq(s),
+            done=self._done(s), flag_off=lay.flag_off, error=self.ec.error_dev_ptr, num_max=lay.num_max,
+            hidden=lay.hidden, num_local_experts=num_experts // self.R, num_ranks=self.R, rank=self.rank,
+            use_fp8=use_fp8, use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ec.timeout_ns, **shrink)
+        return send, recv
+
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
         lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
-        recv_x, scales, recv_count, src_info, layout_range = outs
-        R, (T, H), K, E_loc = self.R, x.shape, topk_idx.shape[1], num_experts // self.R
-        shrink = self._shrink_fields()
-        params = pack_params("LLDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
-                             peer_recv=self._table(2 * s), peer_signal=self._table(2 * s + 1), seq=self._seq(s),
-                             flag_off=lay.flag_off,
-                             num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_experts=num_experts,
-                             num_ranks=R, rank=self.rank, use_fp8=use_fp8, round_scale=round_scale,
-                             msg_bytes=lay.msg_bytes, mask=shrink["mask"], error=self.ec.error_dev_ptr)
-        self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(self.dev), smem=8 * num_experts)
-        recv_params = pack_params(
-            "LLDispatchRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
-            signal=self._signal_area(s), seq=self._seq(s), done=self._done(s), flag_off=lay.flag_off,
-            recv_x=recv_x.data_ptr(),
-            recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
-            src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
-            cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
-            num_max=num_max, hidden=H, num_local_experts=E_loc, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
-            use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ec.timeout_ns, **shrink)
-        keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
+        (T, H), K = x.shape, topk_idx.shape[1]
+        send, recv = self._templates(lay, ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0),
+                                     lambda: self._dispatch_templates(lay, s, K, num_experts, use_fp8, round_scale,
+                                                                      use_ue8m0))
+        self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
+                                           current_stream(self.dev), smem=8 * num_experts)
+        recv_params = recv.pack(*dispatch_output_pointers(outs, cumulative_stats, wait_stats))
+        keep = (x, topk_idx, *outs, cumulative_stats, wait_stats)
         return self._dispatch_end(owner, "ll_dispatch_recv", recv_params, self.pdl, outs, keep, T, num_max, H, num_experts,
                                   masked, use_fp8)
 
@@ -264,11 +308,23 @@ class LowLatencyEngine:
         t = raw_tensor(self.mem.ptr + off, nbytes, self.dev, self.mem)
         return t.view(torch.bfloat16).view(E_loc, self.R * num_max, hidden)
 
+    def _combine_templates(self, lay, s, num_experts):
+        shrink = self._shrink_fields()
+        E_loc = num_experts // self.R
+        send = ParamTemplate("LLCombineParams", ("y", "src_info", "layout_range"), peer_recv=self._table(2 * s),
+                             seq=self._seq(s), flag_off=lay.flag_off, num_max=lay.num_max, hidden=lay.hidden,
+                             num_local_experts=E_loc, num_ranks=self.R, rank=self.rank, mask=shrink["mask"],
+                             meta_off=lay.meta_off)
+        recv = ParamTemplate(
+            "LLCombineRecvParams", ("topk_idx", "topk_weights", "out", "wait_stats", "num_tokens", "num_topk"),
+            recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off, seq=self._seq(s), flag_off=lay.flag_off,
+            done=self._done(s), error=self.ec.error_dev_ptr, num_max=lay.num_max, hidden=lay.hidden,
+            num_local_experts=E_loc, rank=self.rank, timeout_ns=self.ec.timeout_ns, meta_off=lay.meta_off, **shrink)
+        return send, recv
+
     def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,
                 use_logfmt=False):
         src_info, layout_range, num_max, H, num_experts = handle
-        R = self.R
-        E_loc = num_experts // R
         lay = self.ensure_layout(num_max, H, num_experts)
         kernels = self._k_logfmt if use_logfmt else self._k
         s = self._flip()
@@ -279,23 +335,15 @@ class LowLatencyEngine:
             y = y.contiguous()
             y_ptr = y.data_ptr()
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
-        shrink = self._shrink_fields()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
-        params = pack_params("LLCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
-                             layout_range=layout_range.data_ptr(), peer_recv=self._table(2 * s), seq=self._seq(s),
-                             flag_off=lay.flag_off, num_max=num_max, hidden=H,
-                             num_local_experts=E_loc, num_ranks=R, rank=self.rank, mask=shrink["mask"],
-                             meta_off=lay.meta_off)
-        kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(self.dev),
-                                          smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
-        recv_params = pack_params(
-            "LLCombineRecvParams", recv_area=self.mem.ptr + s * lay.set_bytes + lay.recv_off,
-            seq=self._seq(s), flag_off=lay.flag_off, done=self._done(s), topk_idx=topk_idx.data_ptr(),
-            topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
-            num_tokens=T, num_max=num_max, hidden=H, num_topk=K, num_local_experts=E_loc, rank=self.rank,
-            timeout_ns=self.ec.timeout_ns, meta_off=lay.meta_off, **shrink)
+        send, recv = self._templates(lay, ("combine", s, num_experts),
+                                     lambda: self._combine_templates(lay, s, num_experts))
+        kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK,
+                                          send.pack(y_ptr, src_info.data_ptr(), layout_range.data_ptr()),
+                                          current_stream(self.dev), smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
+        recv_params = recv.pack(topk_idx.data_ptr(), topk_weights.data_ptr(), result.data_ptr(),
+                                wait_stats.data_ptr() if wait_stats is not None else 0, T, K)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         return result, self._receive_phase(kernels["ll_combine_recv"], max(T, 1), self.combine_recv_threads,
                                            recv_params, keep, self.pdl)

@@ -49,10 +49,11 @@ from ..tuning import shared_values as tuning_shared_values
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import LimitExceeded
 from . import gpu_transport
-from .ll import _LOGFMT, LowLatencyEngine
+from .ll import _DISPATCH_RECV_OUTPUTS, _LOGFMT, LowLatencyEngine, dispatch_output_pointers
 from .ll_hybrid import HybridPeers
 from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
-from .runtime import DeviceMemory, current_stream, device_arch, free_after_device, load_kernel, pack_params, sm_number
+from .runtime import (DeviceMemory, ParamTemplate, current_stream, device_arch, free_after_device, load_kernel,
+                      pack_params, sm_number)
 
 __all__ = ["proxy_forced", "warn_lazy_module_loading", "unavailable_reason", "ProxyLayout", "PackedRegion",
            "ProxyLowLatencyEngine", "NUM_COUNTERS", "CHUNK_BYTES", "counter_base"]
@@ -222,6 +223,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.region_offset = self.mem.ptr - session.region_ptr
         self.idx = 0
         self.layout: ProxyLayout | None = None
+        self._template_cache: dict = {}  # LowLatencyEngine._templates
         self.work: DeviceMemory | None = None
         drv = ec.drv
         self.drv = drv
@@ -395,55 +397,81 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.ec.host_barrier("low_latency buffer clean (after)", masks=True)
 
     # -- dispatch --------------------------------------------------------------------------------
-    def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
-                 cumulative_stats, wait_stats):
-        lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
-        recv_x, scales, recv_count, src_info, layout_range = outs
-        R, (T, H), K, E_loc = self.R, x.shape, topk_idx.shape[1], num_experts // self.R
+    def _proxy_dispatch_templates(self, lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0):
+        R, E_loc, num_max, H = self.R, num_experts // self.R, lay.num_max, lay.hidden
         reg = lay.dispatch_region(K, use_fp8)
         shrink = self._shrink_fields()
         shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, use_fp8=use_fp8,
                      region_bytes=reg.region_bytes, counts_bytes=reg.counts_bytes, idx_bytes=reg.idx_bytes,
                      payload_bytes=reg.payload_bytes, max_slots=reg.max_slots, signal_total=reg.signal_total,
                      mask=shrink["mask"], timeout_ns=self.ec.timeout_ns, counter=counter_base(s, 0))
-        params = pack_params("LLProxyDispatchParams", x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
+        send = ParamTemplate("LLProxyDispatchParams", ("x", "topk_idx", "num_tokens"),
                              fifos=self.fifo_table.ptr, finish=self._finish(False), send_area=self.mem.ptr + lay.send(s),
                              error=self.ec.error_dev_ptr, send_off=self.region_offset + lay.send(s),
-                             recv_off=self.region_offset + lay.recv(s), num_tokens=T,
+                             recv_off=self.region_offset + lay.recv(s),
                              num_topk=K, num_experts=num_experts, round_scale=round_scale, num_fifos=self.num_fifos,
                              chunk_bytes=lay.chunk_bytes,
                              self_counter=self._counter_words(s, 0)["counter_cache"] + 8 * self.rank,
                              **self._dma_fields, **self.hybrid.send_fields(lay, s, 0), **shape)
-        self._claim_copy_rings()
-        self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, params, current_stream(self.dev),
-                                                 smem=12 * num_experts)
-        self._launch_copies()
-        recv_params = pack_params(
-            "LLProxyDispatchRecvParams", recv_area=self.mem.ptr + lay.recv(s), send_area=self.mem.ptr + lay.send(s),
-            counters=self.counters_dev,
+        recv = ParamTemplate(
+            "LLProxyDispatchRecvParams", _DISPATCH_RECV_OUTPUTS,
+            recv_area=self.mem.ptr + lay.recv(s), send_area=self.mem.ptr + lay.send(s), counters=self.counters_dev,
             rounds=self._rounds(s, 0), done=self._done(s, 0), **self._counter_words(s, 0), status=self.status_dev,
-            recv_x=recv_x.data_ptr(),
-            recv_scales=scales.data_ptr() if scales is not None else 0, recv_count=recv_count.data_ptr(),
-            src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
-            cumulative_stats=cumulative_stats.data_ptr() if cumulative_stats is not None else 0,
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
-            num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0, shrink=shrink["shrink"], **shape,
-            **self.hybrid.recv_fields(self.mem, lay, s, 0))
-        keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats)
+            error=self.ec.error_dev_ptr, num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0,
+            shrink=shrink["shrink"], **shape, **self.hybrid.recv_fields(self.mem, lay, s, 0))
+        return send, recv
+
+    def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
+                 cumulative_stats, wait_stats):
+        lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
+        (T, H), K = x.shape, topk_idx.shape[1]
+        send, recv = self._templates(lay, ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0),
+                                     lambda: self._proxy_dispatch_templates(lay, s, K, num_experts, use_fp8,
+                                                                            round_scale, use_ue8m0))
+        self._claim_copy_rings()
+        self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
+                                                 current_stream(self.dev), smem=12 * num_experts)
+        self._launch_copies()
+        recv_params = recv.pack(*dispatch_output_pointers(outs, cumulative_stats, wait_stats))
+        keep = (x, topk_idx, *outs, cumulative_stats, wait_stats)
         return self._dispatch_end(owner, "ll_dispatch_proxy_recv", recv_params, self.recv_pdl, outs, keep, T, num_max,
                                   H, num_experts, masked, use_fp8)
 
     # -- combine ---------------------------------------------------------------------------------
+    def _proxy_combine_templates(self, lay, s, K, num_experts, use_logfmt, zero_copy, own_in_y):
+        R, E_loc = self.R, num_experts // self.R
+        reg = lay.combine_region(K, use_logfmt)
+        shrink = self._shrink_fields()
+        send_area = self.mem.ptr + lay.send(s)
+        shape = dict(num_max=lay.num_max, hidden=lay.hidden, num_ranks=R, rank=self.rank, mask=shrink["mask"],
+                     region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ec.timeout_ns,
+                     counter=counter_base(s, 1))
+        send = ParamTemplate("LLProxyCombineParams", ("y", "src_info", "layout_range"), fifos=self.fifo_table.ptr,
+                             finish=self._finish(True), send_area=send_area, error=self.ec.error_dev_ptr,
+                             send_off=self.region_offset + lay.send(s), recv_off=self.region_offset + lay.recv(s),
+                             num_local_experts=E_loc,
+                             chunk_bytes=lay.chunk_bytes, zero_copy=int(zero_copy), num_fifos=self.num_fifos,
+                             self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
+                             own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape,
+                             **self.hybrid.send_fields(lay, s, 1))
+        recv = ParamTemplate(
+            "LLProxyCombineRecvParams",
+            ("send_area", "layout_range", "topk_idx", "topk_weights", "out", "wait_stats", "num_tokens"),
+            recv_area=self.mem.ptr + lay.recv(s), zero_copy=int(zero_copy or own_in_y), counters=self.counters_dev,
+            rounds=self._rounds(s, 1), done=self._done(s, 1), **self._counter_words(s, 1), status=self.status_dev,
+            error=self.ec.error_dev_ptr, num_counters=NUM_COUNTERS, num_topk=K, num_experts=num_experts,
+            shrink=shrink["shrink"], **shape, **self.hybrid.recv_fields(self.mem, lay, s, 1))
+        return send, recv
+
     def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,
                 use_logfmt=False):
         src_info, layout_range, num_max, H, num_experts = handle
-        R = self.R
-        E_loc = num_experts // R
         lay = self.ensure_layout(num_max, H, num_experts)
         T, K = topk_idx.shape
-        reg, kernels = lay.combine_region(K, use_logfmt), self._k_logfmt if use_logfmt else self._k  # before the flip
+        kernels = self._k_logfmt if use_logfmt else self._k
         s = self._flip()
         send_area = self.mem.ptr + lay.send(s)
+        zero_copy = bool(zero_copy)
         if zero_copy:
             y_ptr = send_area
         else:
@@ -455,36 +483,20 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         # staged, as y may be reused before the hook runs.
         own_in_y = self.own_rows_in_y and bool(recv_follows) and not zero_copy and not use_logfmt
         result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
-        shrink = self._shrink_fields()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
-        shape = dict(num_max=num_max, hidden=H, num_ranks=R, rank=self.rank, mask=shrink["mask"],
-                     region_bytes=reg.region_bytes, signal_total=reg.signal_total, timeout_ns=self.ec.timeout_ns,
-                     counter=counter_base(s, 1))
-        params = pack_params("LLProxyCombineParams", y=y_ptr, src_info=src_info.data_ptr(),
-                             layout_range=layout_range.data_ptr(), fifos=self.fifo_table.ptr,
-                             finish=self._finish(True), send_area=send_area, error=self.ec.error_dev_ptr,
-                             send_off=self.region_offset + lay.send(s), recv_off=self.region_offset + lay.recv(s),
-                             num_local_experts=E_loc,
-                             chunk_bytes=lay.chunk_bytes, zero_copy=int(bool(zero_copy)), num_fifos=self.num_fifos,
-                             self_counter=self._counter_words(s, 1)["counter_cache"] + 8 * self.rank,
-                             own_in_y=int(own_in_y), row_split=self.row_split, **self._dma_fields, **shape,
-                             **self.hybrid.send_fields(lay, s, 1))
+        send, recv = self._templates(lay, ("combine", s, K, num_experts, use_logfmt, zero_copy, own_in_y),
+                                     lambda: self._proxy_combine_templates(lay, s, K, num_experts, use_logfmt,
+                                                                           zero_copy, own_in_y))
         self._claim_copy_rings()
-        kernels["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK, params, current_stream(self.dev),
-                                                smem=4 * (E_loc + 1 + 2 * _RECV_BLOCK + num_experts))
+        kernels["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK,
+                                                send.pack(y_ptr, src_info.data_ptr(), layout_range.data_ptr()),
+                                                current_stream(self.dev),
+                                                smem=4 * (num_experts // self.R + 1 + 2 * _RECV_BLOCK + num_experts))
         self._launch_copies()
-        recv_params = pack_params(
-            "LLProxyCombineRecvParams", recv_area=self.mem.ptr + lay.recv(s),
-            send_area=y_ptr if own_in_y else send_area, layout_range=layout_range.data_ptr(),
-            zero_copy=int(bool(zero_copy) or own_in_y),
-            counters=self.counters_dev,
-            rounds=self._rounds(s, 1), done=self._done(s, 1), **self._counter_words(s, 1), status=self.status_dev,
-            topk_idx=topk_idx.data_ptr(),
-            topk_weights=topk_weights.data_ptr(), out=result.data_ptr(),
-            wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, error=self.ec.error_dev_ptr,
-            num_counters=NUM_COUNTERS, num_tokens=T, num_topk=K, num_experts=num_experts, shrink=shrink["shrink"],
-            **shape, **self.hybrid.recv_fields(self.mem, lay, s, 1))
+        recv_params = recv.pack(y_ptr if own_in_y else send_area, layout_range.data_ptr(), topk_idx.data_ptr(),
+                                topk_weights.data_ptr(), result.data_ptr(),
+                                wait_stats.data_ptr() if wait_stats is not None else 0, T)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         return result, self._receive_phase(kernels["ll_combine_proxy_recv"], max(T, 1), _COMBINE_RECV_BLOCK,
                                            recv_params, keep, self.recv_pdl)

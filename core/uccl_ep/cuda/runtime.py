@@ -157,6 +157,39 @@ def pack_params(struct_name: str, **values: Any) -> bytes:
     return packer.pack(*got) if len(names) > 1 else packer.pack(got)
 
 
+class ParamTemplate:
+    """A kernel parameter struct with every field fixed but ``dynamic`` ones (the per-call tensor
+    pointers), packed per call by `pack` with those in order.
+
+    NOTES: an eager LL op packs two structs per phase; with the fixed fields resolved once per
+    (layout, buffer set, flags) the per-call work is a list copy and one struct.pack."""
+
+    def __init__(self, struct_name: str, dynamic: tuple[str, ...], **static: Any) -> None:
+        packer, names, _, _ = _packer(struct_name)
+        flat: dict[str, Any] = {}
+        for key, value in static.items():
+            if isinstance(value, dict):
+                flat.update((f"{key}.{k}", v) for k, v in value.items())
+            else:
+                flat[key] = value
+        given = flat.keys() | set(dynamic)
+        if given != set(names) or len(dynamic) != len(set(dynamic)) or flat.keys() & set(dynamic):
+            raise TypeError(f"{struct_name}: missing {sorted(set(names) - given)}, unknown {sorted(given - set(names))}, "
+                            f"both fixed and per call {sorted(flat.keys() & set(dynamic))}")
+        self._packer = packer
+        self._values = [flat.get(n, 0) for n in names]
+        self._slots = tuple(names.index(d) for d in dynamic)
+        packer.pack(*self._values)  # the fixed fields' types are checked once, here
+
+    def pack(self, *values: int) -> bytes:
+        if len(values) != len(self._slots):
+            raise TypeError(f"{len(self._slots)} per-call fields, got {len(values)}")
+        out = self._values.copy()
+        for slot, value in zip(self._slots, values):
+            out[slot] = value
+        return self._packer.pack(*out)
+
+
 # ---- kernels --------------------------------------------------------------------------------------
 class Kernel:
     """One loaded kernel function of one device."""
@@ -164,14 +197,15 @@ class Kernel:
     def __init__(self, device: int, function: int, name: str) -> None:
         self.device, self.function, self.name = device, function, name
         self._smem_set = 0
+        self._launch = driver().launch
 
     def launch(self, grid: int | tuple, block: int, params: bytes, stream: int, smem: int = 0,
                cooperative: bool = False, programmatic: bool = False) -> None:
-        g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
+        g = (grid, 1, 1) if type(grid) is int else tuple(grid)
         if smem > 48 * 1024 and smem > self._smem_set:
             driver().function_set_max_dynamic_smem(self.function, smem)
             self._smem_set = smem
-        driver().launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative, programmatic)
+        self._launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative, programmatic)
 
 
 _modules: dict[tuple, int] = {}
@@ -289,12 +323,19 @@ class MappedHostMemory:
     def __init__(self, device: int, nbytes: int) -> None:
         self.device, self.nbytes = device, nbytes
         self.host_ptr, self.dev_ptr = driver().host_alloc_mapped(device, nbytes)
+        # NOTES: one ctypes view of the whole page, made once: every op reads the error word (twice
+        # per eager LL op) and a from_address per read cost a microsecond each.
+        self._words = (ctypes.c_int32 * (nbytes // 4)).from_address(self.host_ptr)
 
     def int32(self, index: int) -> int:
-        return ctypes.c_int32.from_address(self.host_ptr + 4 * index).value
+        if not 0 <= index < len(self._words) or not self.host_ptr:
+            raise IndexError(f"int32 word {index} of a {self.nbytes}-byte mapped page{'' if self.host_ptr else ' (freed)'}")
+        return self._words[index]
 
     def set_int32(self, index: int, value: int) -> None:
-        ctypes.c_int32.from_address(self.host_ptr + 4 * index).value = value
+        if not 0 <= index < len(self._words) or not self.host_ptr:
+            raise IndexError(f"int32 word {index} of a {self.nbytes}-byte mapped page{'' if self.host_ptr else ' (freed)'}")
+        self._words[index] = value
 
     def int32_array(self, index: int, count: int) -> list[int]:
         return list((ctypes.c_int32 * count).from_address(self.host_ptr + 4 * index))
