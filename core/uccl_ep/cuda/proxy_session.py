@@ -137,6 +137,7 @@ class GpuProxySession(ProxySession):
         self.ring_dev: list[int] = []
         self.fifo_words = self.fifo_table = None
         self._consumers: dict[str, tuple[int, int, tuple[int, int, int]]] = {}
+        self._handover_params: dict[str, list[bytes]] = {}  # per consumer, packed once (claim_copy_rings)
         self._handover = None
         super().__init__(ctx.group, rank=ctx.rank, num_ranks=ctx.num_ranks, num_counters=NUM_COUNTERS,
                          enable_shrink=bool(getattr(ctx, "enable_shrink", False)), region_bytes=region.nbytes,
@@ -205,6 +206,7 @@ class GpuProxySession(ProxySession):
         if not self.copy_kernel or not 1 <= len(words) <= 3:
             raise ValueError(f"{name}: copy-ring consumers need the ipc transport's kernel copies and 1-3 words")
         self._consumers[name] = (int(state), int(stride_words), tuple(words) + (-1,) * (3 - len(words)))
+        self._handover_params.clear()
         if len(self._consumers) > 1 and self._handover is None:
             # loaded with the second consumer (in the executor's constructor), never during a capture
             self._handover = load_kernel(self.dev, "transport/copy_ring.cu", "copy_ring_handover")
@@ -215,14 +217,18 @@ class GpuProxySession(ProxySession):
         NOTES: launched every time, not only when the host saw the other engine run last: a CUDA
         graph replays what it captured whatever ran eagerly in between, and the kernel is a no-op
         when this consumer is ahead."""
-        own = self._consumers.get(name)
-        for other, (o_state, o_stride, _) in self._consumers.items():
-            if other == name or own is None:
-                continue
-            state, stride, words = own
-            params = pack_params("CopyRingHandoverParams", own=state, other=o_state, own_stride=stride,
-                                 other_stride=o_stride, word0=words[0], word1=words[1], word2=words[2],
-                                 num_rings=len(self.ring_dev))
+        packed = self._handover_params.get(name)
+        if packed is None:
+            own, packed = self._consumers.get(name), []
+            for other, (o_state, o_stride, _) in self._consumers.items():
+                if other == name or own is None:
+                    continue
+                state, stride, words = own
+                packed.append(pack_params("CopyRingHandoverParams", own=state, other=o_state, own_stride=stride,
+                                          other_stride=o_stride, word0=words[0], word1=words[1], word2=words[2],
+                                          num_rings=len(self.ring_dev)))
+            self._handover_params[name] = packed
+        for params in packed:
             self._handover.launch(1, 64, params, stream)
 
     # -- lifetime --------------------------------------------------------------------------------
