@@ -150,6 +150,7 @@ class Buffer(LowLatencyMixin):
         self.backend = self._executor.name
         self._comm_stream = None
         self._init_low_latency_state()
+        self._nvl_fitted: set[tuple] = set()  # (config, row bytes) known to fit (_check_nvl_capacity)
         self._destroyed = False
         _LIVE_BUFFERS.add(self)
         logger.info("Buffer rank %d/%d: backend=%s topology=%s nvl=%d rdma=%d low_latency=%s", self.rank,
@@ -322,12 +323,19 @@ class Buffer(LowLatencyMixin):
         return handle
 
     def _check_nvl_capacity(self, x: torch.Tensor, config: Config) -> None:
+        # NOTES: on every normal-mode call's host path: a (config, row size) that fitted once fits
+        # again (the buffers and the group do not change), so each is checked once.
+        hidden_bytes = x.shape[1] * x.element_size()
+        key = (config.num_sms, config.num_max_nvl_chunked_send_tokens, config.num_max_nvl_chunked_recv_tokens,
+               config.num_max_rdma_chunked_send_tokens, config.num_max_rdma_chunked_recv_tokens, hidden_bytes)
+        fitted = self._nvl_fitted
+        if key in fitted:
+            return
         check_protocol_limits(self.group_size, num_channels=config.num_channels,
                               chunk_tokens=max(config.num_max_nvl_chunked_send_tokens,
                                                config.num_max_rdma_chunked_send_tokens),
                               ring_tokens=max(config.num_max_nvl_chunked_recv_tokens,
                                               config.num_max_rdma_chunked_recv_tokens))
-        hidden_bytes = x.shape[1] * x.element_size()
         need = config.get_nvl_buffer_size_hint(hidden_bytes, self.group_size)
         if need > self.num_nvl_bytes:
             raise LimitExceeded("num_nvl_bytes", f"bytes of the NVL buffer (hidden {x.shape[1]} x "
@@ -339,6 +347,9 @@ class Buffer(LowLatencyMixin):
             need_rdma = config.get_rdma_buffer_size_hint(hidden_bytes, self.group_size)
             if need_rdma > self.num_rdma_bytes:
                 raise LimitExceeded("num_rdma_bytes", "bytes of the RDMA buffer", need_rdma, self.num_rdma_bytes)
+        if len(fitted) >= 64:
+            fitted.clear()
+        fitted.add(key)
 
     @exclusive
     def dispatch(self, x: Union[torch.Tensor, tuple], handle: Optional[tuple] = None,
