@@ -284,6 +284,21 @@ class LowLatencyEngine:
             use_fp8=use_fp8, use_ue8m0=use_ue8m0, msg_bytes=lay.msg_bytes, timeout_ns=self.ec.timeout_ns, **shrink)
         return send, recv
 
+    # What differs between this engine's dispatch and the proxy path's (ll_proxy.py): the kernels,
+    # the send kernel's shared memory per expert, the parameter templates and what runs around the
+    # send kernel (the proxy path's copy-ring hand-over and copy kernel).
+    _DISPATCH_KERNELS = ("ll_dispatch_send", "ll_dispatch_recv")
+    _DISPATCH_SMEM_PER_EXPERT = 8
+
+    def _before_send(self) -> None:
+        pass
+
+    def _after_send(self) -> None:
+        pass
+
+    def _recv_follows_pdl(self) -> bool:
+        return self.pdl
+
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
         lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
@@ -291,12 +306,15 @@ class LowLatencyEngine:
         send, recv = self._templates(lay, ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0),
                                      lambda: self._dispatch_templates(lay, s, K, num_experts, use_fp8, round_scale,
                                                                       use_ue8m0))
-        self._k["ll_dispatch_send"].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
-                                           current_stream(self.dev), smem=8 * num_experts)
+        send_kernel, recv_kernel = self._DISPATCH_KERNELS
+        self._before_send()
+        self._k[send_kernel].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
+                                    current_stream(self.dev), smem=self._DISPATCH_SMEM_PER_EXPERT * num_experts)
+        self._after_send()
         recv_params = recv.pack(*dispatch_output_pointers(outs, cumulative_stats, wait_stats))
         keep = (x, topk_idx, *outs, cumulative_stats, wait_stats)
-        return self._dispatch_end(owner, "ll_dispatch_recv", recv_params, self.pdl, outs, keep, T, num_max, H, num_experts,
-                                  masked, use_fp8)
+        return self._dispatch_end(owner, recv_kernel, recv_params, self._recv_follows_pdl(), outs, keep, T, num_max, H,
+                                  num_experts, masked, use_fp8)
 
     # -- combine -------------------------------------------------------------------------------
     def next_combine_buffer(self, handle) -> torch.Tensor:

@@ -49,7 +49,7 @@ from ..tuning import shared_values as tuning_shared_values
 from ..config import NUM_MAX_LOCAL_EXPERTS
 from ..errors import LimitExceeded
 from . import gpu_transport
-from .ll import _DISPATCH_RECV_OUTPUTS, _LOGFMT, LowLatencyEngine, dispatch_output_pointers
+from .ll import _DISPATCH_RECV_OUTPUTS, _LOGFMT, LowLatencyEngine
 from .ll_hybrid import HybridPeers
 from .proxy_session import LL_COUNTER_BASE, NUM_COUNTERS, warn_lazy_module_loading
 from .runtime import (DeviceMemory, ParamTemplate, current_stream, device_arch, free_after_device, load_kernel,
@@ -396,8 +396,20 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         self.idx = 0
         self.ec.host_barrier("low_latency buffer clean (after)", masks=True)
 
-    # -- dispatch --------------------------------------------------------------------------------
-    def _proxy_dispatch_templates(self, lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0):
+    # -- dispatch (LowLatencyEngine.dispatch, with these kernels, templates and hooks) ------------
+    _DISPATCH_KERNELS = ("ll_dispatch_proxy_send", "ll_dispatch_proxy_recv")
+    _DISPATCH_SMEM_PER_EXPERT = 12
+
+    def _before_send(self) -> None:
+        self._claim_copy_rings()
+
+    def _after_send(self) -> None:
+        self._launch_copies()
+
+    def _recv_follows_pdl(self) -> bool:
+        return self.recv_pdl
+
+    def _dispatch_templates(self, lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0):
         R, E_loc, num_max, H = self.R, num_experts // self.R, lay.num_max, lay.hidden
         reg = lay.dispatch_region(K, use_fp8)
         shrink = self._shrink_fields()
@@ -420,22 +432,6 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
             error=self.ec.error_dev_ptr, num_counters=NUM_COUNTERS, num_local_experts=E_loc, use_ue8m0=use_ue8m0,
             shrink=shrink["shrink"], **shape, **self.hybrid.recv_fields(self.mem, lay, s, 0))
         return send, recv
-
-    def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
-                 cumulative_stats, wait_stats):
-        lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
-        (T, H), K = x.shape, topk_idx.shape[1]
-        send, recv = self._templates(lay, ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0),
-                                     lambda: self._proxy_dispatch_templates(lay, s, K, num_experts, use_fp8,
-                                                                            round_scale, use_ue8m0))
-        self._claim_copy_rings()
-        self._k["ll_dispatch_proxy_send"].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
-                                                 current_stream(self.dev), smem=12 * num_experts)
-        self._launch_copies()
-        recv_params = recv.pack(*dispatch_output_pointers(outs, cumulative_stats, wait_stats))
-        keep = (x, topk_idx, *outs, cumulative_stats, wait_stats)
-        return self._dispatch_end(owner, "ll_dispatch_proxy_recv", recv_params, self.recv_pdl, outs, keep, T, num_max,
-                                  H, num_experts, masked, use_fp8)
 
     # -- combine ---------------------------------------------------------------------------------
     def _proxy_combine_templates(self, lay, s, K, num_experts, use_logfmt, zero_copy, own_in_y):
