@@ -1,9 +1,11 @@
 """sha256 of the sm_90a cubin of every kernel source of a tree, for the -D sets the engines build
-with, so two trees can be compared for a change that must not alter device code (comments, moves).
-No GPU needed: the PyPI nvcc of the venv compiles.
+with, so two trees can be compared for a change that must not alter device code (comments, moves,
+code moved into shared inline helpers). No GPU needed: the PyPI nvcc of the venv compiles; with
+--arch gfx942 (or gfx90a, gfx950) the AMDGPU code object, by ROCm's hipcc or else the CPU tests'
+clang 22 with Debian's HIP headers.
 
-Usage (repo root): python tools/lab/cubin_hashes.py TREE OUT.sha [--lineinfo] [--jobs N]
-  then: diff BEFORE.sha AFTER.sha
+Usage (repo root): python tools/lab/cubin_hashes.py TREE OUT.sha [--lineinfo] [--arch ARCH] [--jobs N]
+  then: diff BEFORE.sha AFTER.sha     (a tree of a commit: git archive REV | tar -x -C DIR)
 Sources are keyed by their path under core/kernels ("ll/proxy/dispatch.cu"); to compare across a
 move, rename the keys of one file first.
 
@@ -42,15 +44,28 @@ def jobs(kernel_dir: Path) -> list[tuple[str, tuple[str, ...]]]:
     return [j for j in dict.fromkeys(out) if (kernel_dir / j[0]).is_file()]
 
 
+def _hip_compiler(jit) -> list[str]:
+    """ROCm's hipcc where there is one, else the CPU tests' clang 22 with Debian's HIP headers."""
+    try:
+        return [str(jit.find_hipcc())]
+    except Exception:  # noqa: BLE001 - no ROCm here: the CPU tests' toolchain
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "tests" / "cpu"))
+        import hip_toolchain
+        if hip_toolchain.clang() is None:
+            raise SystemExit("neither ROCm's hipcc nor clang-22 with the HIP headers (ci/setup.d/20-gpu-toolchain.sh)")
+        return [hip_toolchain.clang(), *hip_toolchain.compat_flags()]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tree", type=Path, help="repository root whose core/kernels to compile")
     p.add_argument("out", type=Path, help="file for the '<sha256>  <source>[.<defines>]' lines")
     p.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo, as the JIT does")
+    p.add_argument("--arch", default="sm_90a", help="sm_90a (nvcc), or an AMD arch: gfx90a, gfx942, gfx950")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     from uccl_ep.cuda import jit
-    nvcc = str(jit.find_nvcc())
+    compiler = _hip_compiler(jit) if jit.is_hip_arch(args.arch) else [str(jit.find_nvcc())]
     # NOTES: one fixed path for every tree (and run), so that no path can make two builds differ
     tmp = Path(tempfile.gettempdir()) / "uccl-ep-cubin-hashes"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -61,8 +76,13 @@ def main(argv: list[str]) -> int:
         src, defs = job
         name = src + ("." + ".".join(defs) if defs else "")
         out = Path(tmp) / f"{name.replace('/', '_')}.cubin"
-        cmd = [nvcc, "-std=c++17", "-O3", *(["-lineinfo"] if args.lineinfo else []), "--cubin", "-arch=sm_90a",
-               "-DNDEBUG", f"-I{fixed / 'include'}", *(f"-D{d}" for d in defs), str(fixed / src), "-o", str(out)]
+        if jit.is_hip_arch(args.arch):
+            cmd = [*compiler, "-x", "hip", "-std=c++17", "-O3", *(["-g"] if args.lineinfo else []),
+                   f"--offload-arch={args.arch}", "--cuda-device-only", "-S"]  # assembly: no lld here
+        else:
+            cmd = [*compiler, "-std=c++17", "-O3", *(["-lineinfo"] if args.lineinfo else []), "--cubin",
+                   f"-arch={args.arch}"]
+        cmd += ["-DNDEBUG", f"-I{fixed / 'include'}", *(f"-D{d}" for d in defs), str(fixed / src), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         if res.returncode:
             return name, "FAILED " + res.stderr[-400:].replace("\n", " | ")
@@ -75,7 +95,7 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     args.out.write_text("".join(f"{h}  {n}\n" for n, h in results))
     failed = [n for n, h in results if h.startswith("FAILED")]
-    print(f"{len(results)} cubins -> {args.out}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    print(f"{len(results)} {args.arch} builds -> {args.out}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -155,8 +155,7 @@ extern "C" __global__ void __launch_bounds__(kHTThreads, 1) ht_dispatch(const UC
   const bool sender = (blockIdx.x & 1) == 0;
   const int grp = warp_id() / G, w = warp_id() % G;
   const int T = int(p.num_tokens);
-  const int per = (T + C - 1) / C;
-  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const auto [t_begin, t_end] = channel_tokens(T, C, c);
   const int64_t S = p.ring_slots, K = p.num_topk;
   const auto* peer = reinterpret_cast<const uint64_t*>(p.peer_buf);
   auto* err = reinterpret_cast<ErrorWord*>(p.error);

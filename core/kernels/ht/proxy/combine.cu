@@ -76,8 +76,7 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
   const int c = blockIdx.x / 2;
   const bool sender = (blockIdx.x & 1) == 0;
   const int T = int(p.num_tokens);
-  const int per = (T + C - 1) / C;
-  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const auto [t_begin, t_end] = channel_tokens(T, C, c);
   const RingArgs a = ring_args(p);
   const auto* recv_prefix = reinterpret_cast<const int*>(p.recv_prefix);
   const auto* recv_end = reinterpret_cast<const int*>(p.recv_end);

@@ -209,8 +209,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
   const int N = R / G, me = int(p.rank), me_local = me % G, node = me / G;
   const int c = blockIdx.x / 3, role = blockIdx.x % 3;
   const int T = int(p.num_tokens);
-  const int per = (T + C - 1) / C;
-  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
+  const auto [t_begin, t_end] = channel_tokens(T, C, c);
   const RingArgs aB = ring_args(p);
   const RingArgs aA = nvl_ring_args(p);
   if (threadIdx.x < kHTProxyMaxRanks) {

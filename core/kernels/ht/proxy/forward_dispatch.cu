@@ -251,12 +251,8 @@ UCCL_DEVICE void forward_dispatch_main(const HTProxyForwardDispatchParams& p) {
   const int N = R / G, me = int(p.rank), me_local = me % G, node = me / G;
   const int c = blockIdx.x / 3, role = blockIdx.x % 3;
   const int T = int(p.num_tokens);
-  const int per = (T + C - 1) / C;
-  const int t_begin = min(T, c * per), t_end = min(T, t_begin + per);
-  if (threadIdx.x < kHTProxyMaxRanks) {
-    s_arrive[threadIdx.x] = 0;
-    s_word[threadIdx.x] = 0;
-  }
+  const auto [t_begin, t_end] = channel_tokens(T, C, c);
+  clear_group_words(s_arrive, s_word);
   const auto* recv_end = reinterpret_cast<const int*>(p.recv_end);
   if (role == 2) pad_dispatch_rows(p, recv_end[R - 1], c, C);  // rows past the real count (num_worst_tokens)
   const RingArgs a1 = ring_args(p);

@@ -5,6 +5,17 @@
 
 namespace uccl_ep::dev {
 
+// Channel c's contiguous share of T tokens split over C channels (DeepEP's split): [begin, end).
+struct TokenRange {
+  int begin, end;
+};
+
+UCCL_DEVICE TokenRange channel_tokens(int T, int C, int c) {
+  const int per = (T + C - 1) / C;
+  const int begin = min(T, c * per);
+  return {begin, min(T, begin + per)};
+}
+
 // Exclusive prefix sum of one int per thread; `scratch` holds 2 * blockDim.x ints.
 // Returns the thread's exclusive prefix; *total gets the block sum. Contains __syncthreads.
 UCCL_DEVICE int block_exclusive_scan(int v, int* scratch, int* total) {

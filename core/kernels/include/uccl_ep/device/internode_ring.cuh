@@ -47,6 +47,15 @@ struct WarpGroup {
   unsigned epoch;   // syncs passed by this warp
 };
 
+// Zeroes a block's group arrival counters and per-stream words (threads < kHTProxyMaxRanks) before
+// first use; the caller's next __syncthreads publishes them.
+UCCL_DEVICE void clear_group_words(int* arrive, int64_t* word) {
+  if (threadIdx.x < kHTProxyMaxRanks) {
+    arrive[threadIdx.x] = 0;
+    word[threadIdx.x] = 0;
+  }
+}
+
 UCCL_DEVICE void group_sync(WarpGroup& g) {
   sync_warp();
   g.epoch += 1;
