@@ -1,6 +1,7 @@
 /* Stand-in for libamdhip64 (core/tests/cpu/test_hip_runtime_loader.py): exports the hip* entry points
- * uccl_ep's HIP loader binds, records each call as one line in $STANDIN_LOG, and keeps "device"
- * memory in host memory so the loader's copies and memsets act on something real. Behaviour:
+ * uccl_ep's HIP loader binds, records each call as one line in $STANDIN_LOG ("none": no log, for
+ * host-path timings: tools/lab/host_path_standin.py), and keeps "device" memory in host memory so
+ * the loader's copies and memsets act on something real. Behaviour:
  *   STANDIN_VERSION      hipRuntimeGetVersion's answer (default 60342134: ROCm 6.3)
  *   STANDIN_INIT_ERROR   hipInit's status (default 0)
  *   STANDIN_DEVICES      hipGetDeviceCount's answer (default 2)
