@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from test_ipc_transport_proxy_path import FakeKernel, FakeMem
 from uccl_ep.cuda import ll, runtime
 from uccl_ep.cuda.engine_context import EngineContext
 from uccl_ep.tuning import Tuning
@@ -36,23 +37,13 @@ class _Drv:
         pass
 
 
-class _Mem:
-    next_ptr = 1 << 40
+class _Kernel(FakeKernel):
+    """The proxy path's fake kernel, each launch logged with the kernel's -D build too."""
 
-    def __init__(self, device, nbytes):
-        self.device, self.nbytes, self.ptr = device, nbytes, _Mem.next_ptr
-        _Mem.next_ptr += (nbytes // 4096 + 2) * 4096
-
-    def free(self):
-        self.ptr = 0
-
-
-class _Kernel:
-    def __init__(self, log, name, defines):
-        self.log, self.name, self.defines = log, name, defines
-
-    def launch(self, grid, block, params, stream, smem=0, cooperative=False, programmatic=False):
-        self.log.append((self.name, self.defines, grid, block, params, smem, programmatic))
+    def launch(self, *args, **kwargs):
+        super().launch(*args, **kwargs)
+        name, *rest = self.log[-1]
+        self.log[-1] = (name, self.defines, *rest)
 
 
 def _fields(struct_name, params):
@@ -65,11 +56,11 @@ def _fields(struct_name, params):
 def engine(monkeypatch):
     launches = []
     monkeypatch.setattr(ll, "load_kernel", lambda dev, src, name, defines=(): _Kernel(launches, name, defines))
-    monkeypatch.setattr(ll, "DeviceMemory", _Mem)
+    monkeypatch.setattr(ll, "DeviceMemory", FakeMem)
     monkeypatch.setattr(ll, "device_arch", lambda dev: "sm_90a")
     monkeypatch.setattr(ll, "current_stream", lambda device=None: 0x77)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    mem = _Mem(0, 1 << 24)
+    mem = FakeMem(0, 1 << 24)
     ctx = SimpleNamespace(num_ranks=R, rank=RANK, enable_shrink=True, tuning=Tuning())
     ec = EngineContext(ctx=ctx, device=0, drv=_Drv(), timeout_ns=4321, errors=None, error_dev_ptr=0xE000,
                        mask_ptr=0xD000, ll_mem=mem, ll_peer_base=[mem.ptr, 1 << 44])
