@@ -128,12 +128,12 @@ class LowLatencyMixin:
         self._check_ll_mode("low_latency_dispatch")
         if extra_kwargs:
             check_extra_kwargs("low_latency_dispatch()", extra_kwargs)
-        num_max, num_experts = num_max_dispatch_tokens_per_rank, num_experts
+        num_max = num_max_dispatch_tokens_per_rank
         try:
             signature = (tensor_signature(x), tensor_signature(topk_idx), type(num_max), num_max, type(num_experts),
                          num_experts, tensor_signature(cumulative_local_expert_recv_stats),
                          tensor_signature(dispatch_wait_recv_cost_stats), type(use_fp8), use_fp8, type(round_scale),
-                         round_scale, type(use_ue8m0), use_ue8m0, async_finish, return_recv_hook)
+                         round_scale, type(use_ue8m0), use_ue8m0, bool(async_finish), bool(return_recv_hook))
         except Exception:  # noqa: BLE001 - not tensor-like: the checks below say what is wrong
             signature = None
         if signature in self._ll_dispatch_checked:
@@ -199,7 +199,7 @@ class LowLatencyMixin:
             signature = (tensor_signature(x), tensor_signature(topk_idx), tensor_signature(topk_weights),
                          tensor_signature(out), tensor_signature(combine_wait_recv_cost_stats), num_max, hidden,
                          num_experts, handle.plan.num_tokens, type(use_logfmt), use_logfmt, bool(zero_copy),
-                         async_finish, return_recv_hook)
+                         bool(async_finish), bool(return_recv_hook))
         except Exception:  # noqa: BLE001 - not tensor-like: the checks below say what is wrong
             signature = None
         if signature in self._ll_combine_checked:
