@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the cuda backend: build, verify against uccl_ep.refs, benchmark.
-# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid forward compare matrix sanitize proxy proxydiag internode htproxy regress scale sweep tune
+# Usage (repo root): bash tools/lab/run_device.sh [steps...]   steps: build test ll llcheck ht hybrid forward compare matrix eager sanitize proxy proxydiag internode htproxy regress scale sweep tune
 #   proxy: the LL path through the CPU proxy (UCCL_EP_FORCE_PROXY; ipc transport): its tests vs the
 #          reference, then `uccl-ep bench --mode ll --force-proxy` at 128/256/512 tokens. Needs the
 #          whole native module (do not combine with `isolate`).
@@ -333,6 +333,24 @@ for step in $STEPS; do
         --matrix-budget "${MATRIX_BUDGET_S:-420}" --matrix-row-budget 30 ${MATRIX_ARGS:-} \
         --json "$OUT/matrix_$m.json" --plot "$OUT/matrix_$m.png" > "$OUT/matrix_$m.log" 2>&1
       echo "rc=$?"; grep -E "DeepEP: |rows measured|FAILED|Error|error" "$OUT/matrix_$m.log" | cut -c1-300 | tail -20 ;;
+    eager)  # issue 30: host time of eager calls, uccl-ep and DeepEP V1 (.anchors, as `matrix`) in one call:
+            # tools/lab/host_path.py EAGER_WHAT (default ll) for each library, one process each, alternating
+            # (EAGER_REPS, default 2); then the LL bench rows (eager and graph) -> $OUT/eager_*.log
+      so=.anchors/deepep-v1/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so
+      [[ -f $so.xz && ! -f $so ]] && chmod -R u+w .anchors/deepep-v1 && xz -dk "$so.xz"
+      for rep in $(seq ${EAGER_REPS:-2}); do
+        for lib in uccl deepep; do
+          PYTHONPATH=$PWD/.anchors/deepep-v1${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 240 \
+            $PY tools/lab/host_path.py ${EAGER_WHAT:-ll} $lib > "$OUT/eager_${lib}_$rep.log" 2>&1 || echo "  $lib rep $rep: rc $?"
+          grep -E "^[0-9]+ +(uccl|deepep)" "$OUT/eager_${lib}_$rep.log" | sed "s/^/rep $rep /"
+        done
+      done
+      for t in 128 64; do
+        PYTHONPATH=$PWD/.anchors/deepep-v1${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 240 $PY -m uccl_ep.cli.main bench \
+          --backend cuda --mode ll --num-tokens $t --iters 30 --warmup 5 --json "$OUT/eager_bench_ll$t.json" \
+          > "$OUT/eager_bench_ll$t.log" 2>&1 || echo "  bench ll $t: rc $?"
+        tail -8 "$OUT/eager_bench_ll$t.log"
+      done ;;
     sanitize)
       UCCL_EP_SANITIZE_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --target-processes all \
         $PY core/tests/gpu/test_cuda_ll.py small 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
