@@ -254,3 +254,30 @@ def test_proxy_engine_launches_the_logfmt_build_with_its_regions(engine):
     n = len(engine.launches)
     eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True)[1](follows_send=True)
     assert len(own) == 2 and len(engine.launches) == n + 3  # BF16: the usual kernels (and the copy kernel)
+
+
+def test_a_refused_logfmt_combine_leaves_the_engine_as_it_was(engine, monkeypatch):
+    """A LogFMT combine whose regions do not fit the buffer is refused before anything changes: the
+    buffer set does not flip and nothing is launched, so the next ops stay in step with the peers."""
+    from uccl_ep.cuda.ll_proxy import ProxyLayout
+    eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
+    w = torch.rand(T, 4, generator=g)
+    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
+    out[3]()
+    fits = ProxyLayout.combine_region
+
+    def no_room_for_logfmt(self, num_topk, logfmt=False):
+        if logfmt:
+            raise LimitExceeded("num_rdma_bytes", "bytes of a combine area", 2, 1)
+        return fits(self, num_topk, logfmt)
+    monkeypatch.setattr(ProxyLayout, "combine_region", no_room_for_logfmt)
+    idx, launches = eng.idx, len(engine.launches)
+    y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
+    with pytest.raises(LimitExceeded, match="num_rdma_bytes"):
+        eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True, use_logfmt=True)
+    assert eng.idx == idx and len(engine.launches) == launches
+    eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True)[1](follows_send=True)
+    assert eng.idx == idx ^ 1

@@ -465,6 +465,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         lay = self.ensure_layout(num_max, H, num_experts)
         T, K = topk_idx.shape
         kernels = self._k_logfmt if use_logfmt else self._k
+        lay.combine_region(K, use_logfmt)  # refuses a region over the buffer before the set flips
         s = self._flip()
         send_area = self.mem.ptr + lay.send(s)
         zero_copy = bool(zero_copy)
