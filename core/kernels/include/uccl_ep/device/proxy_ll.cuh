@@ -221,23 +221,10 @@ UCCL_DEVICE void signal_nvl_peer(uint64_t peer_ll, int d, int64_t nvl_signal_off
 UCCL_DEVICE int64_t wait_nvl_signal_peer(const uint64_t* word, int64_t target, uint64_t timeout_ns, ErrorWord* err,
                                          int phase, int rank, int peer, int expert, uint64_t* waited, uint64_t mask,
                                          bool shrink) {
-  const uint64_t start = clock_ns();
-  for (uint32_t spins = 0;; ++spins) {
-    const int64_t v = int64_t(ld_acquire_sys(word));  // pairs with the sender's add_release_sys
-    if (v >= target) {
-      if (waited != nullptr) *waited = clock_ns() - start;
-      return v;
-    }
-    if ((spins & 1023u) == 1023u) {
-      const uint64_t now = clock_ns();
-      if (waited != nullptr) *waited = now - start;
-      if (now - start > timeout_ns) {
-        peer_missed(mask, shrink, err, phase, rank, peer, expert, now - start);
-        return -1;
-      }
-      if (error_raised(err) || (shrink && rank_masked(mask, peer))) return -1;
-    }
-  }
+  // the acquire loads pair with the sender's add_release_sys
+  return wait_peer_word(
+      word, [target](uint64_t v) { return int64_t(v) >= target; }, [](uint64_t v) { return int64_t(v); }, timeout_ns,
+      err, phase, rank, peer, expert, waited, mask, shrink);
 }
 
 // The wait of a receive kernel on source j's op signal: j's NVLink word, or its proxy counter through

@@ -56,18 +56,20 @@ UCCL_DEVICE void peer_missed(uint64_t mask, bool shrink, ErrorWord* err, int pha
   }
 }
 
-// wait_tagged (wait.cuh) on a peer's signal in an LL receive kernel, with shrink mode: the tag's
-// payload, or -1 when the wait expired (peer masked in shrink mode, else the error recorded), the
-// peer was masked by another wait, or another wait failed.
-UCCL_DEVICE int64_t wait_tagged_peer(const uint64_t* signal, uint32_t tag, uint64_t timeout_ns, ErrorWord* err,
-                                     int phase, int rank, int peer, int expert, uint64_t* waited, uint64_t mask,
-                                     bool shrink) {
+// A bounded wait in an LL receive kernel on a peer's 64-bit word (system-scope acquire loads)
+// until `ready(value)`, with shrink mode: `result(value)`, or -1 when the wait expired (peer masked
+// in shrink mode, else the error recorded), the peer was masked by another wait, or another wait
+// failed. `waited` (or null) gets the time spent.
+template <class Ready, class Result>
+UCCL_DEVICE int64_t wait_peer_word(const uint64_t* word, Ready ready, Result result, uint64_t timeout_ns,
+                                   ErrorWord* err, int phase, int rank, int peer, int expert, uint64_t* waited,
+                                   uint64_t mask, bool shrink) {
   const uint64_t start = clock_ns();
   for (uint32_t spins = 0;; ++spins) {
-    const uint64_t v = ld_acquire_sys(signal);
-    if (uint32_t(v >> 32) == tag) {
+    const uint64_t v = ld_acquire_sys(word);
+    if (ready(v)) {
       if (waited != nullptr) *waited = clock_ns() - start;
-      return int64_t(v & 0xffffffffu);
+      return result(v);
     }
     if ((spins & 1023u) == 1023u) {
       const uint64_t now = clock_ns();
@@ -79,6 +81,16 @@ UCCL_DEVICE int64_t wait_tagged_peer(const uint64_t* signal, uint32_t tag, uint6
       if (error_raised(err) || (shrink && rank_masked(mask, peer))) return -1;
     }
   }
+}
+
+// wait_tagged (wait.cuh) on a peer's signal, with shrink mode (wait_peer_word): the tag's payload.
+UCCL_DEVICE int64_t wait_tagged_peer(const uint64_t* signal, uint32_t tag, uint64_t timeout_ns, ErrorWord* err,
+                                     int phase, int rank, int peer, int expert, uint64_t* waited, uint64_t mask,
+                                     bool shrink) {
+  return wait_peer_word(
+      signal, [tag](uint64_t v) { return uint32_t(v >> 32) == tag; },
+      [](uint64_t v) { return int64_t(v & 0xffffffffu); }, timeout_ns, err, phase, rank, peer, expert, waited, mask,
+      shrink);
 }
 
 // wait_counter_shared (fifo_device.cuh) on a source's receive counter in an LL proxy-path receive
