@@ -23,6 +23,7 @@ __all__ = [
     "check_extra_kwargs",
     "check_combine_rows",
     "exclusive",
+    "enter_exclusive",
     "tensor_signature",
     "CheckedCalls",
     "FP8_DTYPES",
@@ -42,17 +43,24 @@ def exclusive(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        lock = self.__dict__.get("_op_lock") or self.__dict__.setdefault("_op_lock", threading.RLock())
-        if not lock.acquire(blocking=False):
-            raise InvalidArgument("self", "one call at a time on a Buffer (it is not thread-safe: use one Buffer "
-                                  "per thread, or serialize the calls)",
-                                  f"{method.__name__}() while another thread is inside a call on it")
+        lock = enter_exclusive(self, method.__name__)
         try:
             return method(self, *args, **kwargs)
         finally:
             lock.release()
 
     return wrapper  # type: ignore[return-value]
+
+
+def enter_exclusive(buffer: Any, what: str) -> threading.RLock:
+    """Enter `buffer`'s one-call-at-a-time section (see `exclusive`) for `what`; the caller releases
+    the returned lock when done."""
+    lock = buffer.__dict__.get("_op_lock") or buffer.__dict__.setdefault("_op_lock", threading.RLock())
+    if not lock.acquire(blocking=False):
+        raise InvalidArgument("self", "one call at a time on a Buffer (it is not thread-safe: use one Buffer "
+                              "per thread, or serialize the calls)",
+                              f"{what}() while another thread is inside a call on it")
+    return lock
 
 
 def tensor_signature(t: Any) -> tuple | None:

@@ -96,10 +96,17 @@ def api_step():
     buf.low_latency_combine(y, topk, w, api_dispatch())
 
 
+def api_hook_step():  # the receive phases through the hooks (two-batch overlap, as SGLang and vLLM run it)
+    recv_x, count, handle, event, hook = buf.low_latency_dispatch(x, topk, num_max, E, use_fp8=True,
+                                                                  return_recv_hook=True)
+    hook()
+    buf.low_latency_combine(y, topk, w, handle, return_recv_hook=True)[2]()
+
+
 iters = int(sys.argv[1])
 # NOTES: rounds of every variant in turn, best of each: a small shared machine's noise comes in stretches
 variants = (("dispatch", dispatch), ("dispatch + combine", step), ("Buffer dispatch", api_dispatch),
-            ("Buffer D + C", api_step))
+            ("Buffer D + C", api_step), ("Buffer D + C, hooks", api_hook_step))
 best = {name: float("inf") for name, _ in variants}
 for _ in range(15):
     for name, fn in variants:
