@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine_fakes import DEV, FakeDrv, FakeKernel, FakeMem, dispatched, unpack_params as _unpack
 from test_proxy import make_group, stop_all
 from uccl_ep.config import low_latency_rdma_size_hint
-from uccl_ep.cuda import gpu_transport, ll, ll_proxy, proxy_session, runtime
+from uccl_ep.cuda import gpu_transport, ll, ll_proxy, proxy_session
 from uccl_ep.cuda.engine_context import EngineContext  # noqa: E402
 from uccl_ep.cuda.ll_proxy import (CHUNK_BYTES, NUM_COUNTERS, ProxyLayout, ProxyLowLatencyEngine, counter_base,
                                      fifo_table_entry, write_chunk_bytes)
@@ -27,67 +28,6 @@ from uccl_ep.tuning import Tuning
 pytestmark = pytest.mark.cpu
 
 C = native()
-DEV = 1 << 46  # fake device address = host address + DEV
-
-
-class FakeDrv:
-    ATTR_SM_COUNT = 16
-
-    def __init__(self):
-        self.registered, self.unregistered, self.h2d = [], [], {}
-
-    def device_attribute(self, dev, attr):
-        return 3
-
-    def host_register(self, dev, base, nbytes):
-        assert base % 4096 == 0 and nbytes % 4096 == 0
-        self.registered.append((base, nbytes))
-
-    def host_unregister(self, dev, base):
-        self.unregistered.append(base)
-
-    def host_device_pointer(self, dev, p):
-        assert any(b <= p < b + n for b, n in self.registered), f"{p:#x} is not registered"
-        return p + DEV
-
-    def memset_d8(self, dev, ptr, value, nbytes, stream):
-        pass
-
-    def memcpy_htod(self, dev, ptr, blob):
-        self.h2d[ptr] = bytes(blob)
-
-    def memcpy_dtoh(self, dev, ptr, nbytes):
-        return self.h2d[ptr][:nbytes]
-
-    def synchronize(self, dev):
-        pass
-
-
-class FakeMem:
-    next_ptr = 1 << 40
-
-    def __init__(self, device, nbytes):
-        self.device, self.nbytes, self.ptr = device, nbytes, FakeMem.next_ptr
-        FakeMem.next_ptr += (nbytes // 4096 + 2) * 4096
-
-    def free(self):
-        self.ptr = 0
-
-
-class FakeKernel:
-    def __init__(self, log, name, defines=()):
-        self.log, self.name, self.defines = log, name, defines
-
-    def launch(self, grid, block, params, stream, smem=0, cooperative=False, programmatic=False):
-        self.log.append((self.name, grid, block, params, smem, programmatic))
-
-
-def _unpack(struct_name, params):
-    fields = runtime.param_fields(struct_name)
-    assert len(params) == 8 * len(fields)
-    return dict(zip(fields, struct.unpack(f"<{len(fields)}q", params)))
-
-
 @pytest.fixture
 def engine(monkeypatch, request):
     R, rank = 2, 0
@@ -164,8 +104,8 @@ def test_kernel_parameters_and_set_alternation(engine):
     w = torch.rand(T, 4, generator=g)
     log = engine.launches
     for it in range(2):
-        # the second op as a Buffer in shrink mode would make it (a Buffer's shrink mode is fixed for
-        # its life, and the engine resolves it once per layout: its parameter templates go with it)
+        # the second op as a Buffer in shrink mode would make it (a Buffer's shrink mode is fixed for its
+        # life: the engine resolves it once per layout, so its parameter templates are dropped here)
         engine.ex.ctx.enable_shrink = bool(it)
         eng._template_cache.clear()
         out = eng.dispatch(None, x, topk, T, E, True, False, False, {1} if it else set(), None, None)
@@ -327,23 +267,17 @@ def test_own_rows_stay_in_y_when_the_receive_follows(engine, switch):
     """Tuning.ll_own_rows_in_y (default on): combine without a receive hook (recv_follows)
     stages no rows for this rank (own_in_y) and the receive kernel reads them in y as in zero copy;
     behind a hook, or with the switch off, they are staged in the send area as before."""
-    eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
+    eng = engine.eng
     eng.own_rows_in_y = switch
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(T, H, generator=g).bfloat16()
-    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
-    w = torch.rand(T, 4, generator=g)
-    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
-    out[3]()
-    y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
+    topk, w, handle, y = dispatched(engine, 11)
     for follows in (True, False):
-        _, finish = eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=follows)
+        _, finish = eng.combine(y, topk, w, handle, set(), None, None, False, recv_follows=follows)
         c = _unpack("LLProxyCombineParams", engine.launches[-2][3])
         finish(follows_send=follows)
         cr = _unpack("LLProxyCombineRecvParams", engine.launches[-1][3])
         in_y = follows and switch
         assert c["own_in_y"] == int(in_y) and c["zero_copy"] == 0 and c["y"] == y.data_ptr()
-        assert cr["zero_copy"] == int(in_y) and cr["layout_range"] == out[2][1].data_ptr()
+        assert cr["zero_copy"] == int(in_y) and cr["layout_range"] == handle[1].data_ptr()
         assert cr["send_area"] == (y.data_ptr() if in_y else c["send_area"])
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from test_ipc_transport_proxy_path import FakeKernel, FakeMem
+from engine_fakes import FakeKernel, FakeMem
 from uccl_ep.cuda import ll, runtime
 from uccl_ep.cuda.engine_context import EngineContext
 from uccl_ep.tuning import Tuning

@@ -11,7 +11,8 @@ from uccl_ep.errors import InvalidArgument, LimitExceeded
 from uccl_ep.refs import logfmt
 from uccl_ep.utils import calc_diff
 
-from test_ipc_transport_proxy_path import _unpack, engine  # noqa: F401 - the recording engine fixture
+from engine_fakes import dispatched, unpack_params as _unpack
+from test_ipc_transport_proxy_path import engine  # noqa: F401 - the recording engine fixture
 
 pytestmark = pytest.mark.cpu
 
@@ -237,14 +238,8 @@ def test_proxy_engine_launches_the_logfmt_build_with_its_regions(engine):
     own = []
     for k in eng._k_logfmt.values():
         k.log = own
-    g = torch.Generator().manual_seed(12)
-    x = torch.randn(T, H, generator=g).bfloat16()
-    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
-    w = torch.rand(T, 4, generator=g)
-    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
-    out[3]()
-    y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
-    _, finish = eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True, use_logfmt=True)
+    topk, w, handle, y = dispatched(engine, 12)
+    _, finish = eng.combine(y, topk, w, handle, set(), None, None, False, recv_follows=True, use_logfmt=True)
     finish(follows_send=True)
     assert [name for name, *_ in own] == ["ll_combine_proxy_send", "ll_combine_proxy_recv"]
     c, cr = _unpack("LLProxyCombineParams", own[0][3]), _unpack("LLProxyCombineRecvParams", own[1][3])
@@ -252,7 +247,7 @@ def test_proxy_engine_launches_the_logfmt_build_with_its_regions(engine):
     assert c["region_bytes"] == cr["region_bytes"] == region >= T * min(4, E // R) * (2 * H + H // 32)
     assert c["own_in_y"] == 0 and c["zero_copy"] == 0 and cr["zero_copy"] == 0 and cr["send_area"] == c["send_area"]
     n = len(engine.launches)
-    eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True)[1](follows_send=True)
+    eng.combine(y, topk, w, handle, set(), None, None, False, recv_follows=True)[1](follows_send=True)
     assert len(own) == 2 and len(engine.launches) == n + 3  # BF16: the usual kernels (and the copy kernel)
 
 
@@ -260,13 +255,8 @@ def test_a_refused_logfmt_combine_leaves_the_engine_as_it_was(engine, monkeypatc
     """A LogFMT combine whose regions do not fit the buffer is refused before anything changes: the
     buffer set does not flip and nothing is launched, so the next ops stay in step with the peers."""
     from uccl_ep.cuda.ll_proxy import ProxyLayout
-    eng, T, H, E, R = engine.eng, engine.T, engine.H, engine.E, engine.R
-    g = torch.Generator().manual_seed(13)
-    x = torch.randn(T, H, generator=g).bfloat16()
-    topk = torch.rand(T, E, generator=g).topk(4, dim=1).indices
-    w = torch.rand(T, 4, generator=g)
-    out = eng.dispatch(None, x, topk, T, E, True, False, False, set(), None, None)
-    out[3]()
+    eng = engine.eng
+    topk, w, handle, y = dispatched(engine, 13)
     fits = ProxyLayout.combine_region
 
     def no_room_for_logfmt(self, num_topk, logfmt=False):
@@ -275,9 +265,8 @@ def test_a_refused_logfmt_combine_leaves_the_engine_as_it_was(engine, monkeypatc
         return fits(self, num_topk, logfmt)
     monkeypatch.setattr(ProxyLayout, "combine_region", no_room_for_logfmt)
     idx, launches = eng.idx, len(engine.launches)
-    y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
     with pytest.raises(LimitExceeded, match="num_rdma_bytes"):
-        eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True, use_logfmt=True)
+        eng.combine(y, topk, w, handle, set(), None, None, False, recv_follows=True, use_logfmt=True)
     assert eng.idx == idx and len(engine.launches) == launches
-    eng.combine(y, topk, w, out[2], set(), None, None, False, recv_follows=True)[1](follows_send=True)
+    eng.combine(y, topk, w, handle, set(), None, None, False, recv_follows=True)[1](follows_send=True)
     assert eng.idx == idx ^ 1
