@@ -14,13 +14,17 @@ DEV = 1 << 46  # fake device address = host address + DEV
 
 
 class FakeDrv:
+    """The driver calls the proxy session and the LL engines make: host registration checked and
+    recorded, device pointers = host pointers + `offset`, copies to the device recorded (not done)."""
+
     ATTR_SM_COUNT = 16
 
-    def __init__(self):
+    def __init__(self, sms=3, offset=DEV):
+        self.sms, self.offset = sms, offset
         self.registered, self.unregistered, self.h2d = [], [], {}
 
     def device_attribute(self, dev, attr):
-        return 3
+        return self.sms
 
     def host_register(self, dev, base, nbytes):
         assert base % 4096 == 0 and nbytes % 4096 == 0
@@ -31,7 +35,7 @@ class FakeDrv:
 
     def host_device_pointer(self, dev, p):
         assert any(b <= p < b + n for b, n in self.registered), f"{p:#x} is not registered"
-        return p + DEV
+        return p + self.offset
 
     def memset_d8(self, dev, ptr, value, nbytes, stream):
         pass

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_fakes  # noqa: E402
 from ht_proxy_emulator import Emulator, unpack  # noqa: E402
 from ht_proxy_emulator_plan import PlanKernels  # noqa: E402
 from multirank import run_ranks  # noqa: E402
@@ -69,26 +70,11 @@ class HostMem:
         self.ptr = 0
 
 
-class FakeDrv:
-    ATTR_SM_COUNT = 16
+class FakeDrv(engine_fakes.FakeDrv):
+    """engine_fakes' driver whose "device" memory is host memory: memsets and copies act on it."""
 
     def __init__(self, sms=132, offset=0):
-        self.sms, self.offset = sms, offset
-        self.registered, self.unregistered = [], []
-
-    def device_attribute(self, dev, attr):
-        return self.sms
-
-    def host_register(self, dev, base, nbytes):
-        assert base % 4096 == 0 and nbytes % 4096 == 0
-        self.registered.append((base, nbytes))
-
-    def host_unregister(self, dev, base):
-        self.unregistered.append(base)
-
-    def host_device_pointer(self, dev, p):
-        assert any(b <= p < b + n for b, n in self.registered), f"{p:#x} is not registered"
-        return p + self.offset
+        super().__init__(sms, offset)
 
     def memset_d8(self, dev, ptr, value, nbytes, stream):
         ctypes.memset(ptr, value, nbytes)
@@ -98,9 +84,6 @@ class FakeDrv:
 
     def memcpy_dtoh(self, dev, ptr, nbytes):
         return ctypes.string_at(ptr, nbytes)
-
-    def synchronize(self, dev):
-        pass
 
 
 class RecordingKernel:
