@@ -37,6 +37,10 @@
 #          here), under MATRIX_BUDGET_S (default 420 s) with a 30 s budget per point; MATRIX_ARGS adds
 #          flags (e.g. "--matrix-tokens 128,512"); MATRIX_DEEPEP=auto runs without DeepEP ->
 #          $OUT/matrix_<MATRIX>.{json,png,log} (and .json.partial.jsonl while it runs).
+#   eager: host time of eager calls (issue 30): tools/lab/host_path.py EAGER_WHAT (ll, ht or all; default ll)
+#          for uccl-ep and for DeepEP V1 (.anchors/deepep-v1, carried as for `matrix`), one process each,
+#          EAGER_REPS times (default 2), then `uccl-ep bench --mode ll` at 128 and 64 tokens (eager and
+#          graph rows, DeepEP beside) -> $OUT/eager_*.{log,json}.
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
 # internode steps' commands (default 600 s each); LL_TOKENS overrides the proxy step's token counts.
 set -uo pipefail
