@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from multirank import run_ranks
 from uccl_ep.errors import InvalidArgument
-from uccl_ep.proxy import transport_unavailable_reason
+from uccl_ep.proxy import native, transport_unavailable_reason
 from uccl_ep.proxy.nic_model import PRESETS, decorate, parse_nic_model
 
 pytestmark = pytest.mark.cpu
@@ -305,9 +305,10 @@ def test_trace_keeps_the_last_events_of_each_endpoint():
         for _, _, t, left, due, length, peer, imm in posts:  # a zero-byte message: latency only
             assert peer == 1 - rank and length == 0 and left >= t and due - left >= 200_000
         answer = 2 if rank == 0 else 1  # the counter the peer's atomics bump
-        # a slow machine adds the proxies' heartbeats (control immediates, kind 3, op 1)
-        control = [r for r in delivered if r[7] >> 30 == 3]
-        assert all(r[6] == 1 - rank and (r[7] >> 24) & 0x3F == 1 for r in control), control
-        atomics = [r for r in delivered if r[7] >> 30 != 3]
+        decoded = [(r, native().imm_decode(r[7])) for r in delivered]
+        # a slow machine adds the proxies' heartbeats (control immediates)
+        control = [(r, d) for r, d in decoded if d["kind"] == 3]
+        assert all(r[6] == 1 - rank and d["op"] == 1 for r, d in control), control
+        atomics = [(r, d) for r, d in decoded if d["kind"] != 3]
         assert atomics, rows
-        assert all(r[6] == 1 - rank and r[7] >> 30 == 2 and (r[7] & 0x1FFF) == answer for r in atomics), atomics
+        assert all(r[6] == 1 - rank and d["kind"] == 2 and d["counter"] == answer for r, d in atomics), atomics
