@@ -4,14 +4,13 @@ change between calls (the engine resolves the fixed fields once per layout: runt
 
 from __future__ import annotations
 
-import struct
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engine_fakes import FakeKernel, FakeMem
-from uccl_ep.cuda import ll, runtime
+from engine_fakes import FakeKernel, FakeMem, unpack_params
+from uccl_ep.cuda import ll
 from uccl_ep.cuda.engine_context import EngineContext
 from uccl_ep.tuning import Tuning
 
@@ -44,12 +43,6 @@ class _Kernel(FakeKernel):
         super().launch(*args, **kwargs)
         name, *rest = self.log[-1]
         self.log[-1] = (name, self.defines, *rest)
-
-
-def _fields(struct_name, params):
-    names = runtime.param_fields(struct_name)
-    assert len(params) == 8 * len(names)
-    return dict(zip(names, struct.unpack(f"<{len(names)}q", params)))
 
 
 @pytest.fixture
@@ -92,14 +85,14 @@ def test_every_field_of_every_call(engine):
         assert (send_name, grid, block, smem) == ("ll_dispatch_send", max(T, 1), 512, 8 * E)
         assert (recv_name, rgrid, rblock, pdl) == ("ll_dispatch_recv", E_LOC, 256, True)
         work = eng.work.ptr
-        assert _fields("LLDispatchParams", send) == dict(
+        assert unpack_params("LLDispatchParams", send) == dict(
             x=x.data_ptr(), topk_idx=topk.data_ptr(), peer_recv=work + 64 + 2 * s * 8 * R,
             peer_signal=work + 64 + (2 * s + 1) * 8 * R, seq=work + 4 * s, flag_off=lay.flag_off, num_tokens=T,
             num_max=NUM_MAX, hidden=H, num_topk=K, num_experts=E, num_ranks=R, rank=RANK, use_fp8=fp8,
             round_scale=round_scale, msg_bytes=2 * H, mask=0xD000, error=0xE000)
         recv_x, scales = recv if fp8 else (recv, None)
         src_info, layout_range = handle[0], handle[1]
-        assert _fields("LLDispatchRecvParams", rparams) == dict(
+        assert unpack_params("LLDispatchRecvParams", rparams) == dict(
             recv_area=eng.mem.ptr + s * lay.set_bytes + lay.recv_off, signal=eng.mem.ptr + lay.dispatch_signal_off(s),
             seq=work + 4 * s, done=work + 8 + 4 * s, flag_off=lay.flag_off, recv_x=recv_x.data_ptr(),
             recv_scales=_ptr(scales), recv_count=count.data_ptr(), src_info=src_info.data_ptr(),
@@ -120,18 +113,18 @@ def test_every_field_of_every_call(engine):
         assert (recv_name, rgrid, rblock) == ("ll_combine_recv", max(T, 1), eng.combine_recv_threads)
         assert defines == rdefines == (ll._LOGFMT if logfmt else ())
         y_ptr = eng.mem.ptr + s * lay.set_bytes + lay.send_off if zero_copy else y.data_ptr()
-        assert _fields("LLCombineParams", send) == dict(
+        assert unpack_params("LLCombineParams", send) == dict(
             y=y_ptr, src_info=src_info.data_ptr(), layout_range=layout_range.data_ptr(),
             peer_recv=work + 64 + 2 * s * 8 * R, seq=work + 4 * s, flag_off=lay.flag_off, num_max=NUM_MAX, hidden=H,
             num_local_experts=E_LOC, num_ranks=R, rank=RANK, mask=0xD000, meta_off=lay.meta_off)
-        assert _fields("LLCombineRecvParams", rparams) == dict(
+        assert unpack_params("LLCombineRecvParams", rparams) == dict(
             recv_area=eng.mem.ptr + s * lay.set_bytes + lay.recv_off, seq=work + 4 * s, flag_off=lay.flag_off,
             done=work + 8 + 4 * s, topk_idx=topk.data_ptr(), topk_weights=w.data_ptr(), out=result.data_ptr(),
             wait_stats=_ptr(c_wait), error=0xE000, num_tokens=T, num_max=NUM_MAX, hidden=H, num_topk=K,
             num_local_experts=E_LOC, rank=RANK, timeout_ns=4321, meta_off=lay.meta_off, mask=0xD000, shrink=1)
 
 
-def test_a_new_layout_drops_the_fixed_fields(engine):
+def test_a_new_layout_drops_the_fixedunpack_params(engine):
     """A call of another (num_max, hidden, experts) lays the buffer out again: the next call's fields
     are the new layout's, not the cached ones of the old."""
     eng, launches = engine
@@ -141,8 +134,8 @@ def test_a_new_layout_drops_the_fixed_fields(engine):
         finish()
         lay = eng.layout
         assert lay.num_max == num_max
-        d = _fields("LLDispatchParams", launches[-2][4])
-        r = _fields("LLDispatchRecvParams", launches[-1][4])
+        d = unpack_params("LLDispatchParams", launches[-2][4])
+        r = unpack_params("LLDispatchRecvParams", launches[-1][4])
         assert d["num_max"] == r["num_max"] == num_max and d["flag_off"] == lay.flag_off
         s = eng.idx ^ 1  # the set this call used
         assert d["peer_recv"] == eng.work.ptr + 64 + 2 * s * 8 * R

@@ -150,7 +150,7 @@ class LowLatencyEngine:
         self.combine_recv_threads = _combine_recv_threads(ec.ctx.tuning)  # read once: off the per-call host path
         # Receive kernels launched right after their send kernel may overlap its tail (programmatic
         # dependent launch, sm_90+; the send kernels allow it once every block has read the op counter).
-        self.pdl = ec.ctx.tuning.ll_pdl and sm_number(device_arch(self.dev)) >= 90
+        self.recv_pdl = ec.ctx.tuning.ll_pdl and sm_number(device_arch(self.dev)) >= 90
         self._k = {n: load_kernel(self.dev, src, n) for src, n in (
             ("ll/nvlink/dispatch.cu", "ll_dispatch_send"), ("ll/nvlink/dispatch.cu", "ll_dispatch_recv"),
             ("ll/nvlink/combine.cu", "ll_combine_send"), ("ll/nvlink/combine.cu", "ll_combine_recv"))}
@@ -296,9 +296,6 @@ class LowLatencyEngine:
     def _after_send(self) -> None:
         pass
 
-    def _recv_follows_pdl(self) -> bool:
-        return self.pdl
-
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats):
         lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
@@ -313,7 +310,7 @@ class LowLatencyEngine:
         self._after_send()
         recv_params = recv.pack(*dispatch_output_pointers(outs, cumulative_stats, wait_stats))
         keep = (x, topk_idx, *outs, cumulative_stats, wait_stats)
-        return self._dispatch_end(owner, recv_kernel, recv_params, self._recv_follows_pdl(), outs, keep, T, num_max, H,
+        return self._dispatch_end(owner, recv_kernel, recv_params, self.recv_pdl, outs, keep, T, num_max, H,
                                   num_experts, masked, use_fp8)
 
     # -- combine -------------------------------------------------------------------------------
@@ -364,4 +361,4 @@ class LowLatencyEngine:
                                 wait_stats.data_ptr() if wait_stats is not None else 0, T, K)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         return result, self._receive_phase(kernels["ll_combine_recv"], max(T, 1), self.combine_recv_threads,
-                                           recv_params, keep, self.pdl)
+                                           recv_params, keep, self.recv_pdl)

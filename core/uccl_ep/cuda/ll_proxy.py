@@ -406,9 +406,6 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
     def _after_send(self) -> None:
         self._launch_copies()
 
-    def _recv_follows_pdl(self) -> bool:
-        return self.recv_pdl
-
     def _dispatch_templates(self, lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0):
         R, E_loc, num_max, H = self.R, num_experts // self.R, lay.num_max, lay.hidden
         reg = lay.dispatch_region(K, use_fp8)
@@ -434,9 +431,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         return send, recv
 
     # -- combine ---------------------------------------------------------------------------------
-    def _proxy_combine_templates(self, lay, s, K, num_experts, use_logfmt, zero_copy, own_in_y):
+    def _proxy_combine_templates(self, lay, reg, s, K, num_experts, zero_copy, own_in_y):
         R, E_loc = self.R, num_experts // self.R
-        reg = lay.combine_region(K, use_logfmt)
         shrink = self._shrink_fields()
         send_area = self.mem.ptr + lay.send(s)
         shape = dict(num_max=lay.num_max, hidden=lay.hidden, num_ranks=R, rank=self.rank, mask=shrink["mask"],
@@ -465,7 +461,7 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         lay = self.ensure_layout(num_max, H, num_experts)
         T, K = topk_idx.shape
         kernels = self._k_logfmt if use_logfmt else self._k
-        lay.combine_region(K, use_logfmt)  # refuses a region over the buffer before the set flips
+        reg = lay.combine_region(K, use_logfmt)  # refuses a region over the buffer before the set flips
         s = self._flip()
         send_area = self.mem.ptr + lay.send(s)
         zero_copy = bool(zero_copy)
@@ -483,8 +479,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
         send, recv = self._templates(lay, ("combine", s, K, num_experts, use_logfmt, zero_copy, own_in_y),
-                                     lambda: self._proxy_combine_templates(lay, s, K, num_experts, use_logfmt,
-                                                                           zero_copy, own_in_y))
+                                     lambda: self._proxy_combine_templates(lay, reg, s, K, num_experts, zero_copy,
+                                                                           own_in_y))
         self._claim_copy_rings()
         kernels["ll_combine_proxy_send"].launch(2 * self.num_sms, _RECV_BLOCK,
                                                 send.pack(y_ptr, src_info.data_ptr(), layout_range.data_ptr()),

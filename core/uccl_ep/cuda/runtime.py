@@ -131,6 +131,17 @@ def _packer(struct_name: str) -> tuple[struct.Struct, tuple[str, ...], frozenset
     return struct.Struct(fmt), names, top, operator.itemgetter(*names)
 
 
+def _flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """Struct members given as dicts of their fields -> those fields under dotted names."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update((f"{key}.{k}", v) for k, v in value.items())
+        else:
+            flat[key] = value
+    return flat
+
+
 def pack_params(struct_name: str, **values: Any) -> bytes:
     """Pack a kernel parameter struct; every field must be given (integers: pointers, sizes, bools),
     a struct member as a dict of its fields (``ring={"msg_bytes": ..., ...}``).
@@ -143,12 +154,7 @@ def pack_params(struct_name: str, **values: Any) -> bytes:
         missing = sorted(top - values.keys())
         raise TypeError(f"{struct_name}: missing {missing}, unknown {sorted(set(values) - top)}")
     if len(top) != len(names):  # struct members: their fields under dotted names
-        flat = {}
-        for key, value in values.items():
-            if isinstance(value, dict):
-                flat.update((f"{key}.{k}", v) for k, v in value.items())
-            else:
-                flat[key] = value
+        flat = _flatten(values)
         if flat.keys() != set(names):
             raise TypeError(f"{struct_name}: missing {sorted(set(names) - flat.keys())}, unknown "
                             f"{sorted(flat.keys() - set(names))}")
@@ -166,12 +172,7 @@ class ParamTemplate:
 
     def __init__(self, struct_name: str, dynamic: tuple[str, ...], **static: Any) -> None:
         packer, names, _, _ = _packer(struct_name)
-        flat: dict[str, Any] = {}
-        for key, value in static.items():
-            if isinstance(value, dict):
-                flat.update((f"{key}.{k}", v) for k, v in value.items())
-            else:
-                flat[key] = value
+        flat = _flatten(static)
         given = flat.keys() | set(dynamic)
         if given != set(names) or len(dynamic) != len(set(dynamic)) or flat.keys() & set(dynamic):
             raise TypeError(f"{struct_name}: missing {sorted(set(names) - given)}, unknown {sorted(given - set(names))}, "
