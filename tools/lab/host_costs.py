@@ -71,7 +71,8 @@ def main() -> None:
     rows["current_stream(0)"] = _best(lambda: current_stream(0))
     rows["torch.cuda.current_stream()"] = _best(lambda: torch.cuda.current_stream())
     rows["dispatch_outputs (fp8)"] = _best(lambda: dispatch_outputs(dev, E_loc, R, T, H, True, False), n=500)
-    send = ParamTemplate("LLDispatchParams", ("x", "topk_idx", "num_tokens"), num_max=T, hidden=H)
+    send = ParamTemplate("HTLayoutParams", ("topk_idx", "num_tokens_per_rank", "num_tokens"), num_tokens_per_expert=0,
+                         is_token_in_rank=0, num_topk=8, num_experts=288, num_ranks=2)
     rows["ParamTemplate.pack (3 fields)"] = _best(lambda: send.pack(x.data_ptr(), idx.data_ptr(), T))
     plan = dict(num_tokens=T, num_max=T, hidden=H, num_experts=288, recv_count=ints, masked_at_dispatch=())
     rows["LowLatencyPlan(...)"] = _best(lambda: LowLatencyPlan(**plan))
