@@ -156,7 +156,7 @@ class LowLatencyMixin:
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         recv_x, recv_count, handle, finish = self._executor.low_latency_dispatch(
             x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, self._masked_ranks,
-            cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+            cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, recv_follows=not return_recv_hook)
         tensors = (x, topk_idx, *(recv_x if isinstance(recv_x, tuple) else (recv_x,)), recv_count)
         event, hook = self._ll_events(async_finish, return_recv_hook, finish, tensors)
         return recv_x, recv_count, self._issue_handle(handle), event, hook

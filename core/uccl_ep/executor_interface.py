@@ -75,10 +75,12 @@ class Executor:
 
     # low-latency mode --------------------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
-                             masked, cumulative_stats, wait_stats):
+                             masked, cumulative_stats, wait_stats, recv_follows=False):
         """Returns (recv_x, recv_count, handle, finish); ``finish()`` is the receive phase
         (``finish(follows_send=True)`` when it runs right after the send phase on the same stream:
-        a launch hint the NVLink path uses, others ignore it).
+        a launch hint the NVLink path uses, others ignore it). ``recv_follows``: the caller will call
+        ``finish(follows_send=True)`` at once (no recv hook), so an executor may issue the receive phase
+        with the send phase (the NVLink path's torch op does; ``finish`` then has nothing left to do).
 
         ``masked`` is the Buffer's live set of masked ranks (shrink mode): skip them, and add the
         peers found to have masked this rank (DeepEP: a timeout masks the silent peer)."""
@@ -86,7 +88,7 @@ class Executor:
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
                             recv_follows=False, use_logfmt=False):
-        """Returns (combined_x, finish). ``use_logfmt``: rows travel in LogFMT-10 (refs.logfmt);
+        """Returns (combined_x, finish); ``recv_follows`` as for dispatch. ``use_logfmt``: rows travel in LogFMT-10 (refs.logfmt);
         never with ``zero_copy`` (Buffer refuses the pair)."""
         raise NotImplementedError
 

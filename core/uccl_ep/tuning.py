@@ -40,7 +40,9 @@ class Tuning:
 
     Low-latency mode: ``ll_combine_recv_threads`` (threads per block of the NVLink combine's
     receive kernel, a multiple of the warp size), ``ll_pdl`` (receive kernels by programmatic
-    dependent launch, sm_90+), ``ll_own_rows_in_y`` (proxy-path combine leaves the rank's own rows
+    dependent launch, sm_90+), ``ll_torch_ops`` (an eager NVLink-path op through uccl_ep's torch
+    op, allocation and both launches in one native call, where its library loads:
+    uccl_ep.cuda.native_ops; False: the Python path), ``ll_own_rows_in_y`` (proxy-path combine leaves the rank's own rows
     in the caller's tensor), ``ll_stage_split`` (most warps staging one combine row on the proxy
     path), ``ll_proxy_parts`` (shared; an experiment: parts an op's region towards a peer is spread
     over), ``ipc_copy_blocks`` (blocks per ring of the ipc copy kernel), ``proxy_write_kb``
@@ -54,6 +56,7 @@ class Tuning:
 
     ll_combine_recv_threads: int = 512
     ll_pdl: bool = True
+    ll_torch_ops: bool = True
     ll_own_rows_in_y: bool = True
     ll_stage_split: int = 4
     ll_proxy_parts: int = 1

@@ -1,6 +1,6 @@
 """Host path of eager calls, uccl-ep beside DeepEP (when `deep_ep` imports the real library): not a test.
 
-python tools/lab/host_path.py ll|ht|all uccl|deepep [--profile]   (one library per process: DeepEP's
+python tools/lab/host_path.py ll|ht|all uccl|deepep [--profile] [--python-path]   (one library per process: DeepEP's
 NVSHMEM takes one low-latency Buffer per process, and a crash of one library must not hide the other's rows)
 
 Per library and shape (every GPU as one rank):
@@ -10,7 +10,8 @@ Per library and shape (every GPU as one rank):
             shows up here as the sleep's length)
   synced    event-to-event time of one call issued on an idle GPU and waited for
 LL: dispatch + combine (FP8 dispatch), HT: layout + dispatch (fresh), cached dispatch, combine.
---profile adds cProfile of rank 0's uccl-ep host path (top functions by own time).
+--profile adds cProfile of rank 0's uccl-ep host path (top functions by own time); --python-path runs
+uccl-ep's LL engine without its torch ops (Tuning(ll_torch_ops=False)).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "tests"))  # multirank
 from multirank import run_ranks  # noqa: E402
 
+PYTHON_PATH = "--python-path" in sys.argv
 LL_SHAPES = [(128, 7168, 288, 8), (64, 4096, 64, 8)]
 HT_SHAPES = [(512, 4096, 64, 6), (4096, 7168, 256, 8)]
 
@@ -96,7 +98,7 @@ def _ll(lib, group, rank, world, dev, shape, profile, name):
     gen = torch.Generator().manual_seed(rank + 7)
     hint = lib.Buffer.get_low_latency_rdma_size_hint(T, H, world, E)
     kw = dict(num_qps_per_rank=E // world, allow_nvlink_for_low_latency_mode=True) if name == "deepep" else \
-        dict(backend="cuda", explicitly_destroy=True)
+        dict(backend="cuda", explicitly_destroy=True, tuning=lib.Tuning(ll_torch_ops=not PYTHON_PATH))
     buf = lib.Buffer(group, 0, hint, low_latency_mode=True, **kw)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
     idx = (torch.randn(T, E, generator=gen).abs() + 1).topk(K, -1).indices.to(dev)

@@ -1,6 +1,6 @@
 """Host path of the cuda executor's low-latency engine on a CPU, with no GPU: not a test.
 
-python tools/lab/host_path_standin.py [--profile [--sort tottime|cumtime]] [--iters N]
+python tools/lab/host_path_standin.py [--profile [--sort tottime|cumtime]] [--iters N] [--python-path]
 
 The engine (`uccl_ep.cuda.ll.LowLatencyEngine`) runs over the HIP stand-in runtime of the CPU tests
 (core/tests/cpu/hip_standin.c: every driver call answers at once, kernels are JIT-compiled for gfx942
@@ -47,7 +47,8 @@ def check_error():
     assert errors.int32(0) == 0
 
 
-ec = EngineContext(ctx=SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning()), device=0, drv=drv,
+tuning = Tuning(ll_torch_ops=sys.argv[4] == "1")
+ec = EngineContext(ctx=SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=tuning), device=0, drv=drv,
                    timeout_ns=10**9, errors=errors, error_dev_ptr=errors.dev_ptr, mask_ptr=mask.ptr, ll_mem=mem,
                    ll_peer_base=[mem.ptr, mem.open_peer(handles[1])], check_error=check_error)
 eng = ll.LowLatencyEngine(ec)
@@ -59,13 +60,13 @@ y = torch.empty(E // 2, 2 * num_max, H, dtype=torch.bfloat16)
 
 
 def dispatch():
-    out = eng.dispatch(None, x, topk, num_max, E, True, False, False, set(), None, None)
+    out = eng.dispatch(None, x, topk, num_max, E, True, False, False, set(), None, None, recv_follows=True)
     out[3](True)
     return out[2]
 
 
 def step():
-    out, finish = eng.combine(y, topk, w, dispatch(), set(), None, None, False)
+    out, finish = eng.combine(y, topk, w, dispatch(), set(), None, None, False, recv_follows=True)
     finish(True)
 
 
@@ -104,6 +105,7 @@ def api_hook_step():  # the receive phases through the hooks (two-batch overlap,
 
 
 iters = int(sys.argv[1])
+print(f"engine path: {'torch op' if eng._torch_ops is not None else 'Python'}")
 # NOTES: rounds of every variant in turn, best of each: a small shared machine's noise comes in stretches
 variants = (("dispatch", dispatch), ("dispatch + combine", step), ("Buffer dispatch", api_dispatch),
             ("Buffer D + C", api_step), ("Buffer D + C, hooks", api_hook_step))
@@ -149,7 +151,9 @@ def main(argv: list[str]) -> int:
                    UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(lib)),
                    UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"))
         sort = argv[argv.index("--sort") + 1] if "--sort" in argv else "tottime"
-        return subprocess.run([sys.executable, "-c", CHILD, str(iters), "1" if profile else "0", sort],
+        python_path = "--python-path" in argv
+        return subprocess.run([sys.executable, "-c", CHILD, str(iters), "1" if profile else "0", sort,
+                               "0" if python_path else "1"],
                               env=env).returncode
 
 

@@ -38,7 +38,7 @@
 #          flags (e.g. "--matrix-tokens 128,512"); MATRIX_DEEPEP=auto runs without DeepEP ->
 #          $OUT/matrix_<MATRIX>.{json,png,log} (and .json.partial.jsonl while it runs).
 #   eager: host time of eager calls (issue 30): tools/lab/host_path.py EAGER_WHAT (ll, ht or all; default ll)
-#          for uccl-ep and for DeepEP V1 (.anchors/deepep-v1, carried as for `matrix`), one process each,
+#          for uccl-ep (with and without its torch ops) and for DeepEP V1 (.anchors/deepep-v1, carried as for `matrix`), one process each,
 #          EAGER_REPS times (default 2), then `uccl-ep bench --mode ll` at 128 and 64 tokens (eager and
 #          graph rows, DeepEP beside) -> $OUT/eager_*.{log,json}.
 # Logs and JSON go to $OUT (or ./gpu-out). TEST_TIMEOUT_S / BENCH_TIMEOUT_S bound the proxy and
@@ -342,11 +342,13 @@ for step in $STEPS; do
             # (EAGER_REPS, default 2); then the LL bench rows (eager and graph) -> $OUT/eager_*.log
       so=.anchors/deepep-v1/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so
       [[ -f $so.xz && ! -f $so ]] && chmod -R u+w .anchors/deepep-v1 && xz -dk "$so.xz"
+      $PY -c "from uccl_ep.cuda import native_ops as n; print('torch ops:', n.unavailable_reason() or 'loaded')"
       for rep in $(seq ${EAGER_REPS:-2}); do
-        for lib in uccl deepep; do
+        for lib in uccl uccl-python deepep; do  # uccl-python: the LL engine without its torch ops
           PYTHONPATH=$PWD/.anchors/deepep-v1${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 240 \
-            $PY tools/lab/host_path.py ${EAGER_WHAT:-ll} $lib > "$OUT/eager_${lib}_$rep.log" 2>&1 || echo "  $lib rep $rep: rc $?"
-          grep -E "^[0-9]+ +(uccl|deepep)" "$OUT/eager_${lib}_$rep.log" | sed "s/^/rep $rep /"
+            $PY tools/lab/host_path.py ${EAGER_WHAT:-ll} ${lib%-python} \
+            $( [[ $lib == uccl-python ]] && echo --python-path ) > "$OUT/eager_${lib}_$rep.log" 2>&1 || echo "  $lib rep $rep: rc $?"
+          grep -E "^[0-9]+ +(uccl|deepep)" "$OUT/eager_${lib}_$rep.log" | sed "s/^/rep $rep $lib /"
         done
       done
       for t in 128 64; do

@@ -49,6 +49,10 @@ void require(std::unordered_set<uint64_t> Handles::*set, uint64_t v, const char*
 
 }  // namespace
 
+void require_known_function(uint64_t function, const char* name) {
+  require(&Handles::functions, function, name, "module_function()");
+}
+
 void register_runtime(nb::module_& parent) {
   nb::module_ m = parent.def_submodule("cuda", "lazy GPU runtime: libcuda or libamdhip64, loaded at first use");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {

@@ -316,13 +316,13 @@ class CudaExecutor(Executor):
         return self._ll
 
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
-                             cumulative_stats, wait_stats):
+                             cumulative_stats, wait_stats, recv_follows=False):
         self.check_error()
         self._check_cuda("x", x)
         if topk_idx.shape[1] > 32:
             raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
         return self._ll_engine().dispatch(self.owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale,
-                                          use_ue8m0, masked, cumulative_stats, wait_stats)
+                                          use_ue8m0, masked, cumulative_stats, wait_stats, recv_follows)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
                             recv_follows=False, use_logfmt=False):

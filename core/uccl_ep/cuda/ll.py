@@ -28,6 +28,7 @@ from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning
 from ..errors import InvalidArgument, LimitExceeded
 from ..handles import LowLatencyHandle
 from ..protocol.ll_plan import LowLatencyPlan
+from . import native_ops
 from .runtime import (DeviceMemory, ParamTemplate, current_stream, device_arch, load_kernel, raw_tensor, sm_number,
                       warp_size)
 
@@ -41,6 +42,10 @@ _ALIGN = 16
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
 # The -D build of the combine kernels for use_logfmt=True (ll/nvlink/combine.cu, ll/proxy/combine.cu).
 _LOGFMT = ("UCCL_EP_LL_LOGFMT=1",)
+
+
+def _received(follows_send: bool = False) -> None:
+    """The receive phase of an op whose torch op already issued it (`LowLatencyEngine._torch_ops`)."""
 
 
 def _align(n: int) -> int:
@@ -158,6 +163,10 @@ class LowLatencyEngine:
         self._k_logfmt = {n: load_kernel(self.dev, "ll/nvlink/combine.cu", n, _LOGFMT) for n in
                           ("ll_combine_send", "ll_combine_recv")}
         self._template_cache: dict = {}
+        # uccl_ep's torch ops (native_ops.py): an eager op's allocation and launches in one native call,
+        # issued through the bindings' runtime (a driver that makes op plans)
+        self._torch_ops = native_ops.ops() if (self._TORCH_OPS and ec.ctx.tuning.ll_torch_ops
+                                               and hasattr(drv, "OpPlan")) else None
 
     def _templates(self, lay, key: tuple, build):
         """The parameter templates (`runtime.ParamTemplate`) of one (op, buffer set, flags) under
@@ -228,26 +237,19 @@ class LowLatencyEngine:
         return self.mem.ptr + self.layout.dispatch_signal_off(s)
 
     # -- dispatch ------------------------------------------------------------------------------
-    def _dispatch_start(self, x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0):
-        """What every dispatch path does first: the layout, the next buffer set, fresh outputs
-        (recv_x, scales, recv_count, src_info, layout_range), contiguous inputs.
+    def _dispatch_start(self, x, topk_idx, num_max, num_experts):
+        """What every dispatch path does first: the layout, the next buffer set, contiguous inputs.
 
         NOTES: the Buffer's host-side masked set is not passed to the kernels: they read the
         executor's device mask (shrink.py) when they run, which also holds the ranks they mask; it
         only goes into the handle's plan (_dispatch_end)."""
         lay = self.ensure_layout(num_max, x.shape[1], num_experts)
-        s = self._flip()
-        outs = dispatch_outputs(x.device, num_experts // self.R, self.R, num_max, x.shape[1], use_fp8, use_ue8m0)
-        return lay, s, outs, x.contiguous(), topk_idx.contiguous()
+        return lay, self._flip(), x.contiguous(), topk_idx.contiguous()
 
-    def _dispatch_end(self, owner, recv_kernel: str, recv_params: bytes, pdl: bool, outs, keep, T: int, num_max: int,
-                      H: int, num_experts: int, masked, use_fp8: bool):
-        """What every dispatch path returns: ((recv_x, scales) or recv_x, recv_count, handle, finish),
-        where finish checks the error word and launches `recv_kernel` (a block per local expert; by
-        programmatic dependent launch right after the send kernel where `pdl`), keeping the op's
-        tensors (`keep`) alive until then."""
+    def _dispatch_end(self, owner, finish, outs, T: int, num_max: int, H: int, num_experts: int, masked,
+                      use_fp8: bool):
+        """What every dispatch path returns: ((recv_x, scales) or recv_x, recv_count, handle, finish)."""
         recv_x, scales, recv_count, src_info, layout_range = outs
-        finish = self._receive_phase(self._k[recv_kernel], num_experts // self.R, _RECV_BLOCK, recv_params, keep, pdl)
         plan = LowLatencyPlan(num_tokens=T, num_max=num_max, hidden=H, num_experts=num_experts,
                               recv_count=recv_count, masked_at_dispatch=tuple(sorted(masked)) if masked else ())
         handle = LowLatencyHandle((src_info, layout_range, num_max, H, num_experts), owner, plan)
@@ -289,6 +291,10 @@ class LowLatencyEngine:
     # send kernel (the proxy path's copy-ring hand-over and copy kernel).
     _DISPATCH_KERNELS = ("ll_dispatch_send", "ll_dispatch_recv")
     _DISPATCH_SMEM_PER_EXPERT = 8
+    # NOTES: the proxy path's send runs between copy-ring hand-overs (_before_send / _after_send),
+    # which the torch op does not know of: it keeps the Python path.
+    _TORCH_OPS = True
+    _torch_ops = None  # (ll_dispatch, ll_combine) where this engine uses them (__init__)
 
     def _before_send(self) -> None:
         pass
@@ -297,21 +303,43 @@ class LowLatencyEngine:
         pass
 
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
-                 cumulative_stats, wait_stats):
-        lay, s, outs, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts, use_fp8, use_ue8m0)
+                 cumulative_stats, wait_stats, recv_follows=False):
+        lay, s, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts)
         (T, H), K = x.shape, topk_idx.shape[1]
-        send, recv = self._templates(lay, ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0),
-                                     lambda: self._dispatch_templates(lay, s, K, num_experts, use_fp8, round_scale,
-                                                                      use_ue8m0))
+        key = ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0)
         send_kernel, recv_kernel = self._DISPATCH_KERNELS
-        self._before_send()
-        self._k[send_kernel].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
-                                    current_stream(self.dev), smem=self._DISPATCH_SMEM_PER_EXPERT * num_experts)
-        self._after_send()
+        E_loc = num_experts // self.R
+        if self._torch_ops is not None:
+            send, recv, plan = self._templates(lay, key, lambda: self._dispatch_plan(lay, s, K, num_experts, use_fp8,
+                                                                                     round_scale, use_ue8m0))
+            *outs, status = self._torch_ops[0](x, topk_idx, cumulative_stats, wait_stats, plan.address,
+                                               current_stream(self.dev), recv_follows, self.recv_pdl)
+            if status == native_ops.RECEIVE_LAUNCHED:
+                return self._dispatch_end(owner, _received, outs, T, num_max, H, num_experts, masked, use_fp8)
+        else:
+            send, recv = self._templates(lay, key, lambda: self._dispatch_templates(lay, s, K, num_experts, use_fp8,
+                                                                                    round_scale, use_ue8m0))
+            outs = dispatch_outputs(x.device, E_loc, self.R, num_max, H, use_fp8, use_ue8m0)
+            self._before_send()
+            self._k[send_kernel].launch(max(T, 1), _SEND_BLOCK, send.pack(x.data_ptr(), topk_idx.data_ptr(), T),
+                                        current_stream(self.dev), smem=self._DISPATCH_SMEM_PER_EXPERT * num_experts)
+            self._after_send()
         recv_params = recv.pack(*dispatch_output_pointers(outs, cumulative_stats, wait_stats))
         keep = (x, topk_idx, *outs, cumulative_stats, wait_stats)
-        return self._dispatch_end(owner, recv_kernel, recv_params, self.recv_pdl, outs, keep, T, num_max, H,
-                                  num_experts, masked, use_fp8)
+        finish = self._receive_phase(self._k[recv_kernel], E_loc, _RECV_BLOCK, recv_params, keep, self.recv_pdl)
+        return self._dispatch_end(owner, finish, outs, T, num_max, H, num_experts, masked, use_fp8)
+
+    def _dispatch_plan(self, lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0):
+        """The dispatch templates and their `_C.cuda.OpPlan` for the torch op (shape words: ll_ops.cc)."""
+        send, recv = self._dispatch_templates(lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0)
+        send_kernel, recv_kernel = self._DISPATCH_KERNELS
+        E_loc, rows, H = num_experts // self.R, self.R * lay.num_max, lay.hidden
+        cols = (H // 512 if use_ue8m0 else H // 128) if use_fp8 else 0
+        plan = self.ec.drv.OpPlan(
+            send.launch_spec(self._k[send_kernel], _SEND_BLOCK, self._DISPATCH_SMEM_PER_EXPERT * num_experts),
+            recv.launch_spec(self._k[recv_kernel], _RECV_BLOCK),
+            [E_loc, rows, H, int(use_fp8), int(use_ue8m0), cols, self.R], self.ec.errors.host_ptr)
+        return send, recv, plan
 
     # -- combine -------------------------------------------------------------------------------
     def next_combine_buffer(self, handle) -> torch.Tensor:
@@ -349,16 +377,35 @@ class LowLatencyEngine:
         else:
             y = y.contiguous()
             y_ptr = y.data_ptr()
-        result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.contiguous()
-        send, recv = self._templates(lay, ("combine", s, num_experts),
-                                     lambda: self._combine_templates(lay, s, num_experts))
-        kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK,
-                                          send.pack(y_ptr, src_info.data_ptr(), layout_range.data_ptr()),
-                                          current_stream(self.dev), smem=4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK))
+        send_smem = 4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK)
+        if self._torch_ops is not None:
+            send, recv, plan = self._templates(
+                lay, ("combine", s, num_experts, use_logfmt),
+                lambda: self._combine_plan(lay, s, num_experts, kernels, send_smem))
+            result, status = self._torch_ops[1](y_ptr, src_info, layout_range, topk_idx, topk_weights, out, wait_stats,
+                                                plan.address, current_stream(self.dev), bool(recv_follows),
+                                                self.recv_pdl)
+            if status == native_ops.RECEIVE_LAUNCHED:
+                return result, _received
+        else:
+            result = out if out is not None else torch.empty(T, H, dtype=torch.bfloat16, device=topk_idx.device)
+            send, recv = self._templates(lay, ("combine", s, num_experts),
+                                         lambda: self._combine_templates(lay, s, num_experts))
+            kernels["ll_combine_send"].launch(2 * self.num_sms, _RECV_BLOCK,
+                                              send.pack(y_ptr, src_info.data_ptr(), layout_range.data_ptr()),
+                                              current_stream(self.dev), smem=send_smem)
         recv_params = recv.pack(topk_idx.data_ptr(), topk_weights.data_ptr(), result.data_ptr(),
                                 wait_stats.data_ptr() if wait_stats is not None else 0, T, K)
         keep = (y, topk_idx, topk_weights, result, wait_stats, handle)
         return result, self._receive_phase(kernels["ll_combine_recv"], max(T, 1), self.combine_recv_threads,
                                            recv_params, keep, self.recv_pdl)
+
+    def _combine_plan(self, lay, s, num_experts, kernels, send_smem):
+        """The combine templates and their `_C.cuda.OpPlan` for the torch op (shape words: ll_ops.cc)."""
+        send, recv = self._combine_templates(lay, s, num_experts)
+        plan = self.ec.drv.OpPlan(send.launch_spec(kernels["ll_combine_send"], _RECV_BLOCK, send_smem),
+                               recv.launch_spec(kernels["ll_combine_recv"], self.combine_recv_threads),
+                               [lay.hidden, 2 * self.num_sms], self.ec.errors.host_ptr)
+        return send, recv, plan

@@ -209,6 +209,8 @@ class ProxyLowLatencyEngine(LowLatencyEngine):
     """LowLatencyEngine whose send phases push commands to the Buffer's proxy session (see the
     module doc and proxy_session.py)."""
 
+    _TORCH_OPS = False  # the copy-ring hand-overs around each send (_before_send / _after_send)
+
     def __init__(self, ec, session) -> None:  # noqa: D107 - replaces the NVLink engine's set-up
         self.ec = ec
         self.dev = ec.device

@@ -190,6 +190,12 @@ class ParamTemplate:
             out[slot] = value
         return self._packer.pack(*out)
 
+    def launch_spec(self, kernel: "Kernel", block: int, smem: int = 0) -> tuple:
+        """One launch of a `_C.cuda.OpPlan` (core/csrc/runtime/launch_plan.h): (device, function, block,
+        smem, the fixed fields' bytes, the per-call fields' indices in `pack`'s order)."""
+        kernel.allow_smem(smem)
+        return (kernel.device, kernel.function, block, smem, self._packer.pack(*self._values), list(self._slots))
+
 
 # ---- kernels --------------------------------------------------------------------------------------
 class Kernel:
@@ -200,12 +206,17 @@ class Kernel:
         self._smem_set = 0
         self._launch = driver().launch
 
+    def allow_smem(self, smem: int) -> None:
+        """Let launches use `smem` bytes of dynamic shared memory (above 48 KiB it must be asked for)."""
+        if smem > 48 * 1024 and smem > self._smem_set:
+            driver().function_set_max_dynamic_smem(self.function, smem)
+            self._smem_set = smem
+
     def launch(self, grid: int | tuple, block: int, params: bytes, stream: int, smem: int = 0,
                cooperative: bool = False, programmatic: bool = False) -> None:
         g = (grid, 1, 1) if type(grid) is int else tuple(grid)
         if smem > 48 * 1024 and smem > self._smem_set:
-            driver().function_set_max_dynamic_smem(self.function, smem)
-            self._smem_set = smem
+            self.allow_smem(smem)
         self._launch(self.device, self.function, g, (block, 1, 1), smem, stream, params, cooperative, programmatic)
 
 

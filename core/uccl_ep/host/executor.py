@@ -152,7 +152,7 @@ class HostExecutor(Executor):
 
     # ---- low-latency mode --------------------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
-                             masked, cumulative_stats, wait_stats):
+                             masked, cumulative_stats, wait_stats, recv_follows=False):
         _require_cpu("low_latency_dispatch", "x", x)
         set_idx = self._ll_buffer_idx
         self._ll_buffer_idx ^= 1

@@ -50,7 +50,7 @@ class ReferenceExecutor(Executor):
 
     # low-latency mode --------------------------------------------------------------------------
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0,
-                             masked, cumulative_stats, wait_stats):
+                             masked, cumulative_stats, wait_stats, recv_follows=False):
         self._ll_buffer_idx ^= 1
         return low_latency.dispatch(self.comm, self.owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale,
                                     use_ue8m0, masked, self.ctx.enable_shrink, cumulative_stats, wait_stats)
