@@ -310,7 +310,7 @@ class LowLatencyEngine:
         send_kernel, recv_kernel = self._DISPATCH_KERNELS
         E_loc = num_experts // self.R
         if self._torch_ops is not None:
-            send, recv, plan = self._templates(lay, key, lambda: self._dispatch_plan(lay, s, K, num_experts, use_fp8,
+            send, recv, plan = self._templates(lay, key + ("op",), lambda: self._dispatch_plan(lay, s, K, num_experts, use_fp8,
                                                                                      round_scale, use_ue8m0))
             *outs, status = self._torch_ops[0](x, topk_idx, cumulative_stats, wait_stats, plan.address,
                                                current_stream(self.dev), recv_follows, self.recv_pdl)
@@ -382,7 +382,7 @@ class LowLatencyEngine:
         send_smem = 4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK)
         if self._torch_ops is not None:
             send, recv, plan = self._templates(
-                lay, ("combine", s, num_experts, use_logfmt),
+                lay, ("combine", s, num_experts, use_logfmt, "op"),
                 lambda: self._combine_plan(lay, s, num_experts, kernels, send_smem))
             result, status = self._torch_ops[1](y_ptr, src_info, layout_range, topk_idx, topk_weights, out, wait_stats,
                                                 plan.address, current_stream(self.dev), bool(recv_follows),

@@ -1,0 +1,186 @@
+"""uccl_ep's torch ops (core/csrc/torch_ops, loaded by uccl_ep.cuda.native_ops): an eager LL op's
+allocation and launches in one native call must launch exactly what the Python path launches.
+
+Both paths run one LowLatencyEngine over the HIP stand-in runtime (hip_standin.c logs every launch
+with its parameter bytes), the same calls in the same buffer sets, fresh random inputs; every field of
+every launch is compared, the per-call pointers against the tensors each path returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import textwrap
+
+import pytest
+
+import hip_toolchain
+from test_hip_runtime_loader import _calls, _run, _standin
+
+pytestmark = pytest.mark.cpu
+
+
+def test_the_torch_ops_are_built_and_load():
+    from uccl_ep.cuda import native_ops
+    assert native_ops.ops() is not None, native_ops.unavailable_reason()
+    assert native_ops.unavailable_reason() is None
+
+
+CHILD = """
+import json, os
+from types import SimpleNamespace
+import torch
+from uccl_ep.cuda import ll, native_ops, runtime
+from uccl_ep.cuda.engine_context import EngineContext
+from uccl_ep.tuning import Tuning
+
+torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
+torch.cuda.synchronize = lambda *a, **k: None
+ll.current_stream = lambda device=None: 0x5150
+drv = runtime.driver()
+errors = runtime.MappedHostMemory(0, 16384)
+mem = runtime.DeviceMemory(0, 1 << 23)
+handles = [mem.ipc_handle(), mem.ipc_handle()]
+mask = runtime.DeviceMemory(0, 8)
+
+
+class KernelError(Exception):
+    pass
+
+
+def check_error():
+    if errors.int32(0) != 0:
+        raise KernelError(errors.int32(0))
+
+
+ec = EngineContext(ctx=SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning()), device=0, drv=drv,
+                   timeout_ns=10**9, errors=errors, error_dev_ptr=errors.dev_ptr, mask_ptr=mask.ptr, ll_mem=mem,
+                   ll_peer_base=[mem.ptr, mem.open_peer(handles[1])], check_error=check_error)
+eng = ll.LowLatencyEngine(ec)
+ops = eng._torch_ops
+assert ops is not None, native_ops.unavailable_reason()
+gen = torch.Generator().manual_seed(int(os.environ["SEED"]))
+T, H, E, K, num_max = 5, 1024, 8, 3, 6
+x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+topk = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+w = torch.rand(T, K, generator=gen)
+y = torch.randn(E // 2, 2 * num_max, H, generator=gen).to(torch.bfloat16)
+cum = torch.zeros(E // 2, dtype=torch.int32)
+wait = torch.zeros(2, dtype=torch.int64)
+out_given = torch.empty(T, H, dtype=torch.bfloat16)
+log = open(os.environ["STANDIN_LOG"], "a")
+
+
+def desc(t):
+    return None if t is None else [str(t.dtype), list(t.shape), list(t.stride()), t.data_ptr()]
+
+
+result = {}
+# per path the same calls in the same buffer sets: dispatch (FP8, stats), combine, dispatch by hook
+# (BF16), combine into `out` by hook, zero-copy combine, then a dispatch with the error word set
+for path in ("op", "python"):
+    eng._torch_ops = ops if path == "op" else None
+    rows = []
+    log.write(f"PATH {path}\\n"); log.flush()
+    (rx, sc), cnt, h, fin = eng.dispatch(None, x, topk, num_max, E, True, False, False, set(), cum, wait,
+                                         recv_follows=True)
+    fin(True)
+    rows.append(dict(outs=[desc(t) for t in (rx, sc, cnt, h[0], h[1])]))
+    res, fin = eng.combine(y, topk, w, h, set(), None, wait, False, recv_follows=True)
+    fin(True)
+    rows.append(dict(outs=[desc(res)], src=[h[0].data_ptr(), h[1].data_ptr()]))
+    rx, cnt, h, fin = eng.dispatch(None, x, topk, num_max, E, False, False, False, set(), None, None)
+    fin()
+    rows.append(dict(outs=[desc(t) for t in (rx, cnt, h[0], h[1])]))
+    res, fin = eng.combine(y, topk, w, h, set(), out_given, None, False)
+    fin()
+    rows.append(dict(outs=[desc(res)], src=[h[0].data_ptr(), h[1].data_ptr()], same=res is out_given))
+    res, fin = eng.combine(y, topk, w, h, set(), None, None, True, recv_follows=True)
+    fin(True)
+    rows.append(dict(outs=[desc(res)], src=[h[0].data_ptr(), h[1].data_ptr()]))
+    errors.set_int32(0, 5)
+    (rx, sc), cnt, h, fin = eng.dispatch(None, x, topk, num_max, E, True, False, False, set(), None, None,
+                                         recv_follows=True)
+    try:
+        fin(True)
+        raised = False
+    except KernelError:
+        raised = True
+    errors.set_int32(0, 0)
+    rows.append(dict(raised=raised))
+    result[path] = rows
+log.write("END\\n"); log.flush()
+print(json.dumps(dict(result, x=x.data_ptr(), topk=topk.data_ptr(), w=w.data_ptr(), y=y.data_ptr(),
+                      cum=cum.data_ptr(), wait=wait.data_ptr(), send_area=mem.ptr)))
+"""
+
+_POINTER_OUTPUTS = {"ll_dispatch_recv": ("recv_x", "recv_scales", "recv_count", "src_info", "layout_range")}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_torch_op_launches_what_the_python_path_launches(tmp_path, seed):
+    if hip_toolchain.clang() is None:
+        if os.environ.get("CI"):
+            pytest.fail("clang-22 / HIP headers missing on CI: ci/setup.d/20-gpu-toolchain.sh should install them")
+        pytest.skip("clang-22 with Debian's HIP headers not installed (ci/setup.d/20-gpu-toolchain.sh)")
+    from uccl_ep.cuda import runtime
+    structs = {"ll_dispatch_send": "LLDispatchParams", "ll_dispatch_recv": "LLDispatchRecvParams",
+               "ll_combine_send": "LLCombineParams", "ll_combine_recv": "LLCombineRecvParams"}
+    fields = {k: runtime.param_fields(v) for k, v in structs.items()}
+    lib, log = tmp_path / "lib", tmp_path / "calls.log"
+    _standin(lib)
+    out = _run(lib, log, textwrap.dedent(CHILD), SEED=str(seed), UCCL_EP_CUDA_ARCH="gfx942",
+               UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(tmp_path)),
+               UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"),
+               STANDIN_PARAM_BYTES=",".join(f"{k}={8 * len(v)}" for k, v in fields.items()))
+    calls = _calls(log)
+    op_at, py_at, end = calls.index(["PATH", "op"]), calls.index(["PATH", "python"]), calls.index(["END"])
+
+    def launches(part):
+        return [dict(kernel=c[1], geometry=c[2:10], params=dict(zip(fields[c[1]], struct.unpack(
+            f"<{len(fields[c[1]])}Q", bytes.fromhex(c[10]))))) for c in part if c[0] == "hipModuleLaunchKernel"]
+
+    op, py = launches(calls[op_at:py_at]), launches(calls[py_at:end])
+    # dispatch, combine, dispatch (hook), combine (hook), zero-copy combine: two launches each; the
+    # dispatch with the error word set: its send only
+    expected = ["ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv"] * 2 + [
+        "ll_combine_send", "ll_combine_recv", "ll_dispatch_send"]
+    assert [l["kernel"] for l in py] == expected
+    assert [l["kernel"] for l in op] == expected
+
+    # outputs: same dtypes, shapes and strides; the launches' pointers are each path's own tensors
+    for a, b in zip(out["op"][:5], out["python"][:5]):
+        assert [o and o[:3] for o in a["outs"]] == [o and o[:3] for o in b["outs"]]
+    assert out["op"][3]["same"] and out["python"][3]["same"], "combine into `out` returns `out`"
+    assert out["op"][5]["raised"] and out["python"][5]["raised"], "a set error word raises before the receive"
+
+    def per_call(path, i, launch):
+        """The fields one call fills in, as the caller's tensors say they must be."""
+        rows, p = out[path], launch["params"]
+        k = launch["kernel"]
+        if k == "ll_dispatch_send":
+            return dict(x=out["x"], topk_idx=out["topk"], num_tokens=5)
+        if k == "ll_dispatch_recv":
+            outs = rows[i]["outs"]
+            ptrs = [o[3] for o in outs] if len(outs) == 5 else [outs[0][3], 0, *(o[3] for o in outs[1:])]
+            stats = (out["cum"], out["wait"]) if i == 0 else (0, 0)
+            return dict(zip(("recv_x", "recv_scales", "recv_count", "src_info", "layout_range", "cumulative_stats",
+                             "wait_stats"), (*ptrs, *stats)))
+        if k == "ll_combine_send":
+            y = p["y"] if i == 4 else out["y"]  # zero-copy: the engine's own send area
+            return dict(y=y, src_info=rows[i]["src"][0], layout_range=rows[i]["src"][1])
+        return dict(topk_idx=out["topk"], topk_weights=out["w"], out=rows[i]["outs"][0][3],
+                    wait_stats=out["wait"] if i == 1 else 0, num_tokens=5, num_topk=3)
+
+    call_of = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5]
+    for j, (a, b) in enumerate(zip(op, py)):
+        assert a["geometry"] == b["geometry"], (j, a["kernel"])
+        want_a, want_b = per_call("op", call_of[j], a), per_call("python", call_of[j], b)
+        for name, value in want_a.items():
+            assert a["params"][name] == value, (j, a["kernel"], name)
+        for name, value in want_b.items():
+            assert b["params"][name] == value, (j, b["kernel"], name)
+        fixed = [n for n in fields[a["kernel"]] if n not in want_a]
+        assert {n: a["params"][n] for n in fixed} == {n: b["params"][n] for n in fixed}, (j, a["kernel"])
+    assert op[8]["params"]["y"] == py[8]["params"]["y"] != out["y"], "zero-copy combine sends from the buffer"
+    assert json.dumps(out["op"][5]) == json.dumps(out["python"][5])
