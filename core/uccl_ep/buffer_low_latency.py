@@ -76,6 +76,9 @@ class LowLatencyMixin:
         self._ll_shapes_fitted.add(shape)
 
     def _ll_events(self, async_finish: bool, return_recv_hook: bool, finish, tensors):
+        if not (async_finish or return_recv_hook):  # the common eager call: the receive follows at once
+            finish(follows_send=True)
+            return EventOverlap(None), None
         if async_finish and return_recv_hook:
             raise InvalidArgument("async_finish", "False when return_recv_hook=True (the hook is the receive phase)",
                                   True)
@@ -134,14 +137,16 @@ class LowLatencyMixin:
         scales) whose scales are fp32 [E_loc, R*T, H/128] (or with ``use_ue8m0`` int32
         [E_loc, R*T, H/512]), column-major in the last two dims.
         """
-        self._check_ll_mode("low_latency_dispatch")
+        if self._destroyed or not self.low_latency_mode:
+            self._check_ll_mode("low_latency_dispatch")
         if extra_kwargs:
             check_extra_kwargs("low_latency_dispatch()", extra_kwargs)
         num_max = num_max_dispatch_tokens_per_rank
+        cum, wait = cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats
         try:
             signature = (tensor_signature(x), tensor_signature(topk_idx), type(num_max), num_max, type(num_experts),
-                         num_experts, tensor_signature(cumulative_local_expert_recv_stats),
-                         tensor_signature(dispatch_wait_recv_cost_stats), type(use_fp8), use_fp8, type(round_scale),
+                         num_experts, cum if cum is None else tensor_signature(cum),
+                         wait if wait is None else tensor_signature(wait), type(use_fp8), use_fp8, type(round_scale),
                          round_scale, type(use_ue8m0), use_ue8m0, bool(async_finish), bool(return_recv_hook))
         except Exception:  # noqa: BLE001 - not tensor-like: the checks below say what is wrong
             signature = None
@@ -152,7 +157,7 @@ class LowLatencyMixin:
                 x, topk_idx, num_max, num_experts, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                 use_fp8, round_scale, use_ue8m0, async_finish, return_recv_hook)
             self._ll_dispatch_checked.add(signature)
-        if x.device.type == "cpu":
+        if x.is_cpu:
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         recv_x, recv_count, handle, finish = self._executor.low_latency_dispatch(
             x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, self._masked_ranks,
@@ -199,14 +204,17 @@ class LowLatencyMixin:
 
         With ``use_logfmt`` every row travels in LogFMT-10 (``uccl_ep.refs.logfmt``) and is summed
         as decoded (docs/api.md, "LogFMT combine")."""
-        self._check_ll_mode("low_latency_combine")
+        if self._destroyed or not self.low_latency_mode:
+            self._check_ll_mode("low_latency_combine")
         if extra_kwargs:
             check_extra_kwargs("low_latency_combine()", extra_kwargs)
         self._check_handle(handle, LowLatencyHandle, "low_latency_combine")
         _, _, num_max, hidden, num_experts = handle
+        wait = combine_wait_recv_cost_stats
         try:
             signature = (tensor_signature(x), tensor_signature(topk_idx), tensor_signature(topk_weights),
-                         tensor_signature(out), tensor_signature(combine_wait_recv_cost_stats), num_max, hidden,
+                         out if out is None else tensor_signature(out),
+                         wait if wait is None else tensor_signature(wait), num_max, hidden,
                          num_experts, handle.plan.num_tokens, type(use_logfmt), use_logfmt, bool(zero_copy),
                          bool(async_finish), bool(return_recv_hook))
         except Exception:  # noqa: BLE001 - not tensor-like: the checks below say what is wrong
@@ -218,7 +226,7 @@ class LowLatencyMixin:
                                                            async_finish, return_recv_hook, out,
                                                            combine_wait_recv_cost_stats)
             self._ll_combine_checked.add(signature)
-        if x.device.type == "cpu":
+        if x.is_cpu:
             check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
         combined, finish = self._executor.low_latency_combine(
             x, topk_idx, topk_weights, handle, self._masked_ranks, out, combine_wait_recv_cost_stats,

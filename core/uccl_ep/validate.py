@@ -41,9 +41,15 @@ def exclusive(method: F) -> F:
     shared state; two interleaved ops would compute offsets from each other's half-updated
     state). The same thread may nest calls."""
 
+    name = method.__name__
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        lock = enter_exclusive(self, method.__name__)
+        # NOTES: on every eager op's host path: the lock is looked up here, enter_exclusive only
+        # makes it (first call) or refuses a second thread.
+        lock = self.__dict__.get("_op_lock")
+        if lock is None or not lock.acquire(blocking=False):
+            lock = enter_exclusive(self, name)
         try:
             return method(self, *args, **kwargs)
         finally:

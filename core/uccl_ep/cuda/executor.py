@@ -321,8 +321,9 @@ class CudaExecutor(Executor):
         self._check_cuda("x", x)
         if topk_idx.shape[1] > 32:
             raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
-        return self._ll_engine().dispatch(self.owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale,
-                                          use_ue8m0, masked, cumulative_stats, wait_stats, recv_follows)
+        return (self._ll or self._ll_engine()).dispatch(self.owner, x, topk_idx, num_max, num_experts, use_fp8,
+                                                        round_scale, use_ue8m0, masked, cumulative_stats, wait_stats,
+                                                        recv_follows)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
                             recv_follows=False, use_logfmt=False):
@@ -330,8 +331,8 @@ class CudaExecutor(Executor):
         self._check_cuda("x", x)
         if topk_idx.shape[1] > 32:
             raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
-        return self._ll_engine().combine(x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy,
-                                         recv_follows, use_logfmt=use_logfmt)
+        return (self._ll or self._ll_engine()).combine(x, topk_idx, topk_weights, handle, masked, out, wait_stats,
+                                                       zero_copy, recv_follows, use_logfmt=use_logfmt)
 
     def clean_low_latency_buffer(self, num_max, hidden, num_experts):
         self.check_error()
@@ -378,7 +379,9 @@ class CudaExecutor(Executor):
 
     # -- raw buffers, lifetime ---------------------------------------------------------------------
     def _check_cuda(self, name: str, t: torch.Tensor) -> None:
-        if t.device.type != "cuda" or t.device.index != self.device:
+        # NOTES: get_device() (-1 off the GPU) first: on every op's host path, and cheaper than
+        # building a device object; the full check only for the error message
+        if t.get_device() != self.device or t.device.type != "cuda":
             raise InvalidArgument(name, f"a tensor on cuda:{self.device} (the cuda backend's device)", str(t.device))
 
     def get_local_buffer_tensor(self, use_rdma_buffer):
