@@ -6,8 +6,8 @@
 // set, flags) and pass by address; they go through the bindings' runtime (`OpPlan::issue`), so
 // this library never loads a GPU runtime itself. Called by uccl_ep.cuda.ll (native_ops.py loads it).
 //
-// NOTES: an eager LL op from Python cost ~50 µs of host time, a third of it in torch.empty, slices
-// and views (docs/benchmarks.md, "Eager calls"); here an allocation is ~1 µs and the op one call.
+// NOTES: from Python an eager LL op's host time went mostly to torch allocations, slices and views
+// and to Python frames (docs/benchmarks.md, "Eager calls"); here each allocation is one C call.
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/tensor.h>
