@@ -27,30 +27,12 @@ import hip_toolchain  # noqa: E402
 
 CHILD = r"""
 import cProfile, pstats, sys, time
-from types import SimpleNamespace
 import torch
-from uccl_ep.cuda import ll, runtime
-from uccl_ep.cuda.engine_context import EngineContext
+from uccl_ep.cuda import ll
 from uccl_ep.tuning import Tuning
+from standin_engine import engine_context
 
-torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
-torch.cuda.synchronize = lambda *a, **k: None
-ll.current_stream = lambda device=None: 0x5150
-drv = runtime.driver()
-errors = runtime.MappedHostMemory(0, 16384)
-mem = runtime.DeviceMemory(0, 1 << 26)
-handles = [mem.ipc_handle(), mem.ipc_handle()]
-mask = runtime.DeviceMemory(0, 8)
-
-
-def check_error():
-    assert errors.int32(0) == 0
-
-
-tuning = Tuning(ll_torch_ops=sys.argv[4] == "1")
-ec = EngineContext(ctx=SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=tuning), device=0, drv=drv,
-                   timeout_ns=10**9, errors=errors, error_dev_ptr=errors.dev_ptr, mask_ptr=mask.ptr, ll_mem=mem,
-                   ll_peer_base=[mem.ptr, mem.open_peer(handles[1])], check_error=check_error)
+ec, errors, mem = engine_context(Tuning(ll_torch_ops=sys.argv[4] == "1"), 1 << 26)
 eng = ll.LowLatencyEngine(ec)
 T, H, E, num_max = 8, 2048, 16, 8
 x = torch.randn(T, H).to(torch.bfloat16)
@@ -147,7 +129,8 @@ def main(argv: list[str]) -> int:
         lib = Path(tmp)
         subprocess.run([clang, "-shared", "-fPIC", "-O1", str(ROOT / "core" / "tests" / "cpu" / "hip_standin.c"),
                         "-o", str(lib / "libamdhip64.so")], check=True)
-        env = dict(os.environ, LD_LIBRARY_PATH=str(lib), STANDIN_LOG="none", UCCL_EP_CUDA_ARCH="gfx942",
+        env = dict(os.environ, LD_LIBRARY_PATH=str(lib), STANDIN_LOG="none",
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "core" / "tests" / "cpu"), os.environ.get("PYTHONPATH", "")]), UCCL_EP_CUDA_ARCH="gfx942",
                    UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(lib)),
                    UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"))
         sort = argv[argv.index("--sort") + 1] if "--sort" in argv else "tottime"

@@ -28,34 +28,12 @@ def test_the_torch_ops_are_built_and_load():
 
 CHILD = """
 import json, os
-from types import SimpleNamespace
 import torch
-from uccl_ep.cuda import ll, native_ops, runtime
-from uccl_ep.cuda.engine_context import EngineContext
+from uccl_ep.cuda import ll, native_ops
 from uccl_ep.tuning import Tuning
+from standin_engine import KernelError, engine_context
 
-torch.version.hip, torch.version.cuda = "7.2.0", None  # a ROCm torch, as far as uccl_ep can tell
-torch.cuda.synchronize = lambda *a, **k: None
-ll.current_stream = lambda device=None: 0x5150
-drv = runtime.driver()
-errors = runtime.MappedHostMemory(0, 16384)
-mem = runtime.DeviceMemory(0, 1 << 23)
-handles = [mem.ipc_handle(), mem.ipc_handle()]
-mask = runtime.DeviceMemory(0, 8)
-
-
-class KernelError(Exception):
-    pass
-
-
-def check_error():
-    if errors.int32(0) != 0:
-        raise KernelError(errors.int32(0))
-
-
-ec = EngineContext(ctx=SimpleNamespace(num_ranks=2, rank=0, enable_shrink=False, tuning=Tuning()), device=0, drv=drv,
-                   timeout_ns=10**9, errors=errors, error_dev_ptr=errors.dev_ptr, mask_ptr=mask.ptr, ll_mem=mem,
-                   ll_peer_base=[mem.ptr, mem.open_peer(handles[1])], check_error=check_error)
+ec, errors, mem = engine_context(Tuning(), 1 << 23)
 eng = ll.LowLatencyEngine(ec)
 ops = eng._torch_ops
 assert ops is not None, native_ops.unavailable_reason()
@@ -129,7 +107,9 @@ def test_the_torch_op_launches_what_the_python_path_launches(tmp_path, seed):
     fields = {k: runtime.param_fields(v) for k, v in structs.items()}
     lib, log = tmp_path / "lib", tmp_path / "calls.log"
     _standin(lib)
+    here = os.path.dirname(os.path.abspath(__file__))
     out = _run(lib, log, textwrap.dedent(CHILD), SEED=str(seed), UCCL_EP_CUDA_ARCH="gfx942",
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
                UCCL_EP_HIPCC=str(hip_toolchain.hipcc_wrapper(tmp_path)),
                UCCL_EP_JIT_CACHE_DIR=os.path.expanduser("~/.cache/uccl_ep/ci-hip-jit"),
                STANDIN_PARAM_BYTES=",".join(f"{k}={8 * len(v)}" for k, v in fields.items()))
