@@ -76,28 +76,26 @@ def tensor_signature(t: Any) -> tuple | None:
     return None if t is None else (type(t), t.dtype, t.shape, t.device, t.layout, t.is_contiguous())
 
 
-class CheckedCalls:
+class CheckedCalls(set):
     """Signatures of calls whose checks passed (each tensor's `tensor_signature`, each other
-    argument's type and value), so a repeated call skips them.
+    argument's type and value), so a repeated call skips them; `signature in calls` asks.
 
     NOTES: an eager low-latency op's checks cost several microseconds of host time, a large share of
     the op; the checks depend only on the signature and on the Buffer's fixed state (group size,
     buffer sizes), so a signature that passed once passes again. Checks of values (top-k ids on the
-    host) and of identities (the handle) are not covered and run every call."""
+    host) and of identities (the handle) are not covered and run every call. A set, so the question
+    is one C call; None (a call whose signature could not be taken) is never added."""
 
     def __init__(self, limit: int = 256) -> None:
-        self._seen: set[tuple] = set()
+        super().__init__()
         self._limit = limit
-
-    def __contains__(self, signature: tuple | None) -> bool:
-        return signature is not None and signature in self._seen
 
     def add(self, signature: tuple | None) -> None:
         if signature is None:
             return
-        if len(self._seen) >= self._limit:
-            self._seen.clear()
-        self._seen.add(signature)
+        if len(self) >= self._limit:
+            self.clear()
+        super().add(signature)
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, multiple_of: int | None = None,

@@ -229,7 +229,7 @@ def test_low_latency_checks_are_skipped_only_for_a_signature_that_passed(ll):
     for _ in range(2):  # the second round: every signature below is in the cache of passed calls
         recv, _, handle, _, _ = ll.low_latency_dispatch(xb, topk, 16, E, use_fp8=False)
         ll.low_latency_combine(recv, topk, w, handle)
-    assert len(ll._ll_dispatch_checked._seen) == 1 and len(ll._ll_combine_checked._seen) == 1
+    assert len(ll._ll_dispatch_checked) == 1 and len(ll._ll_combine_checked) == 1
     strided = torch.randn(T, 2 * H).bfloat16()[:, ::2]
     _raises(InvalidArgument, "x", ll.low_latency_dispatch, strided, topk, 16, E, use_fp8=False, match="contiguous")
     _raises(InvalidArgument, "x", ll.low_latency_dispatch, torch.empty(T, H, dtype=torch.bfloat16, device="meta"),
@@ -246,6 +246,9 @@ def test_low_latency_checks_are_skipped_only_for_a_signature_that_passed(ll):
             match="contiguous")
     _raises(InvalidArgument, "x", ll.low_latency_combine, recv.float(), topk, w, handle)
     _raises(InvalidArgument, "use_logfmt", ll.low_latency_combine, recv, topk, w, handle, use_logfmt=1.0)
+    # an unhashable flag has no signature: checked in full, refused by name (not a TypeError of the cache)
+    _raises(InvalidArgument, "use_fp8", ll.low_latency_dispatch, xb, topk, 16, E, use_fp8=[False])
+    _raises(InvalidArgument, "use_logfmt", ll.low_latency_combine, recv, topk, w, handle, use_logfmt=[False])
     # the handle is checked at every call, whatever the signature
     _raises(InvalidArgument, "handle", ll.low_latency_combine, recv, topk, w, tuple(handle))
     # and the passed signatures still pass
@@ -258,7 +261,7 @@ def test_checked_calls_stay_bounded():
     seen = CheckedCalls(limit=4)
     for i in range(10):
         seen.add((i,))
-        assert (i,) in seen and len(seen._seen) <= 4
+        assert (i,) in seen and len(seen) <= 4
     seen.add(None)
     assert None not in seen
 

@@ -317,7 +317,8 @@ class CudaExecutor(Executor):
 
     def low_latency_dispatch(self, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                              cumulative_stats, wait_stats, recv_follows=False):
-        self.check_error()
+        if self._failure is not None or self.errors.int32(0):  # check_error's question, on every eager op
+            self.check_error()
         self._check_cuda("x", x)
         if topk_idx.shape[1] > 32:
             raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)
@@ -327,7 +328,8 @@ class CudaExecutor(Executor):
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy=False,
                             recv_follows=False, use_logfmt=False):
-        self.check_error()
+        if self._failure is not None or self.errors.int32(0):
+            self.check_error()
         self._check_cuda("x", x)
         if topk_idx.shape[1] > 32:
             raise LimitExceeded("topk_idx", "top-k columns of the CUDA low-latency kernels", topk_idx.shape[1], 32)

@@ -237,15 +237,6 @@ class LowLatencyEngine:
         return self.mem.ptr + self.layout.dispatch_signal_off(s)
 
     # -- dispatch ------------------------------------------------------------------------------
-    def _dispatch_start(self, x, topk_idx, num_max, num_experts):
-        """What every dispatch path does first: the layout, the next buffer set, contiguous inputs.
-
-        NOTES: the Buffer's host-side masked set is not passed to the kernels: they read the
-        executor's device mask (shrink.py) when they run, which also holds the ranks they mask; it
-        only goes into the handle's plan (_dispatch_end)."""
-        lay = self.ensure_layout(num_max, x.shape[1], num_experts)
-        return lay, self._flip(), x.contiguous(), topk_idx.contiguous()
-
     def _dispatch_end(self, owner, finish, outs, T: int, num_max: int, H: int, num_experts: int, masked,
                       use_fp8: bool):
         """What every dispatch path returns: ((recv_x, scales) or recv_x, recv_count, handle, finish)."""
@@ -304,14 +295,25 @@ class LowLatencyEngine:
 
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats, recv_follows=False):
-        lay, s, x, topk_idx = self._dispatch_start(x, topk_idx, num_max, num_experts)
+        # NOTES: the steps every call takes are written out here, not in helpers: an eager op's host
+        # path pays each Python frame (docs/benchmarks.md, "Eager calls")
+        lay = self.layout
+        if lay is None or lay.num_max != num_max or lay.hidden != x.shape[1] or lay.num_experts != num_experts:
+            lay = self.ensure_layout(num_max, x.shape[1], num_experts)
+        s = self.idx
+        self.idx ^= 1
+        x, topk_idx = x.contiguous(), topk_idx.contiguous()
         (T, H), K = x.shape, topk_idx.shape[1]
         key = ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0)
         send_kernel, recv_kernel = self._DISPATCH_KERNELS
         E_loc = num_experts // self.R
         if self._torch_ops is not None:
-            send, recv, plan = self._templates(lay, key + ("op",), lambda: self._dispatch_plan(lay, s, K, num_experts, use_fp8,
-                                                                                     round_scale, use_ue8m0))
+            hit = self._template_cache.get(key + ("op",))
+            if hit is not None and hit[0] is lay:
+                send, recv, plan = hit[1]
+            else:
+                send, recv, plan = self._templates(lay, key + ("op",), lambda: self._dispatch_plan(
+                    lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0))
             *outs, status = self._torch_ops[0](x, topk_idx, cumulative_stats, wait_stats, plan.address,
                                                current_stream(self.dev), recv_follows, self.recv_pdl)
             if status == native_ops.RECEIVE_LAUNCHED:
@@ -368,9 +370,12 @@ class LowLatencyEngine:
     def combine(self, y, topk_idx, topk_weights, handle, masked, out, wait_stats, zero_copy, recv_follows=False,
                 use_logfmt=False):
         src_info, layout_range, num_max, H, num_experts = handle
-        lay = self.ensure_layout(num_max, H, num_experts)
+        lay = self.layout
+        if lay is None or lay.num_max != num_max or lay.hidden != H or lay.num_experts != num_experts:
+            lay = self.ensure_layout(num_max, H, num_experts)
         kernels = self._k_logfmt if use_logfmt else self._k
-        s = self._flip()
+        s = self.idx
+        self.idx ^= 1
         T, K = topk_idx.shape
         if zero_copy:
             y_ptr = self.mem.ptr + s * lay.set_bytes + lay.send_off
@@ -381,9 +386,13 @@ class LowLatencyEngine:
         topk_weights = topk_weights.contiguous()
         send_smem = 4 * (2 * num_experts + 1 + 2 * _RECV_BLOCK)
         if self._torch_ops is not None:
-            send, recv, plan = self._templates(
-                lay, ("combine", s, num_experts, use_logfmt, "op"),
-                lambda: self._combine_plan(lay, s, num_experts, kernels, send_smem))
+            key = ("combine", s, num_experts, use_logfmt, "op")
+            hit = self._template_cache.get(key)
+            if hit is not None and hit[0] is lay:
+                send, recv, plan = hit[1]
+            else:
+                send, recv, plan = self._templates(lay, key, lambda: self._combine_plan(lay, s, num_experts, kernels,
+                                                                                        send_smem))
             result, status = self._torch_ops[1](y_ptr, src_info, layout_range, topk_idx, topk_weights, out, wait_stats,
                                                 plan.address, current_stream(self.dev), bool(recv_follows),
                                                 self.recv_pdl)

@@ -29,13 +29,15 @@ def _load() -> tuple:
     try:
         torch.ops.load_library(path)
         ns = torch.ops.uccl_ep
-        return (ns.ll_dispatch.default, ns.ll_combine.default), None
+        # NOTES: the overloads' own callables (OpOverload._op): calling the OpOverload adds a Python
+        # frame to every eager op; no autograd or tracing applies to these ops.
+        return tuple(getattr(op, "_op", op) for op in (ns.ll_dispatch.default, ns.ll_combine.default)), None
     except (OSError, RuntimeError, AttributeError) as e:
         return None, f"{path} did not load under torch {torch.__version__}: {e}"
 
 
 def ops():
-    """(ll_dispatch, ll_combine) op overloads, or None where the library is unavailable."""
+    """(ll_dispatch, ll_combine) callables of the ops, or None where the library is unavailable."""
     global _loaded
     if _loaded is None:
         _loaded = _load()
