@@ -90,6 +90,8 @@ def test_doctor_json():
     assert "reference" in report["backends_registered"]
     assert isinstance(report["verdict"], list) and report["verdict"]
     assert report["libfabric"]["loadable"] in (True, False)
+    # this build has torch >= 2.10 beside it, so its torch ops are built and load
+    assert report["torch_ops"] == {"loaded": True, "why": None}
 
 
 def test_help_lists_subcommands():

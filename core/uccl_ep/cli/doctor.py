@@ -137,6 +137,16 @@ def _gpu_runtimes() -> dict[str, Any]:
     return out
 
 
+def _torch_ops() -> dict[str, Any]:
+    """Whether uccl_ep's torch ops (eager LL ops in one native call: cuda/native_ops.py) load here."""
+    try:
+        from ..cuda import native_ops
+        why = native_ops.unavailable_reason()
+    except Exception as e:  # noqa: BLE001 - a report, not a failure
+        why = f"{type(e).__name__}: {e}"
+    return {"loaded": why is None, "why": why}
+
+
 def _plugins() -> dict[str, Any]:
     from importlib import metadata
     result: dict[str, Any] = {}
@@ -172,6 +182,7 @@ def collect() -> dict[str, Any]:
     report["cuda_driver"] = dict(_C.probe_library("cuda"))
     report["hip_runtime"] = dict(_C.probe_library("hip"))
     report["gpu_runtimes"] = _gpu_runtimes()
+    report["torch_ops"] = _torch_ops()
     report["gpus"] = _gpus()
     report["libfabric"] = _libfabric()
     report["rdma_devices"] = _rdma_devices()
@@ -261,6 +272,9 @@ def run(args) -> int:
         table.add_row(label, f"{p['path']} (version {p['version']}): usable" if p["usable"] else
                       f"absent: {p['why']}")
     table.add_row("GPU runtime torch uses", rt["torch_uses"])
+    ops = report["torch_ops"]
+    table.add_row("uccl_ep torch ops", "loaded (eager LL ops in one native call)" if ops["loaded"] else
+                  f"not loaded: {ops['why']} (eager LL ops take the Python path)")
     fab = report["libfabric"]
     table.add_row("libfabric", f"{fab['path']} {fab['version']}; providers: {', '.join(fab['providers']) or '?'}"
                   if fab["loadable"] else f"not loadable ({fab['error']})")
