@@ -86,6 +86,14 @@ for path in ("op", "python"):
         raised = True
     errors.set_int32(0, 0)
     rows.append(dict(raised=raised))
+    # an empty batch (a rank with no tokens this step): one block still runs each kernel
+    (rx, sc), cnt, h, fin = eng.dispatch(None, x[:0], topk[:0], num_max, E, True, False, False, set(), None, None,
+                                         recv_follows=True)
+    fin(True)
+    rows.append(dict(outs=[desc(t) for t in (rx, sc, cnt, h[0], h[1])]))
+    res, fin = eng.combine(y, topk[:0], w[:0], h, set(), None, None, False, recv_follows=True)
+    fin(True)
+    rows.append(dict(outs=[desc(res)], src=[h[0].data_ptr(), h[1].data_ptr()]))
     result[path] = rows
 log.write("END\\n"); log.flush()
 print(json.dumps(dict(result, x=x.data_ptr(), topk=topk.data_ptr(), w=w.data_ptr(), y=y.data_ptr(),
@@ -124,12 +132,13 @@ def test_the_torch_op_launches_what_the_python_path_launches(tmp_path, seed):
     # dispatch, combine, dispatch (hook), combine (hook), zero-copy combine: two launches each; the
     # dispatch with the error word set: its send only
     expected = ["ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv"] * 2 + [
-        "ll_combine_send", "ll_combine_recv", "ll_dispatch_send"]
+        "ll_combine_send", "ll_combine_recv", "ll_dispatch_send"] + [
+        "ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv"]
     assert [l["kernel"] for l in py] == expected
     assert [l["kernel"] for l in op] == expected
 
     # outputs: same dtypes, shapes and strides; the launches' pointers are each path's own tensors
-    for a, b in zip(out["op"][:5], out["python"][:5]):
+    for a, b in zip(out["op"][:5] + out["op"][6:], out["python"][:5] + out["python"][6:]):
         assert [o and o[:3] for o in a["outs"]] == [o and o[:3] for o in b["outs"]]
     assert out["op"][3]["same"] and out["python"][3]["same"], "combine into `out` returns `out`"
     assert out["op"][5]["raised"] and out["python"][5]["raised"], "a set error word raises before the receive"
@@ -138,8 +147,9 @@ def test_the_torch_op_launches_what_the_python_path_launches(tmp_path, seed):
         """The fields one call fills in, as the caller's tensors say they must be."""
         rows, p = out[path], launch["params"]
         k = launch["kernel"]
-        if k == "ll_dispatch_send":
-            return dict(x=out["x"], topk_idx=out["topk"], num_tokens=5)
+        T = 0 if i >= 6 else 5
+        if k == "ll_dispatch_send":  # with no tokens the kernel reads neither (an empty tensor may have no address)
+            return dict(x=out["x"] if T else p["x"], topk_idx=out["topk"] if T else p["topk_idx"], num_tokens=T)
         if k == "ll_dispatch_recv":
             outs = rows[i]["outs"]
             ptrs = [o[3] for o in outs] if len(outs) == 5 else [outs[0][3], 0, *(o[3] for o in outs[1:])]
@@ -149,10 +159,10 @@ def test_the_torch_op_launches_what_the_python_path_launches(tmp_path, seed):
         if k == "ll_combine_send":
             y = p["y"] if i == 4 else out["y"]  # zero-copy: the engine's own send area
             return dict(y=y, src_info=rows[i]["src"][0], layout_range=rows[i]["src"][1])
-        return dict(topk_idx=out["topk"], topk_weights=out["w"], out=rows[i]["outs"][0][3],
-                    wait_stats=out["wait"] if i == 1 else 0, num_tokens=5, num_topk=3)
+        return dict(topk_idx=out["topk"] if T else p["topk_idx"], topk_weights=out["w"] if T else p["topk_weights"],
+                    out=rows[i]["outs"][0][3], wait_stats=out["wait"] if i == 1 else 0, num_tokens=T, num_topk=3)
 
-    call_of = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5]
+    call_of = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 6, 6, 7, 7]
     for j, (a, b) in enumerate(zip(op, py)):
         assert a["geometry"] == b["geometry"], (j, a["kernel"])
         want_a, want_b = per_call("op", call_of[j], a), per_call("python", call_of[j], b)
