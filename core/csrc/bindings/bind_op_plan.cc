@@ -55,6 +55,8 @@ void fill_launch(rt::LaunchPlan& out, nb::handle spec, const char* name) {
 
 void register_op_plan(nb::module_& parent) {
   nb::module_ m = nb::borrow<nb::module_>(parent.attr("cuda"));
+  m.def("op_plan_abi", []() { return rt::op_plan_abi(); },
+        "The OpPlan layout's version << 32 | size, as these bindings were built (launch_plan.h).");
   nb::class_<rt::OpPlan>(m, "OpPlan",
                          "An eager op's send and receive launches prepared once (launch_plan.h): issued by address "
                          "by uccl_ep's torch ops, or by `issue`.")

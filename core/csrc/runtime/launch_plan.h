@@ -45,6 +45,13 @@ struct OpPlan {
   int64_t shape[kPlanShapeWords];
 };
 
+// What both libraries must agree on to share an OpPlan by address: the layout's version and size.
+// The torch op library reports its own (`uccl_ep::op_plan_abi`), the bindings theirs
+// (`_C.cuda.op_plan_abi`), and uccl_ep.cuda.native_ops uses the ops only when they match (a stale
+// `_ops.so` beside a newer `_C` is refused, not trusted).
+inline constexpr int64_t kOpPlanAbiVersion = 1;
+inline constexpr int64_t op_plan_abi() { return (kOpPlanAbiVersion << 32) | static_cast<int64_t>(sizeof(OpPlan)); }
+
 // The parameter bytes of `plan` with `values` (plan.num_slots of them) in its per-call fields.
 inline void fill_params(const LaunchPlan& plan, const int64_t* values, uint8_t* out) {
   std::memcpy(out, plan.params, 8 * plan.num_fields);

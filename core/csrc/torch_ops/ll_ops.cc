@@ -109,9 +109,12 @@ std::tuple<Tensor, int64_t> ll_combine(int64_t y_address, Tensor src_info, Tenso
   return {result, status};
 }
 
+int64_t op_plan_abi() { return rt::op_plan_abi(); }
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(uccl_ep, m) {
+  m.def("op_plan_abi() -> int");
   m.def("ll_dispatch(Tensor x, Tensor topk_idx, Tensor? cumulative_stats, Tensor? wait_stats, int plan, int stream, "
         "bool launch_recv, bool recv_pdl) -> (Tensor, Tensor?, Tensor, Tensor, Tensor, int)");
   m.def("ll_combine(int y, Tensor src_info, Tensor layout_range, Tensor topk_idx, Tensor topk_weights, Tensor? out, "
@@ -121,4 +124,5 @@ STABLE_TORCH_LIBRARY(uccl_ep, m) {
 STABLE_TORCH_LIBRARY_IMPL(uccl_ep, CompositeExplicitAutograd, m) {
   m.impl("ll_dispatch", TORCH_BOX(&ll_dispatch));
   m.impl("ll_combine", TORCH_BOX(&ll_combine));
+  m.impl("op_plan_abi", TORCH_BOX(&op_plan_abi));
 }

@@ -26,6 +26,23 @@ def test_the_torch_ops_are_built_and_load():
     assert native_ops.unavailable_reason() is None
 
 
+def test_a_missing_or_mismatched_library_is_refused_with_the_reason(monkeypatch, tmp_path):
+    from uccl_ep import _C
+    from uccl_ep.cuda import native_ops
+    real = native_ops._library_path()
+    monkeypatch.setattr(native_ops, "_library_path", lambda: str(tmp_path / "_ops.so"))
+    ops, why = native_ops._load()
+    assert ops is None and "was not built" in why and str(tmp_path) in why
+    # an _ops.so built beside another _C (its op plan layout differs) is not trusted with plans
+    monkeypatch.setattr(native_ops, "_library_path", lambda: real)
+    monkeypatch.setattr(_C.cuda, "op_plan_abi", lambda: 0x1000000008)
+    ops, why = native_ops._load()
+    assert ops is None and "built for another uccl_ep._C" in why and "rebuild" in why
+    monkeypatch.undo()
+    ops, why = native_ops._load()
+    assert ops is not None and why is None
+
+
 CHILD = """
 import json, os
 import torch

@@ -21,14 +21,24 @@ RECEIVE_LAUNCHED, RECEIVE_LEFT_TO_CALLER, ERROR_WORD_SET = 0, 1, 2
 _loaded: tuple | None = None  # (ops namespace or None, why not)
 
 
+def _library_path() -> str:
+    """Where the build installs the op library: beside the native module."""
+    from .. import _C
+    return os.path.join(os.path.dirname(_C.__file__), "_ops.so")
+
+
 def _load() -> tuple:
     from .. import _C
-    path = os.path.join(os.path.dirname(_C.__file__), "_ops.so")
+    path = _library_path()
     if not os.path.exists(path):
         return None, f"{path} was not built (the build saw no torch >= 2.10 headers)"
     try:
         torch.ops.load_library(path)
         ns = torch.ops.uccl_ep
+        theirs, ours = int(ns.op_plan_abi()), int(_C.cuda.op_plan_abi())
+        if theirs != ours:
+            return None, (f"{path} was built for another uccl_ep._C (op plan layout {theirs:#x}, this build's "
+                          f"{ours:#x}): rebuild uccl-ep")
         # NOTES: the overloads' own callables (OpOverload._op): calling the OpOverload adds a Python
         # frame to every eager op; no autograd or tracing applies to these ops.
         return tuple(getattr(op, "_op", op) for op in (ns.ll_dispatch.default, ns.ll_combine.default)), None
