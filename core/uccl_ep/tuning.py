@@ -30,6 +30,7 @@ _INT_RANGES: dict[str, tuple[int | None, int | None]] = {
     "ht_combine_warps": (0, 32),
     "ht_ce_chunk_kb": (64, None),
     "ht_combine_ce_max_mb": (1, None),
+    "ht_ce_min_mb": (0, None),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"ht_dispatch_ce": ("auto", "1", "0")}
 
@@ -51,7 +52,9 @@ class Tuning:
     dispatch / combine, 0 = as dispatch), ``ht_defines`` (shared; extra NAME=VALUE compile-time
     settings from ht_tuning.cuh), ``ht_combine_ce`` / ``ht_dispatch_ce`` (shared; copy-engine
     combine, dispatch ``auto`` / ``1`` / ``0``), ``ht_ce_chunk_kb`` (shared; copy-engine chunk),
-    ``ht_combine_ce_max_mb`` (shared; largest copy-engine staging buffer).
+    ``ht_combine_ce_max_mb`` (shared; largest copy-engine staging buffer), ``ht_ce_min_mb`` (shared;
+    the copy-engine paths take an op only when its largest rank-to-rank share of rows is at least
+    this many MiB; smaller ops run the ring kernels, faster there; 0: always).
     """
 
     ll_combine_recv_threads: int = 512
@@ -69,6 +72,7 @@ class Tuning:
     ht_dispatch_ce: str = "auto"
     ht_ce_chunk_kb: int = 8192
     ht_combine_ce_max_mb: int = 2048
+    ht_ce_min_mb: int = 24
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -121,14 +121,16 @@ def test_copy_list_returns_each_sources_rows_in_order(R, rank):
 
 def test_ranks_must_agree():
     same = ht_ce.shared_settings(Tuning())
-    assert same == (True, 2048, "auto", 8192, "")
+    assert same == (True, 2048, 24, "auto", 8192, "")
     ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning())])
-    with pytest.raises(InvalidArgument, match="tuning.ht_combine_ce.*rank 1: False/2048/auto/8192/"):
+    with pytest.raises(InvalidArgument, match="tuning.ht_combine_ce.*rank 1: False/2048/24/auto/8192/"):
         ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning(ht_combine_ce=False))])
-    with pytest.raises(InvalidArgument, match="rank 0: True/2048/1/8192/"):
+    with pytest.raises(InvalidArgument, match="rank 0: True/2048/24/1/8192/"):
         ht_ce.check_same_settings([ht_ce.shared_settings(Tuning(ht_dispatch_ce="1")), same])
-    with pytest.raises(InvalidArgument, match="tuning.ht_ce_chunk_kb.*rank 1: True/2048/auto/1024/"):
+    with pytest.raises(InvalidArgument, match="tuning.ht_ce_chunk_kb.*rank 1: True/2048/24/auto/1024/"):
         ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning(ht_ce_chunk_kb=1024))])
+    with pytest.raises(InvalidArgument, match="tuning.ht_ce_min_mb.*rank 1: True/2048/0/auto/8192/"):
+        ht_ce.check_same_settings([same, ht_ce.shared_settings(Tuning(ht_ce_min_mb=0))])
 
 
 class _EngineContext:
@@ -161,9 +163,10 @@ class _Mem:
 
 def _ops_with_fake_device(monkeypatch, log, peer_handle=b"peer", R=2, **tuning):
     """A CopyEngineOps over fake device memory and a fake handle exchange (the peer answers
-    `peer_handle`); Tuning(ht_combine_ce=True, **tuning)."""
+    `peer_handle`); Tuning(ht_combine_ce=True, ht_ce_min_mb=0, **tuning): any size takes the copy engines
+    unless a test says otherwise."""
     from types import SimpleNamespace
-    tuning = Tuning(**{"ht_combine_ce": True, **tuning})
+    tuning = Tuning(**{"ht_combine_ce": True, "ht_ce_min_mb": 0, **tuning})
     monkeypatch.setattr(ht_ce, "DeviceMemory", _Mem)
     monkeypatch.setattr(ht_ce.CopyEngineOps, "_kernels", lambda self: {})  # no device to load them on
     monkeypatch.setattr(ht_ce.CopyEngineOps, "_warm_copy_path", lambda self: log.append("warm copies"))
@@ -193,6 +196,23 @@ def test_prepare_grows_collectively_and_decides_alike(monkeypatch):
     assert not ce.prepare([[0, 5000], [3, 0]], 7168, 8, 24) and log == []  # 5120 x 14 KiB > 64 MiB
     eng.ec.ctx.tuning = Tuning(ht_combine_ce=False)
     assert not ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 2048, 8, 24)
+
+
+def test_small_ops_keep_the_rings(monkeypatch):
+    """Tuning.ht_ce_min_mb: an op whose largest rank-to-rank share of rows is under it takes the ring
+    kernels, decided from the counts alone (every rank alike) and without a collective; at or over it
+    the copy engines; 0 takes them at any size."""
+    log = []
+    eng, ce = _ops_with_fake_device(monkeypatch, log, ht_ce_min_mb=24)
+    rows = (24 << 20) // (4096 * 2)  # 3072 rows of hidden 4096 make 24 MiB
+    assert not ce.prepare([[0, rows - 1], [rows - 1, 0]], 4096, 6, 24) and log == [] and ce.mem is None
+    assert not ce.prepare([[0, 10], [rows - 1, 0]], 4096, 6, 24) and log == []
+    assert ce.prepare([[0, 10], [rows, 0]], 4096, 6, 24) and log.count("barrier") == 2  # either direction
+    eng.ec.ctx.tuning = Tuning(ht_combine_ce=True, ht_ce_min_mb=0)
+    assert ht_ce.CopyEngineOps(eng).prepare([[0, 1], [1, 0]], 4096, 6, 24)
+    assert Tuning().ht_ce_min_mb == 24
+    with pytest.raises(InvalidArgument, match="tuning.ht_ce_min_mb"):
+        Tuning(ht_ce_min_mb=-1)
 
 
 @pytest.mark.parametrize("mode", ["auto", "1", "0"])

@@ -52,7 +52,8 @@ def _eq(tag, a, b):
 
 def worker(rank, world, H, T, E, seed, ce=False):
     from uccl_ep import Buffer, Config, Tuning
-    tuning = Tuning(ht_combine_ce=bool(ce), ht_dispatch_ce="1" if ce == 2 else "0")  # 2: the copy-engine dispatch too
+    # 2: the copy-engine dispatch too; ht_ce_min_mb=0: the copy engines even for these small shapes
+    tuning = Tuning(ht_combine_ce=bool(ce), ht_dispatch_ce="1" if ce == 2 else "0", ht_ce_min_mb=0)
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
     group = dist.group.WORLD
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -168,7 +169,8 @@ def _graph_worker(rank, world, H, T, E, dce):
     K = 8
     config = Buffer.get_dispatch_config(world)
     nvl = config.get_nvl_buffer_size_hint(H * 2, world)
-    ours = Buffer(group, nvl, 0, backend="cuda", tuning=Tuning(ht_combine_ce=True, ht_dispatch_ce="1" if dce else "0"))
+    tuning = Tuning(ht_combine_ce=True, ht_dispatch_ce="1" if dce else "0", ht_ce_min_mb=0)
+    ours = Buffer(group, nvl, 0, backend="cuda", tuning=tuning)
     ref = Buffer(group, nvl, 0, backend="reference")
     gen = torch.Generator().manual_seed(77 + rank)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
@@ -251,7 +253,7 @@ def _first_combine_worker(rank, world):
     T, H, E, K = 64, 2048, 16, 4
     config = Buffer.get_dispatch_config(world)
     ours = Buffer(dist.group.WORLD, config.get_nvl_buffer_size_hint(H * 2, world), 0, backend="cuda",
-                  tuning=Tuning(ht_combine_ce=True))
+                  tuning=Tuning(ht_combine_ce=True, ht_ce_min_mb=0))
     gen = torch.Generator().manual_seed(rank + 5)
     x = torch.randn(T, H, generator=gen).bfloat16().to(dev)
     idx = torch.rand(T, E, generator=gen).topk(K, dim=1).indices.to(dev)

@@ -61,7 +61,8 @@ _CAP_STEP = 512          # staging rows are grown in steps of this many
 AUTO_DISPATCH_MAX_SMS = 12
 
 
-SHARED_SETTINGS = ("ht_combine_ce", "ht_combine_ce_max_mb", "ht_dispatch_ce", "ht_ce_chunk_kb", "ht_defines")
+SHARED_SETTINGS = ("ht_combine_ce", "ht_combine_ce_max_mb", "ht_ce_min_mb", "ht_dispatch_ce", "ht_ce_chunk_kb",
+                   "ht_defines")
 
 
 def shared_settings(tuning: Tuning = DEFAULT_TUNING) -> tuple:
@@ -182,6 +183,7 @@ class CopyEngineOps:
         self.dispatch_enabled = self.dispatch_mode != "0"
         self.c_region = self.d_region = 0
         self.max_bytes = tuning.ht_combine_ce_max_mb << 20
+        self.min_bytes = tuning.ht_ce_min_mb << 20
         self.mem: DeviceMemory | None = None
         self.cap = self.hidden = self.topk = 0
         self.peer_table = DeviceMemory(self.dev, 8 * self.R) if self.enabled else None
@@ -211,6 +213,12 @@ class CopyEngineOps:
         if not self.enabled:
             return False
         need = staging_rows_needed(counts)
+        # NOTES: below Tuning.ht_ce_min_mb of rows between a pair of ranks the ring kernels beat the
+        # copy engines in dispatch and combine (the begin kernel, the side streams and the copies'
+        # set-up are fixed costs; docs/benchmarks.md, "Copy engines or rings"); every rank has the
+        # same counts, so every rank decides alike.
+        if need * hidden * 2 < self.min_bytes:
+            return False
         want_d = self.wants_dispatch(num_sms) or self.d_region > 0
         if (self.mem is not None and need <= self.cap and hidden == self.hidden and topk <= self.topk
                 and (self.d_region > 0 or not want_d)):
