@@ -296,7 +296,9 @@ class LowLatencyEngine:
     def dispatch(self, owner, x, topk_idx, num_max, num_experts, use_fp8, round_scale, use_ue8m0, masked,
                  cumulative_stats, wait_stats, recv_follows=False):
         # NOTES: the steps every call takes are written out here, not in helpers: an eager op's host
-        # path pays each Python frame (docs/benchmarks.md, "Eager calls")
+        # path pays each Python frame (docs/benchmarks.md, "Eager calls"). The Buffer's host-side
+        # masked set is not passed to the kernels: they read the executor's device mask (shrink.py)
+        # when they run, which also holds the ranks they mask; it only goes into the handle's plan.
         lay = self.layout
         if lay is None or lay.num_max != num_max or lay.hidden != x.shape[1] or lay.num_experts != num_experts:
             lay = self.ensure_layout(num_max, x.shape[1], num_experts)
@@ -415,6 +417,6 @@ class LowLatencyEngine:
         """The combine templates and their `_C.cuda.OpPlan` for the torch op (shape words: ll_ops.cc)."""
         send, recv = self._combine_templates(lay, s, num_experts)
         plan = self.ec.drv.OpPlan(send.launch_spec(kernels["ll_combine_send"], _RECV_BLOCK, send_smem),
-                               recv.launch_spec(kernels["ll_combine_recv"], self.combine_recv_threads),
-                               [lay.hidden, 2 * self.num_sms], self.ec.errors.host_ptr)
+                                  recv.launch_spec(kernels["ll_combine_recv"], self.combine_recv_threads),
+                                  [lay.hidden, 2 * self.num_sms], self.ec.errors.host_ptr)
         return send, recv, plan
