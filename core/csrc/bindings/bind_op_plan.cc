@@ -1,6 +1,6 @@
 // Bindings of launch_plan.h: `uccl_ep._C.cuda.OpPlan`, an eager op's two launches prepared once
 // (fixed parameter fields, per-call field indices, output shape words, the error word), issued by
-// the torch op library (csrc/torch_ops) by address, or here (`issue`, for tests).
+// the torch op library (csrc/torch_ops), which takes the plan by address.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -58,8 +58,8 @@ void register_op_plan(nb::module_& parent) {
   m.def("op_plan_abi", []() { return rt::op_plan_abi(); },
         "The OpPlan layout's version << 32 | size, as these bindings were built (launch_plan.h).");
   nb::class_<rt::OpPlan>(m, "OpPlan",
-                         "An eager op's send and receive launches prepared once (launch_plan.h): issued by address "
-                         "by uccl_ep's torch ops, or by `issue`.")
+                         "An eager op's send and receive launches prepared once (launch_plan.h), issued by "
+                         "uccl_ep's torch ops, which take the plan by address.")
       .def("__init__", [](rt::OpPlan* self, nb::handle send, nb::handle recv, std::vector<int64_t> shape,
                           nb::handle error_word) {
         new (self) rt::OpPlan{};
@@ -70,24 +70,12 @@ void register_op_plan(nb::module_& parent) {
           raise_limit("shape", "shape words of an op plan", nb::int_(shape.size()), rt::kPlanShapeWords);
         for (size_t i = 0; i < shape.size(); ++i) self->shape[i] = shape[i];
         const uint64_t word = u64_arg(error_word, "error_word", UINT64_MAX);
-        if (word == 0 || word % 4 != 0) raise_invalid("error_word", "the host address of an int32 error word", text_of(error_word));
+        if (word == 0 || word % 4 != 0)
+          raise_invalid("error_word", "the host address of an int32 error word", text_of(error_word));
         self->error_word = reinterpret_cast<const volatile int32_t*>(word);
       }, nb::arg("send"), nb::arg("recv"), nb::arg("shape"), nb::arg("error_word"))
       .def_prop_ro("address", [](const rt::OpPlan& p) { return reinterpret_cast<uint64_t>(&p); },
-                   "The plan's address, which the torch ops take (valid while this object lives).")
-      .def("issue", [](const rt::OpPlan& p, const std::string& which, int64_t grid_x, uint64_t stream,
-                       std::vector<int64_t> values, bool programmatic) {
-        if (which != "send" && which != "recv") raise_invalid("which", "'send' or 'recv'", which);
-        const rt::LaunchPlan& l = which == "send" ? p.send : p.recv;
-        if (values.size() != l.num_slots)
-          raise_invalid("values", std::to_string(l.num_slots) + " per-call fields", std::to_string(values.size()));
-        alignas(8) uint8_t params[rt::kMaxPlanParamBytes];
-        rt::fill_params(l, values.data(), params);
-        char err[512] = "";
-        if (p.issue(&l, static_cast<uint32_t>(grid_x), params, stream, programmatic, err, sizeof err))
-          throw std::runtime_error(err);
-      }, nb::arg("which"), nb::arg("grid"), nb::arg("stream"), nb::arg("values"), nb::arg("programmatic") = false,
-         "Issue one of the plan's launches with its per-call field values (what the torch ops do).");
+                   "The plan's address, which the torch ops take (valid while this object lives).");
 }
 
 }  // namespace uccl_ep::bindings

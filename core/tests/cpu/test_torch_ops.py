@@ -43,6 +43,18 @@ def test_a_missing_or_mismatched_library_is_refused_with_the_reason(monkeypatch,
     assert ops is not None and why is None
 
 
+def test_op_plans_refuse_what_the_driver_did_not_hand_out():
+    """An OpPlan holds function handles and a host address the torch ops use as they are: a forged
+    handle, a malformed launch or a missing error word is refused by name when the plan is made."""
+    from uccl_ep import _C
+    from uccl_ep.errors import InvalidArgument
+    launch = (0, 0x1234, 256, 0, bytes(16), [0])
+    with pytest.raises(InvalidArgument, match="function"):
+        _C.cuda.OpPlan(launch, launch, [], 4096)
+    with pytest.raises(InvalidArgument, match="send"):
+        _C.cuda.OpPlan((0, 0x1234), launch, [], 4096)
+
+
 CHILD = """
 import json, os
 import torch
