@@ -217,20 +217,8 @@ class IpcTransport final : public Transport {
 
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string* error) override {
-    if (peer < 0 || size_t(peer) >= peers_.size()) {
-      if (error) *error = "ipc: no such peer " + std::to_string(peer);
-      return PostResult::kError;
-    }
-    if (engine_ == nullptr) {
-      if (error) *error = "ipc: the endpoint was shut down";
-      return PostResult::kError;
-    }
-    if (!peers_[size_t(peer)].served) {
-      if (error) *error = "ipc: rank " + std::to_string(peer) + " is not reached through ipc (another node)";
-      return PostResult::kError;
-    }
-    bind_thread();
-    if (outstanding_ >= opt_.max_outstanding) return PostResult::kAgain;
+    const PostResult ready = can_post(peer, error);
+    if (ready != PostResult::kOk) return ready;
     Peer& p = peers_[size_t(peer)];
     std::string bad;
     if (local_off > region_bytes_ || len > region_bytes_ - local_off)
@@ -241,7 +229,7 @@ class IpcTransport final : public Transport {
             " is outside its region of " + std::to_string(p.bytes) + " bytes (checked by ipc before copying)";
     if (!bad.empty()) {
       // Posted and failed, as a NIC reports a remote access error: the proxy sees it in poll().
-      failed_.push_back({Completion::kLocalError, peer, 0, ctx, EFAULT, bad});
+      decided_.push_back({Completion::kLocalError, peer, 0, ctx, EFAULT, bad});
       ++outstanding_;
       // The receiver gets the record too, without bytes (nothing is copied): its own range check
       // refuses it and names this rank instead of waiting for a write that never comes.
@@ -264,6 +252,24 @@ class IpcTransport final : public Transport {
     posted_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
     // A write without bytes (control message) waits behind the copies before it: order per peer.
     p.pending.push_back({ctx, remote_off, len, imm, has_imm, p.submitted, posted_ns, false});
+    ++outstanding_;
+    return PostResult::kOk;
+  }
+
+  // Appended to the receiver's inbox at once, ahead of this endpoint's copies still in flight to it
+  // (as an unordered NIC may deliver it); in order behind them when the inbox is full or the range
+  // is bad (write() reports it).
+  PostResult write_control(int peer, uint64_t remote_off, bool has_imm, uint32_t imm, uint64_t ctx,
+                           std::string* error) override {
+    const PostResult ready = can_post(peer, error);
+    if (ready != PostResult::kOk) return ready;
+    Peer& p = peers_[size_t(peer)];
+    const Op op{ctx, remote_off, 0, imm, has_imm, 0, now_ns(), false};
+    if (remote_off > p.bytes || !append(p, op)) return write(peer, 0, remote_off, 0, has_imm, imm, ctx, error);
+    posted_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
+    delivered_to_[size_t(peer)].fetch_add(1, std::memory_order_relaxed);
+    controls_ahead_.fetch_add(p.pending.empty() ? 0 : 1, std::memory_order_relaxed);
+    decided_.push_back({Completion::kLocalDone, peer, 0, ctx, 0, {}});
     ++outstanding_;
     return PostResult::kOk;
   }
@@ -296,9 +302,9 @@ class IpcTransport final : public Transport {
     if (engine_ == nullptr) return 0;
     bind_thread();
     size_t n = receive(out, max);
-    while (n < max && !failed_.empty()) {
-      out.push_back(std::move(failed_.front()));
-      failed_.pop_front();
+    while (n < max && !decided_.empty()) {
+      out.push_back(std::move(decided_.front()));
+      decided_.pop_front();
       --outstanding_;
       ++n;
     }
@@ -308,7 +314,8 @@ class IpcTransport final : public Transport {
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
     std::vector<std::pair<std::string, uint64_t>> out{{"ipc_" + kind_ + "_copies", copies_.load(std::memory_order_relaxed)},
             {"ipc_copy_bytes", copy_bytes_.load(std::memory_order_relaxed)},
-            {"ipc_inbox_full", inbox_full_.load(std::memory_order_relaxed)}};
+            {"ipc_inbox_full", inbox_full_.load(std::memory_order_relaxed)},
+            {"ipc_controls_ahead", controls_ahead_.load(std::memory_order_relaxed)}};
     // Diagnostics: time in the copy engine's submit call, and from posting to delivery (copy done
     // and the record in the receiver's inbox), summed over writes; divide by the delivered count.
     out.push_back({"ipc_submit_ns", submit_ns_.load(std::memory_order_relaxed)});
@@ -352,6 +359,24 @@ class IpcTransport final : public Transport {
   };
 
   bool kernel_copies() const { return opt_.ipc_copy == "kernel"; }
+
+  // kOk when a write to `peer` can be posted now; kAgain at the outstanding limit; else the error.
+  PostResult can_post(int peer, std::string* error) {
+    if (peer < 0 || size_t(peer) >= peers_.size()) {
+      if (error) *error = "ipc: no such peer " + std::to_string(peer);
+      return PostResult::kError;
+    }
+    if (engine_ == nullptr) {
+      if (error) *error = "ipc: the endpoint was shut down";
+      return PostResult::kError;
+    }
+    if (!peers_[size_t(peer)].served) {
+      if (error) *error = "ipc: rank " + std::to_string(peer) + " is not reached through ipc (another node)";
+      return PostResult::kError;
+    }
+    bind_thread();
+    return outstanding_ >= opt_.max_outstanding ? PostResult::kAgain : PostResult::kOk;
+  }
 
   void bind_thread() {
     if (bound_ == std::this_thread::get_id()) return;
@@ -410,7 +435,7 @@ class IpcTransport final : public Transport {
           inbox_full_.fetch_add(1, std::memory_order_relaxed);
           break;  // this receiver is behind; the others still go
         }
-        if (p.pending.front().refused) {  // reported to the writer at posting (failed_)
+        if (p.pending.front().refused) {  // reported to the writer at posting (decided_)
           p.pending.pop_front();
           continue;
         }
@@ -474,11 +499,12 @@ class IpcTransport final : public Transport {
   Bytes key_;
   std::vector<Peer> peers_;
   std::vector<int> active_;       // peers with pending ops
-  std::deque<Completion> failed_; // ops refused at posting, reported by the next poll
+  std::deque<Completion> decided_;  // completions known at posting (refused ops, controls sent ahead)
   uint32_t outstanding_ = 0;
   uint64_t consumed_ = 0;
   std::thread::id bound_;
   std::atomic<uint64_t> copies_{0}, copy_bytes_{0}, inbox_full_{0};
+  std::atomic<uint64_t> controls_ahead_{0};  // write_control() messages delivered ahead of copies in flight
   std::unique_ptr<std::atomic<uint64_t>[]> posted_to_, delivered_to_, bytes_to_;  // per destination rank
   std::atomic<uint64_t> submit_ns_{0}, deliver_ns_{0}, received_{0}, inbox_ns_{0};
   std::unique_ptr<ipc::CopyEngine> engine_;  // last: destroyed first (see the destructor)

@@ -11,19 +11,33 @@
 //   seed=<n>         seeds the reordering (mixed with rank and thread), so a run can be replayed
 //   mates=<0|1>      1: writes to the writer's own node go through the NIC too (a transport that
 //                    sends every peer over the fabric, no NVLink or ipc path: the all-RDMA case)
+//   overlap=<0|1>    1 (default): the inner transport's own delivery time counts toward lat_us (a
+//                    write arrives at max(exit + lat_us, the inner transport's arrival)); 0: it adds
+//                    to lat_us (the model's first form: exit + lat_us + the inner's time). Only over
+//                    an inner transport that keeps order per peer (Caps::ordered); else as 0
 //   trace=<n>        keep the endpoint's last n events (posts, refusals, releases, completions, deliveries) for
 //                    trace(): a lab measurement (tools/lab/trace_nic.py), 0 = off
 //
 // The model, per message: it occupies its NIC's link for len / bw (a serialized link, one per
 // (rank, NIC) and shared by the proxy threads on that NIC, so the threads together never exceed
-// the line rate), arrives lat_us after it left the link, plus the reordering extra. It is posted
-// to the inner transport only then, so the inner transport's contract holds unchanged: the
-// immediate is delivered after the write's bytes are visible, and a local completion means the
-// source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node) pass
-// straight through unless mates=1: with the split ipc+fabric transport no NIC carries them. With
-// reorder > 0 writes overtake each other (to one peer too) within the window, as on EFA's SRD, and
-// local completions are released out of order the same way.
+// the line rate), arrives lat_us after it left the link, plus the reordering extra ("due").
+// With overlap=1 a write's bytes go to the inner transport as it leaves the link (a write without
+// immediate), and its immediate at its due time (a write without bytes, which the inner transport
+// orders behind the bytes); with overlap=0, or for a message without bytes, the whole message
+// goes at its due time. Either way the inner transport's contract holds: the immediate is
+// delivered after the write's bytes are visible, and a local completion (the immediate's) means
+// the source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node)
+// pass straight through unless mates=1: with the split ipc+fabric transport no NIC carries them.
+// With reorder > 0 writes overtake each other (to one peer too) within the window, as on EFA's
+// SRD, messages without bytes go through write_control() (they may overtake copies in flight),
+// and local completions are released out of order the same way.
 // Every held message is released at its time; nothing is dropped or duplicated.
+//
+// NOTES: why overlap. The stand-ins below the model take time of their own to deliver (ipc with
+// the kernel copy role: tens of microseconds from post to the immediate, docs/benchmarks.md), time
+// a NIC at lat_us would not add; stacked, every round trip paid the model's latency and the
+// stand-in's. Overlapped, a delivery is never earlier than a NIC at lat_us would make it and never
+// earlier than the stand-in can, and the link still never carries more than bw.
 //
 // NOTES: the sending side carries the whole cost (link, latency, reordering); the receiving NIC's
 // link is not modelled, so incast above the line rate (several senders into one NIC) is not
@@ -56,6 +70,7 @@ struct Params {
   uint32_t nics = 1;
   uint64_t seed = 0;
   bool mates = false;  // node mates through the NIC as well
+  bool overlap = true; // the inner transport's delivery time counts toward lat_ns
   uint64_t trace = 0;  // events kept for trace()
 };
 
@@ -104,9 +119,12 @@ Params parse(const std::string& spec) {
     } else if (k == "mates") {
       need(x == 0 || x == 1, "0 or 1");
       p.mates = x == 1;
+    } else if (k == "overlap") {
+      need(x == 0 || x == 1, "0 or 1");
+      p.overlap = x == 1;
     } else {
       throw TransportError("nic model: unknown parameter '" + k +
-                           "' (bw, lat_us, reorder, window_us, nics, seed, mates, trace)");
+                           "' (bw, lat_us, reorder, window_us, nics, seed, mates, overlap, trace)");
     }
   }
   if (!have_bw) throw TransportError("nic model: bw=<bytes/s> is required (in '" + spec + "')");
@@ -178,13 +196,15 @@ std::shared_ptr<Link> link_for(const std::string& key) {
 // clock: one time base for every rank of a host), then per kind
 //   kPost     link exit, due, bytes, peer, immediate
 //   kRefused  outstanding, 0, bytes, peer, immediate (the first refusal of a run of them)
-//   kRelease  due, ctx, bytes, peer, immediate (handed to the inner transport)
+//   kRelease  due, ctx, bytes, peer, immediate (the message, or with overlap its immediate, handed to
+//             the inner transport)
 //   kDeliver  0, 0, 0, peer, immediate (an immediate received from `peer`)
 //   kDone     0, ctx, 0, peer, 0 (the inner transport's local completion of a write)
+//   kBytes    link exit, ctx, bytes, peer, 0 (overlap: a write's bytes handed to the inner transport)
 // NOTES: a mutex, not a lock-free ring: only a lab run turns it on, and the reader is another thread.
 class TraceRecorder {
  public:
-  enum Kind : int64_t { kPost = 0, kRefused = 1, kRelease = 2, kDeliver = 3, kDone = 4 };
+  enum Kind : int64_t { kPost = 0, kRefused = 1, kRelease = 2, kDeliver = 3, kDone = 4, kBytes = 5 };
   explicit TraceRecorder(uint64_t capacity) : capacity_(capacity) {}
   bool on() const { return capacity_ > 0; }
   void add(Kind kind, int64_t t, int64_t a, int64_t b, int64_t len, int peer, uint32_t imm) {
@@ -235,6 +255,8 @@ class NicModelTransport final : public Transport {
   Bytes region_key() override { return inner_->region_key(); }
   void connect(const std::vector<Bytes>& a, const std::vector<Bytes>& k, const std::vector<uint64_t>& b) override {
     inner_->connect(a, k, b);
+    // overlap needs the inner transport to deliver a write's immediate (a second write) after its bytes
+    overlap_ = p_.overlap && inner_->caps().ordered;
   }
   void finalize_setup() override { inner_->finalize_setup(); }
   void shutdown() override { inner_->shutdown(); }
@@ -247,7 +269,8 @@ class NicModelTransport final : public Transport {
         {"nic_model_bytes", bytes_.load(std::memory_order_relaxed)},
         {"nic_model_wait_ns", wait_ns_.load(std::memory_order_relaxed)},
         {"nic_model_overtaken", overtaken_.load(std::memory_order_relaxed)},
-        {"nic_model_held_completions", held_completions_.load(std::memory_order_relaxed)}};
+        {"nic_model_held_completions", held_completions_.load(std::memory_order_relaxed)},
+        {"nic_model_split_writes", split_writes_.load(std::memory_order_relaxed)}};
     // A link is shared by the threads on it: the first of them reports it, so that the proxy's sum
     // over threads counts every link once.
     const bool reports_link = uint32_t(opt_.thread_index) < p_.nics;
@@ -263,8 +286,12 @@ class NicModelTransport final : public Transport {
 
   PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm, uint32_t imm,
                    uint64_t ctx, std::string* error) override {
-    // Back-pressure: held plus posted-not-completed stays within what the inner endpoint takes.
-    if (outstanding_ >= std::max<uint32_t>(opt_.max_outstanding, 16)) {
+    if (is_part(ctx)) {
+      if (error) *error = "nic model: write ctx " + std::to_string(ctx) + " uses the model's reserved top byte 0xFE";
+      return PostResult::kError;
+    }
+    // Back-pressure: held plus posted-not-completed inner writes stay within what the inner endpoint takes.
+    if (outstanding_ + 2 > std::max<uint32_t>(opt_.max_outstanding, 16)) {
       if (trace_.on() && !refusing_) trace_.add(TraceRecorder::kRefused, now_ns(), outstanding_, 0, int64_t(len), peer, imm);
       refusing_ = true;
       return PostResult::kAgain;
@@ -279,9 +306,18 @@ class NicModelTransport final : public Transport {
     const int64_t left = link_->reserve(now, int64_t(double(len) * 1e9 / p_.bw));
     const int64_t extra = chance(p_.reorder) ? int64_t(std::uniform_real_distribution<double>(0, p_.window_ns)(rng_)) : 0;
     const int64_t due = left + int64_t(p_.lat_ns) + extra;
-    held_.push(Msg{due, next_seq_++, peer, local_off, remote_off, len, has_imm, imm, ctx});
+    if (len > 0 && overlap_) {
+      const uint64_t id = kPartTag | (next_part_++ & ~kPartMask);
+      parts_.emplace(id, Pair{ctx});
+      held_.push(Msg{left, next_seq_++, peer, local_off, remote_off, len, false, 0, id, kBytes, id});
+      held_.push(Msg{due, next_seq_++, peer, 0, remote_off, 0, has_imm, imm, ctx, kImmediate, id});
+      outstanding_ += 2;
+      split_writes_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      held_.push(Msg{due, next_seq_++, peer, local_off, remote_off, len, has_imm, imm, ctx, kWhole, 0});
+      ++outstanding_;
+    }
     ++modeled_[ctx];
-    ++outstanding_;
     // relaxed: statistics (also below).
     writes_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(len, std::memory_order_relaxed);
@@ -299,9 +335,14 @@ class NicModelTransport final : public Transport {
     for (Completion& c : buf_) {
       if (trace_.on() && c.kind == Completion::kRemoteImm) trace_.add(TraceRecorder::kDeliver, now, 0, 0, 0, c.peer, c.imm);
       if (c.kind == Completion::kLocalDone || c.kind == Completion::kLocalError) {
-        if (trace_.on()) trace_.add(TraceRecorder::kDone, now, 0, int64_t(c.ctx), 0, c.peer, 0);
         if (outstanding_ > 0) --outstanding_;
-        if (take_modeled(c.ctx) && chance(p_.reorder)) {
+        if (is_part(c.ctx)) {  // a write's bytes (overlap): its immediate's completion speaks for it
+          if (!bytes_done(c, now)) continue;
+        } else {
+          if (trace_.on()) trace_.add(TraceRecorder::kDone, now, 0, int64_t(c.ctx), 0, c.peer, 0);
+          if (take_swallowed(c.ctx)) continue;
+        }
+        if (take_modeled(c.ctx) && c.kind == Completion::kLocalDone && chance(p_.reorder)) {
           held_completions_.fetch_add(1, std::memory_order_relaxed);
           const int64_t extra = int64_t(std::uniform_real_distribution<double>(0, p_.window_ns)(rng_));
           done_.push(Done{now + extra, next_seq_++, std::move(c)});
@@ -320,6 +361,13 @@ class NicModelTransport final : public Transport {
   }
 
  private:
+  // What a held message carries to the inner transport: the whole write, or with overlap a write's
+  // bytes (at its link exit) and then its immediate (at its due time); a message without bytes is
+  // a control message.
+  enum Part : uint8_t { kWhole = 0, kBytes = 1, kImmediate = 2 };
+  // The inner ctx of a write's bytes (overlap): the reserved top byte, then a sequence number.
+  static constexpr uint64_t kPartTag = 0xFEull << 56, kPartMask = 0xFFull << 56;
+  static bool is_part(uint64_t ctx) { return (ctx & kPartMask) == kPartTag; }
   struct Msg {
     int64_t due;
     uint64_t seq;
@@ -328,6 +376,8 @@ class NicModelTransport final : public Transport {
     bool has_imm;
     uint32_t imm;
     uint64_t ctx;
+    Part part;
+    uint64_t part_id;  // kBytes / kImmediate: the pair's entry in parts_
     bool operator>(const Msg& o) const { return due != o.due ? due > o.due : seq > o.seq; }
   };
   struct Done {
@@ -336,11 +386,51 @@ class NicModelTransport final : public Transport {
     Completion c;
     bool operator>(const Done& o) const { return due != o.due ? due > o.due : seq > o.seq; }
   };
+  // A write split in two (overlap), until both halves are settled.
+  struct Pair {
+    uint64_t ctx = 0;               // the proxy's ctx (the immediate's)
+    bool immediate_posted = false;
+    bool bytes_done = false;
+    bool bytes_failed = false;
+    Completion failure{};           // the bytes' error, reported as the write's completion
+    explicit Pair(uint64_t c = 0) : ctx(c) {}
+  };
 
   bool take_modeled(uint64_t ctx) {
     auto it = modeled_.find(ctx);
     if (it == modeled_.end()) return false;
     if (--it->second == 0) modeled_.erase(it);
+    return true;
+  }
+
+  bool take_swallowed(uint64_t ctx) {
+    auto it = swallow_.find(ctx);
+    if (it == swallow_.end()) return false;
+    if (--it->second == 0) swallow_.erase(it);
+    return true;
+  }
+
+  // The completion of a write's bytes (overlap). Success settles the half; an error becomes the
+  // write's one completion: reported now (true, `c` rewritten to the proxy's ctx) when the
+  // immediate was already posted (its own completion is then dropped), else when it is due.
+  bool bytes_done(Completion& c, int64_t now) {
+    auto it = parts_.find(c.ctx);
+    if (it == parts_.end()) return false;
+    Pair& pair = it->second;
+    if (c.kind == Completion::kLocalDone) {
+      pair.bytes_done = true;
+      if (pair.immediate_posted) parts_.erase(it);
+      return false;
+    }
+    c.ctx = pair.ctx;
+    if (trace_.on()) trace_.add(TraceRecorder::kDone, now, 0, int64_t(c.ctx), 0, c.peer, 0);
+    if (!pair.immediate_posted) {
+      pair.bytes_failed = true;
+      pair.failure = c;
+      return false;
+    }
+    ++swallow_[pair.ctx];
+    parts_.erase(it);
     return true;
   }
 
@@ -356,17 +446,42 @@ class NicModelTransport final : public Transport {
   void release_writes(int64_t now) {
     while (!held_.empty() && held_.top().due <= now) {
       const Msg& m = held_.top();
+      auto pair = m.part == kImmediate ? parts_.find(m.part_id) : parts_.end();
+      if (pair != parts_.end() && pair->second.bytes_failed) {  // the write's completion is its bytes' error
+        --outstanding_;
+        take_modeled(pair->second.ctx);
+        done_.push(Done{now, next_seq_++, pair->second.failure});
+        parts_.erase(pair);
+        held_.pop();
+        continue;
+      }
       std::string err;
-      const PostResult r = inner_->write(m.peer, m.local_off, m.remote_off, m.len, m.has_imm, m.imm, m.ctx, &err);
+      const PostResult r =
+          m.len == 0 && p_.reorder > 0 && m.part == kWhole
+              ? inner_->write_control(m.peer, m.remote_off, m.has_imm, m.imm, m.ctx, &err)
+              : inner_->write(m.peer, m.local_off, m.remote_off, m.len, m.has_imm, m.imm, m.ctx, &err);
       if (r == PostResult::kAgain) return;
-      if (trace_.on()) trace_.add(TraceRecorder::kRelease, now, m.due, int64_t(m.ctx), int64_t(m.len), m.peer, m.imm);
-      if (m.seq < released_seq_) overtaken_.fetch_add(1, std::memory_order_relaxed);
-      released_seq_ = std::max(released_seq_, m.seq);
+      if (m.part == kBytes) {
+        if (trace_.on()) trace_.add(TraceRecorder::kBytes, now, m.due, int64_t(m.ctx), int64_t(m.len), m.peer, 0);
+      } else {
+        if (trace_.on()) trace_.add(TraceRecorder::kRelease, now, m.due, int64_t(m.ctx), int64_t(m.len), m.peer, m.imm);
+        if (m.seq < released_seq_) overtaken_.fetch_add(1, std::memory_order_relaxed);
+        released_seq_ = std::max(released_seq_, m.seq);
+      }
       if (r == PostResult::kError) {
         // Reported through the normal completion path, so the proxy sees one completion per write.
         --outstanding_;
-        take_modeled(m.ctx);
-        done_.push(Done{now, next_seq_++, {Completion::kLocalError, m.peer, 0, m.ctx, EIO, err}});
+        Completion c{Completion::kLocalError, m.peer, 0, m.ctx, EIO, err};
+        if (m.part == kBytes) {
+          bytes_done(c, now);  // the immediate is not posted yet: it reports this error when due
+        } else {
+          if (m.part == kImmediate) parts_.erase(m.part_id);
+          take_modeled(m.ctx);
+          done_.push(Done{now, next_seq_++, std::move(c)});
+        }
+      } else if (m.part == kImmediate && pair != parts_.end()) {
+        pair->second.immediate_posted = true;
+        if (pair->second.bytes_done) parts_.erase(pair);
       }
       held_.pop();
     }
@@ -388,7 +503,11 @@ class NicModelTransport final : public Transport {
   std::vector<Completion> buf_;
   // ctx -> modeled writes with it not yet completed (control messages all share one ctx)
   std::unordered_map<uint64_t, uint32_t> modeled_;
-  std::atomic<uint64_t> writes_{0}, bytes_{0}, wait_ns_{0}, overtaken_{0}, held_completions_{0};
+  std::unordered_map<uint64_t, Pair> parts_;       // overlap: split writes by their bytes' ctx
+  std::unordered_map<uint64_t, uint32_t> swallow_;  // proxy ctx -> immediate completions to drop
+  uint64_t next_part_ = 0;
+  bool overlap_ = false;  // p_.overlap over an inner transport that keeps order per peer (set at connect)
+  std::atomic<uint64_t> writes_{0}, bytes_{0}, wait_ns_{0}, overtaken_{0}, held_completions_{0}, split_writes_{0};
 };
 
 }  // namespace

@@ -91,6 +91,11 @@ class SplitTransport final : public Transport {
     return (is_local(peer) ? local_ : remote_)->write(peer, local_off, remote_off, len, has_imm, imm, ctx, error);
   }
 
+  PostResult write_control(int peer, uint64_t remote_off, bool has_imm, uint32_t imm, uint64_t ctx,
+                           std::string* error) override {
+    return (is_local(peer) ? local_ : remote_)->write_control(peer, remote_off, has_imm, imm, ctx, error);
+  }
+
   PostResult discard(int peer, uint64_t len, std::string* error) override {
     return (is_local(peer) ? local_ : remote_)->discard(peer, len, error);
   }

@@ -101,6 +101,15 @@ class Transport {
   // `imm` to the peer (when has_imm). Never blocks: kAgain means "poll, then retry".
   virtual PostResult write(int peer, uint64_t local_off, uint64_t remote_off, uint64_t len, bool has_imm,
                            uint32_t imm, uint64_t ctx, std::string* error) = 0;
+  // A write without bytes (an atomic, a credit, a heartbeat) that may overtake this endpoint's
+  // earlier writes to `peer`, as on an unordered NIC (EFA's SRD). The NIC model posts its control
+  // messages this way when it reorders; a transport that keeps order per peer may still deliver
+  // this one before copies in flight (ipc does). The proxy protocol allows it: a fenced atomic
+  // counts the writes it follows. Default: write(), in order.
+  virtual PostResult write_control(int peer, uint64_t remote_off, bool has_imm, uint32_t imm, uint64_t ctx,
+                                   std::string* error) {
+    return write(peer, 0, remote_off, 0, has_imm, imm, ctx, error);
+  }
   // A write of `len` bytes to `peer` that the proxy drops instead of posting (the peer failed or
   // left). Where an outside consumer counts the bytes of every pushed write against the copies it
   // executes (ipc with ipc_copy "kernel": the copy kernels, dma_ring.h), the endpoint queues a skip

@@ -47,7 +47,10 @@ def test_decorate_wraps_what_reaches_other_nodes():
     assert transport_unavailable_reason(decorate("loop", m)) is None
     assert transport_unavailable_reason(decorate("fault:loop", m)) is None
     allrdma = parse_nic_model("efa-400g,mates=1")
-    assert allrdma.mates == 1 and allrdma.spec().endswith(",mates=1") and m.spec().endswith(",mates=0")
+    assert allrdma.mates == 1 and ",mates=1," in allrdma.spec() and ",mates=0," in m.spec()
+    stacked = parse_nic_model("efa-400g,overlap=0")  # the stand-in's own delivery time adds to lat_us
+    assert m.overlap == 1 and m.spec().endswith(",overlap=1") and stacked.spec().endswith(",overlap=0")
+    assert transport_unavailable_reason(decorate("loop", stacked)) is None
     assert decorate("ipc", allrdma) == f"nic:{allrdma.spec()}:ipc"
     with pytest.raises(InvalidArgument, match="mates"):  # a split transport's node mates never reach the model
         decorate("ipc+fabric", allrdma)
@@ -57,7 +60,8 @@ def test_decorate_wraps_what_reaches_other_nodes():
     ("bw=-5", "bw"), ("bw=fast", "bw"), ("lat_us=3", "bw"), ("efa-400g,lat_us=-1", "lat_us"),
     ("efa-400g,reorder=2", "reorder"), ("efa-400g,nics=0", "nics"), ("efa-400g,nics=1.5", "nics"),
     ("efa-400g,window_us=x", "window_us"), ("efa-400g,seed=-1", "seed"), ("bw=inf", "bw"),
-    ("efa-400g,lat_us=nan", "lat_us"), ("efa-400g,mates=2", "mates"), ("efa-400g,mates=0.5", "mates")])
+    ("efa-400g,lat_us=nan", "lat_us"), ("efa-400g,mates=2", "mates"), ("efa-400g,mates=0.5", "mates"),
+    ("efa-400g,overlap=2", "overlap")])
 def test_bad_parameter_names_it(spec, key):
     with pytest.raises(InvalidArgument, match=f"UCCL_EP_NIC_MODEL \\({key}\\)"):
         parse_nic_model(spec)
@@ -170,15 +174,52 @@ def test_latency_is_added_to_every_message():
     assert 2 * lat_us * 1e-6 <= rtt <= 2 * lat_us * 1e-6 + base + 3e-3, (rtt, base)
 
 
-def _streams_worker(rank, world, model, rpn, rounds):
+def _data_pingpong_worker(rank, world, models, rounds, nbytes):
+    """Rounds of one data Write each way (ordered immediate on counter 0, +1 each): the round trip time."""
+    from uccl_ep.proxy import native, start_proxy
+    C = native()
+    out = []
+    for model in models:
+        p = start_proxy(dist.group.WORLD, region_bytes=4 * nbytes, num_counters=4, transport="ipc", num_threads=1,
+                        timeout_s=60.0, ranks_per_node=1, nic_model=model)
+        try:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(rounds):
+                if rank == 0:
+                    p.push(0, *C.encode_ordered_write(1, 0, 2 * nbytes, nbytes, 0, 1), 10.0)
+                    p.wait_counter(1, 0, i + 1, 10.0, "pong")
+                else:
+                    p.wait_counter(0, 0, i + 1, 10.0, "ping")
+                    p.push(0, *C.encode_ordered_write(0, 0, 2 * nbytes, nbytes, 0, 1), 10.0)
+            out.append((time.perf_counter() - t0) / rounds)
+            dist.barrier()
+        finally:
+            p.stop()
+    return out
+
+
+def test_overlapped_data_write_arrives_no_earlier_than_the_model_says():
+    """overlap=1 hands a Write's bytes to the inner transport as they leave the modelled link and its
+    immediate at its due time: a data round trip still takes at least two link times plus two latencies."""
+    lat_us, nbytes, bw = 2000.0, 1 << 16, 1e8   # 655 us on the link each way
+    floor_s = 2 * (lat_us * 1e-6 + nbytes / bw)
+    models = [f"bw={bw:g},lat_us={lat_us:g}", f"bw={bw:g},lat_us={lat_us:g},overlap=0"]
+    overlapped, stacked = run_ranks(_data_pingpong_worker, 2, models, 6, nbytes, timeout_s=120)[0]
+    print(f"data round trip: {overlapped * 1e6:.0f} us overlapped, {stacked * 1e6:.0f} us stacked (floor {floor_s * 1e6:.0f})")
+    assert floor_s <= overlapped <= floor_s + 3e-3, overlapped
+    assert floor_s <= stacked <= floor_s + 3e-3, stacked
+
+
+def _streams_worker(rank, world, model, rpn, rounds, transport="loop"):
     from uccl_ep import proxy
     from uccl_ep.proxy.streams import StreamSpec, region_bytes_for, run_streams
     spec = StreamSpec(seed=41)
     p = proxy.start_proxy(dist.group.WORLD, region_bytes=region_bytes_for(spec, world), num_counters=spec.num_counters,
-                          transport="loop", num_threads=2, timeout_s=60, ranks_per_node=rpn, nic_model=model)
+                          transport=transport, num_threads=2, timeout_s=60, ranks_per_node=rpn, nic_model=model)
     try:
         n = run_streams(rank, world, p, spec, rounds=rounds, timeout_s=60)
-        return n, dict(p.transport_counters())
+        return n, dict(p.transport_counters()), p.transport_name
     finally:
         p.stop()
 
@@ -187,9 +228,22 @@ def test_reordered_streams_stay_exact():
     """SRD-like reordering (every message, a window far above the latency), 2 ranks as 2 nodes; the
     streams check every byte and counter."""
     model = "bw=2e9,lat_us=20,reorder=1,window_us=400,seed=5"
-    for n, c in run_ranks(_streams_worker, 2, model, 1, 3, timeout_s=240):
+    for n, c, _ in run_ranks(_streams_worker, 2, model, 1, 3, timeout_s=240):
         assert n > 300
         assert c["nic_model_overtaken"] > 0 and c["nic_model_held_completions"] > 0, c
+
+
+@pytest.mark.parametrize("overlap", [1, 0])
+def test_reordered_streams_over_ipc_stay_exact(overlap):
+    """Over ipc (host copies), 2 nodes of 2 ranks: with overlap a Write's bytes and its immediate go
+    to ipc as two writes; control messages (atomics, credits) go ahead of copies in flight
+    (write_control) as on SRD. Every byte and counter is checked."""
+    model = f"bw=2e9,lat_us=20,reorder=1,window_us=200,seed=9,overlap={overlap}"
+    for n, c, name in run_ranks(_streams_worker, 4, model, 2, 3, "ipc", timeout_s=240):
+        assert n > 200 and name.startswith("nic:") and name.endswith(f"overlap={overlap}:ipc:host"), name
+        assert c["nic_model_overtaken"] > 0 and c["nic_model_writes"] > 0, c
+        assert c["ipc_controls_ahead"] > 0, c
+        assert (c["nic_model_split_writes"] > 0) == bool(overlap), c
 
 
 # --------------------------------------------------------------------------------------------------

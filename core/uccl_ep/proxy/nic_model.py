@@ -16,7 +16,8 @@ Specs: a preset name, ``key=value`` pairs, or a preset followed by overrides::
 
 Keys: ``bw`` (bytes/s of one NIC), ``lat_us``, ``reorder`` (probability a message gets a uniform
 extra delay in [0, window_us]), ``window_us`` (default: lat_us), ``nics`` (NICs per rank),
-``seed``, ``mates`` (0 or 1), ``trace`` (keep each endpoint's last n events for
+``seed``, ``mates`` (0 or 1), ``overlap`` (0 or 1, default 1: the stand-in transport's own
+delivery time counts toward ``lat_us`` instead of adding to it; nic_model.cc says why), ``trace`` (keep each endpoint's last n events for
 ``Proxy.transport_trace()``: a lab measurement, tools/lab/trace_nic.py). The presets are model parameters (nominal line rates; latency of the order the
 vendors quote), not measurements.
 """
@@ -39,7 +40,7 @@ PRESETS: dict[str, tuple[float, float, float, float, str]] = {
 
 _KEYS = {"bw": "bytes/s > 0 (e.g. 50e9)", "lat_us": "microseconds >= 0", "reorder": "a probability in [0, 1]",
          "window_us": "microseconds >= 0", "nics": "an integer in [1, 64]", "seed": "an integer >= 0",
-         "mates": "0 or 1", "trace": "an integer in [0, 10000000]"}
+         "mates": "0 or 1", "overlap": "0 or 1", "trace": "an integer in [0, 10000000]"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class NicModel:
     nics: int = 1             # NICs per rank (proxy thread t sends on NIC t mod nics)
     seed: int = 0
     mates: int = 0            # 1: node mates through the NIC too (the all-RDMA case)
+    overlap: int = 1          # 1: the inner transport's delivery time counts toward lat_us; 0: adds to it
     trace: int = 0            # events each endpoint keeps for Proxy.transport_trace()
     label: str = ""           # the spec as given (for tables)
 
@@ -63,7 +65,8 @@ class NicModel:
         """The canonical form the native decorator parses (no ':' and no '+', so it nests in
         transport names)."""
         return (f"bw={int(round(self.bw))},lat_us={self.lat_us:.6f},reorder={self.reorder:.9f},"
-                f"window_us={self.window_us:.6f},nics={self.nics},seed={self.seed},mates={self.mates}"
+                f"window_us={self.window_us:.6f},nics={self.nics},seed={self.seed},mates={self.mates},"
+                f"overlap={self.overlap}"
                 + (f",trace={self.trace}" if self.trace else ""))
 
 
@@ -109,13 +112,15 @@ def parse_nic_model(spec: str | None, argument: str = "UCCL_EP_NIC_MODEL") -> Ni
             raise InvalidArgument(f"{argument} ({key})", _KEYS[key], values[key])
     if not 0.0 <= values.get("reorder", 0.0) <= 1.0:
         raise InvalidArgument(f"{argument} (reorder)", _KEYS["reorder"], values["reorder"])
-    for key, lo, hi in (("nics", 1, 64), ("seed", 0, 2**63 - 1), ("mates", 0, 1), ("trace", 0, 10_000_000)):
+    for key, lo, hi in (("nics", 1, 64), ("seed", 0, 2**63 - 1), ("mates", 0, 1), ("overlap", 0, 1),
+                         ("trace", 0, 10_000_000)):
         v = values.get(key, lo)
         if v != int(v) or not lo <= v <= hi:
             raise InvalidArgument(f"{argument} ({key})", _KEYS[key], v)
     model = NicModel(bw=values["bw"], lat_us=values.get("lat_us", 0.0), reorder=values.get("reorder", 0.0),
                      window_us=values.get("window_us", 0.0), nics=int(values.get("nics", 1)),
                      seed=int(values.get("seed", 0)), mates=int(values.get("mates", 0)),
+                     overlap=int(values.get("overlap", 1)),
                      trace=int(values.get("trace", 0)), label=text)
     if "window_us" not in values and model.reorder > 0:
         model = replace(model, window_us=model.lat_us)
