@@ -55,6 +55,9 @@ class Tuning:
     ``ht_combine_ce_max_mb`` (shared; largest copy-engine staging buffer), ``ht_ce_min_mb`` (shared;
     the copy-engine paths take an op only when its largest rank-to-rank share of rows is at least
     this many MiB; smaller ops run the ring kernels, faster there; 0: always).
+    Normal mode through the proxy with several ranks per node: ``ht_partials_bf16`` (shared; a node's
+    partial sums cross to the other nodes in BF16, as DeepEP sends them: half the bytes, exact only
+    where each partial is exact in BF16; False: fp32, exact wherever the fp32 sums are).
     """
 
     ll_combine_recv_threads: int = 512
@@ -73,6 +76,7 @@ class Tuning:
     ht_ce_chunk_kb: int = 8192
     ht_combine_ce_max_mb: int = 2048
     ht_ce_min_mb: int = 24
+    ht_partials_bf16: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -9,6 +9,11 @@ import numpy as np
 import torch
 
 from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, mem, plan_slot, ring_row
+
+
+def _f32_to_bf16(acc: np.ndarray) -> np.ndarray:
+    """fp32 -> BF16 bits (round to nearest even, as the kernels' cast)."""
+    return torch.from_numpy(np.ascontiguousarray(acc, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 from uccl_ep.cuda import ht_proxy_plan as plan
 
 
@@ -137,7 +142,9 @@ class ForwardKernels:
                                             "num_topk"))
         N, me = R // G, p["rank"]
         me_l, node = me % G, me // G
-        assert plan.partial_msg_bytes(H, K) == p["msg_bytes"] and plan.combine_msg_bytes(H, K) == p["nvl_msg_bytes"]
+        bf16 = bool(p["partial_bf16"])  # hop B in BF16 (Tuning.ht_partials_bf16), else fp32
+        assert plan.partial_msg_bytes(H, K, bf16) == p["msg_bytes"] and plan.combine_msg_bytes(H, K) == p["nvl_msg_bytes"]
+        wB = (2 if bf16 else 4) * H  # where a partial's weights start
         pA = _nvl(p)
         st = State(p["state"])
         nsp, rdma_prefix, rdma_count, recv_prefix, recv_end, recv_count = self._views(
@@ -227,8 +234,8 @@ class ForwardKernels:
                             if K:
                                 acc_w = (acc_w + wt).astype(np.float32)
                         mB = self._slot(p, "send_base", src, c, base + k)
-                        mB[:4 * H] = acc.view(np.uint8)
-                        mB[4 * H:4 * H + 4 * K] = acc_w.view(np.uint8)
+                        mB[:wB] = (_f32_to_bf16(acc) if bf16 else acc).view(np.uint8)
+                        mB[wB:wB + 4 * K] = acc_w.view(np.uint8)
 
                 yield from self._send(p, st, src, c, int(rdma_count[mnode, c]), stage, Hooks)
             for l in locals_:
@@ -262,9 +269,10 @@ class ForwardKernels:
                             if tail[n] <= pos:
                                 yield False
                         m = self._slot(p, "recv_base", rails[n], c, pos)
-                        acc = (acc + m[:4 * H].copy().view(np.float32)).astype(np.float32)
-                        acc_w = (acc_w + m[4 * H:4 * H + 4 * K].copy().view(np.float32)).astype(np.float32)
-                    out[t] = torch.from_numpy(acc).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+                        part = _bf16_to_f32(m[:wB].copy().view(np.uint16)) if bf16 else m[:wB].copy().view(np.float32)
+                        acc = (acc + part).astype(np.float32)
+                        acc_w = (acc_w + m[wB:wB + 4 * K].copy().view(np.float32)).astype(np.float32)
+                    out[t] = _f32_to_bf16(acc)
                     if out_w is not None:
                         out_w[t] = acc_w
                 for n in range(N):

@@ -341,6 +341,12 @@ def test_forward_parameters_two_nodes_of_two(monkeypatch):
         cb = unpack("HTProxyForwardCombineParams", log[-1][3])
         assert log[-1][0] == "ht_proxy_forward_combine" and log[-1][1] == 9
         assert cb["msg_bytes"] == plan.partial_msg_bytes(H, 0) and cb["nvl_msg_bytes"] == plan.combine_msg_bytes(H, 0)
+        assert cb["partial_bf16"] == 0
+        eng.partials_bf16 = True  # Tuning.ht_partials_bf16: hop B messages in a combine message's layout
+        eng.combine(torch.zeros(worst, H, dtype=torch.bfloat16), h, None, (None, None), config)
+        cb = unpack("HTProxyForwardCombineParams", log[-1][3])
+        assert cb["partial_bf16"] == 1 and cb["msg_bytes"] == plan.partial_msg_bytes(H, 0, True) == \
+            plan.combine_msg_bytes(H, 0) < plan.partial_msg_bytes(H, 0)
         assert cb["rdma_mask"] == h.plan.rdma_mask.data_ptr() and cb["send_rdma_head"] == h[8].data_ptr()
         eng.num_sms = 16
         with pytest.raises(LimitExceeded):  # 6 channels x 3 blocks > 16 SMs
@@ -406,7 +412,7 @@ def _same(a, b):
     return torch.equal(a, b)
 
 
-def _e2e_worker(rank, world, rpn, seed):
+def _e2e_worker(rank, world, rpn, seed, partials_bf16=False):
     from uccl_ep import Buffer
     from uccl_ep.proxy import start_proxy as real_start
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
@@ -415,7 +421,8 @@ def _e2e_worker(rank, world, rpn, seed):
                    start_proxy=lambda group, **kw: real_start(group, **{k: v for k, v in kw.items()
                                                                         if k != "external_region"}))
     topo_rpn = rpn or world
-    ex = _fake_ex(rank, world, topo_rpn, 6 << 20, group=dist.group.WORLD)
+    ex = _fake_ex(rank, world, topo_rpn, 6 << 20, group=dist.group.WORLD,
+                  tuning=Tuning(ht_partials_bf16=partials_bf16))
     eng = _engine(ex)
     emu.proxy = eng.proxy
     ref = Buffer(dist.group.WORLD, 6 << 20, 0, backend="reference", **({"ranks_per_node": rpn} if rpn else {}))
@@ -541,6 +548,12 @@ def test_internode_one_rank_per_node_matches_reference(world):
 def test_two_nodes_of_two_forward_and_match_reference():
     """Per-node dedup, forwarding inside the node, node-first reduce (2 nodes x 2 ranks)."""
     _check_e2e(run_ranks(_e2e_worker, 4, 2, 9, timeout_s=300, env={"UCCL_EP_TRANSPORT": "ipc"}))
+
+
+def test_two_nodes_of_two_bf16_partials_match_reference():
+    """Tuning.ht_partials_bf16: the nodes' partials cross in BF16 (half the bytes); the test's combine
+    inputs (a 1/16 grid, two ranks per node) keep every partial exact in BF16, so bitwise still."""
+    _check_e2e(run_ranks(_e2e_worker, 4, 2, 11, True, timeout_s=300, env={"UCCL_EP_TRANSPORT": "ipc"}))
 
 
 def test_forced_proxy_one_node_matches_reference_with_faults():

@@ -106,3 +106,13 @@ def test_bench_matrix_refuses_tune():
     args = sub.choices["bench"].parse_args(["--matrix", "ht", "--tune", "ht_warps=24"])
     with pytest.raises(InvalidArgument, match="--tune"):
         bench_matrix.spec_from_args(args, False)
+
+
+def test_proxy_path_partials_setting_must_match_across_ranks():
+    """Tuning.ht_partials_bf16 decides the layout of messages another node reads: the executor
+    gathers it at Buffer build and refuses a group that disagrees, naming the field."""
+    from uccl_ep.cuda import ht_proxy
+    assert ht_proxy.shared_settings(Tuning()) == (False,)
+    ht_proxy.check_same_shared_settings([(True,), (True,)])
+    with pytest.raises(InvalidArgument, match="tuning.ht_partials_bf16"):
+        ht_proxy.check_same_shared_settings([(False,), (True,)])

@@ -69,12 +69,15 @@ def _eq(tag, a, b):
 
 
 def _pair(group, world, H, mode):
-    from uccl_ep import Buffer, Config
+    from uccl_ep import Buffer, Config, Tuning
     configs = [Buffer.get_dispatch_config(world), Config(8, 4, 32, 2, 8)]
     nvl = max(c.get_nvl_buffer_size_hint(H * 2, world) for c in configs)
     kw = {"forced": {}, "rpn1": {"ranks_per_node": 1}, "rpn2": {"ranks_per_node": 2},
-          "rpn2proxy": {"ranks_per_node": 2}}[mode]
-    ours = Buffer(group, nvl, 0, backend="cuda", **kw)
+          "rpn2proxy": {"ranks_per_node": 2}, "rpn2bf16": {"ranks_per_node": 2}}[mode]
+    # rpn2bf16: the nodes' partials cross in BF16 (Tuning.ht_partials_bf16); the combine inputs below
+    # (a 1/16 grid, two ranks per node) keep each partial exact in BF16, so still bitwise
+    tuning = Tuning(ht_partials_bf16=True) if mode == "rpn2bf16" else None
+    ours = Buffer(group, nvl, 0, backend="cuda", tuning=tuning, **kw)
     ref = Buffer(group, nvl, 0, backend="reference", **kw)
     assert ours.backend == "cuda" and ours.topology == ref.topology
     return ours, ref, configs
@@ -291,13 +294,13 @@ BIG = dict(H=7168, T=4096, E=256, seed=2)
 
 
 @pytest.mark.parametrize("copy", ["kernel", "cuda"])
-@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2", "rpn2proxy"])
+@pytest.mark.parametrize("mode", ["rpn1", "forced", "rpn2", "rpn2proxy", "rpn2bf16"])
 @pytest.mark.parametrize("shape", [SMALL, BIG], ids=["small", "deepseek"])
 def test_ht_internode_matches_reference(shape, mode, copy):
     """Every option against the reference, the Writes copied by the kernels' copy role (UCCL_EP_IPC_COPY=
     kernel, the default) or by the proxy through the driver (cuda). rpn2: 2 nodes x 2 ranks, the node
     mates' hop (dispatch hop 2, combine hop A) over NVLink; rpn2proxy: the same through the proxy
-    (UCCL_EP_FORCE_PROXY)."""
+    (UCCL_EP_FORCE_PROXY); rpn2bf16: rpn2 with the nodes' partials in BF16 (Tuning.ht_partials_bf16)."""
     if mode.startswith("rpn2") and _world() < 4:
         pytest.skip("2 nodes x 2 ranks (per-node dedup, forwarding) needs 4 GPUs")
     world = _world() // 2 * 2 if mode.startswith("rpn2") else _world()
@@ -305,7 +308,7 @@ def test_ht_internode_matches_reference(shape, mode, copy):
     out = run_ranks(worker, world, *shape.values(), mode, backend="nccl", timeout_s=900, env=env)
     for checked, transport, copies, mates in out:
         assert checked > 0 and transport == f"ipc:{copy}" and copies > 0
-        assert mates == (mode == "rpn2"), (mode, mates)
+        assert mates == (mode in ("rpn2", "rpn2bf16")), (mode, mates)
 
 
 @pytest.mark.parametrize("mode", ["rpn1", "rpn2"])

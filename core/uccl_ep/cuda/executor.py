@@ -121,6 +121,7 @@ class CudaExecutor(Executor):
         # One proxy session serves every engine that goes through the proxy, over one registered
         # region: with both buffers and normal mode through the proxy (which puts LL through it too:
         # plan_paths), one allocation holds both, the NVL buffer first (proxy_session.shared_region).
+        from . import ht_proxy
         from .ht_proxy import serves as ht_through_proxy
         self.region = None
         if ctx.num_nvl_bytes and ctx.num_rdma_bytes and ht_through_proxy(ctx):
@@ -139,7 +140,7 @@ class CudaExecutor(Executor):
         mine = (socket.gethostname(), self.device,
                 self.nvl_mem.ipc_handle() if self.nvl_mem else None,
                 self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, ll_proxy.shared_settings(ctx.tuning),
-                ht_ce.shared_settings(ctx.tuning), liveness.process_record())
+                ht_ce.shared_settings(ctx.tuning), liveness.process_record(), ht_proxy.shared_settings(ctx.tuning))
         infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
         devices = [(i[0], i[1]) for i in infos]
         self.multi_host, self.ht_through_proxy, self.ll_through_proxy = plan_paths(ctx, devices)
@@ -152,6 +153,8 @@ class CudaExecutor(Executor):
             ht_ce.check_same_settings([i[6] for i in infos])
         if self.ll_mem is not None and self.ll_through_proxy:
             ll_proxy.check_same_shared_settings([i[5] for i in infos])
+        if self.nvl_mem is not None and self.ht_through_proxy:
+            ht_proxy.check_same_shared_settings([i[8] for i in infos])
         for r, (_, d) in enumerate(devices):
             if r != ctx.rank and (not (self.ht_through_proxy and self.ll_through_proxy) or r in ll_nvlink):
                 if not self.drv.can_access_peer(self.device, d):

@@ -46,6 +46,7 @@ import torch
 from .. import env
 from ..errors import InvalidArgument, LimitExceeded, Timeout, Unsupported
 from ..handles import NormalHandle
+from ..tuning import require_same_across_ranks
 from ..validate import check_combine_rows
 from . import gpu_transport
 from . import ht_proxy_plan as plan
@@ -78,6 +79,20 @@ DMA_RUNNING = (1 << 64) - 1
 # and a receiver returns every credit of an op at its end).
 _RING_FIELDS = ("msg_bytes", "ring_slots", "chunk", "recv_base", "send_base", "first_ring", "peer_div", "peer_mod")
 _GEOMETRY = ("msg_bytes", "ring_slots", "recv_base", "send_base", "first_ring", "peer_div", "peer_mod")
+
+
+# Tuning fields every rank of a proxy-path Buffer must agree on (a forwarder and its sources read
+# each other's partials); the executor gathers them when a Buffer is built.
+SHARED_SETTINGS = ("ht_partials_bf16",)
+
+
+def shared_settings(tuning) -> tuple:
+    return tuple(getattr(tuning, n) for n in SHARED_SETTINGS)
+
+
+def check_same_shared_settings(per_rank: list) -> None:
+    """Raise on every rank alike when the ranks' shared_settings() answers differ."""
+    require_same_across_ranks(SHARED_SETTINGS, per_rank, "a node's partials are read by the other nodes' ranks")
 
 
 def serves(ctx) -> bool:
@@ -125,6 +140,7 @@ class ProxyNormalEngine:
         self.internode = ctx.topology.is_internode
         self.G = ctx.topology.ranks_per_node if self.internode else 1
         self.forward = self.G > 1  # several ranks per node: dedup per node, forwarding inside it
+        self.partials_bf16 = ctx.tuning.ht_partials_bf16  # forwarded combine: hop B in BF16
         self.mem: DeviceMemory = ec.nvl_mem
         if self.mem.ptr != session.region_ptr:
             raise RuntimeError(f"rank {self.rank}: the NVL buffer must start the proxy session's region (the "

@@ -149,7 +149,7 @@ def combine(eng, x, handle, topk_weights, biases, config):
     check_combine_rows(x, st.num_rows, topk_weights, "cuda")
     T, H, C = st.num_tokens, x.shape[1], st.num_channels
     K = topk_weights.shape[1] if topk_weights is not None else 0
-    rings = dict(eng.ring(plan.partial_msg_bytes(H, K), C, config, "combine hop B", area=0),
+    rings = dict(eng.ring(plan.partial_msg_bytes(H, K, eng.partials_bf16), C, config, "combine hop B", area=0),
                  **eng.ring(plan.combine_msg_bytes(H, K), C, config, "combine hop A", area=1))
     eng.start_op(rings, C)
     out = torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
@@ -164,6 +164,7 @@ def combine(eng, x, handle, topk_weights, biases, config):
         node_send_prefix=st.node_send_prefix.data_ptr(), rdma_prefix=st.rdma_prefix.data_ptr(),
         rdma_count=st.rdma_count.data_ptr(), rdma_mask=st.rdma_mask.data_ptr(), recv_prefix=st.recv_prefix.data_ptr(),
         recv_end=st.recv_end.data_ptr(), recv_count=st.recv_count.data_ptr(), num_tokens=T, hidden=H, num_topk=K,
-        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, mates=eng.mates_ptr, **eng.proxy_words(), **rings, **role)
+        num_ranks=eng.R, rank=eng.rank, ranks_per_node=eng.G, num_channels=C, mates=eng.mates_ptr,
+        partial_bf16=int(eng.partials_bf16), **eng.proxy_words(), **rings, **role)
     eng.kernels["ht_proxy_forward_combine"].launch(grid, _BLOCK, params, current_stream())
     return out, out_w

@@ -65,9 +65,10 @@ def combine_msg_bytes(hidden: int, num_topk: int) -> int:
     return align16(2 * hidden + 4 * num_topk)
 
 
-def partial_msg_bytes(hidden: int, num_topk: int) -> int:
-    """fp32 partial row | fp32 weights, padded to 16 (ht_partial_msg_bytes): the host executor's hop-B row."""
-    return align16(4 * hidden + 4 * num_topk)
+def partial_msg_bytes(hidden: int, num_topk: int, bf16: bool = False) -> int:
+    """fp32 partial row | fp32 weights, padded to 16 (ht_partial_msg_bytes): the host executor's hop-B row;
+    ``bf16``: the row in BF16 (Tuning.ht_partials_bf16)."""
+    return align16((2 if bf16 else 4) * hidden + 4 * num_topk)
 
 
 def region_layout(region_bytes: int, num_ranks: int) -> tuple[int, MetaLayout]:

@@ -9,14 +9,16 @@
 //                       sent here (its dispatch masks were recorded), the fp32 sum of the token's
 //                       rows of this node, local ranks ascending (own row read from x, the others
 //                       from the hop-A streams, counted in the same order), sent back as message k
-//                       of stream (me -> that source, ring c): fp32 row, then fp32 weights
+//                       of stream (me -> that source, ring c): fp32 row (BF16 with partial_bf16),
+//                       then fp32 weights
 //   block 3c+2:         the source: token-major over channel c, rounds of B tokens (one warp each);
 //                       out[t] = (bias0 + bias1) + partial of node 0 + partial of node 1 + ... in
 //                       fp32, one IEEE add at a time, nodes ascending, cast to BF16
 // Hop A is stored over NVLink into the forwarder's ring (RingArgs::mates) unless the proxy is forced.
-// NOTES: partials travel in fp32 as in the host executor (DeepEP rounds them to BF16), so the
-// result equals the reference's flat rank-order sum whenever the fp32 sums are exact (the common
-// case for BF16 data); see uccl_ep/host/ht_internode.py.
+// NOTES: partials travel in fp32 as in the host executor by default, so the result equals the
+// reference's flat rank-order sum whenever the fp32 sums are exact (the common case for BF16 data);
+// see uccl_ep/host/ht_internode.py. partial_bf16 rounds them to BF16 as DeepEP does: half the bytes
+// across nodes, exact only where each node's partial is exact in BF16.
 #include "uccl_ep/device/internode_ring.cuh"
 #include "uccl_ep/device/internode_rows.cuh"
 
@@ -112,7 +114,9 @@ struct PartialStager : StreamHooks {
                                      : receive_slot(*aA, local_rank(l), c, sh->posA[l] + sh->pos[i][l]);
       }
       uint8_t* out = staging_slot(*aB, src, c, base + k);
-      warp_combine_rows<2, true>(out, rows, nsrc, H, 0, 0, 0);  // 0 + row, then in order, in fp32
+      const bool bf16 = p->partial_bf16 != 0;
+      if (bf16) warp_combine_rows<2, false>(out, rows, nsrc, H, 0, 0, 0);  // 0 + row, then in order, in fp32
+      else warp_combine_rows<2, true>(out, rows, nsrc, H, 0, 0, 0);
       for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
         float acc = 0.0f;
         int s = 0;
@@ -124,7 +128,7 @@ struct PartialStager : StreamHooks {
           acc = __fadd_rn(acc, v);
           ++s;
         }
-        reinterpret_cast<float*>(out + 4 * H)[kk] = acc;
+        reinterpret_cast<float*>(out + (bf16 ? 2 : 4) * H)[kk] = acc;
       }
     }
   }
@@ -146,10 +150,27 @@ struct PartialStager : StreamHooks {
   }
 };
 
+// out_weights[t] from the partials' fp32 weights (at byte `at` of each message), nodes ascending.
+UCCL_DEVICE void reduce_weights(const HTProxyForwardCombineParams& p, int64_t t, const uint8_t* const* rows, int nsrc,
+                                int64_t at) {
+  if (p.out_weights == 0) return;
+  const int64_t K = p.num_topk;
+  for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
+    float acc = 0.0f;
+    for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, __uint_as_float(ld_u32_cg(rows[s] + at + 4 * kk)));
+    reinterpret_cast<float*>(p.out_weights)[t * K + kk] = acc;
+  }
+}
+
 // out[t] from the nodes' partials (nodes ascending), warp-cooperative.
 UCCL_DEVICE void reduce_partials(const HTProxyForwardCombineParams& p, int64_t t, const uint8_t* const* rows, int nsrc) {
-  const int64_t H = p.hidden, K = p.num_topk;
+  const int64_t H = p.hidden;
   auto* out = reinterpret_cast<uint8_t*>(p.out) + t * H * 2;
+  if (p.partial_bf16 != 0) {  // BF16 partials: a combine's sum (biases first, then the rows in order)
+    warp_combine_rows<2>(out, rows, nsrc, H, p.bias0, p.bias1, t);
+    reduce_weights(p, t, rows, nsrc, 2 * H);
+    return;
+  }
   constexpr int U = 2;  // vectors per lane per step: with a pair of sources, 8 loads in flight per lane
   const int64_t nvec = H / 8;
   for (int64_t v0 = lane_id(); v0 < nvec; v0 += U * kWarpSize) {
@@ -185,13 +206,7 @@ UCCL_DEVICE void reduce_partials(const HTProxyForwardCombineParams& p, int64_t t
     }
     chunk_store<U>(out, acc, v0, nvec);
   }
-  if (p.out_weights != 0) {
-    for (int64_t kk = lane_id(); kk < K; kk += kWarpSize) {
-      float acc = 0.0f;
-      for (int s = 0; s < nsrc; ++s) acc = __fadd_rn(acc, __uint_as_float(ld_u32_cg(rows[s] + 4 * H + 4 * kk)));
-      reinterpret_cast<float*>(p.out_weights)[t * K + kk] = acc;
-    }
-  }
+  reduce_weights(p, t, rows, nsrc, 4 * H);
 }
 
 }  // namespace
@@ -228,7 +243,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
     }
   }
   __syncthreads();
-  if (ht_partial_msg_bytes(p.hidden, p.num_topk) != p.ring.msg_bytes ||
+  if (ht_partial_msg_bytes(p.hidden, p.num_topk, p.partial_bf16 != 0) != p.ring.msg_bytes ||
       ht_combine_msg_bytes(p.hidden, p.num_topk) != p.nvl_ring.msg_bytes || G > kMaxLocal) {
     if (threadIdx.x == 0) raise_error(aB.err, kErrProtocol, kPhaseHTCombineSend, me, -1, c, 0);
     return;

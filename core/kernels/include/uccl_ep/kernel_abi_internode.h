@@ -103,9 +103,10 @@ UCCL_EP_HOST_DEVICE constexpr int64_t ht_combine_msg_bytes(int64_t hidden, int64
   return (2 * hidden + 4 * num_topk + 15) / 16 * 16;
 }
 
-// A node's partial sum of a token (hop B): fp32 row | fp32 top-k weights, padded to 16 bytes.
-UCCL_EP_HOST_DEVICE constexpr int64_t ht_partial_msg_bytes(int64_t hidden, int64_t num_topk) {
-  return (4 * hidden + 4 * num_topk + 15) / 16 * 16;
+// A node's partial sum of a token (hop B): fp32 row | fp32 top-k weights, padded to 16 bytes; with
+// bf16 the row rounded to BF16 (a combine message's layout, as DeepEP sends it).
+UCCL_EP_HOST_DEVICE constexpr int64_t ht_partial_msg_bytes(int64_t hidden, int64_t num_topk, bool bf16 = false) {
+  return ((bf16 ? 2 : 4) * hidden + 4 * num_topk + 15) / 16 * 16;
 }
 
 // The rings of one area of the region for one op (uccl_ep.protocol.rings.RingSpec, built by
@@ -410,6 +411,7 @@ struct HTProxyForwardCombineParams {
   int64_t timeout_ns;
   int64_t dma_blocks;       // copy-role blocks at the end of the grid (0: none)
   int64_t dma_senders;      // signals the main blocks give the copy role (one per pushing thread as it is done)
+  int64_t partial_bf16;     // 1: hop B carries BF16 partials (Tuning.ht_partials_bf16); 0: fp32
 };
 
 }  // namespace uccl_ep
