@@ -183,6 +183,10 @@ def test_matrix_flags_are_checked(capsys, clean_deep_ep):
             env.setenv(k, v)
         assert main(["bench", "--cpu", "--matrix"]) == 2
     assert "without torchrun" in capsys.readouterr().err
+    assert main(["bench", "--cpu", "--matrix", "--tune", "ht_warps=4"]) == 2  # a Tuning value out of range
+    assert "tuning.ht_warps" in capsys.readouterr().err
+    assert main(["bench", "--cpu", "--matrix", "--tune", "no_such_field=1"]) == 2
+    assert "--tune" in capsys.readouterr().err
     assert main(["bench", "--cpu", "--plot", "x.png"]) == 2
     assert "--matrix" in capsys.readouterr().err
     clean_deep_ep.syspath_prepend(SHIM)  # only uccl-ep's drop-in is importable: DeepEP is required but absent
@@ -204,6 +208,24 @@ def test_overall_budget_lists_skipped_points(world1):
     rows = out["rows"]
     assert len(rows) == 2 * 3 + 4 and not out["deepep_found"] and "--deepep off" in out["deepep"]
     assert all(r["verified"] == "skipped" and "overall budget" in r["note"] and "time_s" not in r for r in rows)
+
+
+def test_tuning_reaches_uccl_ep_buffers_and_the_rows(world1, monkeypatch):
+    """--tune with --matrix: every uccl-ep Buffer of the run gets the Tuning (to set one choice, e.g. the
+    copy engines, beside DeepEP at every shape), and each row says which."""
+    import uccl_ep
+    from uccl_ep.bench.matrix import run_matrix_rank
+    seen = []
+    real = uccl_ep.Buffer.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("tuning"))
+        real(self, *a, **kw)
+    monkeypatch.setattr(uccl_ep.Buffer, "__init__", spy)
+    rows = run_matrix_rank(0, 1, _spec(modes=["ht"], ht_tokens=[8], tune=["ht_combine_ce=0", "ht_ce_min_mb=0"]))["rows"]
+    assert seen and all(t == uccl_ep.Tuning(ht_combine_ce=False, ht_ce_min_mb=0) for t in seen), seen
+    assert len(rows) == 3 and all(r["tune"] == "ht_combine_ce=0 ht_ce_min_mb=0" and r["verified"] == "ok" for r in rows)
+    assert all("tune" not in r for r in run_matrix_rank(0, 1, _spec(modes=["ht"], ht_tokens=[8]))["rows"])
 
 
 def test_row_budget_skips_ops_that_cannot_fit(world1):

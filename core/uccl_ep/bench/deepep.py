@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 __all__ = ["DeepEP", "find_deepep", "Lib", "uccl_lib", "deepep_lib"]
 
@@ -102,9 +102,13 @@ class Lib:
         self.buffers.clear()
 
 
-def uccl_lib(backend: str) -> Lib:
+def uccl_lib(backend: str, tune: Sequence[str] = ()) -> Lib:
+    """uccl-ep's Buffers, with ``tune`` (``--tune`` key=value texts) as their Tuning where given."""
     import uccl_ep
-    return Lib("uccl-ep", uccl_ep, dict(backend=backend), dict(backend=backend))
+    kw = dict(backend=backend)
+    if tune:
+        kw["tuning"] = uccl_ep.Tuning.from_pairs(tune)
+    return Lib("uccl-ep", uccl_ep, kw, dict(kw))
 
 
 def deepep_lib(found: DeepEP) -> Lib:

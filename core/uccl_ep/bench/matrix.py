@@ -70,6 +70,7 @@ class MatrixSpec:
     row_budget_s: float = 0.0   # each point, every library and op of it (0: unbounded)
     deepep: str = "auto"        # auto | off | require
     partial_path: str = ""      # rank 0 appends each point's rows (its own times) here as JSON lines
+    tune: list = field(default_factory=list)  # uccl-ep's Tuning as key=value texts (--tune); [] = the defaults
 
 
 def _sync(device) -> None:
@@ -168,6 +169,8 @@ class _Run:
         T, H, K, E = shape
         row = dict(mode=mode, op=op, dtype=dtype, run=run, tokens=T, hidden=H, topk=K, experts=E,
                    backend=self.backend, ranks=self.world, device=self.device.type, baseline=self.baseline)
+        if self.spec.tune:
+            row["tune"] = " ".join(self.spec.tune)
         row.update(kw)
         return row
 
@@ -389,7 +392,7 @@ def run_matrix_rank(rank: int, world: int, spec_dict: dict, progress_queue: Any 
         found = DeepEP(None, "DeepEP imports on some ranks only")
     if spec.deepep == "require" and not found.found:
         raise RuntimeError(f"--deepep require: {found.reason}")
-    libs = [uccl_lib(spec.backend)] + ([deepep_lib(found)] if found.found else [])
+    libs = [uccl_lib(spec.backend, spec.tune)] + ([deepep_lib(found)] if found.found else [])
     if "ht" in spec.modes:
         run.ht(libs)
     if "ll" in spec.modes:

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import InvalidArgument
+from ..tuning import Tuning
 
 __all__ = ["add_arguments", "wants_matrix", "run"]
 
@@ -96,14 +97,14 @@ def spec_from_args(args, on_gpu: bool) -> dict[str, Any]:
     for flag, v in (("--matrix-budget", args.matrix_budget), ("--matrix-row-budget", args.matrix_row_budget)):
         if v < 0:
             raise InvalidArgument(flag, "seconds >= 0 (0: no limit)", v)
-    if getattr(args, "tune", None):
-        raise InvalidArgument("--tune", "no --tune with --matrix (the matrix measures the defaults)", args.tune)
+    tune = list(getattr(args, "tune", None) or ())
+    Tuning.from_pairs(tune)  # a bad --tune is refused here, naming the key, before any rank starts
     spec = m.MatrixSpec(backend=args.backend, modes=modes, ht_tokens=_ints(tokens, "--matrix-tokens", m.HT_TOKENS),
                         ll_tokens=_ints(tokens, "--matrix-tokens", m.LL_TOKENS),
                         hiddens=_ints(args.matrix_hidden, "--matrix-hidden", m.HIDDENS),
                         routings=_routings(args.matrix_routing, m.ROUTINGS), sms=sms, ll_runs=runs,
                         seed=args.seed, check=not args.no_check, budget_s=args.matrix_budget,
-                        row_budget_s=args.matrix_row_budget, deepep=args.deepep)
+                        row_budget_s=args.matrix_row_budget, deepep=args.deepep, tune=tune)
     for k, e in spec.routings:
         if e % 2 or k > e:
             raise InvalidArgument("--matrix-routing", "top-k <= experts, experts divisible by the ranks", f"{k}x{e}")
@@ -123,6 +124,8 @@ def _report(result: dict, json_path: str | None, plot_path: str | None) -> int:
     rows = result["rows"]
     title = (f"uccl-ep bench --matrix: {result['ranks']} x {result['device']}, DeepEP byte formulas, per-rank GB/s, "
              f"baseline {rows[0]['baseline'] if rows else ''}")
+    if rows and rows[0].get("tune"):
+        title += f", uccl-ep with --tune {rows[0]['tune']}"
     print_table(rows, title, result.get("deepep", ""))
     if json_path:
         write_json(json_path, result)
