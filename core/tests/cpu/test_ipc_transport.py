@@ -92,9 +92,11 @@ def test_barrier_two_nodes_of_two_and_rail():
         stop_all(ps)
 
 
-def test_sender_refuses_out_of_bounds_before_copying():
-    # with the proxy's own check off, the transport's check is what stops the copy
-    ps = make_group(2, "ipc", check_remote_bounds=False)
+@pytest.mark.parametrize("transport", ["ipc", "nic:bw=1e9,lat_us=50,overlap=1:ipc", "nic:bw=1e9,lat_us=50,overlap=0:ipc"])
+def test_sender_refuses_out_of_bounds_before_copying(transport):
+    # with the proxy's own check off, the transport's check is what stops the copy; under the NIC
+    # model with overlap the refusal of the Write's bytes becomes the Write's one completion
+    ps = make_group(2, transport, check_remote_bounds=False, ranks_per_node=1)
     try:
         before = ps[1].region()[-64:].copy()
         ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 32, 64, 1), 5.0)
@@ -104,7 +106,9 @@ def test_sender_refuses_out_of_bounds_before_copying():
         with pytest.raises(PeerProtocolError, match="refused"):
             ps[0].raise_if_failed()
         assert np.array_equal(ps[1].region()[-64:], before)  # nothing was copied
-        assert ps[0].transport_counters()["ipc_host_copies"] == 0
+        counters = ps[0].transport_counters()
+        assert counters["ipc_host_copies"] == 0
+        assert counters.get("nic_model_split_writes", 0) == (1 if "overlap=1" in transport else 0), counters
     finally:
         stop_all(ps)
 
