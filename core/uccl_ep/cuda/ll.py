@@ -306,15 +306,16 @@ class LowLatencyEngine:
         self.idx ^= 1
         x, topk_idx = x.contiguous(), topk_idx.contiguous()
         (T, H), K = x.shape, topk_idx.shape[1]
-        key = ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0)
+        # the last item: whether the entry holds the op plan too (the torch op path)
+        key = ("dispatch", s, K, num_experts, use_fp8, round_scale, use_ue8m0, self._torch_ops is not None)
         send_kernel, recv_kernel = self._DISPATCH_KERNELS
         E_loc = num_experts // self.R
         if self._torch_ops is not None:
-            hit = self._template_cache.get(key + ("op",))
+            hit = self._template_cache.get(key)
             if hit is not None and hit[0] is lay:
                 send, recv, plan = hit[1]
             else:
-                send, recv, plan = self._templates(lay, key + ("op",), lambda: self._dispatch_plan(
+                send, recv, plan = self._templates(lay, key, lambda: self._dispatch_plan(
                     lay, s, K, num_experts, use_fp8, round_scale, use_ue8m0))
             *outs, status = self._torch_ops[0](x, topk_idx, cumulative_stats, wait_stats, plan.address,
                                                current_stream(self.dev), recv_follows, self.recv_pdl)
