@@ -164,7 +164,9 @@ _VARS: list[Var] = [
         "like EFA's SRD over a 10 us window; `efa-200g`: 25 GB/s, same; `cx7-400g`: 50 GB/s, 3 us, in order), "
         "comma-separated `bw=<bytes/s>`, `lat_us=<us>`, `reorder=<p>`, `window_us=<us>`, `nics=<n>` (NICs per "
         "rank, proxy threads striped over them), `seed=<n>`, `mates=1` (node mates through the NIC too: the "
-        "all-RDMA case, not with a split transport), `trace=<n>` (each endpoint keeps its last n events for "
+        "all-RDMA case, not with a split transport), `overlap=0` (the stand-in transport's own delivery time "
+        "adds to `lat_us` instead of counting toward it, the model's first form; default 1), `trace=<n>` (each "
+        "endpoint keeps its last n events for "
         "tools/lab/trace_nic.py), or a preset followed by overrides "
         "(`efa-200g,nics=2` for a p5en GPU). Empty or `off` = no model. `uccl-ep bench --nic-model` sets it.",
         used_by="proxy"),
