@@ -97,14 +97,17 @@ def test_bench_tune_flag_fills_the_spec():
         bench._spec_from_args(p.parse_args(["--cpu", "--nvl-mb", "-1"]), on_gpu=False)
 
 
-def test_bench_matrix_refuses_tune():
-    """The matrix measures the defaults: --tune with --matrix is an error, not silently ignored."""
+def test_bench_matrix_takes_tune_and_checks_it():
+    """--tune with --matrix reaches the spec (every uccl-ep Buffer of the run gets it); a bad value is
+    an error naming the field, not silently ignored."""
     import argparse
     from uccl_ep.cli import bench, bench_matrix
     sub = argparse.ArgumentParser().add_subparsers()
     bench.add_parser(sub)
     args = sub.choices["bench"].parse_args(["--matrix", "ht", "--tune", "ht_warps=24"])
-    with pytest.raises(InvalidArgument, match="--tune"):
+    assert bench_matrix.spec_from_args(args, False)["tune"] == ["ht_warps=24"]
+    args = sub.choices["bench"].parse_args(["--matrix", "ht", "--tune", "ht_warps=4"])
+    with pytest.raises(InvalidArgument, match="tuning.ht_warps"):
         bench_matrix.spec_from_args(args, False)
 
 
