@@ -281,6 +281,9 @@ void Proxy::stop() {
 uint64_t Proxy::push(int fifo_index, const protocol::TransferCmd& cmd, double timeout_s) {
   if (fifo_index < 0 || fifo_index >= num_fifos())
     invalid("fifo: expected 0.." + std::to_string(num_fifos() - 1) + ", got " + std::to_string(fifo_index));
+  // NOTES: fail() publishes the error before it marks the FIFOs failed, so a caller that has just
+  // seen the failure (a wait raised it) must not get a command queued on a FIFO not yet marked.
+  if (failed()) throw EpError(error());
   fifo::HostFifo& f = *fifos_[size_t(fifo_index)];
   uint64_t idx = 0;
   switch (f.push(cmd, timeout_s, &idx)) {
