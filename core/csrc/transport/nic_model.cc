@@ -12,19 +12,21 @@
 //   mates=<0|1>      1: writes to the writer's own node go through the NIC too (a transport that
 //                    sends every peer over the fabric, no NVLink or ipc path: the all-RDMA case)
 //   overlap=<0|1>    1 (default): the inner transport's own delivery time counts toward lat_us (a
-//                    write arrives at max(exit + lat_us, the inner transport's arrival)); 0: it adds
-//                    to lat_us (the model's first form: exit + lat_us + the inner's time). Only over
-//                    an inner transport that keeps order per peer (Caps::ordered); else as 0
+//                    write arrives at max(due, the inner transport's arrival)); 0: it adds to lat_us
+//                    (the model's first form: due + the inner's time). Only over an inner transport
+//                    that keeps order per peer (Caps::ordered); else as 0
 //   trace=<n>        keep the endpoint's last n events (posts, refusals, releases, completions, deliveries) for
 //                    trace(): a lab measurement (tools/lab/trace_nic.py), 0 = off
 //
 // The model, per message: it occupies its NIC's link for len / bw (a serialized link, one per
 // (rank, NIC) and shared by the proxy threads on that NIC, so the threads together never exceed
 // the line rate), arrives lat_us after it left the link, plus the reordering extra ("due").
-// With overlap=1 a write's bytes go to the inner transport as it leaves the link (a write without
-// immediate), and its immediate at its due time (a write without bytes, which the inner transport
-// orders behind the bytes); with overlap=0, or for a message without bytes, the whole message
-// goes at its due time. Either way the inner transport's contract holds: the immediate is
+// With overlap=1 a write goes to the inner transport in two parts: its bytes (a write without
+// immediate), and its immediate (a write without bytes) at its due time. Without reordering the
+// bytes go as the write leaves the link and the inner transport orders the immediate behind them.
+// With reordering the bytes go as the write is posted and the immediate, as a control message
+// (write_control), at its due time or as soon as the inner transport completed the bytes, whichever
+// is later. With overlap=0, or for a message without bytes, the whole message goes at its due time. Either way the inner transport's contract holds: the immediate is
 // delivered after the write's bytes are visible, and a local completion (the immediate's) means
 // the source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node)
 // pass straight through unless mates=1: with the split ipc+fabric transport no NIC carries them.
@@ -38,6 +40,14 @@
 // a NIC at lat_us would not add; stacked, every round trip paid the model's latency and the
 // stand-in's. Overlapped, a delivery is never earlier than a NIC at lat_us would make it and never
 // earlier than the stand-in can, and the link still never carries more than bw.
+// NOTES: why the bytes go at posting when reordering. Bytes that land before their immediate are
+// invisible to the protocol (a receiver reads a slot only after the immediate names it, and a
+// sender writes only into slots it holds credit for; a NIC's DMA may place them any time after the
+// post), so the stand-in's copy may run while the write waits for the link. Handed over at link
+// exit, the immediate of a write queued behind a deep link took the stand-in's whole hop after its
+// due time. The immediate goes as a control message so that copies posted after its bytes do not
+// delay it; it is released only once its own bytes completed, so it never overtakes them. Without
+// reordering the model keeps order per peer, which immediates sent ahead would break.
 //
 // NOTES: the sending side carries the whole cost (link, latency, reordering); the receiving NIC's
 // link is not modelled, so incast above the line rate (several senders into one NIC) is not
@@ -200,7 +210,8 @@ std::shared_ptr<Link> link_for(const std::string& key) {
 //             the inner transport)
 //   kDeliver  0, 0, 0, peer, immediate (an immediate received from `peer`)
 //   kDone     0, ctx, 0, peer, 0 (the inner transport's local completion of a write)
-//   kBytes    link exit, ctx, bytes, peer, 0 (overlap: a write's bytes handed to the inner transport)
+//   kBytes    link exit (with reordering: post time), ctx, bytes, peer, 0 (overlap: a write's bytes
+//             handed to the inner transport)
 // NOTES: a mutex, not a lock-free ring: only a lab run turns it on, and the reader is another thread.
 class TraceRecorder {
  public:
@@ -257,6 +268,7 @@ class NicModelTransport final : public Transport {
     inner_->connect(a, k, b);
     // overlap needs the inner transport to deliver a write's immediate (a second write) after its bytes
     overlap_ = p_.overlap && inner_->caps().ordered;
+    bytes_at_post_ = overlap_ && p_.reorder > 0;
   }
   void finalize_setup() override { inner_->finalize_setup(); }
   void shutdown() override { inner_->shutdown(); }
@@ -270,7 +282,8 @@ class NicModelTransport final : public Transport {
         {"nic_model_wait_ns", wait_ns_.load(std::memory_order_relaxed)},
         {"nic_model_overtaken", overtaken_.load(std::memory_order_relaxed)},
         {"nic_model_held_completions", held_completions_.load(std::memory_order_relaxed)},
-        {"nic_model_split_writes", split_writes_.load(std::memory_order_relaxed)}};
+        {"nic_model_split_writes", split_writes_.load(std::memory_order_relaxed)},
+        {"nic_model_parked_immediates", parked_.load(std::memory_order_relaxed)}};
     // A link is shared by the threads on it: the first of them reports it, so that the proxy's sum
     // over threads counts every link once.
     const bool reports_link = uint32_t(opt_.thread_index) < p_.nics;
@@ -309,7 +322,8 @@ class NicModelTransport final : public Transport {
     if (len > 0 && overlap_) {
       const uint64_t id = kPartTag | (next_part_++ & ~kPartMask);
       parts_.emplace(id, Pair{ctx});
-      held_.push(Msg{left, next_seq_++, peer, local_off, remote_off, len, false, 0, id, kBytes, id});
+      held_.push(Msg{bytes_at_post_ ? now : left, next_seq_++, peer, local_off, remote_off, len, false, 0, id, kBytes,
+                     id});
       held_.push(Msg{due, next_seq_++, peer, 0, remote_off, 0, has_imm, imm, ctx, kImmediate, id});
       outstanding_ += 2;
       split_writes_.fetch_add(1, std::memory_order_relaxed);
@@ -352,6 +366,10 @@ class NicModelTransport final : public Transport {
       out.push_back(std::move(c));
       ++n;
     }
+    if (unparked_) {  // immediates whose bytes just completed go now, not at the next poll
+      unparked_ = false;
+      release_writes(now);
+    }
     while (n < max && !done_.empty() && done_.top().due <= now) {
       out.push_back(done_.top().c);
       done_.pop();
@@ -392,6 +410,8 @@ class NicModelTransport final : public Transport {
     bool immediate_posted = false;
     bool bytes_done = false;
     bool bytes_failed = false;
+    bool parked = false;            // the immediate is due but waits for its bytes (bytes_at_post_)
+    Msg immediate{};                // the parked immediate
     Completion failure{};           // the bytes' error, reported as the write's completion
     explicit Pair(uint64_t c = 0) : ctx(c) {}
   };
@@ -410,26 +430,37 @@ class NicModelTransport final : public Transport {
     return true;
   }
 
-  // The completion of a write's bytes (overlap). Success settles the half; an error becomes the
-  // write's one completion: reported now (true, `c` rewritten to the proxy's ctx) when the
-  // immediate was already posted (its own completion is then dropped), else when it is due.
+  // The completion of a write's bytes (overlap). Success settles the half (and sends a parked
+  // immediate on its way); an error becomes the write's one completion: reported now (true, `c`
+  // rewritten to the proxy's ctx) when the immediate was already posted (its own completion is then
+  // dropped) or parked (it is never posted), else when it is due.
   bool bytes_done(Completion& c, int64_t now) {
     auto it = parts_.find(c.ctx);
     if (it == parts_.end()) return false;
     Pair& pair = it->second;
     if (c.kind == Completion::kLocalDone) {
       pair.bytes_done = true;
-      if (pair.immediate_posted) parts_.erase(it);
+      if (pair.immediate_posted) {
+        parts_.erase(it);
+      } else if (pair.parked) {
+        pair.parked = false;
+        pair.immediate.due = now;
+        held_.push(pair.immediate);
+        unparked_ = true;
+      }
       return false;
     }
     c.ctx = pair.ctx;
     if (trace_.on()) trace_.add(TraceRecorder::kDone, now, 0, int64_t(c.ctx), 0, c.peer, 0);
-    if (!pair.immediate_posted) {
+    if (pair.parked) {
+      --outstanding_;  // the immediate's share: it is never posted
+    } else if (pair.immediate_posted) {
+      ++swallow_[pair.ctx];
+    } else {
       pair.bytes_failed = true;
       pair.failure = c;
       return false;
     }
-    ++swallow_[pair.ctx];
     parts_.erase(it);
     return true;
   }
@@ -455,9 +486,16 @@ class NicModelTransport final : public Transport {
         held_.pop();
         continue;
       }
+      if (pair != parts_.end() && bytes_at_post_ && !pair->second.bytes_done) {  // wait for the bytes
+        pair->second.parked = true;
+        pair->second.immediate = m;
+        parked_.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+        held_.pop();
+        continue;
+      }
       std::string err;
       const PostResult r =
-          m.len == 0 && p_.reorder > 0 && m.part == kWhole
+          m.len == 0 && p_.reorder > 0  // a control message, or an immediate whose bytes completed
               ? inner_->write_control(m.peer, m.remote_off, m.has_imm, m.imm, m.ctx, &err)
               : inner_->write(m.peer, m.local_off, m.remote_off, m.len, m.has_imm, m.imm, m.ctx, &err);
       if (r == PostResult::kAgain) return;
@@ -473,7 +511,10 @@ class NicModelTransport final : public Transport {
         --outstanding_;
         Completion c{Completion::kLocalError, m.peer, 0, m.ctx, EIO, err};
         if (m.part == kBytes) {
-          bytes_done(c, now);  // the immediate is not posted yet: it reports this error when due
+          if (bytes_done(c, now)) {  // its immediate was parked: this is the write's completion
+            take_modeled(c.ctx);
+            done_.push(Done{now, next_seq_++, std::move(c)});
+          }
         } else {
           if (m.part == kImmediate) parts_.erase(m.part_id);
           take_modeled(m.ctx);
@@ -507,7 +548,10 @@ class NicModelTransport final : public Transport {
   std::unordered_map<uint64_t, uint32_t> swallow_;  // proxy ctx -> immediate completions to drop
   uint64_t next_part_ = 0;
   bool overlap_ = false;  // p_.overlap over an inner transport that keeps order per peer (set at connect)
-  std::atomic<uint64_t> writes_{0}, bytes_{0}, wait_ns_{0}, overtaken_{0}, held_completions_{0}, split_writes_{0};
+  bool bytes_at_post_ = false;  // overlap with reordering: a write's bytes go at posting (NOTES above)
+  bool unparked_ = false;       // a parked immediate was queued again during this poll
+  std::atomic<uint64_t> writes_{0}, bytes_{0}, wait_ns_{0}, overtaken_{0}, held_completions_{0}, split_writes_{0},
+      parked_{0};
 };
 
 }  // namespace
