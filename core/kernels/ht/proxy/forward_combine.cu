@@ -1,10 +1,7 @@
 // Normal-mode combine through the CPU proxy with several ranks per node: reduce inside the node
 // first, then across nodes (the host executor's hierarchical reduce, uccl_ep/host/ht_internode.py).
 //
-// Grid: 3 blocks per channel c, on the dispatch's streams (positions continue). The hop-A and hop-B
-// senders take rounds of two messages per warp (one Write per chunk of them): a round of one chunk
-// (DeepEP's tables give 1-12 messages) would leave most of the block's warps idle while each round
-// pays its fixed waits and fences.
+// Grid: 3 blocks per channel c, on the dispatch's streams (positions continue).
 //   block 3c, group j:  hop A. Rows this rank received from local forwarder j (not me) in channel
 //                       c go back to it as stream (me -> j, ring C + c), in the order hop 2 brought
 //                       them: sources ascending, then tokens (BF16 row, then top-k weights)
@@ -38,9 +35,6 @@ struct RowsBackStager : StreamHooks {
   const HTProxyForwardCombineParams* p;
   const RingArgs* a;
   int f, f_local, c;
-  int64_t round_msgs;  // two messages per warp of the group a round
-
-  UCCL_DEVICE int64_t round_messages() const { return round_msgs; }
 
   UCCL_DEVICE void stage(int64_t k0, int64_t k1, int64_t base, const WarpGroup& g) {
     const int R = int(p->num_ranks), C = int(p->num_channels), G = int(p->ranks_per_node);
@@ -79,32 +73,21 @@ struct PartialStager : StreamHooks {
   const RingArgs* aA;   // hop A (area 1)
   PartialShared* sh;
   int src, c, me_local, G, node;
-  int64_t rdma_start, self_start, round_cap, round_msgs;
+  int64_t rdma_start, self_start, round_cap;
 
   UCCL_DEVICE int64_t max_round() const { return round_cap; }
-  UCCL_DEVICE int64_t round_messages() const { return round_msgs; }
   UCCL_DEVICE int local_rank(int g) const { return node * G + g; }
 
   UCCL_DEVICE bool prepare(int64_t k0, int64_t k1, int64_t) {
-    const int* rdma_mask = reinterpret_cast<const int*>(p->rdma_mask) + rdma_start;
+    const auto* rdma_mask = reinterpret_cast<const int*>(p->rdma_mask);
     for (int g = 0; g < G; ++g) sh->cnt[g] = 0;
-    // NOTES: the masks are loaded a batch at a time before any is used, so one lane's loads overlap
-    // instead of paying a memory round trip per token (the dispatch wrote them: read-only here).
-    constexpr int kBatch = 8;
-    for (int64_t kb = k0; kb < k1; kb += kBatch) {
-      uint32_t masks[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) masks[j] = kb + j < k1 ? uint32_t(__ldg(rdma_mask + kb + j)) : 0u;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (kb + j >= k1) break;
-        const int i = int(kb + j - k0);
-        const uint32_t mask = masks[j];
-        sh->mask[i] = int(mask);
-        sh->self[i] = ((mask >> me_local) & 1u) ? sh->self_run++ : -1;
-        for (int g = 0; g < G; ++g)
-          if (g != me_local && ((mask >> g) & 1u)) sh->pos[i][g] = sh->cnt[g]++;
-      }
+    for (int64_t k = k0; k < k1; ++k) {
+      const int i = int(k - k0);
+      const uint32_t mask = uint32_t(rdma_mask[rdma_start + k]);
+      sh->mask[i] = int(mask);
+      sh->self[i] = ((mask >> me_local) & 1u) ? sh->self_run++ : -1;
+      for (int g = 0; g < G; ++g)
+        if (g != me_local && ((mask >> g) & 1u)) sh->pos[i][g] = sh->cnt[g]++;
     }
     for (int g = 0; g < G; ++g) {  // every row of the round has landed
       if (g == me_local || sh->cnt[g] == 0) continue;
@@ -275,7 +258,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
     const auto* recv_count = reinterpret_cast<const int*>(p.recv_count);
     int64_t n = 0;
     for (int s = f_local; s < R; s += G) n += recv_count[s * C + c];
-    RowsBackStager st{{}, &p, &aA, f, f_local, c, 2 * int64_t(W)};
+    RowsBackStager st{{}, &p, &aA, f, f_local, c};
     send_stream(aA, g, &s_word[grp], f, c, n, st, kPhaseHTCombineSend);
     return;
   }
@@ -290,7 +273,7 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
       if (threadIdx.x == 0) sh.self_run = 0;
       __syncthreads();
       PartialStager st{{}, &p, &aB, &aA, &sh, src, c, me_local, G, node, rdma_prefix[m * C + c],
-                       recv_prefix[src * C + c], half < kMaxRound ? half : kMaxRound, 2 * int64_t(num_warps())};
+                       recv_prefix[src * C + c], half < kMaxRound ? half : kMaxRound};
       if (!send_stream(aB, g, &s_word[0], src, c, rdma_count[m * C + c], st, kPhaseHTCombineSend)) s_fail = 1;
       __syncthreads();
       if (s_fail) return;  // the same decision in every thread (read after the barrier)

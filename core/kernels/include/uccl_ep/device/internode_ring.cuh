@@ -1,12 +1,11 @@
 // The host executor's ring streams (csrc/executor/ring_engine.cc), run by a group of warps:
 // one (peer, ring) stream of fixed-size messages through the CPU proxy.
 //
-//   send_stream: rounds of up to `chunk` messages (or the stager's round_messages(), at most half
-//                a ring): the leader waits (bounded) for credits (counter HEAD(ring) from the
-//                receiver), every warp stages its share of the round into the staging ring,
-//                then the leader pushes one ordered Write per chunk (counter TAIL(ring),
-//                increment = messages) that the proxy copies into the receiver's ring at the
-//                same slot
+//   send_stream: rounds of up to `chunk` messages: the leader waits (bounded) for credits
+//                (counter HEAD(ring) from the receiver), every warp stages its share of the
+//                round into the staging ring, then the leader pushes ONE ordered Write
+//                (counter TAIL(ring), increment = messages) that the proxy copies into the
+//                receiver's ring at the same slot
 //   recv_stream: the leader waits (bounded) for TAIL(ring) to cover the next message, every
 //                warp consumes its share of what landed, then the leader returns credits with
 //                an unfenced Atomic HEAD(ring) (lazily: at least half a ring, or the end)
@@ -17,9 +16,9 @@
 // the mate's receive ring over NVLink and stores TAIL into the mate's HTProxyState (mate_tail), the
 // receiver stores HEAD into the sender's (mate_head); positions and credits mean what they mean
 // through the proxy.
-// NOTES: credits are returned once a chunk is consumed, at most half a ring (credit_batch), and the
-// sender's rounds are at most half a ring (ring_spec: chunk <= slots / 2; round_messages is capped
-// there too), so the message a receiver waits for is always within the sender's credit: the lazy
+// NOTES: credits are returned once a sender's round (`chunk` messages) is consumed, at most half a
+// ring (credit_batch), and the sender's rounds are at most half a ring (ring_spec: chunk <=
+// slots / 2), so the message a receiver waits for is always within the sender's credit: the lazy
 // return cannot deadlock a stream. Returning them per round rather than per half ring keeps the
 // sender's window near the whole ring (bandwidth x round trip) instead of between half and all of it.
 #pragma once
@@ -103,9 +102,6 @@ struct StreamHooks {
   UCCL_DEVICE bool finish(int64_t, int64_t, int64_t) { return true; }
   // Most messages one round takes.
   UCCL_DEVICE int64_t max_round() const { return int64_t(1) << 40; }
-  // Messages a round of send_stream asks for (at most half a ring); each chunk of it is still its own
-  // Write. 0: one chunk.
-  UCCL_DEVICE int64_t round_messages() const { return 0; }
 };
 
 // One area's rings (kernel_abi_internode.h HTRingGeometry) into a stream's arguments.
@@ -307,8 +303,7 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
         if (pos - credit >= a.slots) credit = wait_head(a, dst, c, pos - a.slots + 1, phase);
         if (credit >= 0) {
           const int64_t room = min64(a.slots - pos % a.slots, a.slots - (pos - credit));
-          const int64_t want = stager.round_messages() > a.chunk ? min64(stager.round_messages(), a.slots / 2) : 0;
-          k1 = k0 + min64(min64(n - k0, want > a.chunk ? want : a.chunk), min64(room, stager.max_round()));
+          k1 = k0 + min64(min64(n - k0, a.chunk), min64(room, stager.max_round()));
           if (!stager.prepare(k0, k1, base)) k1 = -1;
         }
       }
@@ -325,16 +320,13 @@ UCCL_DEVICE bool send_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
       else publish_to_mate(a, dst, c, base + k1);
       failed = !stager.finish(k0, k1, base);
     } else if (leader) {
-      for (int64_t w0 = k0; w0 < k1 && !failed; w0 += a.chunk) {  // a Write per chunk (the round does not wrap)
-        const int64_t w1 = min64(w0 + a.chunk, k1);
-        const int64_t slot0 = (base + w0) % a.slots;
-        const uint64_t from = ring_slot(a, a.send_base, dst, c, slot0);
-        const uint64_t to = ring_slot(a, a.recv_base, a.rank, c, slot0);
-        const TransferCmd cmd = protocol::make_ordered_write(uint32_t(dst), from, to, uint32_t((w1 - w0) * a.msg),
-                                                             uint32_t(ring), uint32_t(w1 - w0));
-        dma_count_push(a.dma, int(ring % a.num_fifos), uint64_t((w1 - w0) * a.msg));
-        failed = !fifo_push(a.fifos[ring % a.num_fifos], cmd, a.timeout_ns, a.err, PushSite{phase, a.rank, dst, c});
-      }
+      const int64_t slot0 = (base + k0) % a.slots;
+      const uint64_t from = ring_slot(a, a.send_base, dst, c, slot0);
+      const uint64_t to = ring_slot(a, a.recv_base, a.rank, c, slot0);
+      const TransferCmd cmd = protocol::make_ordered_write(uint32_t(dst), from, to, uint32_t((k1 - k0) * a.msg),
+                                                           uint32_t(ring), uint32_t(k1 - k0));
+      dma_count_push(a.dma, int(ring % a.num_fifos), uint64_t((k1 - k0) * a.msg));
+      failed = !fifo_push(a.fifos[ring % a.num_fifos], cmd, a.timeout_ns, a.err, PushSite{phase, a.rank, dst, c});
       failed = failed || !stager.finish(k0, k1, base);
     }
     k0 = k1;
