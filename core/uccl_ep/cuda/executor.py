@@ -18,6 +18,7 @@ import re
 import socket
 from functools import lru_cache
 from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import torch
 
@@ -106,6 +107,19 @@ def plan_paths(ctx: BufferContext, devices: list[tuple[str, int]]) -> tuple[bool
     return multi_host, ht_via_proxy, ll_proxy.proxy_forced(ctx) or multi_host or ctx.topology.is_internode
 
 
+class DeviceRecord(NamedTuple):
+    """What each rank publishes when its Buffer is built (gathered by every rank)."""
+    host: str
+    device: int
+    nvl_handle: bytes | None          # IPC handle of the NVL buffer
+    ll_handle: bytes | None           # IPC handle of the LL buffer
+    ht_block_sizes: Any               # ht_tuning.warps_per_peer, or the error text it raised
+    ll_proxy_settings: Any            # ll_proxy.shared_settings
+    ht_ce_settings: Any               # ht_ce.shared_settings
+    process: Any                      # liveness.process_record
+    ht_proxy_settings: Any            # ht_proxy.shared_settings
+
+
 class CudaExecutor(Executor):
     name = "cuda"
     device_type = "cuda"
@@ -137,24 +151,26 @@ class CudaExecutor(Executor):
             ht_sizes = ht_tuning.warps_per_peer(ctx.num_ranks, ctx.tuning)
         except UcclEpError as e:
             ht_sizes = str(e)
-        mine = (socket.gethostname(), self.device,
-                self.nvl_mem.ipc_handle() if self.nvl_mem else None,
-                self.ll_mem.ipc_handle() if self.ll_mem else None, ht_sizes, ll_proxy.shared_settings(ctx.tuning),
-                ht_ce.shared_settings(ctx.tuning), liveness.process_record(), ht_proxy.shared_settings(ctx.tuning))
-        infos = [pickle.loads(b) for b in self.channel.all_gather(pickle.dumps(mine), "Buffer() (device records)")]
-        devices = [(i[0], i[1]) for i in infos]
+        mine = DeviceRecord(
+            host=socket.gethostname(), device=self.device, nvl_handle=self.nvl_mem.ipc_handle() if self.nvl_mem else None,
+            ll_handle=self.ll_mem.ipc_handle() if self.ll_mem else None, ht_block_sizes=ht_sizes,
+            ll_proxy_settings=ll_proxy.shared_settings(ctx.tuning), ht_ce_settings=ht_ce.shared_settings(ctx.tuning),
+            process=liveness.process_record(), ht_proxy_settings=ht_proxy.shared_settings(ctx.tuning))
+        infos = [DeviceRecord(*pickle.loads(b)) for b in self.channel.all_gather(pickle.dumps(tuple(mine)),
+                                                                                "Buffer() (device records)")]
+        devices = [(i.host, i.device) for i in infos]
         self.multi_host, self.ht_through_proxy, self.ll_through_proxy = plan_paths(ctx, devices)
         # The path of each peer's LL traffic: NVLink (a node's peers, also on the proxy path), or the proxy.
         self.ll_paths = ll_hybrid.ll_peer_paths(ctx.rank, ctx.num_ranks, ctx.topology.ranks_per_node, self.ll_through_proxy,
                                                 ll_proxy.proxy_forced(ctx))
         ll_nvlink = [r for r, p in enumerate(self.ll_paths) if p == ll_hybrid.NVLINK] if self.ll_mem is not None else []
         if self.nvl_mem is not None and not self.ht_through_proxy:
-            ht_tuning.check_same_block_sizes([i[4] for i in infos])
-            ht_ce.check_same_settings([i[6] for i in infos])
+            ht_tuning.check_same_block_sizes([i.ht_block_sizes for i in infos])
+            ht_ce.check_same_settings([i.ht_ce_settings for i in infos])
         if self.ll_mem is not None and self.ll_through_proxy:
-            ll_proxy.check_same_shared_settings([i[5] for i in infos])
+            ll_proxy.check_same_shared_settings([i.ll_proxy_settings for i in infos])
         if self.nvl_mem is not None and self.ht_through_proxy:
-            ht_proxy.check_same_shared_settings([i[8] for i in infos])
+            ht_proxy.check_same_shared_settings([i.ht_proxy_settings for i in infos])
         for r, (_, d) in enumerate(devices):
             if r != ctx.rank and (not (self.ht_through_proxy and self.ll_through_proxy) or r in ll_nvlink):
                 if not self.drv.can_access_peer(self.device, d):
@@ -168,17 +184,17 @@ class CudaExecutor(Executor):
                                f"low-latency mode {'through' if self.ll_through_proxy else 'around'} it")
         self.session = None
         # Normal mode through the proxy: its transport reaches the peers' NVL buffers itself.
-        self.nvl_peer_base = [] if self.ht_through_proxy else self._open_peers(self.nvl_mem, [i[2] for i in infos])
+        self.nvl_peer_base = [] if self.ht_through_proxy else self._open_peers(self.nvl_mem, [i.nvl_handle for i in infos])
         # The LL proxy path's transport reaches the peers' LL buffers itself (ipc: once per process); its
         # kernels store to the NVLink peers of the rank's node (hybrid) through these maps (0: no map).
         self.ll_peer_base = [] if self.ll_through_proxy and not ll_nvlink else \
-            self._open_peers(self.ll_mem, [i[3] for i in infos], None if not self.ll_through_proxy else ll_nvlink)
+            self._open_peers(self.ll_mem, [i.ll_handle for i in infos], None if not self.ll_through_proxy else ll_nvlink)
         self._ll = None
         self._ht = None
         # A peer on this host whose process exits fails the buffer at once (PeerFailure), instead of
         # each NVLink wait on it timing out; shrink mode masks failed peers instead (liveness.py).
         self._watch = None if ctx.enable_shrink else liveness.PeerWatch(
-            ctx.rank, [i[7] for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
+            ctx.rank, [i.process for i in infos], self._peer_gone, heartbeat_interval_s(ctx.timeout_s))
         # What the engines and the proxy session get of this executor (engine_context.py).
         self.engine_ctx = EngineContext(
             ctx=ctx, device=self.device, drv=self.drv, timeout_ns=self.timeout_ns, errors=self.errors,
