@@ -106,54 +106,18 @@ UCCL_DEVICE void combine_main(const HTProxyCombineParams& p) {
     return;
   }
 
-  // Reducer: rounds of B tokens, one warp each. Thread j < R first waits until source j's stream
-  // covers the round's last row from j (one reader of each counter per block: many threads polling
-  // mapped host memory queue behind each other on PCIe, and slow the copy role's reads too).
+  // Reducer: rounds of B tokens, one warp each, sources ascending (reduce_rounds).
   const auto* in_rank = reinterpret_cast<const uint8_t*>(p.is_token_in_rank);
   const auto* send_head = reinterpret_cast<const int*>(p.send_head);
   const int64_t half = a.slots / 2;
   const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
-  const int lane = lane_id(), warp = warp_id(), tid = threadIdx.x;
-  int64_t consumed = 0, credited = 0;  // thread j < R: messages of stream (j -> me, c) consumed / credited
-  for (int tb = t_begin; tb < t_end; tb += B) {
-    const int tb_end = min(tb + B, t_end);
-    if (tid < R) {
-      const int64_t before = c > 0 ? send_prefix[tid * C + c - 1] : 0;
-      for (int u = tb_end - 1; u >= tb; --u) {
-        if (!in_rank[int64_t(u) * R + tid]) continue;
-        const int64_t need = s_base[tid] + (send_head[int64_t(u) * R + tid] - before);
-        if (need >= s_tail[tid]) {
-          const int64_t got = wait_tail(a, tid, c, need + 1, kPhaseHTCombineRecv);
-          if (got < 0) s_fail = 1;
-          else s_tail[tid] = got;
-        }
-        break;
-      }
-    }
-    __syncthreads();  // the waits' acquires before any warp reads the round's slots
-    if (s_fail) return;
-    const int64_t t = tb + warp;
-    if (warp < B && t < t_end) {
-      const uint8_t* rows[kHTProxyMaxRanks];
-      int nsrc = 0;
-      for (int j = 0; j < R; ++j) {
-        if (!in_rank[t * R + j]) continue;
-        const int64_t before = c > 0 ? send_prefix[j * C + c - 1] : 0;
-        rows[nsrc++] = receive_slot(a, j, c, s_base[j] + (send_head[t * R + j] - before));
-      }
-      reduce_token(p, t, rows, nsrc);
-    }
-    __syncthreads();  // every read of this round's slots done before their credits go back
-    if (tid < R) {
-      for (int u = tb; u < tb_end; ++u) consumed += in_rank[int64_t(u) * R + tid];
-      const int64_t lazy = credit_batch(a);
-      if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
-        if (!return_credit(a, tid, c, s_base[tid] + consumed, consumed - credited, kPhaseHTCombineRecv)) s_fail = 1;
-        credited = consumed;
-      }
-    }
-  }
-  if (tid < R && consumed > 0) a.state->recv_pos[tid][a.first_ring + c] = uint64_t(s_base[tid] + consumed);
+  const auto pos_of = [&](int u, int j) -> int64_t {  // token u's message in stream (j -> me, c), or -1
+    const int64_t i = int64_t(u) * R + j;
+    return in_rank[i] ? send_head[i] - (c > 0 ? send_prefix[j * C + c - 1] : 0) : -1;
+  };
+  reduce_rounds(a, c, t_begin, t_end, R, B, credit_batch(a), s_base, s_tail, &s_fail, kPhaseHTCombineRecv, pos_of,
+                [](int j) { return j; },
+                [&](int64_t t, const uint8_t* const* rows, int nsrc) { reduce_token(p, t, rows, nsrc); });
 }
 
 }  // namespace

@@ -290,55 +290,18 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
     return;
   }
 
-  // The source: rounds of B tokens, one warp each, nodes ascending. Thread n < N first waits until
-  // node n's partial stream covers the round's last partial from it (one reader per counter and
-  // block, as in ht/proxy/combine.cu).
+  // The source: rounds of B tokens, one warp each, nodes ascending (reduce_rounds).
   const auto* head = reinterpret_cast<const int*>(p.send_rdma_head);
   const auto* nsp = reinterpret_cast<const int*>(p.node_send_prefix);
   const int64_t half = aB.slots / 2;
   const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
-  const int warp = warp_id(), tid = threadIdx.x;
-  int64_t consumed = 0, credited = 0;  // thread n < N: partials of stream (rail of node n -> me, c)
-  for (int tb = t_begin; tb < t_end; tb += B) {
-    const int tb_end = min(tb + B, t_end);
-    if (tid < N) {
-      for (int u = tb_end - 1; u >= tb; --u) {
-        const int h = head[int64_t(u) * N + tid];
-        if (h < 0) continue;
-        const int64_t need = s_base[tid] + (h - (c > 0 ? nsp[tid * C + c - 1] : 0));
-        if (need >= s_tail[tid]) {
-          const int64_t got = wait_tail(aB, tid * G + me_local, c, need + 1, kPhaseHTCombineRecv);
-          if (got < 0) s_fail = 1;
-          else s_tail[tid] = got;
-        }
-        break;
-      }
-    }
-    __syncthreads();  // the waits' acquires before any warp reads the round's slots
-    if (s_fail) return;
-    const int64_t t = tb + warp;
-    if (warp < B && t < t_end) {
-      const uint8_t* rows[kHTProxyMaxRanks];
-      int nsrc = 0;
-      for (int n = 0; n < N; ++n) {
-        const int h = head[t * N + n];
-        if (h < 0) continue;
-        rows[nsrc++] = receive_slot(aB, n * G + me_local, c, s_base[n] + (h - (c > 0 ? nsp[n * C + c - 1] : 0)));
-      }
-      reduce_partials(p, t, rows, nsrc);
-    }
-    __syncthreads();  // every read of this round's slots done before their credits go back
-    if (tid < N) {
-      for (int u = tb; u < tb_end; ++u) consumed += head[int64_t(u) * N + tid] >= 0;
-      const int64_t lazy = half > 1 ? half : 1;
-      if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
-        if (!return_credit(aB, tid * G + me_local, c, s_base[tid] + consumed, consumed - credited, kPhaseHTCombineRecv))
-          s_fail = 1;
-        credited = consumed;
-      }
-    }
-  }
-  if (tid < N && consumed > 0) aB.state->recv_pos[tid * G + me_local][aB.first_ring + c] = uint64_t(s_base[tid] + consumed);
+  const auto pos_of = [&](int u, int n) -> int64_t {  // token u's partial in node n's stream, or -1
+    const int h = head[int64_t(u) * N + n];
+    return h < 0 ? -1 : h - (c > 0 ? nsp[n * C + c - 1] : 0);
+  };
+  reduce_rounds(aB, c, t_begin, t_end, N, B, half > 1 ? half : 1, s_base, s_tail, &s_fail, kPhaseHTCombineRecv, pos_of,
+                [&](int n) { return n * G + me_local; },
+                [&](int64_t t, const uint8_t* const* rows, int nsrc) { reduce_partials(p, t, rows, nsrc); });
 }
 
 }  // namespace

@@ -241,6 +241,28 @@ UCCL_DEVICE int64_t wait_tail(const RingArgs& a, int src, int c, int64_t target,
                       src, c, nullptr);
 }
 
+// A reducer's round of tokens [tb, tb_end) reads, from each source, up to the last message one of
+// its tokens has there. `need_of(u)`: the stream position of token u's message from the source, or
+// -1 when u has none there. Returns the round's last such position, or -1.
+template <class NeedOf>
+UCCL_DEVICE int64_t round_last_need(int tb, int tb_end, NeedOf need_of) {
+  for (int u = tb_end - 1; u >= tb; --u) {
+    const int64_t need = need_of(u);
+    if (need >= 0) return need;
+  }
+  return -1;
+}
+
+// One thread per source: waits (bounded) until stream (src, c) covers position `need` (-1: nothing
+// needed), `*tail` caching the TAIL last seen; false on a timeout (error word filled).
+UCCL_DEVICE bool wait_round_tail(const RingArgs& a, int src, int c, int64_t need, int64_t* tail, int phase) {
+  if (need < 0 || need < *tail) return true;
+  const int64_t got = wait_tail(a, src, c, need + 1, phase);
+  if (got < 0) return false;
+  *tail = got;
+  return true;
+}
+
 // Whole warp: lane 0 waits (bounded) until TAIL of stream (src, c) covers position `pos`; every
 // lane gets the TAIL value, or -1 after an error (the error word is filled).
 UCCL_DEVICE int64_t warp_wait_tail(const RingArgs& a, int src, int c, int64_t pos, int phase) {
@@ -377,6 +399,55 @@ UCCL_DEVICE bool recv_stream(const RingArgs& a, WarpGroup& g, volatile int64_t* 
   }
   if (leader && !failed && n > 0) a.state->recv_pos[src][ring] = uint64_t(base + n);
   return !failed;
+}
+
+// A combine's reducer: tokens [t_begin, t_end) of channel c in rounds of B, one warp per token, each
+// summed from its messages of S source streams, sources ascending. Source s's stream comes from
+// peer `peer_of(s)`; `pos_of(u, s)` is token u's message in it counted from the op's first (at
+// s_base[s]), or -1 when u has none there. Before a round, thread s < S waits until its stream covers
+// the round's last message from s (one reader per counter and block: many threads polling mapped host
+// memory queue behind each other on PCIe); after it, every read done, it returns the credits once
+// `lazy` messages (or the channel's last) are consumed, and at the end records where the stream
+// stands. `reduce(t, rows, nsrc)` sums one token's rows. s_base / s_tail / s_fail are the block's
+// shared words. Every thread of the block calls it; false after an error (the error word is filled).
+template <class PosOf, class PeerOf, class Reduce>
+UCCL_DEVICE bool reduce_rounds(const RingArgs& a, int c, int t_begin, int t_end, int S, int B, int64_t lazy,
+                               const int64_t* s_base, int64_t* s_tail, volatile int* s_fail, int phase,
+                               PosOf pos_of, PeerOf peer_of, Reduce reduce) {
+  const int warp = warp_id(), tid = threadIdx.x;
+  int64_t consumed = 0, credited = 0;  // thread s < S: messages of stream s consumed / credited
+  for (int tb = t_begin; tb < t_end; tb += B) {
+    const int tb_end = min(tb + B, t_end);
+    if (tid < S) {
+      const int64_t need = round_last_need(tb, tb_end, [&](int u) {
+        const int64_t k = pos_of(u, tid);
+        return k < 0 ? k : s_base[tid] + k;
+      });
+      if (!wait_round_tail(a, peer_of(tid), c, need, &s_tail[tid], phase)) *s_fail = 1;
+    }
+    __syncthreads();  // the waits' acquires before any warp reads the round's slots
+    if (*s_fail) return false;
+    const int t = tb + warp;
+    if (warp < B && t < t_end) {
+      const uint8_t* rows[kHTProxyMaxRanks];
+      int nsrc = 0;
+      for (int s = 0; s < S; ++s) {
+        const int64_t k = pos_of(t, s);
+        if (k >= 0) rows[nsrc++] = receive_slot(a, peer_of(s), c, s_base[s] + k);
+      }
+      reduce(int64_t(t), rows, nsrc);
+    }
+    __syncthreads();  // every read of this round's slots done before their credits go back
+    if (tid < S) {
+      for (int u = tb; u < tb_end; ++u) consumed += pos_of(u, tid) >= 0;
+      if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
+        if (!return_credit(a, peer_of(tid), c, s_base[tid] + consumed, consumed - credited, phase)) *s_fail = 1;
+        credited = consumed;
+      }
+    }
+  }
+  if (tid < S && consumed > 0) a.state->recv_pos[peer_of(tid)][a.first_ring + c] = uint64_t(s_base[tid] + consumed);
+  return true;
 }
 
 // 4-byte-aligned word moves for message fields (see HTDispatchMsg).
