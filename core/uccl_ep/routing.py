@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["channel_ranges", "per_channel_counts", "order_index", "local_topk", "pad_rows"]
+__all__ = ["channel_ranges", "per_channel_counts", "order_index", "local_topk", "split_dispatch_fields", "pad_rows"]
 
 
 def channel_ranges(num_tokens: int, num_channels: int) -> list[tuple[int, int]]:
@@ -38,6 +38,20 @@ def local_topk(global_idx: torch.Tensor, weights: torch.Tensor, rank: int, exper
     local = (global_idx >= lo) & (global_idx < lo + experts_per_rank)
     return (torch.where(local, global_idx - lo, torch.full_like(global_idx, -1)),
             torch.where(local, weights, torch.zeros_like(weights)))
+
+
+def split_dispatch_fields(parts: list, has_scales: bool, has_topk: bool, rank: int, experts_per_rank: int):
+    """A received dispatch row's unpacked fields, in packing order (x, [scales], [global top-k ids,
+    weights], then the rest): (x, scales or None, local top-k ids or None, their weights or None, the
+    rest as a list)."""
+    rest = list(parts)
+    recv_x = rest.pop(0)
+    recv_scales = rest.pop(0) if has_scales else None
+    recv_topk_idx = recv_topk_weights = None
+    if has_topk:
+        gidx, w = rest.pop(0), rest.pop(0)
+        recv_topk_idx, recv_topk_weights = local_topk(gidx, w, rank, experts_per_rank)
+    return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, rest
 
 
 def pad_rows(t: torch.Tensor, rows: int, fill) -> torch.Tensor:

@@ -21,7 +21,7 @@ from ..errors import InvalidArgument, LimitExceeded
 from ..handles import NormalHandle
 from ..protocol.packing import unpack_rows
 from ..protocol.rings import ring_spec
-from ..routing import local_topk, order_index, pad_rows, per_channel_counts
+from ..routing import order_index, pad_rows, per_channel_counts, split_dispatch_fields
 from .ht_common import Streams, exchange_meta, host_rings, pack_table, run_phase, specs_width, token_rings
 
 __all__ = ["HostPlan", "dispatch", "cached_dispatch", "combine", "dispatch_specs", "unpack_dispatch",
@@ -57,13 +57,8 @@ def dispatch_specs(x, x_scales, topk_idx, topk_weights, extra_int32: int):
 
 def unpack_dispatch(rows: torch.Tensor, specs, x, x_scales, topk_idx, me: int, experts_per_rank: int):
     parts = unpack_rows(rows[:, :specs_width(specs)].contiguous(), specs, rows.shape[0])
-    recv_x = parts.pop(0)
-    recv_scales = parts.pop(0) if x_scales is not None else None
-    recv_topk_idx = recv_topk_weights = None
-    if topk_idx is not None:
-        gidx, w = parts.pop(0), parts.pop(0)
-        recv_topk_idx, recv_topk_weights = local_topk(gidx, w, me, experts_per_rank)
-    return recv_x, recv_scales, recv_topk_idx, recv_topk_weights, [p.view(-1) for p in parts]
+    *fields, rest = split_dispatch_fields(parts, x_scales is not None, topk_idx is not None, me, experts_per_rank)
+    return (*fields, [p.view(-1) for p in rest])
 
 
 def shape_outputs(outs, recv_expert: torch.Tensor, expert_alignment: int, num_worst_tokens: int, me: int):

@@ -23,7 +23,7 @@ from ..handles import NormalHandle
 from ..protocol.packing import pack_rows, unpack_rows
 from ..topology import Topology
 from .comm import GroupComm
-from ..routing import channel_ranges, local_topk, order_index, pad_rows, per_channel_counts
+from ..routing import channel_ranges, order_index, pad_rows, per_channel_counts, split_dispatch_fields
 
 __all__ = ["dispatch_layout", "NormalPlan", "dispatch", "cached_dispatch", "combine", "channel_ranges"]
 
@@ -117,15 +117,9 @@ def dispatch(comm: GroupComm, topo: Topology, owner: object, x: torch.Tensor, x_
     if topk_idx is not None:
         specs.extend([(topk_idx.dtype, tuple(topk_idx.shape[1:])), (topk_weights.dtype, tuple(topk_weights.shape[1:]))])
     specs.extend([(torch.int32, (1,)), (torch.int32, (1,))])
-    parts = unpack_rows(blob, specs, num_recv)
-    recv_x = parts.pop(0)
-    recv_scales = parts.pop(0) if x_scales is not None else None
-    recv_topk_idx = recv_topk_weights = None
-    if topk_idx is not None:
-        gidx, w = parts.pop(0), parts.pop(0)
-        recv_topk_idx, recv_topk_weights = local_topk(gidx, w, me, experts_per_rank)
-    recv_src_idx = parts.pop(0).view(-1)
-    recv_nvl_mask = parts.pop(0).view(-1)
+    recv_x, recv_scales, recv_topk_idx, recv_topk_weights, rest = split_dispatch_fields(
+        unpack_rows(blob, specs, num_recv), x_scales is not None, topk_idx is not None, me, experts_per_rank)
+    recv_src_idx, recv_nvl_mask = (p.view(-1) for p in rest)
 
     # Per-expert received counts, from the senders' per-expert counts (DeepEP semantics).
     per_expert = torch.zeros(experts_per_rank, dtype=torch.int64)
