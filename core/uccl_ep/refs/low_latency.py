@@ -60,6 +60,18 @@ def shrink_masker(shrink: bool, masked: set[int], comm: GroupComm) -> Callable[[
     return mask
 
 
+def exchange_data(comm: GroupComm, per_dest: list[torch.Tensor], device: torch.device, phase: str,
+                  send_masked: set[int], masked: set[int], shrink: bool) -> tuple[list[torch.Tensor], set[int], int]:
+    """One op's rows to every peer not in ``send_masked`` and theirs back: (the blobs received, the
+    peers masked for receiving, the ns spent waiting). ``masked`` grows by the peers that mask this
+    rank or, in shrink mode, missed the exchange."""
+    t0 = time.perf_counter_ns()
+    received = comm.exchange_rows(per_dest, device, phase, skip=send_masked,
+                                  on_missing=shrink_masker(shrink, masked, comm), learn_skips=shrink)
+    masked.update(comm.skipped_by())
+    return received, set(masked), time.perf_counter_ns() - t0
+
+
 def exchange_control(comm: GroupComm, masked: set[int], num_max: int, shrink: bool, phase: str) -> set[int]:
     """Tell every unmasked peer this rank's ``num_max``, check theirs agree, and return the peers
     that mask this rank (and, in shrink mode, those that missed the exchange, masked now).
@@ -119,12 +131,8 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
             sel_e, sel_t = sel_e[order], sel_t[order]
         header = torch.stack([sel_e.to(torch.int32), sel_t.to(torch.int32)], 1)
         per_dest.append(pack_rows([header] + [c[sel_t] for c in payload_cols]))
-    t0 = time.perf_counter_ns()
-    received = comm.exchange_rows(per_dest, device, "low_latency_dispatch", skip=send_masked,
-                                  on_missing=shrink_masker(shrink, masked, comm), learn_skips=shrink)
-    masked.update(comm.skipped_by())
-    recv_masked = set(masked)
-    waited_ns = time.perf_counter_ns() - t0
+    received, recv_masked, waited_ns = exchange_data(comm, per_dest, device, "low_latency_dispatch", send_masked,
+                                                     masked, shrink)
 
     specs = [(torch.int32, (2,))] + [(c.dtype, tuple(c.shape[1:])) for c in payload_cols]
     decoded = [unpack_rows(blob, specs, blob.shape[0]) for blob in received]
@@ -216,12 +224,8 @@ def combine(comm: GroupComm, y: torch.Tensor, topk_idx: torch.Tensor, topk_weigh
         tag = torch.cat(tags) if tags else torch.zeros(0, 2, dtype=torch.int32, device=device)
         row = torch.cat(rows) if rows else torch.zeros(0, hidden, dtype=y.dtype, device=device)
         per_dest.append(pack_rows([tag, row]))
-    t0 = time.perf_counter_ns()
-    received = comm.exchange_rows(per_dest, device, "low_latency_combine", skip=send_masked,
-                                  on_missing=shrink_masker(shrink, masked, comm), learn_skips=shrink)
-    masked.update(comm.skipped_by())
-    recv_masked = set(masked)
-    waited_ns = time.perf_counter_ns() - t0
+    received, recv_masked, waited_ns = exchange_data(comm, per_dest, device, "low_latency_combine", send_masked,
+                                                     masked, shrink)
     specs = [(torch.int32, (2,)), (y.dtype, (hidden,))]
     decoded = [unpack_rows(blob, specs, blob.shape[0]) for blob in received]
 
