@@ -21,7 +21,7 @@ import pytest
 
 from multirank import run_ranks
 from test_host_executor import FAULT_ENV, LL_CASES, _check, _ht_worker, _ll_worker
-from test_proxy import make_group, stop_all
+from test_proxy import expect_refused_write, make_group, stop_all
 from test_transport import _streams_worker
 from uccl_ep.errors import Aborted, PeerFailure, PeerProtocolError, Unsupported
 from uccl_ep.proxy import native
@@ -99,15 +99,7 @@ def test_sender_refuses_out_of_bounds_before_copying(transport):
     # model with overlap the refusal of the Write's bytes becomes the Write's one completion
     ps = make_group(2, transport, check_remote_bounds=False, ranks_per_node=1)
     try:
-        before = ps[1].region()[-64:].copy()
-        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 32, 64, 1), 5.0)
-        deadline = time.monotonic() + 10
-        while not ps[0].failed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with pytest.raises(PeerProtocolError, match="refused"):
-            ps[0].raise_if_failed()
-        assert np.array_equal(ps[1].region()[-64:], before)  # nothing was copied
-        counters = ps[0].transport_counters()
+        counters = expect_refused_write(ps)
         assert counters["ipc_host_copies"] == 0
         split = transport.startswith("nic:") and "overlap=0" not in transport  # overlap is the default
         assert counters.get("nic_model_split_writes", 0) == int(split), counters

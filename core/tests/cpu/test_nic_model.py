@@ -257,23 +257,12 @@ def test_refused_bytes_of_a_parked_write_are_its_one_completion():
     """With reordering a split Write's bytes go at posting and its immediate, once due, waits for
     them (parked); bytes the receiver refuses after that (loop checks the range there) become the
     Write's one completion: the proxy fails with the receiver's words and nothing lands."""
-    import numpy as np
-    from test_proxy import make_group, stop_all
-    from uccl_ep.errors import PeerProtocolError
-    C = native()
+    from test_proxy import expect_refused_write, make_group, stop_all
     # due at once (no latency, no window): the immediate is due before loop can complete the bytes
     ps = make_group(2, "nic:bw=1e12,lat_us=0,reorder=1,window_us=0:loop", check_remote_bounds=False,
                     ranks_per_node=1)
     try:
-        before = ps[1].region()[-64:].copy()
-        ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 32, 64, 1), 5.0)
-        deadline = time.monotonic() + 10
-        while not ps[0].failed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with pytest.raises(PeerProtocolError, match="refused"):
-            ps[0].raise_if_failed()
-        assert np.array_equal(ps[1].region()[-64:], before)
-        c = dict(ps[0].transport_counters())
+        c = expect_refused_write(ps)
         assert c["nic_model_split_writes"] == 1 and c["nic_model_parked_immediates"] == 1, c
     finally:
         stop_all(ps)

@@ -44,6 +44,21 @@ def stop_all(proxies):
         p.stop()
 
 
+def expect_refused_write(ps) -> dict:
+    """Rank 0 writes 64 bytes across the end of rank 1's region (a group made with the proxy's own
+    check off, so the transport refuses it): rank 0's proxy fails naming the refusal and rank 1's
+    region is untouched. Returns rank 0's transport counters."""
+    before = ps[1].region()[-64:].copy()
+    ps[0].push(0, *C.encode_counted_write(1, 0, (1 << 20) - 32, 64, 1), 5.0)
+    deadline = time.monotonic() + 10
+    while not ps[0].failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(PeerProtocolError, match="refused"):
+        ps[0].raise_if_failed()
+    assert np.array_equal(ps[1].region()[-64:], before)  # nothing was copied
+    return dict(ps[0].transport_counters())
+
+
 # --------------------------------------------------------------------------------------------------
 # receiver semantics, driven imm by imm
 # --------------------------------------------------------------------------------------------------
