@@ -26,9 +26,10 @@
 // bytes go as the write leaves the link and the inner transport orders the immediate behind them.
 // With reordering the bytes go as the write is posted and the immediate, as a control message
 // (write_control), at its due time or as soon as the inner transport completed the bytes, whichever
-// is later. With overlap=0, or for a message without bytes, the whole message goes at its due time. Either way the inner transport's contract holds: the immediate is
-// delivered after the write's bytes are visible, and a local completion (the immediate's) means
-// the source may be reused. Writes to ranks of the writer's own node (Options::ranks_per_node)
+// is later. With overlap=0, or for a message without bytes, the whole message goes at its due
+// time. Either way the inner transport's contract holds: the immediate is delivered after the
+// write's bytes are visible, and a local completion (the immediate's) means the source may be
+// reused. Writes to ranks of the writer's own node (Options::ranks_per_node)
 // pass straight through unless mates=1: with the split ipc+fabric transport no NIC carries them.
 // With reorder > 0 writes overtake each other (to one peer too) within the window, as on EFA's
 // SRD, messages without bytes go through write_control() (they may overtake copies in flight),
