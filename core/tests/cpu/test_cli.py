@@ -156,6 +156,31 @@ def test_time_op_counts_every_call_and_reports_synced():
     assert seen == [("start", 8), ("end", 11)] and t["timed_calls"] == 3
 
 
+def test_time_op_times_with_the_garbage_collector_off():
+    """A collection's pause must not land in a sample: the collector is off for the timed calls (not
+    the warm-up) and back as it was after them, also when a call raises."""
+    import gc
+    import torch
+    from uccl_ep.bench.timing import time_op
+    seen = []
+    assert gc.isenabled()
+    time_op(lambda: seen.append(gc.isenabled()), 3, 2, torch.device("cpu"), synced_iters=1)
+    assert seen == [True, True, False, False, False] and gc.isenabled()
+
+    def boom():
+        if not gc.isenabled():
+            raise RuntimeError("timed call failed")
+    with pytest.raises(RuntimeError, match="timed call failed"):
+        time_op(boom, 2, 1, torch.device("cpu"))
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a caller that turned it off keeps it off
+        time_op(lambda: None, 2, 0, torch.device("cpu"))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_subcommands_of_other_distributions_load_by_entry_point(tmp_path, monkeypatch, capsys):
     """`uccl-ep NAME` for a subcommand another distribution declares in the `uccl_ep.cli` entry point
     group (uccl-ep-deploy's `launch`); a known one that is not installed says where it comes from."""

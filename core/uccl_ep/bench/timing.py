@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from typing import Any, Callable
@@ -36,10 +37,27 @@ def time_op(fn: Callable[[], object], iters: int, warmup: int, device: torch.dev
     repeats those figures. ``calls`` counts every call made, warm-up included; ``timed_calls`` the
     back-to-back ones, which ``on_timed("start")`` and ``on_timed("end")`` bracket (the device
     idle on both sides), e.g. for counters that describe back-to-back operation only.
+
+    NOTES: Python's garbage collector is off while the calls are timed (after one collection), as
+    `timeit` does: a full collection stops the host for milliseconds, and where the host is only a
+    few calls ahead of the device that pause lands in one sample as device idle time.
     """
     mark = on_timed or (lambda _: None)
     for _ in range(warmup):
         fn()
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        return _timed(fn, iters, warmup, device, group, synced_iters, mark)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _timed(fn: Callable[[], object], iters: int, warmup: int, device: torch.device, group: dist.ProcessGroup | None,
+           synced_iters: int, mark: Callable[[str], None]) -> dict[str, float]:
+    """time_op after its warm-up."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     if group is not None:
