@@ -11,7 +11,9 @@ Per library and shape (every GPU as one rank):
   synced    event-to-event time of one call issued on an idle GPU and waited for
 LL: dispatch + combine (FP8 dispatch), HT: layout + dispatch (fresh), cached dispatch, combine.
 --profile adds cProfile of rank 0's uccl-ep host path (top functions by own time); --python-path runs
-uccl-ep's LL engine without its torch ops (Tuning(ll_torch_ops=False)).
+uccl-ep's LL engine without its torch ops (Tuning(ll_torch_ops=False)); --layers adds, for LL, the host
+time per call of each layer (uccl-ep: Buffer, executor, engine; 5 torch.empty as a yardstick), best
+of several batches issued while the GPU sleeps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from multirank import run_ranks  # noqa: E402
 
 PYTHON_PATH = "--python-path" in sys.argv
+LAYERS = "--layers" in sys.argv
 LL_SHAPES = [(128, 7168, 288, 8), (64, 4096, 64, 8)]
 HT_SHAPES = [(512, 4096, 64, 6), (4096, 7168, 256, 8)]
 
@@ -75,6 +78,43 @@ def _time(fn, iters=30, warmup=5):
     return dict(eager=eager, host=host, synced=synced[len(synced) // 2])
 
 
+def _host_only(fn, n=20, batches=7):
+    """Best host µs per call of `fn` over `batches` batches of `n` calls, each batch issued while
+    the GPU sleeps (nothing waits for the device; collective calls stay paired across ranks)."""
+    best = float("inf")
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda._sleep(int(2e7 * 1.98))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) * 1e6 / n)
+    torch.cuda.synchronize()
+    dist.barrier()
+    return best
+
+
+def _ll_layers(buf, x, idx, w, y, T, E, dev):
+    """Host µs per dispatch and per combine at each layer of uccl-ep's LL path."""
+    ex = buf._executor
+    eng = ex._ll or ex._ll_engine()
+    _, _, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=True)
+    out = {"5 torch.empty": _host_only(lambda: [torch.empty(T, 7168, dtype=torch.bfloat16, device=dev)
+                                                for _ in range(5)])}
+    out["dispatch: Buffer"] = _host_only(lambda: buf.low_latency_dispatch(x, idx, T, E, use_fp8=True))
+    out["dispatch: executor"] = _host_only(lambda: ex.low_latency_dispatch(x, idx, T, E, True, False, False, (), None,
+                                                                           None, recv_follows=True)[3](True))
+    out["dispatch: engine"] = _host_only(lambda: eng.dispatch(buf, x, idx, T, E, True, False, False, (), None, None,
+                                                             recv_follows=True)[3](True))
+    out["combine: Buffer"] = _host_only(lambda: buf.low_latency_combine(y, idx, w, h))
+    out["combine: executor"] = _host_only(lambda: ex.low_latency_combine(y, idx, w, h, (), None, None,
+                                                                         recv_follows=True)[1](True))
+    out["combine: engine"] = _host_only(lambda: eng.combine(y, idx, w, h, (), None, None, False,
+                                                           recv_follows=True)[1](True))
+    return out
+
+
 def _cprofile(fn, n=100):
     import cProfile
     import io
@@ -110,6 +150,9 @@ def _ll(lib, group, rank, world, dev, shape, profile, name):
         buf.low_latency_combine(y, idx, w, h)
     out = {f"ll {T}x{H} e{E} k{K} d+c": _time(step)}
     out[f"ll {T}x{H} e{E} k{K} dispatch"] = _time(lambda: buf.low_latency_dispatch(x, idx, T, E, use_fp8=True))
+    if LAYERS and name != "deepep":
+        for k, v in _ll_layers(buf, x, idx, w, y, T, E, dev).items():
+            out[f"ll {T}x{H} host {k}"] = dict(eager=0.0, host=v, synced=0.0)
     prof = _cprofile(step) if profile else None  # every rank runs the calls (they are collective)
     torch.cuda.synchronize()
     dist.barrier()

@@ -69,6 +69,8 @@ def worker(rank, world, num_sms, out_dir, tune=(), repeat=1, synced=False):
            "dispatch_fp8": lambda: buf.dispatch(x_fp8, handle=h, config=cfg),
            "combine": lambda: buf.combine(rx, h, config=cfg)}
     out = {}
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
     for name, fn in ops.items():
         for _ in range(5):
             fn()
