@@ -203,6 +203,7 @@ def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
         everyone = [None] * world
         dist.all_gather_object(everyone, rows)
         if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
             with open(os.path.join(out_dir, f"nic_{name}_r{rank}.json"), "w") as f:
                 json.dump({"t0": t0, "t1": t1, "rows": rows}, f)
         res = analyse(rows, bw)
