@@ -277,8 +277,8 @@ class CopyEngineOps:
     def _warm_copy_path(self) -> None:
         """One 8-byte copy into every peer's scratch word on that peer's copy stream, waited for here.
 
-        NOTES: a combine launches its sum kernel before the host issues the copies its peer waits
-        for. The first copy to a newly mapped peer, on a new stream, may block the host until the
+        NOTES: a dispatch launches its SM kernel before the host issues the copy chains its peer
+        waits for. The first copy to a newly mapped peer, on a new stream, may block the host until the
         device is idle (the driver setting up the peer path); the device then waits on a kernel that
         waits on this rank's copies, so both ranks' kernels time out. Done once here, while nothing
         is queued, later copies only enqueue."""
@@ -427,9 +427,6 @@ class CopyEngineOps:
             error=self.ec.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
             rank=self.rank, num_channels=plan.num_channels, region_bytes=self.c_region, cap_rows=self.cap,
             chunk_rows=chunk, timeout_ns=self.ec.timeout_ns)
-        # NOTES: the sum kernel first, then the copies (as in dispatch): own rows are summed while the
-        # host still issues the copies; peers' rows wait for their chunk flags (bounded) either way.
-        k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
 
         def build():
             copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(), w_ptr, H, K, self.peer_stage,
@@ -439,6 +436,11 @@ class CopyEngineOps:
                                self.cap, chunk), build)
         joins = [self._side(j, [forked], lambda st, blob=blob: self.ec.drv.memcpy_dtod_async_batch(self.dev, st, blob),
                             x.device) for j, blob in packed.items()]
+        # NOTES: the copies first, then the sum kernel (unlike dispatch): the copies' steps are cached
+        # (`_packed`), so issuing them costs the host little, and a caller that waits for each combine
+        # then pays 2-4x less: with the kernel first, one chunk copy of each such call stalled for
+        # hundreds of microseconds (docs/benchmarks.md, "Synchronized copy-engine combine").
+        k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
         for done in joins:
             cur.wait_event(done)
 
