@@ -79,6 +79,17 @@ def api_step():
     buf.low_latency_combine(y, topk, w, api_dispatch())
 
 
+def ex_dispatch():
+    out = ex.low_latency_dispatch(x, topk, num_max, E, True, False, False, (), None, None, recv_follows=True)
+    out[3](True)
+    return out[2]
+
+
+def ex_step():
+    out, finish = ex.low_latency_combine(y, topk, w, ex_dispatch(), (), None, None, recv_follows=True)
+    finish(True)
+
+
 def api_hook_step():  # the receive phases through the hooks (two-batch overlap, as SGLang and vLLM run it)
     recv_x, count, handle, event, hook = buf.low_latency_dispatch(x, topk, num_max, E, use_fp8=True,
                                                                   return_recv_hook=True)
@@ -89,7 +100,8 @@ def api_hook_step():  # the receive phases through the hooks (two-batch overlap,
 iters = int(sys.argv[1])
 print(f"engine path: {'torch op' if eng._torch_ops is not None else 'Python'}")
 # NOTES: rounds of every variant in turn, best of each: a small shared machine's noise comes in stretches
-variants = (("dispatch", dispatch), ("dispatch + combine", step), ("Buffer dispatch", api_dispatch),
+variants = (("dispatch", dispatch), ("dispatch + combine", step), ("executor dispatch", ex_dispatch),
+            ("executor D + C", ex_step), ("Buffer dispatch", api_dispatch),
             ("Buffer D + C", api_step), ("Buffer D + C, hooks", api_hook_step))
 best = {name: float("inf") for name, _ in variants}
 for _ in range(15):
