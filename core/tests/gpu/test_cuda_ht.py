@@ -228,6 +228,9 @@ def _mismatch_worker(rank, world):
                tuning=Tuning(ht_combine_warps=16 if rank == 0 else 24))
     except InvalidArgument as e:
         assert "the same warps per peer on every rank" in str(e), str(e)
+        # NOTES: rank 0 holds the group's store: leaving before the peer has read the exchange that
+        # refused it would fail the peer's read with a store error instead of this refusal
+        dist.barrier()
         return 1
     return 0
 
