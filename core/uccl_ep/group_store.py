@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch.distributed as dist
 
-from .errors import PeerFailure, Timeout
+from .errors import PeerFailure, Timeout, UcclEpError
 
 __all__ = ["GroupStore", "store_of", "heartbeat_interval_s", "failure_grace_s", "exchange_hostnames"]
 
@@ -222,8 +222,22 @@ class GroupStore:
         timeout raises `Timeout`, one whose heartbeat stopped `PeerFailure`; with ``on_missing``,
         ``on_missing(peer, error)`` returning True skips the peer instead. With ``learn_skips`` a
         peer that published that it skips this rank is skipped too (and reported by
-        ``skipped_by()``).
+        ``skipped_by()``). A Store that stops answering (its host process exited) raises
+        `PeerFailure` naming the phase, not the Store client's own error.
         """
+        try:
+            return self._exchange(per_dest, phase, skip, on_missing, learn_skips)
+        except UcclEpError:
+            raise
+        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / DistStoreError are RuntimeErrors
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise PeerFailure(self.rank, None, phase, f"the process group's Store stopped answering "
+                              f"({type(e).__name__}: {detail[:200]}); the process that hosts it (rank 0 for "
+                              "init_process_group's TCPStore, else the launcher's agent) has probably "
+                              "exited") from e
+
+    def _exchange(self, per_dest, phase, skip, on_missing, learn_skips) -> list[Optional[bytes]]:
+        """exchange() without the Store-loss translation."""
         op = self.op
         self.op += 1
         skip = set(skip)

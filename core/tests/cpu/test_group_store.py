@@ -51,3 +51,31 @@ def test_exchange_carries_payloads_over_the_store_value_limit():
                     assert got is None
                 else:
                     assert got == _digest(_payload(src, rank, size)), (rank, src, size)
+
+
+def _host_exits_worker(rank, world):
+    import os
+
+    from uccl_ep.errors import PeerFailure
+    from uccl_ep.group_store import GroupStore
+    ch = GroupStore(dist.group.WORLD, 30.0, "host-exits")
+    ch.barrier("both made")
+    if rank == 0:  # the TCPStore's host
+        os._exit(0)
+    try:
+        ch.exchange([b"x"] * world, "after the host left")
+    except PeerFailure as e:
+        return type(e.__cause__).__name__, e.phase, str(e)
+    except Exception as e:  # noqa: BLE001 - the test reports what came instead
+        return "raw", type(e).__name__, str(e)
+    finally:
+        ch.close()
+    return "returned", "", ""
+
+
+def test_a_store_whose_host_exited_is_a_peer_failure_naming_the_phase():
+    """The process that hosts the group's Store exits: a rank inside an exchange gets PeerFailure
+    naming the exchange's phase, not the Store client's connection error."""
+    (_, (cause, phase, text)) = run_ranks(_host_exits_worker, 2, timeout_s=120, may_die=(0,))
+    assert phase == "after the host left", (cause, phase, text)
+    assert "Store stopped answering" in text and "rank 1" in text, text
