@@ -201,6 +201,37 @@ def test_param_templates_pack_what_pack_params_packs():
         template.pack(1)
 
 
+def test_param_caches_of_the_normal_mode_engines_pack_what_pack_params_packs():
+    """The HT engines' ParamCaches (ring dispatch and combine, copy-engine begin and combine) cover
+    their structs' fields, and give pack_params' bytes call after call while the fixed values and
+    the pointers change; a fixed value that changes makes a new template, never reuses a stale one."""
+    import random
+    from uccl_ep.cuda import ht, ht_ce, runtime
+    rng = random.Random(5)
+    for name, pointers, fixed in (("HTDispatchParams", ht.DISPATCH_POINTERS, ht.DISPATCH_FIXED),
+                                  ("HTCombineParams", ht.COMBINE_POINTERS, ht.COMBINE_FIXED),
+                                  ("HTCEBeginParams", (), ht_ce.BEGIN_FIXED),
+                                  ("HTCombineCEParams", ht_ce.COMBINE_POINTERS, ht_ce.COMBINE_FIXED)):
+        cache = runtime.ParamCache(name, pointers, fixed, limit=4)
+        shapes = [tuple(rng.randrange(1 << 40) for _ in fixed) for _ in range(6)]
+        for _ in range(40):
+            fixed_values = list(rng.choice(shapes))
+            if rng.random() < 0.3:  # one fixed field differs from every earlier call
+                i = rng.randrange(len(fixed))
+                fixed_values[i] = rng.randrange(1 << 40) + (1 << 41)
+            ptrs = [rng.randrange(1 << 62) for _ in pointers]
+            values = dict(zip(fixed, fixed_values)) | dict(zip(pointers, ptrs))
+            assert cache.pack(tuple(fixed_values), *ptrs) == runtime.pack_params(name, **values), name
+    fields = runtime.param_fields("HTLayoutParams")
+    with pytest.raises(TypeError, match="missing"):
+        runtime.ParamCache("HTLayoutParams", tuple(fields[:1]), tuple(fields[2:]))
+    with pytest.raises(TypeError, match="twice"):
+        runtime.ParamCache("HTLayoutParams", tuple(fields[:2]), tuple(fields[1:]))
+    cache = runtime.ParamCache("HTLayoutParams", tuple(fields[:2]), tuple(fields[2:]))
+    with pytest.raises(TypeError, match="fixed fields"):
+        cache.pack((0,), 1, 2)
+
+
 def test_driver_missing_is_reported_not_raised_at_import():
     from uccl_ep import _C
     ok, why = _C.cuda.available()

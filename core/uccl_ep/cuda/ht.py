@@ -23,7 +23,7 @@ from ..handles import NormalHandle
 from ..validate import check_combine_rows
 from . import ht_tuning
 from .ht_ce import CopyEngineOps
-from .runtime import DeviceMemory, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
+from .runtime import DeviceMemory, ParamCache, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
 
 __all__ = ["NormalEngine", "CudaNormalPlan", "launch_layout"]
 
@@ -45,6 +45,23 @@ def dispatch_slot_bytes(hidden_bytes: int, num_scales: int, num_topk: int) -> in
 
 def combine_slot_bytes(hidden: int, num_topk: int) -> int:
     return _align16(_align16(hidden * 2) + num_topk * 4)
+
+
+# The ring kernels' parameters: the per-call tensor pointers, then every other field (ParamCache)
+DISPATCH_POINTERS = ("x", "x_scales", "topk_idx", "topk_weights", "is_token_in_rank", "recv_x", "recv_scales",
+                     "recv_topk_idx", "recv_topk_weights", "recv_src_idx", "send_head", "rank_prefix",
+                     "recv_channel_prefix")
+DISPATCH_FIXED = ("peer_buf", "sent", "consumed", "error", "num_tokens", "hidden_bytes", "num_scales",
+                  "scale_stride_token", "scale_stride_col", "num_topk", "num_experts", "num_ranks", "rank",
+                  "num_channels", "ring_slots", "slot_bytes", "warps_per_peer", "num_rows", "timeout_ns")
+COMBINE_POINTERS = ("x", "topk_weights", "bias0", "bias1", "out", "out_weights", "is_token_in_rank", "send_head",
+                    "rank_prefix", "recv_channel_prefix")
+COMBINE_FIXED = ("peer_buf", "sent", "consumed", "error", "num_tokens", "hidden", "num_topk", "num_ranks", "rank",
+                 "num_channels", "ring_slots", "slot_bytes", "warps_per_peer", "timeout_ns")
+
+
+def _ptr(t) -> int:
+    return t.data_ptr() if t is not None else 0
 
 
 def launch_layout(kernel, num_ranks: int, topk_idx, num_experts: int):
@@ -103,6 +120,8 @@ class NormalEngine:
                                                          sm=sm_number(device_arch(self.dev)))
         # Tuning.ht_combine_ce: combine's rows moved by copy engines (ht_ce.py)
         self.ce = CopyEngineOps(self)
+        self._dispatch_params = ParamCache("HTDispatchParams", DISPATCH_POINTERS, DISPATCH_FIXED)
+        self._combine_params = ParamCache("HTCombineParams", COMBINE_POINTERS, COMBINE_FIXED)
 
     @property
     def _sent(self) -> int:
@@ -175,24 +194,14 @@ class NormalEngine:
         recv_x, recv_scales, recv_idx, recv_w, recv_src, send_head = outs
         rank_prefix, recv_channel_prefix = handle_mats
         T = x.shape[0]
-        params = pack_params(
-            "HTDispatchParams", x=x.data_ptr(), x_scales=scales.data_ptr() if scales is not None else 0,
-            topk_idx=topk_idx.data_ptr() if topk_idx is not None else 0,
-            topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
-            is_token_in_rank=in_rank.data_ptr(), peer_buf=self.peers.ptr, sent=self._sent, consumed=self._consumed,
-            recv_x=recv_x.data_ptr(), recv_scales=recv_scales.data_ptr() if recv_scales is not None else 0,
-            recv_topk_idx=recv_idx.data_ptr() if recv_idx is not None else 0,
-            recv_topk_weights=recv_w.data_ptr() if recv_w is not None else 0,
-            recv_src_idx=recv_src.data_ptr() if recv_src is not None else 0,
-            send_head=send_head.data_ptr() if send_head is not None else 0, rank_prefix=rank_prefix.data_ptr(),
-            recv_channel_prefix=recv_channel_prefix.data_ptr(), error=self.ec.error_dev_ptr, num_tokens=T,
-            hidden_bytes=x.shape[1] * x.element_size(), num_scales=scales.shape[1] if scales is not None else 0,
-            scale_stride_token=scales.stride(0) if scales is not None else 0,
-            scale_stride_col=scales.stride(1) if scales is not None else 0,
-            num_topk=topk_idx.shape[1] if topk_idx is not None else 0,
-            num_experts=self._num_experts, num_ranks=self.R, rank=self.rank, num_channels=channels,
-            ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.G, num_rows=rows,
-            timeout_ns=self.ec.timeout_ns)
+        ns, sst, ssc = (scales.shape[1], *scales.stride()) if scales is not None else (0, 0, 0)
+        fixed = (self.peers.ptr, self._sent, self._consumed, self.ec.error_dev_ptr, T, x.shape[1] * x.element_size(),
+                 ns, sst, ssc, topk_idx.shape[1] if topk_idx is not None else 0, self._num_experts, self.R, self.rank,
+                 channels, self.geometry[1], self.slot_bytes, self.G, rows, self.ec.timeout_ns)
+        params = self._dispatch_params.pack(
+            fixed, x.data_ptr(), _ptr(scales), _ptr(topk_idx), _ptr(topk_weights), in_rank.data_ptr(),
+            recv_x.data_ptr(), _ptr(recv_scales), _ptr(recv_idx), _ptr(recv_w), _ptr(recv_src), _ptr(send_head),
+            rank_prefix.data_ptr(), recv_channel_prefix.data_ptr())
         self._k["ht_dispatch"].launch(2 * channels, self.block, params, current_stream())
 
     def _check_x(self, x, scales) -> None:
@@ -310,16 +319,11 @@ class NormalEngine:
         if use_ce:
             self.ce.combine(x, handle, topk_weights, b0, b1, out, out_w, config.num_sms, self.combine_smem)
             return out, out_w
-        params = pack_params(
-            "HTCombineParams", x=x.data_ptr(), topk_weights=topk_weights.data_ptr() if topk_weights is not None else 0,
-            bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,
-            out=out.data_ptr(), out_weights=out_w.data_ptr() if out_w is not None else 0,
-            is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), peer_buf=self.peers.ptr,
-            sent=self._sent, consumed=self._consumed, rank_prefix=handle[0].data_ptr(),
-            recv_channel_prefix=handle[2].data_ptr(), error=self.ec.error_dev_ptr, num_tokens=T, hidden=H,
-            num_topk=K, num_ranks=self.R, rank=self.rank, num_channels=plan.num_channels,
-            ring_slots=self.geometry[1], slot_bytes=self.slot_bytes, warps_per_peer=self.Gc,
-            timeout_ns=self.ec.timeout_ns)
+        fixed = (self.peers.ptr, self._sent, self._consumed, self.ec.error_dev_ptr, T, H, K, self.R, self.rank,
+                 plan.num_channels, self.geometry[1], self.slot_bytes, self.Gc, self.ec.timeout_ns)
+        params = self._combine_params.pack(
+            fixed, x.data_ptr(), _ptr(topk_weights), _ptr(b0), _ptr(b1), out.data_ptr(), _ptr(out_w),
+            handle[4].data_ptr(), handle[5].data_ptr(), handle[0].data_ptr(), handle[2].data_ptr())
         self._k["ht_combine"].launch(2 * plan.num_channels, self.combine_block, params, current_stream(),
                                      smem=self.combine_smem)
         return out, out_w

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning, require_same_across_ranks
 from ..tuning import shared_values as tuning_shared_values
-from .runtime import DeviceMemory, load_kernel, pack_params
+from .runtime import DeviceMemory, ParamCache, load_kernel, pack_params
 
 __all__ = ["CopyEngineOps", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
            "dispatch_layout", "receive_chain",
@@ -55,6 +55,12 @@ D_EPOCH_SRC_OFF = D_EPOCH_OFF + 64
 D_COUNT_OFF = 32 * 1024
 _PHASE_HT_DISPATCH_SEND, _PHASE_HT_COMBINE_SEND = 4, 6   # kernel_abi.h kPhase*
 _CAP_STEP = 512          # staging rows are grown in steps of this many
+# The kernels' parameters: the per-call tensor pointers, then every other field (runtime.ParamCache)
+BEGIN_FIXED = ("stage", "error", "epoch_off", "epoch_src_off", "freed_off", "phase", "num_ranks", "rank", "timeout_ns")
+COMBINE_POINTERS = ("x", "topk_weights", "bias0", "bias1", "out", "out_weights", "is_token_in_rank", "send_head",
+                    "channel_prefix", "recv_channel_prefix")
+COMBINE_FIXED = ("stage", "peer_stage", "error", "num_tokens", "hidden", "num_topk", "num_ranks", "rank", "num_channels",
+                 "region_bytes", "cap_rows", "chunk_rows", "timeout_ns")
 # NOTES: Tuning.ht_dispatch_ce=auto takes the copy engines for calls with at most this many SMs:
 # there the SMs' two copies per row bound the ring dispatch, while with more SMs the ring is faster
 # (and FP8 by copy engines slower still); the EP2 measurements are in docs/benchmarks.md.
@@ -190,6 +196,8 @@ class CopyEngineOps:
         self.peer_stage: list[int] = []
         self._k = None
         self._streams: dict = {}  # peer -> torch.cuda.Stream (its copy stream)
+        self._begin_params = ParamCache("HTCEBeginParams", (), BEGIN_FIXED)
+        self._combine_params = ParamCache("HTCombineCEParams", COMBINE_POINTERS, COMBINE_FIXED)
         self._pack_cache: dict = {}  # see _packed
         self.chunk_bytes = tuning.ht_ce_chunk_kb << 10
         self.defines = tuning.ht_defines
@@ -307,12 +315,11 @@ class CopyEngineOps:
 
     def _begin(self, stream: int, dispatch: bool) -> None:
         """The op's epoch, and the wait until every peer freed what this rank wrote there last time."""
-        self._kernels()["ht_ce_begin"].launch(1, 32, pack_params(
-            "HTCEBeginParams", stage=self.mem.ptr, error=self.ec.error_dev_ptr,
-            epoch_off=D_EPOCH_OFF if dispatch else EPOCH_OFF, epoch_src_off=D_EPOCH_SRC_OFF if dispatch else EPOCH_SRC_OFF,
-            freed_off=D_FREED_OFF if dispatch else FREED_OFF,
-            phase=_PHASE_HT_DISPATCH_SEND if dispatch else _PHASE_HT_COMBINE_SEND, num_ranks=self.R, rank=self.rank,
-            timeout_ns=self.ec.timeout_ns), stream)
+        fixed = ((self.mem.ptr, self.ec.error_dev_ptr, D_EPOCH_OFF, D_EPOCH_SRC_OFF, D_FREED_OFF, _PHASE_HT_DISPATCH_SEND)
+                 if dispatch else
+                 (self.mem.ptr, self.ec.error_dev_ptr, EPOCH_OFF, EPOCH_SRC_OFF, FREED_OFF, _PHASE_HT_COMBINE_SEND))
+        self._kernels()["ht_ce_begin"].launch(1, 32, self._begin_params.pack(
+            fixed + (self.R, self.rank, self.ec.timeout_ns)), stream)
 
     @staticmethod
     def _fork(cur):
@@ -418,15 +425,12 @@ class CopyEngineOps:
         cur = torch.cuda.current_stream(x.device)
         self._begin(cur.cuda_stream, dispatch=False)
         forked = self._fork(cur)
-        params = pack_params(
-            "HTCombineCEParams", x=x.data_ptr(), topk_weights=w_ptr,
-            bias0=b0.data_ptr() if b0 is not None else 0, bias1=b1.data_ptr() if b1 is not None else 0,
-            out=out.data_ptr(), out_weights=out_w.data_ptr() if out_w is not None else 0,
-            is_token_in_rank=handle[4].data_ptr(), send_head=handle[5].data_ptr(), channel_prefix=handle[1].data_ptr(),
-            recv_channel_prefix=handle[2].data_ptr(), stage=self.mem.ptr, peer_stage=self.peer_table.ptr,
-            error=self.ec.error_dev_ptr, num_tokens=plan.num_tokens, hidden=H, num_topk=K, num_ranks=R,
-            rank=self.rank, num_channels=plan.num_channels, region_bytes=self.c_region, cap_rows=self.cap,
-            chunk_rows=chunk, timeout_ns=self.ec.timeout_ns)
+        params = self._combine_params.pack(
+            (self.mem.ptr, self.peer_table.ptr, self.ec.error_dev_ptr, plan.num_tokens, H, K, R, self.rank,
+             plan.num_channels, self.c_region, self.cap, chunk, self.ec.timeout_ns),
+            x.data_ptr(), w_ptr, b0.data_ptr() if b0 is not None else 0, b1.data_ptr() if b1 is not None else 0,
+            out.data_ptr(), out_w.data_ptr() if out_w is not None else 0, handle[4].data_ptr(), handle[5].data_ptr(),
+            handle[1].data_ptr(), handle[2].data_ptr())
 
         def build():
             copies = copy_list(self.rank, list(plan.recv_counts), x.data_ptr(), w_ptr, H, K, self.peer_stage,
