@@ -151,6 +151,7 @@ class Buffer(LowLatencyMixin):
         self._comm_stream = None
         self._init_low_latency_state()
         self._nvl_fitted: set[tuple] = set()  # (config, row bytes) known to fit (_check_nvl_capacity)
+        self._default_configs: dict[tuple, Config] = {}  # (op, Buffer.num_sms) -> the Config of config=None
         self._destroyed = False
         _LIVE_BUFFERS.add(self)
         logger.info("Buffer rank %d/%d: backend=%s topology=%s nvl=%d rdma=%d low_latency=%s", self.rank,
@@ -377,7 +378,7 @@ class Buffer(LowLatencyMixin):
         check_int("expert_alignment", expert_alignment, minimum=1)
         check_int("num_worst_tokens", num_worst_tokens, minimum=0)
         if config is None:
-            config = Buffer.get_dispatch_config(self.group_size)
+            config = self._default_config("dispatch")
         elif not isinstance(config, Config):
             raise InvalidArgument("config", "a uccl_ep.Config (or None)", type(config).__name__)
         self._check_nvl_capacity(data, config)
@@ -444,7 +445,7 @@ class Buffer(LowLatencyMixin):
         if x.shape[1] == 0:
             raise InvalidArgument("x", "a hidden size (x.shape[1]) >= 1", "hidden 0")
         if config is None:
-            config = Buffer.get_combine_config(self.group_size)
+            config = self._default_config("combine")
         elif not isinstance(config, Config):
             raise InvalidArgument("config", "a uccl_ep.Config (or None)", type(config).__name__)
         self._check_nvl_capacity(x, config)
@@ -467,7 +468,24 @@ class Buffer(LowLatencyMixin):
             check_tensor(f"bias[{i}]", b, dtypes=(x.dtype,), shape=(num_tokens, x.shape[1]), device=x.device)
         return (items + (None, None))[:2]
 
+    def _default_config(self, op: str) -> Config:
+        """The Config of a call that passes none: the table's for this group size and Buffer.num_sms.
+        NOTES: made once per (op, SM count), not per call (building a Config checks every field: several
+        microseconds of each eager op's host path); never handed out, so no caller can change it."""
+        key = (op, Buffer.num_sms)
+        config = self._default_configs.get(key)
+        if config is None:
+            table = Buffer.get_dispatch_config if op == "dispatch" else Buffer.get_combine_config
+            config = self._default_configs[key] = table(self.group_size)
+        return config
+
     def _check_handle(self, handle: Any, kind: type, op: str) -> None:
+        # NOTES: on every op's host path: a handle of the right kind that carries this Buffer's seal
+        # passes at once; anything else takes the checks below, which say what is wrong.
+        plan = getattr(handle, "plan", None)
+        if (type(handle) is kind and handle.owner is self and plan is not None
+                and getattr(plan, "_uccl_ep_seal", None) == (id(self), tuple(map(id, handle)))):
+            return
         if not isinstance(handle, (NormalHandle,)) and not hasattr(handle, "owner"):
             raise InvalidArgument("handle", f"a handle returned by this Buffer's "
                                   f"{'dispatch' if kind is NormalHandle else 'low_latency_dispatch'}",
