@@ -148,10 +148,10 @@ class LowLatencyMixin:
                          num_experts, cum if cum is None else tensor_signature(cum),
                          wait if wait is None else tensor_signature(wait), type(use_fp8), use_fp8, type(round_scale),
                          round_scale, type(use_ue8m0), use_ue8m0, bool(async_finish), bool(return_recv_hook))
-            hash(signature)
+            checked = signature in self._ll_dispatch_checked
         except Exception:  # noqa: BLE001 - not tensor-like, or unhashable: the checks below say what is wrong
-            signature = None
-        if signature in self._ll_dispatch_checked:
+            signature, checked = None, False
+        if checked:
             num_max, use_fp8, round_scale, use_ue8m0 = int(num_max), bool(use_fp8), bool(round_scale), bool(use_ue8m0)
         else:
             num_max, use_fp8, round_scale, use_ue8m0 = self._check_ll_dispatch(
@@ -218,10 +218,10 @@ class LowLatencyMixin:
                          wait if wait is None else tensor_signature(wait), num_max, hidden,
                          num_experts, handle.plan.num_tokens, type(use_logfmt), use_logfmt, bool(zero_copy),
                          bool(async_finish), bool(return_recv_hook))
-            hash(signature)
+            checked = signature in self._ll_combine_checked
         except Exception:  # noqa: BLE001 - not tensor-like, or unhashable: the checks below say what is wrong
-            signature = None
-        if signature in self._ll_combine_checked:
+            signature, checked = None, False
+        if checked:
             use_logfmt, zero_copy = bool(use_logfmt), bool(zero_copy)
         else:
             use_logfmt, zero_copy = self._check_ll_combine(x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
