@@ -442,8 +442,8 @@ class CopyEngineOps:
                             x.device) for j, blob in packed.items()]
         # NOTES: the copies first, then the sum kernel (unlike dispatch): the copies' steps are cached
         # (`_packed`), so issuing them costs the host little, and a caller that waits for each combine
-        # then pays 2-4x less: with the kernel first, one chunk copy of each such call stalled for
-        # hundreds of microseconds (docs/benchmarks.md, "Synchronized copy-engine combine").
+        # no longer sees one chunk copy of the call stall behind the spinning sum kernel
+        # (docs/benchmarks.md, "Synchronized copy-engine combine").
         k["ht_combine_ce"].launch(num_sms, self.engine.combine_block, params, cur.cuda_stream, smem=smem)
         for done in joins:
             cur.wait_event(done)

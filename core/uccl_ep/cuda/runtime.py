@@ -203,8 +203,8 @@ class ParamCache:
     made on first use: so the fixed values are always exactly those of the call.
 
     NOTES: on every normal-mode op's host path: `pack_params` builds and checks a dict of every
-    field per call (about 6 µs for a 32-field struct on the CI machine's CPU); a call with the fixed
-    values of an earlier one copies a list and packs once."""
+    field per call, a sizeable share of a small op's host time (docs/benchmarks.md); a call with the
+    fixed values of an earlier one copies a list and packs once."""
 
     def __init__(self, struct_name: str, dynamic: tuple[str, ...], fixed: tuple[str, ...], limit: int = 32) -> None:
         _, names, _, _ = _packer(struct_name)
