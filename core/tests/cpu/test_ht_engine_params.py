@@ -1,5 +1,5 @@
 """The NVLink normal-mode engine's ring kernel parameters (uccl_ep/cuda/ht.py), call after call: every
-field of HTDispatchParams and HTCombineParams against the call's tensors and the engine's state, while
+field of HTNotifyParams, HTDispatchParams and HTCombineParams against the call's tensors and the engine's state, while
 the shapes, the scales and the tensors change between calls (the engine packs them through
 runtime.ParamCache: fixed values key a template, pointers are packed per call)."""
 
@@ -22,6 +22,25 @@ class _Handle(tuple):
     plan: SimpleNamespace
 
 
+class _Counts:
+    """The mapped host page the notify kernel fills: its flag reads as the engine's current tag, the
+    receive count as ROWS, the per-source and per-expert counts as 1, 2, ..."""
+
+    dev_ptr = 0x5000_0000
+    ROWS = 37
+
+    def __init__(self, eng_of):
+        self._eng_of = eng_of
+
+    def int32(self, i):
+        assert i == ht._HOST_OFF_INTS
+        return self._eng_of().host_tag
+
+    def int32_array(self, start, n):
+        assert start == ht._HOST_OFF_INTS + 1
+        return [self.ROWS] + list(range(1, n))
+
+
 @pytest.fixture
 def engine(monkeypatch):
     monkeypatch.setattr(ht, "current_stream", lambda *a: 0x5150)
@@ -30,9 +49,12 @@ def engine(monkeypatch):
     eng.__dict__.update(
         R=R, rank=RANK, G=G, Gc=GC, block=R * G * 32, combine_block=R * GC * 32, combine_smem=0,
         peers=FakeMem(0, 8 * R), work=FakeMem(0, 4096), geometry=(C, SLOTS),
-        slot_bytes=SLOT_BYTES, _num_experts=0, ce=SimpleNamespace(enabled=False),
-        ec=SimpleNamespace(error_dev_ptr=0x6000_0000, timeout_ns=123_456_789, check_error=lambda: None),
-        _k={"ht_dispatch": FakeKernel(log, "ht_dispatch"), "ht_combine": FakeKernel(log, "ht_combine")},
+        slot_bytes=SLOT_BYTES, _num_experts=0, host_tag=7,
+        ce=SimpleNamespace(enabled=False, dispatch_layout_for=lambda *a: None),
+        ec=SimpleNamespace(error_dev_ptr=0x6000_0000, timeout_ns=123_456_789, check_error=lambda: None,
+                           owner=None, ctx=SimpleNamespace(timeout_s=5.0), errors=_Counts(eng_of=lambda: eng)),
+        _k={n: FakeKernel(log, n) for n in ("ht_notify", "ht_dispatch", "ht_combine")},
+        _notify_params=runtime.ParamCache("HTNotifyParams", ht.NOTIFY_POINTERS, ht.NOTIFY_FIXED),
         _dispatch_params=runtime.ParamCache("HTDispatchParams", ht.DISPATCH_POINTERS, ht.DISPATCH_FIXED),
         _combine_params=runtime.ParamCache("HTCombineParams", ht.COMBINE_POINTERS, ht.COMBINE_FIXED))
     eng.log = log
@@ -94,3 +116,31 @@ def test_dispatch_and_combine_params_follow_each_call(engine, seed):
             rank_prefix=handle[0].data_ptr(), recv_channel_prefix=handle[2].data_ptr(), error=0x6000_0000,
             num_tokens=T, hidden=H, num_topk=K, num_ranks=R, rank=RANK, num_channels=C, ring_slots=SLOTS,
             slot_bytes=SLOT_BYTES, warps_per_peer=GC, timeout_ns=123_456_789)
+
+
+def test_fresh_dispatch_notify_params_follow_each_call(engine):
+    """The notify kernel's parameters (tag, counts' outputs, routing inputs) of fresh dispatches with
+    changing shapes, and the dispatch that follows it sized by the counts the page reports."""
+    gen = torch.Generator().manual_seed(3)
+    for call in range(5):
+        T, E, K = 8 + call, 8 * (call + 1), 1 + call % 3
+        x = torch.empty(T, 256, dtype=torch.bfloat16)
+        idx, w = torch.zeros(T, K, dtype=torch.int64), torch.empty(T, K)
+        in_rank, ntpe = torch.empty(T, R, dtype=torch.bool), torch.zeros(E, dtype=torch.int32)
+        config = SimpleNamespace(num_channels=C, num_max_nvl_chunked_recv_tokens=SLOTS, num_sms=2 * C)
+        recv_x, _, recv_idx, _, per_expert, handle = engine.dispatch(x, None, idx, w, None, in_rank, ntpe, 1 + call,
+                                                                     0, config)
+        (n_name, _, n_block, n_params, _, _), (d_name, _, _, d_params, _, _) = engine.log[-2:]
+        assert (n_name, n_block, d_name) == ("ht_notify", 512, "ht_dispatch")
+        notify = unpack_params("HTNotifyParams", n_params)
+        assert notify == dict(
+            is_token_in_rank=in_rank.data_ptr(), num_tokens_per_expert=ntpe.data_ptr(), peer_buf=engine.peers.ptr,
+            seq=engine._seq, rank_prefix=handle[0].data_ptr(), channel_prefix=handle[1].data_ptr(),
+            recv_channel_prefix=handle[2].data_ptr(), host=_Counts.dev_ptr + 4 * ht._HOST_OFF_INTS,
+            error=0x6000_0000, host_tag=engine.host_tag, num_tokens=T, num_ranks=R, rank=RANK, num_channels=C,
+            num_experts=E, expert_alignment=1 + call, num_worst_tokens=0, timeout_ns=123_456_789)
+        assert recv_x.shape == (_Counts.ROWS, 256) and recv_idx.shape == (_Counts.ROWS, K)
+        assert per_expert == list(range(1 + R, 1 + R + E // R))
+        dispatch = unpack_params("HTDispatchParams", d_params)
+        assert (dispatch["send_head"], dispatch["num_rows"], dispatch["num_topk"]) == (
+            handle[5].data_ptr(), _Counts.ROWS, K)

@@ -208,7 +208,8 @@ def test_param_caches_of_the_normal_mode_engines_pack_what_pack_params_packs():
     import random
     from uccl_ep.cuda import ht, ht_ce, runtime
     rng = random.Random(5)
-    for name, pointers, fixed in (("HTDispatchParams", ht.DISPATCH_POINTERS, ht.DISPATCH_FIXED),
+    for name, pointers, fixed in (("HTNotifyParams", ht.NOTIFY_POINTERS, ht.NOTIFY_FIXED),
+                                  ("HTDispatchParams", ht.DISPATCH_POINTERS, ht.DISPATCH_FIXED),
                                   ("HTCombineParams", ht.COMBINE_POINTERS, ht.COMBINE_FIXED),
                                   ("HTCEBeginParams", (), ht_ce.BEGIN_FIXED),
                                   ("HTCombineCEParams", ht_ce.COMBINE_POINTERS, ht_ce.COMBINE_FIXED)):

@@ -54,6 +54,10 @@ DISPATCH_POINTERS = ("x", "x_scales", "topk_idx", "topk_weights", "is_token_in_r
 DISPATCH_FIXED = ("peer_buf", "sent", "consumed", "error", "num_tokens", "hidden_bytes", "num_scales",
                   "scale_stride_token", "scale_stride_col", "num_topk", "num_experts", "num_ranks", "rank",
                   "num_channels", "ring_slots", "slot_bytes", "warps_per_peer", "num_rows", "timeout_ns")
+NOTIFY_POINTERS = ("is_token_in_rank", "num_tokens_per_expert", "rank_prefix", "channel_prefix", "recv_channel_prefix",
+                   "host_tag")  # the tag changes every call too
+NOTIFY_FIXED = ("peer_buf", "seq", "host", "error", "num_tokens", "num_ranks", "rank", "num_channels", "num_experts",
+                "expert_alignment", "num_worst_tokens", "timeout_ns")
 COMBINE_POINTERS = ("x", "topk_weights", "bias0", "bias1", "out", "out_weights", "is_token_in_rank", "send_head",
                     "rank_prefix", "recv_channel_prefix")
 COMBINE_FIXED = ("peer_buf", "sent", "consumed", "error", "num_tokens", "hidden", "num_topk", "num_ranks", "rank",
@@ -120,6 +124,7 @@ class NormalEngine:
                                                          sm=sm_number(device_arch(self.dev)))
         # Tuning.ht_combine_ce: combine's rows moved by copy engines (ht_ce.py)
         self.ce = CopyEngineOps(self)
+        self._notify_params = ParamCache("HTNotifyParams", NOTIFY_POINTERS, NOTIFY_FIXED)
         self._dispatch_params = ParamCache("HTDispatchParams", DISPATCH_POINTERS, DISPATCH_FIXED)
         self._combine_params = ParamCache("HTCombineParams", COMBINE_POINTERS, COMBINE_FIXED)
 
@@ -233,14 +238,14 @@ class NormalEngine:
         host = self.ec.errors.dev_ptr + 4 * _HOST_OFF_INTS
         in_rank = is_token_in_rank.contiguous()
         ntpe = num_tokens_per_expert.contiguous()
-        params = pack_params("HTNotifyParams", is_token_in_rank=in_rank.data_ptr(), num_tokens_per_expert=ntpe.data_ptr(),
-                             peer_buf=self.peers.ptr, seq=self._seq, rank_prefix=rank_prefix.data_ptr(),
-                             channel_prefix=channel_prefix.data_ptr(),
-                             recv_channel_prefix=recv_channel_prefix.data_ptr(), host=host, error=self.ec.error_dev_ptr,
-                             host_tag=self.host_tag, num_tokens=T, num_ranks=R, rank=self.rank, num_channels=C,
-                             num_experts=E, expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
-                             timeout_ns=self.ec.timeout_ns)
+        params = self._notify_params.pack(
+            (self.peers.ptr, self._seq, host, self.ec.error_dev_ptr, T, R, self.rank, C, E, expert_alignment,
+             num_worst_tokens, self.ec.timeout_ns),
+            in_rank.data_ptr(), ntpe.data_ptr(), rank_prefix.data_ptr(), channel_prefix.data_ptr(),
+            recv_channel_prefix.data_ptr(), self.host_tag)
         self._k["ht_notify"].launch(1, 512, params, current_stream())
+        # NOTES: what does not depend on the receive counts is allocated while the notify kernel runs
+        send_head = torch.empty(T, R, dtype=torch.int32, device=dev)
         pair_counts = None
         if num_worst_tokens > 0:
             rows, num_recv, per_src, per_expert = num_worst_tokens, None, None, []
@@ -259,7 +264,6 @@ class NormalEngine:
         recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
         recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
         recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
-        send_head = torch.empty(T, R, dtype=torch.int32, device=dev)
         x = x.contiguous()
         topk_idx = topk_idx.contiguous() if topk_idx is not None else None
         topk_weights = topk_weights.contiguous() if topk_weights is not None else None
