@@ -20,6 +20,7 @@ from . import env
 from .backends import create_executor
 from .executor_interface import BufferContext
 from .buffer_low_latency import LowLatencyMixin
+from .buffer_normal_checks import TOPK_IDX_DTYPE, check_combine_args, check_dispatch_args, dispatch_signature
 from .config import (NUM_BUFFER_ALIGNMENT_BYTES, NUM_MAX_LOCAL_EXPERTS, Config, combine_config_table,
                      dispatch_config_table, low_latency_rdma_size_hint)
 from .errors import InvalidArgument, LimitExceeded, Unsupported
@@ -30,15 +31,15 @@ from .log import get_logger
 from .proxy.limits import check_protocol_limits
 from .topology import detect_topology
 from .tuning import Tuning, resolve as resolve_tuning
-from .validate import (check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
-                       exclusive, split_fp8_tuple)
+from .validate import (CheckedCalls, check_bool, check_extra_kwargs, check_int, check_tensor, check_topk_ids_in_range,
+                       exclusive)
 
 __all__ = ["Buffer", "topk_idx_t"]
 
 logger = get_logger(__name__)
 
 #: dtype of top-k expert ids (DeepEP's default 64-bit build).
-topk_idx_t = torch.int64
+topk_idx_t = TOPK_IDX_DTYPE
 
 # Buffers not yet destroyed, released at interpreter exit (_release_at_exit).
 _LIVE_BUFFERS: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
@@ -54,8 +55,6 @@ def _release_at_exit() -> None:
 
 
 atexit.register(_release_at_exit)
-
-_COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class Buffer(LowLatencyMixin):
@@ -152,6 +151,8 @@ class Buffer(LowLatencyMixin):
         self._init_low_latency_state()
         self._nvl_fitted: set[tuple] = set()  # (config, row bytes) known to fit (_check_nvl_capacity)
         self._default_configs: dict[tuple, Config] = {}  # (op, Buffer.num_sms) -> the Config of config=None
+        # signatures of fresh dispatches whose checks passed (buffer_normal_checks)
+        self._dispatch_checked = CheckedCalls()
         self._destroyed = False
         _LIVE_BUFFERS.add(self)
         logger.info("Buffer rank %d/%d: backend=%s topology=%s nvl=%d rdma=%d low_latency=%s", self.rank,
@@ -368,60 +369,39 @@ class Buffer(LowLatencyMixin):
         reused and ``(recv_x, None, None, None, None, event)`` is returned.
         """
         self._check_alive()
-        self._check_events(previous_event, async_finish, allocate_on_comm_stream)
-        data, scales = split_fp8_tuple("x", x)
-        if data.shape[1] == 0:
-            raise InvalidArgument("x", "a hidden size (x.shape[1]) >= 1", "hidden 0")
-        if (data.shape[1] * data.element_size()) % 16 != 0:
-            raise InvalidArgument("x", "rows of a multiple of 16 bytes (hidden x element size)",
-                                  f"hidden {data.shape[1]} x {data.element_size()} B")
-        check_int("expert_alignment", expert_alignment, minimum=1)
-        check_int("num_worst_tokens", num_worst_tokens, minimum=0)
+        # NOTES: a fresh dispatch has six tensor arguments to check, worth a signature lookup; a cached
+        # dispatch has one, as cheap to check as to sign
+        signature, checked = None, False
+        if handle is None:
+            try:
+                signature = dispatch_signature(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                                               is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                                               expert_alignment, num_worst_tokens, previous_event, async_finish,
+                                               allocate_on_comm_stream)
+                checked = signature in self._dispatch_checked
+            except Exception:  # noqa: BLE001 - not tensor-like, or unhashable: the checks below say what is wrong
+                signature, checked = None, False
+        if checked:
+            data, scales = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
+        else:
+            self._check_events(previous_event, async_finish, allocate_on_comm_stream)
+            data, scales = check_dispatch_args(self, x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                                               is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                                               expert_alignment, num_worst_tokens)
+            self._dispatch_checked.add(signature)
         if config is None:
             config = self._default_config("dispatch")
         elif not isinstance(config, Config):
             raise InvalidArgument("config", "a uccl_ep.Config (or None)", type(config).__name__)
         self._check_nvl_capacity(data, config)
-        device = data.device
         if handle is not None:
             self._check_handle(handle, NormalHandle, "dispatch")
-            if topk_idx is not None or topk_weights is not None:
-                raise InvalidArgument("topk_idx", "None with a cached `handle` (routing comes from the handle)",
-                                      "a tensor")
-            if num_worst_tokens:
-                raise InvalidArgument("num_worst_tokens", "0 with a cached `handle` (the handle fixes the row count)",
-                                      num_worst_tokens)
             with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
                 recv_x, recv_scales = self._executor.cached_dispatch(data, scales, handle, config)
             recv = (recv_x, recv_scales) if scales is not None else recv_x
             return recv, None, None, None, None, scope.finish((recv_x, recv_scales))
-
-        num_tokens = data.shape[0]
-        R = self.group_size
-        for name, t in (("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
-                        ("num_tokens_per_expert", num_tokens_per_expert)):
-            if t is None:
-                raise InvalidArgument(name, "a tensor from get_dispatch_layout (required without `handle`)", None)
-        check_tensor("num_tokens_per_rank", num_tokens_per_rank, dtypes=(torch.int32,), shape=(R,), device=device)
-        check_tensor("is_token_in_rank", is_token_in_rank, dtypes=(torch.bool,), shape=(num_tokens, R), device=device)
-        check_tensor("num_tokens_per_expert", num_tokens_per_expert, dtypes=(torch.int32,), ndim=1, device=device)
-        num_experts = self._check_num_experts(num_tokens_per_expert.numel())
-        if num_tokens_per_rdma_rank is not None:
-            check_tensor("num_tokens_per_rdma_rank", num_tokens_per_rdma_rank, dtypes=(torch.int32,),
-                         shape=(self.topology.num_nodes,), device=device)
-        if (topk_idx is None) != (topk_weights is None):
-            raise InvalidArgument("topk_weights" if topk_weights is None else "topk_idx",
-                                  "topk_idx and topk_weights given together or both None", "only one of them")
-        if topk_idx is not None:
-            check_tensor("topk_idx", topk_idx, dtypes=(topk_idx_t,), ndim=2, device=device)
-            if topk_idx.shape[0] != num_tokens:
-                raise InvalidArgument("topk_idx", f"{num_tokens} rows (one per token of x)", topk_idx.shape[0])
-            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), shape=tuple(topk_idx.shape),
-                         device=device)
-            if device.type == "cpu":
-                check_topk_ids_in_range("topk_idx", topk_idx, num_experts)
-        elif num_worst_tokens:
-            raise InvalidArgument("topk_idx", "a tensor when num_worst_tokens > 0", None)
+        if topk_idx is not None and data.device.type == "cpu":  # values: every call
+            check_topk_ids_in_range("topk_idx", topk_idx, num_tokens_per_expert.numel())
         with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:
             recv_x, recv_scales, recv_topk_idx, recv_topk_weights, counts, new_handle = self._executor.dispatch(
                 data, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
@@ -441,16 +421,12 @@ class Buffer(LowLatencyMixin):
         self._check_alive()
         self._check_events(previous_event, async_finish, allocate_on_comm_stream)
         self._check_handle(handle, NormalHandle, "combine")
-        check_tensor("x", x, dtypes=_COMBINE_DTYPES, ndim=2)
-        if x.shape[1] == 0:
-            raise InvalidArgument("x", "a hidden size (x.shape[1]) >= 1", "hidden 0")
+        check_combine_args(x, topk_weights)
         if config is None:
             config = self._default_config("combine")
         elif not isinstance(config, Config):
             raise InvalidArgument("config", "a uccl_ep.Config (or None)", type(config).__name__)
         self._check_nvl_capacity(x, config)
-        if topk_weights is not None:
-            check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2, device=x.device)
         num_tokens = handle.plan.num_tokens if hasattr(handle.plan, "num_tokens") else None
         biases = self._split_bias(bias, x, num_tokens)
         with self._executor.op_scope(previous_event, async_finish, allocate_on_comm_stream) as scope:

@@ -256,6 +256,40 @@ def test_low_latency_checks_are_skipped_only_for_a_signature_that_passed(ll):
     ll.low_latency_combine(recv, topk, w, handle)
 
 
+def test_normal_mode_checks_are_skipped_only_for_a_signature_that_passed(normal):
+    """The checks of a repeated fresh dispatch are skipped (buffer_normal_checks, validate.CheckedCalls);
+    a change of any tensor's signature or of a flag's type checks the call in full; the handle, the
+    Config and top-k ids on the host are checked at every call, cached dispatch and combine in full."""
+    topk, x, w = _topk(), torch.randn(T, H), torch.rand(T, K)
+    lay = _layout(normal, topk)
+    for _ in range(2):  # the second round: every signature below is in the cache of passed calls
+        recv, _, recv_w, _, handle, _ = normal.dispatch(x, topk_idx=topk, topk_weights=w, **lay)
+        normal.dispatch(x, handle=handle)
+        normal.combine(recv, handle, topk_weights=recv_w)
+    assert len(normal._dispatch_checked) == 1
+    _raises(InvalidArgument, "x", normal.dispatch, torch.randn(T, 2 * H)[:, ::2], topk_idx=topk, topk_weights=w, **lay,
+            match="contiguous")
+    _raises(InvalidArgument, "topk_weights", normal.dispatch, x, topk_idx=topk, topk_weights=w.double(), **lay)
+    _raises(InvalidArgument, "expert_alignment", normal.dispatch, x, topk_idx=topk, topk_weights=w, **lay,
+            expert_alignment=1.0)
+    _raises(InvalidArgument, "async_finish", normal.dispatch, x, topk_idx=topk, topk_weights=w, **lay,
+            async_finish=_EqualToFalse())
+    _raises(InvalidArgument, "topk_idx", normal.dispatch, x, handle=handle, topk_idx=topk, topk_weights=w)
+    _raises(InvalidArgument, "x", normal.combine, recv.t(), handle, topk_weights=recv_w)
+    _raises(InvalidArgument, "topk_weights", normal.combine, recv, handle, topk_weights=recv_w.double())
+    # an unhashable flag has no signature: checked in full, refused by name
+    _raises(InvalidArgument, "async_finish", normal.dispatch, x, handle=handle, async_finish=[False])
+    bad = topk.clone()
+    bad[0, 0] = E  # values are checked at every call on the host
+    _raises(InvalidArgument, "topk_idx", normal.dispatch, x, topk_idx=bad, topk_weights=w, **lay, match=f"id {E}")
+    _raises(InvalidArgument, "handle", normal.dispatch, x, handle=tuple(handle))
+    _raises(InvalidArgument, "handle", normal.combine, recv, tuple(handle), topk_weights=recv_w)
+    _raises(InvalidArgument, "config", normal.combine, recv, handle, topk_weights=recv_w, config={"num_sms": 20})
+    # and the passed signatures still pass
+    recv, _, recv_w, _, handle, _ = normal.dispatch(x, topk_idx=topk, topk_weights=w, **lay)
+    normal.combine(recv, handle, topk_weights=recv_w)
+
+
 def test_checked_calls_stay_bounded():
     from uccl_ep.validate import CheckedCalls
     seen = CheckedCalls(limit=4)
