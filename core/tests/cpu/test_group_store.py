@@ -60,8 +60,10 @@ def _host_exits_worker(rank, world):
     from uccl_ep.group_store import GroupStore
     ch = GroupStore(dist.group.WORLD, 30.0, "host-exits")
     ch.barrier("both made")
-    if rank == 0:  # the TCPStore's host
+    if rank == 0:  # the TCPStore's host: leaves once rank 1 is past the barrier (and done reading it)
+        ch.store.wait(["host-exits/rank1-past-barrier"])
         os._exit(0)
+    ch.store.set("host-exits/rank1-past-barrier", b"1")
     try:
         ch.exchange([b"x"] * world, "after the host left")
     except PeerFailure as e:
