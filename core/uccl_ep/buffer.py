@@ -374,7 +374,7 @@ class Buffer(LowLatencyMixin):
         signature, checked = None, False
         if handle is None:
             try:
-                signature = dispatch_signature(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                signature = dispatch_signature(x, num_tokens_per_rank, num_tokens_per_rdma_rank,
                                                is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
                                                expert_alignment, num_worst_tokens, previous_event, async_finish,
                                                allocate_on_comm_stream)

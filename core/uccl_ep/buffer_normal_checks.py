@@ -30,12 +30,13 @@ def _x_signature(x: Any) -> tuple:
     return (tensor_signature(x),)
 
 
-def dispatch_signature(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+def dispatch_signature(x, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                        num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens,
                        previous_event, async_finish, allocate_on_comm_stream) -> tuple:
-    """What `check_dispatch_args` (and `Buffer._check_events`) depend on; raises for arguments that
-    are not tensor-like or not hashable (the caller then checks the call in full)."""
-    return (_x_signature(x), handle is None, tensor_signature(num_tokens_per_rank),
+    """What `check_dispatch_args` (and `Buffer._check_events`) depend on in a fresh dispatch (no
+    handle); raises for arguments that are not tensor-like or not hashable (the caller then checks
+    the call in full)."""
+    return (_x_signature(x), tensor_signature(num_tokens_per_rank),
             tensor_signature(num_tokens_per_rdma_rank), tensor_signature(is_token_in_rank),
             tensor_signature(num_tokens_per_expert), tensor_signature(topk_idx), tensor_signature(topk_weights),
             type(expert_alignment), expert_alignment, type(num_worst_tokens), num_worst_tokens,

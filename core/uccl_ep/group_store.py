@@ -41,6 +41,9 @@ _instances: dict[tuple, int] = {}
 # NOTES: torch's libuv TCPStore server drops a client whose value exceeds 8 MiB ("Invalid payload
 # size"), which a DeepSeek-size reference exchange at 4 ranks reaches; half of that leaves room.
 _PART_BYTES = 4 << 20
+# What a torch Store client raises once its server is gone (DistNetworkError, DistStoreError); an
+# error of anything else inside an exchange (a bug, an on_missing callback) is not a lost Store.
+_StoreLost = getattr(dist, "DistError", RuntimeError)
 _NONE, _WHOLE, _PARTS = b"\x00", b"\x01", b"\x02"
 
 
@@ -229,7 +232,7 @@ class GroupStore:
             return self._exchange(per_dest, phase, skip, on_missing, learn_skips)
         except UcclEpError:
             raise
-        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / DistStoreError are RuntimeErrors
+        except (_StoreLost, OSError) as e:  # torch's DistNetworkError / DistStoreError, or a socket error
             detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise PeerFailure(self.rank, None, phase, f"the process group's Store stopped answering "
                               f"({type(e).__name__}: {detail[:200]}); the process that hosts it (rank 0 for "

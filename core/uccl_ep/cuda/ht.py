@@ -23,7 +23,8 @@ from ..handles import NormalHandle
 from ..validate import check_combine_rows
 from . import ht_tuning
 from .ht_ce import CopyEngineOps
-from .runtime import DeviceMemory, ParamCache, current_stream, device_arch, load_kernel, pack_params, sm_number, warp_size
+from .runtime import (DeviceMemory, ParamCache, current_stream, device_arch, load_kernel, pack_params, sm_number,
+                      tensor_ptr, warp_size)
 
 __all__ = ["NormalEngine", "CudaNormalPlan", "launch_layout"]
 
@@ -62,10 +63,6 @@ COMBINE_POINTERS = ("x", "topk_weights", "bias0", "bias1", "out", "out_weights",
                     "rank_prefix", "recv_channel_prefix")
 COMBINE_FIXED = ("peer_buf", "sent", "consumed", "error", "num_tokens", "hidden", "num_topk", "num_ranks", "rank",
                  "num_channels", "ring_slots", "slot_bytes", "warps_per_peer", "timeout_ns")
-
-
-def _ptr(t) -> int:
-    return t.data_ptr() if t is not None else 0
 
 
 def launch_layout(kernel, num_ranks: int, topk_idx, num_experts: int):
@@ -204,8 +201,8 @@ class NormalEngine:
                  ns, sst, ssc, topk_idx.shape[1] if topk_idx is not None else 0, self._num_experts, self.R, self.rank,
                  channels, self.geometry[1], self.slot_bytes, self.G, rows, self.ec.timeout_ns)
         params = self._dispatch_params.pack(
-            fixed, x.data_ptr(), _ptr(scales), _ptr(topk_idx), _ptr(topk_weights), in_rank.data_ptr(),
-            recv_x.data_ptr(), _ptr(recv_scales), _ptr(recv_idx), _ptr(recv_w), _ptr(recv_src), _ptr(send_head),
+            fixed, x.data_ptr(), tensor_ptr(scales), tensor_ptr(topk_idx), tensor_ptr(topk_weights), in_rank.data_ptr(),
+            recv_x.data_ptr(), tensor_ptr(recv_scales), tensor_ptr(recv_idx), tensor_ptr(recv_w), tensor_ptr(recv_src), tensor_ptr(send_head),
             rank_prefix.data_ptr(), recv_channel_prefix.data_ptr())
         self._k["ht_dispatch"].launch(2 * channels, self.block, params, current_stream())
 
@@ -326,7 +323,7 @@ class NormalEngine:
         fixed = (self.peers.ptr, self._sent, self._consumed, self.ec.error_dev_ptr, T, H, K, self.R, self.rank,
                  plan.num_channels, self.geometry[1], self.slot_bytes, self.Gc, self.ec.timeout_ns)
         params = self._combine_params.pack(
-            fixed, x.data_ptr(), _ptr(topk_weights), _ptr(b0), _ptr(b1), out.data_ptr(), _ptr(out_w),
+            fixed, x.data_ptr(), tensor_ptr(topk_weights), tensor_ptr(b0), tensor_ptr(b1), out.data_ptr(), tensor_ptr(out_w),
             handle[4].data_ptr(), handle[5].data_ptr(), handle[0].data_ptr(), handle[2].data_ptr())
         self._k["ht_combine"].launch(2 * plan.num_channels, self.combine_block, params, current_stream(),
                                      smem=self.combine_smem)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from ..tuning import DEFAULT as DEFAULT_TUNING, Tuning, require_same_across_ranks
 from ..tuning import shared_values as tuning_shared_values
-from .runtime import DeviceMemory, ParamCache, load_kernel, pack_params
+from .runtime import DeviceMemory, ParamCache, load_kernel, pack_params, tensor_ptr
 
 __all__ = ["CopyEngineOps", "staging_rows_needed", "region_slot", "region_bytes", "chunk_rows", "copy_list",
            "dispatch_layout", "receive_chain",
@@ -196,6 +196,11 @@ class CopyEngineOps:
         self.peer_stage: list[int] = []
         self._k = None
         self._streams: dict = {}  # peer -> torch.cuda.Stream (its copy stream)
+        # NOTES: one fork event and one done event per copy stream, recorded again every call: a
+        # stream's wait takes the event's latest record at the time it is enqueued, so reuse is safe,
+        # and creating and destroying CUDA events costs host time on every op
+        self._fork_event = None
+        self._done_events: dict = {}  # peer -> torch.cuda.Event (after its copy stream's last call)
         self._begin_params = ParamCache("HTCEBeginParams", (), BEGIN_FIXED)
         self._combine_params = ParamCache("HTCombineCEParams", COMBINE_POINTERS, COMBINE_FIXED)
         self._pack_cache: dict = {}  # see _packed
@@ -321,11 +326,11 @@ class CopyEngineOps:
         self._kernels()["ht_ce_begin"].launch(1, 32, self._begin_params.pack(
             fixed + (self.R, self.rank, self.ec.timeout_ns)), stream)
 
-    @staticmethod
-    def _fork(cur):
-        forked = torch.cuda.Event()
-        forked.record(cur)
-        return forked
+    def _fork(self, cur):
+        if self._fork_event is None:
+            self._fork_event = torch.cuda.Event()
+        self._fork_event.record(cur)
+        return self._fork_event
 
     def _packed(self, key: tuple, build):
         """The packed copy steps of a call, cached by everything they encode (pointers included):
@@ -348,7 +353,9 @@ class CopyEngineOps:
         for ev in after:
             side.wait_event(ev)
         issue(side.cuda_stream)
-        done = torch.cuda.Event()
+        done = self._done_events.get(j)
+        if done is None:
+            done = self._done_events[j] = torch.cuda.Event()
         done.record(side)
         return done
 
@@ -377,7 +384,7 @@ class CopyEngineOps:
         self._begin(cur.cuda_stream, dispatch=True)
         forked = self._fork(cur)
         d_base = DATA_OFF + (R - 1) * self.c_region
-        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        ptr = tensor_ptr
         params = pack_params(
             "HTDispatchCEParams", x=x.data_ptr(), x_scales=ptr(scales), topk_idx=ptr(topk_idx),
             topk_weights=ptr(topk_weights), is_token_in_rank=in_rank.data_ptr(), channel_prefix=channel_prefix.data_ptr(),
@@ -419,7 +426,7 @@ class CopyEngineOps:
     def combine(self, x, handle, topk_weights, b0, b1, out, out_w, num_sms: int, smem: int) -> None:
         plan, R, H = handle.plan, self.R, x.shape[1]
         K = topk_weights.shape[1] if topk_weights is not None else 0
-        w_ptr = topk_weights.data_ptr() if topk_weights is not None else 0
+        w_ptr = tensor_ptr(topk_weights)
         chunk = chunk_rows(self.cap, self.hidden, chunk_bytes=self.chunk_bytes)
         k = self._kernels()
         cur = torch.cuda.current_stream(x.device)
@@ -428,8 +435,8 @@ class CopyEngineOps:
         params = self._combine_params.pack(
             (self.mem.ptr, self.peer_table.ptr, self.ec.error_dev_ptr, plan.num_tokens, H, K, R, self.rank,
              plan.num_channels, self.c_region, self.cap, chunk, self.ec.timeout_ns),
-            x.data_ptr(), w_ptr, b0.data_ptr() if b0 is not None else 0, b1.data_ptr() if b1 is not None else 0,
-            out.data_ptr(), out_w.data_ptr() if out_w is not None else 0, handle[4].data_ptr(), handle[5].data_ptr(),
+            x.data_ptr(), w_ptr, tensor_ptr(b0), tensor_ptr(b1), out.data_ptr(), tensor_ptr(out_w),
+            handle[4].data_ptr(), handle[5].data_ptr(),
             handle[1].data_ptr(), handle[2].data_ptr())
 
         def build():

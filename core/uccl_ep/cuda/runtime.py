@@ -22,7 +22,7 @@ from .. import env
 from ..errors import MissingDependency, UcclEpError
 from . import jit
 
-__all__ = ["driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "ParamCache", "param_fields",
+__all__ = ["tensor_ptr", "driver", "driver_unavailable_reason", "torch_gpu_runtime", "Kernel", "load_kernel", "pack_params", "ParamCache", "param_fields",
            "abi_enum",
            "DeviceMemory", "MappedHostMemory", "raw_tensor", "current_stream", "device_arch", "warp_size",
            "free_after_device"]
@@ -298,6 +298,11 @@ def load_kernel(device: int, source: str, name: str, defines: tuple[str, ...] = 
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def tensor_ptr(t) -> int:
+    """A tensor's data address, or 0 for None (an optional kernel argument)."""
+    return t.data_ptr() if t is not None else 0
 
 
 def current_stream(device: int | None = None) -> int:
