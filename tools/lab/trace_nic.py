@@ -3,7 +3,10 @@
 back-to-back cached BF16 dispatches, cached FP8 dispatches and combines, 2 ranks as 2 nodes.
 
 UCCL_EP_RANKS_PER_NODE=1 python tools/lab/trace_nic.py [--repeat N] [--backend cuda|host]
-    [--model SPEC] [--tokens T] [num_sms] [out_dir]
+    [--model SPEC] [--tokens T] [--kernels] [num_sms] [out_dir]
+
+--kernels: the ops run under torch's profiler too, and each raw event file gets the device's kernel
+spans on the model's clock ("kernels": [name, start ns, end ns], mapped through one annotation per op).
 
 For each op kind and rank it prints the link's idle stretches of >= 2 us and, at the start of
 each, what let every ring (channel) of that rank's streams post again, from the trace alone:
@@ -19,10 +22,12 @@ last Write's stages, the last data and credit this rank received, and its next p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 
@@ -162,7 +167,27 @@ def boundaries(rows_by_rank: list) -> list:
     return out
 
 
-def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
+def _kernel_profiler():
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+
+
+def _kernel_spans(prof, marks: list[int]) -> list[tuple]:
+    """(name, start ns, end ns) of every kernel the profiler saw, on CLOCK_MONOTONIC: the profiler's
+    clock is mapped through the `op#i` annotations, each opened right after `marks[i]` was read (the
+    smallest offset over the ops: an annotation opens after its mark, never before)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    opened = {e["name"]: e["ts"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("op#")}
+    offsets = [opened[f"op#{i}"] * 1e3 - m for i, m in enumerate(marks) if f"op#{i}" in opened]
+    if not offsets:
+        return []
+    off = min(offsets)
+    return sorted((e["name"][:40], int(e["ts"] * 1e3 - off), int((e["ts"] + e["dur"]) * 1e3 - off))
+                  for e in events if e.get("cat") == "kernel" and "dur" in e)
+
+
+def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir, kernels=False):
     from uccl_ep import Buffer
     from uccl_ep.proxy.nic_model import parse_nic_model
     from uccl_ep.refs.fp8 import per_token_cast_to_fp8
@@ -193,19 +218,25 @@ def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
             fn()
         sync()
         dist.barrier()
-        t0 = time.monotonic_ns()  # CLOCK_MONOTONIC: the steady clock of the model's events
-        for _ in range(repeat):
-            fn()
-        sync()
-        t1 = time.monotonic_ns()
+        prof = _kernel_profiler() if kernels else contextlib.nullcontext()
+        marks = []
+        with prof:
+            t0 = time.monotonic_ns()  # CLOCK_MONOTONIC: the steady clock of the model's events
+            for i in range(repeat):
+                marks.append(time.monotonic_ns())
+                with torch.profiler.record_function(f"op#{i}") if kernels else contextlib.nullcontext():
+                    fn()
+            sync()
+            t1 = time.monotonic_ns()
         dist.barrier()
         rows = [r for r in proxy.transport_trace() if t0 <= r[2] <= t1]
+        spans = _kernel_spans(prof, marks) if kernels else []
         everyone = [None] * world
         dist.all_gather_object(everyone, rows)
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             with open(os.path.join(out_dir, f"nic_{name}_r{rank}.json"), "w") as f:
-                json.dump({"t0": t0, "t1": t1, "rows": rows}, f)
+                json.dump({"t0": t0, "t1": t1, "rows": rows, "kernels": spans}, f)
         res = analyse(rows, bw)
         res["wall_us_per_op"] = (t1 - t0) / 1e3 / repeat
         if rank == 0:
@@ -218,6 +249,8 @@ def worker(rank, world, backend, num_sms, tokens, repeat, model, out_dir):
 def main() -> None:
     args = sys.argv[1:]
     opts = {"--repeat": "3", "--backend": "cuda", "--model": "efa-400g", "--tokens": "4096"}
+    kernels = "--kernels" in args
+    args = [a for a in args if a != "--kernels"]
     while args[:1] and args[0] in opts:
         opts[args[0]], args = args[1], args[2:]
     model = opts["--model"] + ",trace=200000"
@@ -226,7 +259,7 @@ def main() -> None:
     out_dir = args[1] if len(args) > 1 else ""
     backend = opts["--backend"]
     world = 2
-    res = run_ranks(worker, world, backend, sms, int(opts["--tokens"]), int(opts["--repeat"]), model, out_dir,
+    res = run_ranks(worker, world, backend, sms, int(opts["--tokens"]), int(opts["--repeat"]), model, out_dir, kernels,
                     backend="nccl" if backend == "cuda" else "gloo", timeout_s=600)
     for r, per_op in enumerate(res):
         for name, s in per_op.items():
