@@ -312,3 +312,40 @@ def test_fabric_local_ranks_on_different_nics():
     out = run_ranks(_domains_worker, 2, timeout_s=180, env=env)
     assert [devices for _, devices in out] == [["lo"] * 3, [other] * 3]
     assert all(n > 100 for n, _ in out)
+
+
+class _RacingStore:
+    """A Store where rank 1 publishes its value, then its failure, between a reader's two checks."""
+
+    def __init__(self):
+        self.keys = {"p/ep/0": b"a"}
+        self.value_checks = 0
+
+    def check(self, keys):
+        (key,) = keys
+        if key == "p/ep/1":
+            self.value_checks += 1
+            if self.value_checks == 1:  # first look: not there yet; then the peer publishes and fails
+                self.keys["p/ep/1"] = b"b"
+                self.keys["p/error/1"] = b"PeerProtocolError: a later phase"
+                return False
+        return key in self.keys
+
+    def get(self, key):
+        return self.keys[key]
+
+
+def test_a_value_published_before_a_peer_failed_still_counts():
+    """_wait_all returns the values a peer published even when that peer failed right after (the
+    failure belongs to a later phase, which names it); a peer that failed without publishing raises."""
+    import time
+
+    from uccl_ep.errors import PeerFailure
+    from uccl_ep.proxy.bootstrap import _wait_all
+    now = time.monotonic()
+    assert _wait_all(_RacingStore(), "p", "ep", 0, 2, now + 5, now, "endpoints") == [b"a", b"b"]
+    store = _RacingStore()
+    store.value_checks = 1
+    store.keys["p/error/1"] = b"RuntimeError: setup"
+    with pytest.raises(PeerFailure, match="peer 1 failed during 'endpoints'"):
+        _wait_all(store, "p", "ep", 0, 2, now + 5, now, "endpoints")

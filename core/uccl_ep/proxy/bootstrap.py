@@ -140,7 +140,10 @@ def _wait_all(store, prefix: str, what: str, rank: int, world: int, deadline: fl
         for r in missing:
             if store.check([f"{prefix}/{what}/{r}"]):
                 continue
-            if store.check([f"{prefix}/error/{r}"]):
+            # NOTES: the value is checked again after the error is seen: a peer may publish its value,
+            # then fail a later phase between our two checks; the value it published is what this phase
+            # waits for, and this rank's own later checks then name the failure from its side.
+            if store.check([f"{prefix}/error/{r}"]) and not store.check([f"{prefix}/{what}/{r}"]):
                 msg = store.get(f"{prefix}/error/{r}").decode(errors="replace")
                 raise PeerFailure(rank, r, phase, f"its setup failed: {msg}")
             still.append(r)
