@@ -503,6 +503,8 @@ class _Kernels:
                         out_w[t] = acc_w
                 for j in range(R):
                     consumed[j] += int(in_rank[tb:min(tb + B, t1), j].sum())
+                    _check_dense(head[t0:min(tb + B, t1), j], in_rank[t0:min(tb + B, t1), j], consumed[j],
+                                 int(send_prefix[j, c - 1]) if c else 0)
                     if consumed[j] - credited[j] > 0 and (consumed[j] - credited[j] >= lazy or tb + B >= t1):
                         self._credit(p, st, j, p["first_ring"] + c, base[j] + consumed[j], consumed[j] - credited[j])
                         credited[j] = consumed[j]
@@ -519,6 +521,16 @@ class _Kernels:
                 gens.append(self._send(p, st, i, c, end - start, stager(i, c, start)))
             gens.append(reducer(c))
         self._run(gens, "ht_proxy_combine")
+
+
+def _check_dense(heads: np.ndarray, present: np.ndarray, consumed: int, prefix: int) -> None:
+    """The kernels' reducer (reduce_rounds) takes a stream as consumed through a round's last message:
+    a channel's messages sit at consecutive positions in token order. The count of the channel's
+    messages so far must say the same."""
+    idx = np.flatnonzero(present)
+    if idx.size and int(heads[idx[-1]]) - prefix + 1 != consumed:
+        raise AssertionError(f"stream positions not dense: last message at {int(heads[idx[-1]]) - prefix}, "
+                             f"{consumed} messages counted")
 
 
 def plan_slot(base: int, peer: int, c: int, num_rings: int, slots: int, slot: int, msg: int) -> int:

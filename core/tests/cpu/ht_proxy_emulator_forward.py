@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, mem, plan_slot, ring_row
+from ht_proxy_emulator import C, DispatchIO, State, _bf16_to_f32, _check_dense, mem, plan_slot, ring_row
 
 
 def _f32_to_bf16(acc: np.ndarray) -> np.ndarray:
@@ -277,6 +277,8 @@ class ForwardKernels:
                         out_w[t] = acc_w
                 for n in range(N):
                     consumed[n] += int((head[tb:min(tb + B, t1), n] >= 0).sum())
+                    _check_dense(head[t0:min(tb + B, t1), n], head[t0:min(tb + B, t1), n] >= 0, consumed[n],
+                                 int(nsp[n, c - 1]) if c else 0)
                     if consumed[n] - credited[n] > 0 and (consumed[n] - credited[n] >= lazy or tb + B >= t1):
                         self._credit(p, st, rails[n], ring, base[n] + consumed[n], consumed[n] - credited[n])
                         credited[n] = consumed[n]

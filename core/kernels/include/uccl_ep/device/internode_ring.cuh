@@ -418,8 +418,9 @@ UCCL_DEVICE bool reduce_rounds(const RingArgs& a, int c, int t_begin, int t_end,
   int64_t consumed = 0, credited = 0;  // thread s < S: messages of stream s consumed / credited
   for (int tb = t_begin; tb < t_end; tb += B) {
     const int tb_end = min(tb + B, t_end);
+    int64_t need = -1;  // thread s < S: the round's last message in stream s (position), or -1
     if (tid < S) {
-      const int64_t need = round_last_need(tb, tb_end, [&](int u) {
+      need = round_last_need(tb, tb_end, [&](int u) {
         const int64_t k = pos_of(u, tid);
         return k < 0 ? k : s_base[tid] + k;
       });
@@ -439,7 +440,9 @@ UCCL_DEVICE bool reduce_rounds(const RingArgs& a, int c, int t_begin, int t_end,
     }
     __syncthreads();  // every read of this round's slots done before their credits go back
     if (tid < S) {
-      for (int u = tb; u < tb_end; ++u) consumed += pos_of(u, tid) >= 0;
+      // NOTES: a stream carries its tokens' messages in token order at consecutive positions, so
+      // after a round it is consumed through the round's last message (the CPU emulators check it)
+      if (need >= 0) consumed = need - s_base[tid] + 1;
       if (consumed - credited > 0 && (consumed - credited >= lazy || tb_end >= t_end)) {
         if (!return_credit(a, peer_of(tid), c, s_base[tid] + consumed, consumed - credited, phase)) *s_fail = 1;
         credited = consumed;
