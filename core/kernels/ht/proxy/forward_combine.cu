@@ -19,6 +19,7 @@
 // reference's flat rank-order sum whenever the fp32 sums are exact (the common case for BF16 data);
 // see uccl_ep/host/ht_internode.py. partial_bf16 rounds them to BF16 as DeepEP does: half the bytes
 // across nodes, exact only where each node's partial is exact in BF16.
+#include "uccl_ep/device/forward_block.cuh"
 #include "uccl_ep/device/internode_ring.cuh"
 #include "uccl_ep/device/internode_rows.cuh"
 
@@ -220,71 +221,58 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
   __shared__ int64_t s_tail[kHTProxyMaxRanks];
   __shared__ PartialShared sh;
   __shared__ int s_fail;
-  const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.ranks_per_node);
-  const int N = R / G, me = int(p.rank), me_local = me % G, node = me / G;
-  const int c = blockIdx.x / 3, role = blockIdx.x % 3;
-  const int T = int(p.num_tokens);
-  const auto [t_begin, t_end] = channel_tokens(T, C, c);
+  const ForwardBlock b = forward_block(p);
   const RingArgs aB = ring_args(p);
   const RingArgs aA = nvl_ring_args(p);
   if (threadIdx.x < kHTProxyMaxRanks) {
     s_arrive[threadIdx.x] = 0;
     s_word[threadIdx.x] = 0;
-    const int rail = int(threadIdx.x) * G + me_local;
-    s_base[threadIdx.x] = threadIdx.x < N ? int64_t(aB.state->recv_pos[rail][aB.first_ring + c]) : 0;
+    const int rail = int(threadIdx.x) * b.G + b.me_local;
+    s_base[threadIdx.x] = threadIdx.x < b.N ? int64_t(aB.state->recv_pos[rail][aB.first_ring + b.c]) : 0;
     s_tail[threadIdx.x] = 0;
   }
   if (threadIdx.x == 0) {
     s_fail = 0;
-    for (int l = 0; l < G && l < kMaxLocal; ++l) {
-      sh.posA[l] = l == me_local ? 0 : int64_t(aA.state->recv_pos[node * G + l][aA.first_ring + c]);
+    for (int l = 0; l < b.G && l < kMaxLocal; ++l) {
+      sh.posA[l] = l == b.me_local ? 0 : int64_t(aA.state->recv_pos[b.node * b.G + l][aA.first_ring + b.c]);
       sh.tailA[l] = 0;
       sh.creditedA[l] = sh.posA[l];
     }
   }
   __syncthreads();
   if (ht_partial_msg_bytes(p.hidden, p.num_topk, p.partial_bf16 != 0) != p.ring.msg_bytes ||
-      ht_combine_msg_bytes(p.hidden, p.num_topk) != p.nvl_ring.msg_bytes || G > kMaxLocal) {
-    if (threadIdx.x == 0) raise_error(aB.err, kErrProtocol, kPhaseHTCombineSend, me, -1, c, 0);
+      ht_combine_msg_bytes(p.hidden, p.num_topk) != p.nvl_ring.msg_bytes || b.G > kMaxLocal) {
+    if (threadIdx.x == 0) raise_error(aB.err, kErrProtocol, kPhaseHTCombineSend, b.me, -1, b.c, 0);
     return;
   }
 
-  if (role == 0) {  // hop A: one group per other local rank
-    if (G < 2) return;
-    const int W = num_warps() / (G - 1), grp = warp_id() / W;
-    if (W < 1 || grp >= G - 1) return;
-    const int f_local = grp < me_local ? grp : grp + 1, f = node * G + f_local;
-    WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
-    const auto* recv_count = reinterpret_cast<const int*>(p.recv_count);
-    int64_t n = 0;
-    for (int s = f_local; s < R; s += G) n += recv_count[s * C + c];
-    RowsBackStager st{{}, &p, &aA, f, f_local, c};
-    send_stream(aA, g, &s_word[grp], f, c, n, st, kPhaseHTCombineSend);
+  if (b.role == 0) {  // hop A: one group per other local rank
+    MateGroup mg;
+    if (!mate_group(b, reinterpret_cast<const int*>(p.recv_count), s_arrive, mg)) return;
+    RowsBackStager st{{}, &p, &aA, mg.f, mg.f_local, b.c};
+    send_stream(aA, mg.g, &s_word[mg.grp], mg.f, b.c, mg.n, st, kPhaseHTCombineSend);
     return;
   }
-  if (role == 1) {  // the forwarder: partials to every rail source in ascending order
+  if (b.role == 1) {  // the forwarder: partials to every rail source in ascending order
     WarpGroup g{&s_arrive[0], num_warps(), warp_id(), 0u};
-    const auto* rdma_prefix = reinterpret_cast<const int*>(p.rdma_prefix);
     const auto* rdma_count = reinterpret_cast<const int*>(p.rdma_count);
-    const auto* recv_prefix = reinterpret_cast<const int*>(p.recv_prefix);
     const int64_t half = aA.slots / 2 > 1 ? aA.slots / 2 : 1;
-    for (int m = 0; m < N; ++m) {
-      const int src = m * G + me_local;
-      if (threadIdx.x == 0) sh.self_run = 0;
-      __syncthreads();
-      PartialStager st{{}, &p, &aB, &aA, &sh, src, c, me_local, G, node, rdma_prefix[m * C + c],
-                       recv_prefix[src * C + c], half < kMaxRound ? half : kMaxRound};
-      if (!send_stream(aB, g, &s_word[0], src, c, rdma_count[m * C + c], st, kPhaseHTCombineSend)) s_fail = 1;
-      __syncthreads();
-      if (s_fail) return;  // the same decision in every thread (read after the barrier)
-    }
+    const bool passed = for_each_rail_source(
+        b, reinterpret_cast<const int*>(p.rdma_prefix), reinterpret_cast<const int*>(p.recv_prefix), sh, &s_fail,
+        [&](int m, int src, int64_t rdma_first, int64_t recv_first) {
+          PartialStager st{{}, &p, &aB, &aA, &sh, src, b.c, b.me_local, b.G, b.node, rdma_first, recv_first,
+                           half < kMaxRound ? half : kMaxRound};
+          return send_stream(aB, g, &s_word[0], src, b.c, rdma_count[m * b.C + b.c], st, kPhaseHTCombineSend);
+        });
+    if (!passed) return;
     if (threadIdx.x == 0) {  // the last credits, and where the hop-A streams stand
-      for (int l = 0; l < G; ++l) {
-        if (l == me_local) continue;
+      for (int l = 0; l < b.G; ++l) {
+        if (l == b.me_local) continue;
+        const int mate = b.node * b.G + l;
         if (sh.posA[l] > sh.creditedA[l] &&
-            !return_credit(aA, node * G + l, c, sh.posA[l], sh.posA[l] - sh.creditedA[l], kPhaseHTCombineSend))
+            !return_credit(aA, mate, b.c, sh.posA[l], sh.posA[l] - sh.creditedA[l], kPhaseHTCombineSend))
           return;
-        aA.state->recv_pos[node * G + l][aA.first_ring + c] = uint64_t(sh.posA[l]);
+        aA.state->recv_pos[mate][aA.first_ring + b.c] = uint64_t(sh.posA[l]);
       }
     }
     return;
@@ -296,11 +284,11 @@ UCCL_DEVICE void forward_combine_main(const HTProxyForwardCombineParams& p) {
   const int64_t half = aB.slots / 2;
   const int B = int(half < 1 ? 1 : (half < num_warps() ? half : num_warps()));
   const auto pos_of = [&](int u, int n) -> int64_t {  // token u's partial in node n's stream, or -1
-    const int h = head[int64_t(u) * N + n];
-    return h < 0 ? -1 : h - (c > 0 ? nsp[n * C + c - 1] : 0);
+    const int h = head[int64_t(u) * b.N + n];
+    return h < 0 ? -1 : h - (b.c > 0 ? nsp[n * b.C + b.c - 1] : 0);
   };
-  reduce_rounds(aB, c, t_begin, t_end, N, B, half > 1 ? half : 1, s_base, s_tail, &s_fail, kPhaseHTCombineRecv, pos_of,
-                [&](int n) { return n * G + me_local; },
+  reduce_rounds(aB, b.c, b.t_begin, b.t_end, b.N, B, half > 1 ? half : 1, s_base, s_tail, &s_fail,
+                kPhaseHTCombineRecv, pos_of, [&](int n) { return n * b.G + b.me_local; },
                 [&](int64_t t, const uint8_t* const* rows, int nsrc) { reduce_partials(p, t, rows, nsrc); });
 }
 

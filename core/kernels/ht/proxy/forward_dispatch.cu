@@ -21,6 +21,7 @@
 // in the host executor's order, which lets receivers and the combine find each row by counting
 // instead of carrying positions. Hop 2 is stored over NVLink into the node mates' rings (RingArgs::
 // mates, as DeepEP does) unless the proxy is forced, when it goes through the proxy like hop 1.
+#include "uccl_ep/device/forward_block.cuh"
 #include "uccl_ep/device/internode_ring.cuh"
 #include "uccl_ep/device/internode_rows.cuh"
 
@@ -247,73 +248,59 @@ UCCL_DEVICE void forward_dispatch_main(const HTProxyForwardDispatchParams& p) {
   __shared__ int64_t s_word[kHTProxyMaxRanks];
   __shared__ ForwardShared sh;
   __shared__ int s_fail;
-  const int R = int(p.num_ranks), C = int(p.num_channels), G = int(p.ranks_per_node);
-  const int N = R / G, me = int(p.rank), me_local = me % G, node = me / G;
-  const int c = blockIdx.x / 3, role = blockIdx.x % 3;
-  const int T = int(p.num_tokens);
-  const auto [t_begin, t_end] = channel_tokens(T, C, c);
+  const ForwardBlock b = forward_block(p);
   clear_group_words(s_arrive, s_word);
   const auto* recv_end = reinterpret_cast<const int*>(p.recv_end);
-  if (role == 2) pad_dispatch_rows(p, recv_end[R - 1], c, C);  // rows past the real count (num_worst_tokens)
+  if (b.role == 2) pad_dispatch_rows(p, recv_end[b.R - 1], b.c, b.C);  // rows past the real count (num_worst_tokens)
   const RingArgs a1 = ring_args(p);
   const RingArgs a2 = nvl_ring_args(p);
   const FwdMsg M = fwd_msg(p.hidden_bytes, p.num_scales, p.num_topk);
-  if (M.L.bytes != p.ring.msg_bytes || M.L.bytes != p.nvl_ring.msg_bytes || G > kMaxLocal) {
-    if (threadIdx.x == 0) raise_error(a1.err, kErrProtocol, kPhaseHTDispatchSend, me, -1, c, 0);
+  if (M.L.bytes != p.ring.msg_bytes || M.L.bytes != p.nvl_ring.msg_bytes || b.G > kMaxLocal) {
+    if (threadIdx.x == 0) raise_error(a1.err, kErrProtocol, kPhaseHTDispatchSend, b.me, -1, b.c, 0);
     return;
   }
   if (threadIdx.x == 0) s_fail = 0;
-  if (role == 1 && threadIdx.x == 0) {
-    for (int l = 0; l < G; ++l) {
-      sh.pos2[l] = l == me_local ? 0 : int64_t(a2.state->send_pos[node * G + l][a2.first_ring + c]);
+  if (b.role == 1 && threadIdx.x == 0) {
+    for (int l = 0; l < b.G; ++l) {
+      sh.pos2[l] = l == b.me_local ? 0 : int64_t(a2.state->send_pos[b.node * b.G + l][a2.first_ring + b.c]);
       sh.credit2[l] = 0;
     }
   }
   __syncthreads();
 
-  if (role == 0) {  // hop 1: one group per destination node
-    const int W = num_warps() / N, grp = warp_id() / W;
-    if (W < 1 || grp >= N) return;
+  if (b.role == 0) {  // hop 1: one group per destination node
+    const int W = num_warps() / b.N, grp = warp_id() / W;
+    if (W < 1 || grp >= b.N) return;
     WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
     const auto* nsp = reinterpret_cast<const int*>(p.node_send_prefix);
-    const int64_t n = nsp[grp * C + c] - (c > 0 ? nsp[grp * C + c - 1] : 0);
-    NodeStager st{{}, &p, &a1, M, grp, grp * G + me_local, c, t_begin, t_end, 0, false};
-    send_stream(a1, g, &s_word[grp], st.dst, c, n, st, kPhaseHTDispatchSend);
-    if (st.lost && lane_id() == 0) raise_error(a1.err, kErrProtocol, kPhaseHTDispatchSend, me, st.dst, c, 0);
+    const int64_t n = nsp[grp * b.C + b.c] - (b.c > 0 ? nsp[grp * b.C + b.c - 1] : 0);
+    NodeStager st{{}, &p, &a1, M, grp, grp * b.G + b.me_local, b.c, b.t_begin, b.t_end, 0, false};
+    send_stream(a1, g, &s_word[grp], st.dst, b.c, n, st, kPhaseHTDispatchSend);
+    if (st.lost && lane_id() == 0) raise_error(a1.err, kErrProtocol, kPhaseHTDispatchSend, b.me, st.dst, b.c, 0);
     return;
   }
-  if (role == 1) {  // the forwarder: every rail source in ascending order
+  if (b.role == 1) {  // the forwarder: every rail source in ascending order
     WarpGroup g{&s_arrive[0], num_warps(), warp_id(), 0u};
-    const auto* rdma_prefix = reinterpret_cast<const int*>(p.rdma_prefix);
     const auto* rdma_count = reinterpret_cast<const int*>(p.rdma_count);
-    const auto* recv_prefix = reinterpret_cast<const int*>(p.recv_prefix);
     const int64_t half = a2.slots / 2 > 1 ? a2.slots / 2 : 1;
-    for (int m = 0; m < N; ++m) {
-      const int src = m * G + me_local;
-      if (threadIdx.x == 0) sh.self_run = 0;
-      __syncthreads();
-      ForwardConsumer fc{{}, &p, &a1, &a2, &sh, M, src, c, me_local, G, node, rdma_prefix[m * C + c],
-                         recv_prefix[src * C + c], half < kMaxRound ? half : kMaxRound};
-      if (!recv_stream(a1, g, &s_word[0], src, c, rdma_count[m * C + c], fc, kPhaseHTDispatchRecv)) s_fail = 1;
-      __syncthreads();
-      if (s_fail) return;  // the same decision in every thread (read after the barrier)
-    }
+    const bool passed = for_each_rail_source(
+        b, reinterpret_cast<const int*>(p.rdma_prefix), reinterpret_cast<const int*>(p.recv_prefix), sh, &s_fail,
+        [&](int m, int src, int64_t rdma_first, int64_t recv_first) {
+          ForwardConsumer fc{{}, &p, &a1, &a2, &sh, M, src, b.c, b.me_local, b.G, b.node, rdma_first, recv_first,
+                             half < kMaxRound ? half : kMaxRound};
+          return recv_stream(a1, g, &s_word[0], src, b.c, rdma_count[m * b.C + b.c], fc, kPhaseHTDispatchRecv);
+        });
+    if (!passed) return;
     if (threadIdx.x == 0)
-      for (int l = 0; l < G; ++l)
-        if (l != me_local) a2.state->send_pos[node * G + l][a2.first_ring + c] = uint64_t(sh.pos2[l]);
+      for (int l = 0; l < b.G; ++l)
+        if (l != b.me_local) a2.state->send_pos[b.node * b.G + l][a2.first_ring + b.c] = uint64_t(sh.pos2[l]);
     return;
   }
   // hop 2: one group per other local rank (forwarder)
-  if (G < 2) return;
-  const int W = num_warps() / (G - 1), grp = warp_id() / W;
-  if (W < 1 || grp >= G - 1) return;
-  const int f_local = grp < me_local ? grp : grp + 1, f = node * G + f_local;
-  WarpGroup g{&s_arrive[grp], W, warp_id() % W, 0u};
-  const auto* recv_count = reinterpret_cast<const int*>(p.recv_count);
-  int64_t n = 0;
-  for (int src = f_local; src < R; src += G) n += recv_count[src * C + c];
-  Hop2Consumer hc{{}, &p, &a2, M, f, f_local, c};
-  recv_stream(a2, g, &s_word[grp], f, c, n, hc, kPhaseHTDispatchRecv);
+  MateGroup mg;
+  if (!mate_group(b, reinterpret_cast<const int*>(p.recv_count), s_arrive, mg)) return;
+  Hop2Consumer hc{{}, &p, &a2, M, mg.f, mg.f_local, b.c};
+  recv_stream(a2, mg.g, &s_word[mg.grp], mg.f, b.c, mg.n, hc, kPhaseHTDispatchRecv);
 }
 
 }  // namespace
