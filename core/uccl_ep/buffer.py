@@ -8,7 +8,6 @@ events follow DeepEP V1's `deep_ep.Buffer`; docs/api.md states the contract.
 from __future__ import annotations
 
 import atexit
-import logging
 import math
 import weakref
 from typing import Any, Optional, Union

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from .events import OpScope
 from .topology import Topology
-from .tuning import DEFAULT as DEFAULT_TUNING
+from .tuning import DEFAULT as DEFAULT_TUNING, Tuning
 
 __all__ = ["BufferContext", "Executor"]
 

@@ -23,8 +23,8 @@ from ..handles import NormalHandle
 from ..validate import check_combine_rows
 from . import ht_tuning
 from .ht_ce import CopyEngineOps
-from .runtime import (DeviceMemory, ParamCache, current_stream, device_arch, load_kernel, pack_params, sm_number,
-                      tensor_ptr, warp_size)
+from .runtime import (DeviceMemory, ParamCache, contiguous, current_stream, device_arch, dispatch_outputs, load_kernel,
+                      pack_params, sm_number, tensor_ptr, warp_size)
 
 __all__ = ["NormalEngine", "CudaNormalPlan", "launch_layout"]
 
@@ -256,14 +256,8 @@ class NormalEngine:
                 pair_counts = [flat[i * R:(i + 1) * R] for i in range(R)]
         # the copy-engine combine for this handle: decided alike on every rank (same counts)
         use_ce = pair_counts is not None and self.ce.prepare(pair_counts, x.shape[1], K, config.num_sms)
-        recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
-        recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
-        recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
-        recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
-        recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
-        x = x.contiguous()
-        topk_idx = topk_idx.contiguous() if topk_idx is not None else None
-        topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        recv_x, recv_scales, recv_idx, recv_w, recv_src = dispatch_outputs(rows, x, x_scales, topk_idx)
+        x, topk_idx, topk_weights = contiguous(x, topk_idx, topk_weights)
         plan = CudaNormalPlan(T, rows, C, num_recv, per_src)
         plan.num_experts = E
         plan.ce = use_ce

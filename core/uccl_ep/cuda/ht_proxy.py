@@ -51,8 +51,8 @@ from ..validate import check_combine_rows
 from . import gpu_transport
 from . import ht_proxy_plan as plan
 from .ht_proxy_plan import ProxyNormalPlan, check_scales
-from .runtime import (DeviceMemory, MappedHostMemory, current_stream, free_after_device, load_kernel, pack_params,
-                      warp_size)
+from .runtime import (DeviceMemory, MappedHostMemory, contiguous, current_stream, dispatch_outputs, free_after_device,
+                      load_kernel, pack_params, warp_size)
 
 __all__ = ["serves", "unavailable_reason", "scope_reason", "ProxyNormalEngine", "ProxyNormalPlan"]
 
@@ -371,7 +371,7 @@ class ProxyNormalEngine:
             from . import ht_proxy_forward as fwd
             return fwd.dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                                 num_tokens_per_expert, expert_alignment, num_worst_tokens, config)
-        R, dev = self.R, x.device
+        R = self.R
         T, C, E, E_loc, K, ns = self.check_dispatch(x, x_scales, topk_idx, num_tokens_per_expert, config)
         msg = plan.dispatch_msg_bytes(x.shape[1] * x.element_size(), ns, K)
         ring = self.ring(msg, C, config, "dispatch")
@@ -391,14 +391,8 @@ class ProxyNormalEngine:
             rows = num_recv
         lay = self.plan_recv(meta_out, send_prefix, C, cols, rows)
         items = self.plan_handle(lay, send_prefix, in_rank, head, rows)
-        recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
-        recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
-        recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
-        recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
-        recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
-        x = x.contiguous()
-        topk_idx = topk_idx.contiguous() if topk_idx is not None else None
-        topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+        recv_x, recv_scales, recv_idx, recv_w, recv_src = dispatch_outputs(rows, x, x_scales, topk_idx)
+        x, topk_idx, topk_weights = contiguous(x, topk_idx, topk_weights)
         self._launch_dispatch(x, x_scales, topk_idx, topk_weights, in_rank, send_prefix, lay["recv_prefix"],
                               lay["recv_end"], (recv_x, recv_scales, recv_idx, recv_w, recv_src), C, rows, ring, E)
         if not self.internode:  # DeepEP's intranode 6-tuple: the source index of every row, from the kernel

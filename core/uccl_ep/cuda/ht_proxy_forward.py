@@ -21,7 +21,7 @@ from ..errors import InvalidArgument
 from ..handles import NormalHandle
 from ..validate import check_combine_rows
 from . import ht_proxy_plan as plan
-from .runtime import current_stream, pack_params
+from .runtime import contiguous, current_stream, dispatch_outputs, pack_params
 
 __all__ = ["dispatch", "cached_dispatch", "combine"]
 
@@ -109,16 +109,10 @@ def dispatch(eng, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_t
                          node_send_prefix=node_send_prefix, recv_prefix=lay["recv_prefix"],
                          recv_end=lay["recv_end"], recv_count=lay["recv_count"], rdma_prefix=lay["rdma_prefix"],
                          rdma_count=lay["rdma_count"], send_rdma_head=send_rdma_head)
-    recv_x = torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev)
-    recv_scales = torch.empty(rows, ns, dtype=x_scales.dtype, device=dev) if x_scales is not None else None
-    recv_idx = torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None
-    recv_w = torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None
-    recv_src = torch.empty(rows, dtype=torch.int32, device=dev)
+    recv_x, recv_scales, recv_idx, recv_w, recv_src = dispatch_outputs(rows, x, x_scales, topk_idx)
     recv_mask = torch.zeros(rows, dtype=torch.int32, device=dev)
     st.rdma_mask = torch.zeros(rdma_rows, dtype=torch.int32, device=dev)
-    x = x.contiguous()
-    topk_idx = topk_idx.contiguous() if topk_idx is not None else None
-    topk_weights = topk_weights.contiguous() if topk_weights is not None else None
+    x, topk_idx, topk_weights = contiguous(x, topk_idx, topk_weights)
     _launch_dispatch(eng, x, x_scales, topk_idx, topk_weights, st,
                      (recv_x, recv_scales, recv_idx, recv_w, recv_src, recv_mask, st.rdma_mask), rows, rdma_rows, rings)
     items = _forward_handle(eng, meta_out, cols, st, lay["rdma_end"], recv_mask)

@@ -305,6 +305,24 @@ def tensor_ptr(t) -> int:
     return t.data_ptr() if t is not None else 0
 
 
+def dispatch_outputs(rows: int, x: torch.Tensor, x_scales, topk_idx) -> tuple:
+    """Empty outputs of a normal-mode dispatch of ``rows`` rows on x's device, as DeepEP returns
+    them: (recv_x, recv_x_scales or None, recv_topk_idx or None, recv_topk_weights (fp32) or None,
+    recv_src_idx (int32)). Torch's caching allocator, so streams and CUDA graphs keep working."""
+    dev = x.device
+    K = topk_idx.shape[1] if topk_idx is not None else 0
+    return (torch.empty(rows, x.shape[1], dtype=x.dtype, device=dev),
+            torch.empty(rows, x_scales.shape[1], dtype=x_scales.dtype, device=dev) if x_scales is not None else None,
+            torch.empty(rows, K, dtype=topk_idx.dtype, device=dev) if topk_idx is not None else None,
+            torch.empty(rows, K, dtype=torch.float32, device=dev) if topk_idx is not None else None,
+            torch.empty(rows, dtype=torch.int32, device=dev))
+
+
+def contiguous(*tensors) -> tuple:
+    """Each tensor made contiguous (a view where it already is), None left as None."""
+    return tuple(t.contiguous() if t is not None else None for t in tensors)
+
+
 def current_stream(device: int | None = None) -> int:
     """torch's current CUDA stream (a CUstream as int) of ``device`` (default: the current device).
     NOTES: torch's raw accessor where it exists: building a torch.cuda.Stream object costs

@@ -100,7 +100,7 @@ def dispatch(comm: GroupComm, owner: object, x: torch.Tensor, topk_idx: torch.Te
     """Returns (recv_x or (recv_x_fp8, scales), recv_count, handle, finish) where ``finish()``
     writes the received data into the outputs (run at once, or by the recv hook)."""
     device = x.device
-    me, num_ranks = comm.rank, comm.size
+    num_ranks = comm.size
     num_tokens, hidden = x.shape
     num_local = num_experts // num_ranks
     slab_rows = num_ranks * num_max

@@ -174,7 +174,7 @@ def _internode_handle_items(comm, topo, device, counts, recv_counts, recv_meta, 
     """
     me, num_ranks = comm.rank, comm.size
     nodes, gpn = topo.num_nodes, topo.ranks_per_node
-    my_node, my_local = topo.node_of(me), topo.local_rank_of(me)
+    my_local = topo.local_rank_of(me)
     num_tokens = is_token_in_rank.shape[0]
     rdma_channel_prefix = node_channel_counts.cumsum(1).to(torch.int32)
     # RDMA-level receive: counts per channel from (m, my_local) for every node m.
