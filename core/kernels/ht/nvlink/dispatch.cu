@@ -19,6 +19,7 @@
 #include "uccl_ep/device/block.cuh"
 #include "uccl_ep/device/ht_tuning.cuh"
 #include "uccl_ep/device/ring.cuh"
+#include "uccl_ep/device/row_meta.cuh"
 
 using namespace uccl_ep;
 using namespace uccl_ep::dev;
@@ -43,47 +44,11 @@ UCCL_DEVICE SlotLayout dispatch_slot(int64_t hidden_bytes, int64_t num_scales, i
   return s;
 }
 
-
-// A row's scales and top-k entries, loaded before its data is copied so that their latency
-// overlaps the copy: lane l holds scales l and l + 32 and top-k entry l; entries past those (more
-// than 64 scales or 32 top-k) are copied after the row, one load at a time.
-//
-// NOTES: copied after the row (a dependent load -> store per field), the metadata cost as much as
-// the row itself for FP8 rows (UCCL_EP_HT_PROF's cycle accounting: the sender warps spent over
-// half their cycles outside the row copy and the publications).
-struct RowMeta {
-  uint32_t scales[2];
-  int64_t topk;
-  float weight;
-};
-
-UCCL_DEVICE RowMeta load_row_meta(const HTDispatchParams& p, int64_t tok, int64_t K) {
-  RowMeta m{{0, 0}, 0, 0.0f};
-  const int lane = lane_id();
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int64_t s = lane + q * kWarpSize;
-    if (s < p.num_scales)
-      m.scales[q] = reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
-  }
-  if (lane < K) {
-    m.topk = reinterpret_cast<const int64_t*>(p.topk_idx)[tok * K + lane];
-    m.weight = reinterpret_cast<const float*>(p.topk_weights)[tok * K + lane];
-  }
-  return m;
-}
-
+// A row's metadata (row_meta.cuh) into its slot, then the source index.
 UCCL_DEVICE void store_row_meta(const HTDispatchParams& p, const RowMeta& m, uint8_t* slot, const SlotLayout& L,
                                 int64_t tok, int64_t K) {
   const int lane = lane_id();
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int64_t s = lane + q * kWarpSize;
-    if (s < p.num_scales) reinterpret_cast<uint32_t*>(slot + L.scales)[s] = m.scales[q];
-  }
-  for (int64_t s = lane + 2 * kWarpSize; s < p.num_scales; s += kWarpSize)
-    reinterpret_cast<uint32_t*>(slot + L.scales)[s] =
-        reinterpret_cast<const uint32_t*>(p.x_scales)[tok * p.scale_stride_token + s * p.scale_stride_col];
+  store_row_scales(p, m, reinterpret_cast<uint32_t*>(slot + L.scales), tok);
   if (lane < K) {
     reinterpret_cast<int64_t*>(slot + L.topk)[lane] = m.topk;
     reinterpret_cast<float*>(slot + L.weights)[lane] = m.weight;

@@ -19,6 +19,7 @@
 // no top-k (K = 0): the routing comes from the handle's prefix matrices.
 #include "uccl_ep/device/internode_ring.cuh"
 #include "uccl_ep/device/internode_rows.cuh"
+#include "uccl_ep/device/row_meta.cuh"
 
 using namespace uccl_ep;
 using namespace uccl_ep::dev;
@@ -35,35 +36,20 @@ struct DispatchStager : StreamHooks {
   int64_t k_cur;
   bool lost;  // the prefix counts promised more tokens than is_token_in_rank has
 
+  // Message `pos` from token `tok`: its metadata loaded ahead of the row (row_meta.cuh), top-k ids as
+  // 4-byte words (the message's fields are 4-byte aligned).
   UCCL_DEVICE void stage_one(int64_t pos, int tok) {
     uint8_t* slot = staging_slot(*a, j, c, pos);
     const int lane = lane_id();
-    const auto* scales = reinterpret_cast<const uint32_t*>(p->x_scales);
-    const auto* ids = reinterpret_cast<const int64_t*>(p->topk_idx);
-    const auto* weights = reinterpret_cast<const uint32_t*>(p->topk_weights);
-    // NOTES: the small fields (up to 2 scales and 1 top-k entry per lane) are loaded before the row
-    // and stored after it, so their loads wait alongside the row's first piece: an FP8 message is
-    // 2 dependent load -> store steps instead of 4 (row, row tail, scales, top-k), and the op's
-    // first Writes wait for a round of them. The loops after the row take what does not fit.
-    const int64_t s0 = lane, s1 = lane + kWarpSize;
-    uint32_t scale0 = 0, scale1 = 0, weight = 0;
-    int64_t id = 0;
-    if (s0 < p->num_scales) scale0 = scales[tok * p->scale_stride_token + s0 * p->scale_stride_col];
-    if (s1 < p->num_scales) scale1 = scales[tok * p->scale_stride_token + s1 * p->scale_stride_col];
-    if (lane < p->num_topk) {
-      id = ids[tok * p->num_topk + lane];
-      weight = weights[tok * p->num_topk + lane];
-    }
+    const int64_t K = p->num_topk;
+    const RowMeta m = load_row_meta(*p, tok, K);
     warp_copy16(slot, reinterpret_cast<const uint8_t*>(p->x) + int64_t(tok) * p->hidden_bytes, p->hidden_bytes);
-    auto* slot_scales = reinterpret_cast<uint32_t*>(slot + L.scales);
-    if (s0 < p->num_scales) slot_scales[s0] = scale0;
-    if (s1 < p->num_scales) slot_scales[s1] = scale1;
-    for (int64_t s = lane + 2 * kWarpSize; s < p->num_scales; s += kWarpSize)
-      slot_scales[s] = scales[tok * p->scale_stride_token + s * p->scale_stride_col];
-    for (int64_t kk = lane; kk < p->num_topk; kk += kWarpSize) {
+    store_row_scales(*p, m, reinterpret_cast<uint32_t*>(slot + L.scales), tok);
+    for (int64_t kk = lane; kk < K; kk += kWarpSize) {
       const bool first = kk == lane;
-      st_u64_words(slot + L.topk + 8 * kk, first ? id : ids[tok * p->num_topk + kk]);
-      reinterpret_cast<uint32_t*>(slot + L.weights)[kk] = first ? weight : weights[tok * p->num_topk + kk];
+      st_u64_words(slot + L.topk + 8 * kk, first ? m.topk : reinterpret_cast<const int64_t*>(p->topk_idx)[tok * K + kk]);
+      reinterpret_cast<float*>(slot + L.weights)[kk] =
+          first ? m.weight : reinterpret_cast<const float*>(p->topk_weights)[tok * K + kk];
     }
     if (lane == 0) *reinterpret_cast<int*>(slot + L.src) = tok;
   }
