@@ -1,7 +1,7 @@
-// What a block of the forward kernels (ht/proxy/forward_dispatch.cu, forward_combine.cu) stands on:
-// the job as nodes of local ranks, the block's channel and role, and the two shapes of work both
-// kernels share: the warp groups facing the other local ranks (dispatch hop 2, combine hop A) and
-// the forwarder's pass over its rail sources.
+// What a block of the two forward kernels stands on (ht/proxy/forward_dispatch.cu and
+// ht/proxy/forward_combine.cu): the job as nodes of local ranks, the block's channel and role, and
+// the two shapes of work both kernels share: the warp groups facing the other local ranks (dispatch
+// hop 2, combine hop A) and the forwarder's pass over its rail sources.
 #pragma once
 
 #include "uccl_ep/device/block.cuh"
