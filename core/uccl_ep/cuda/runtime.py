@@ -320,7 +320,7 @@ def dispatch_outputs(rows: int, x: torch.Tensor, x_scales, topk_idx) -> tuple:
 
 def contiguous(*tensors) -> tuple:
     """Each tensor made contiguous (a view where it already is), None left as None."""
-    return tuple(t.contiguous() if t is not None else None for t in tensors)
+    return tuple([t.contiguous() if t is not None else None for t in tensors])  # a list: no generator per call
 
 
 def current_stream(device: int | None = None) -> int:

@@ -45,11 +45,13 @@ struct DispatchStager : StreamHooks {
     const RowMeta m = load_row_meta(*p, tok, K);
     warp_copy16(slot, reinterpret_cast<const uint8_t*>(p->x) + int64_t(tok) * p->hidden_bytes, p->hidden_bytes);
     store_row_scales(*p, m, reinterpret_cast<uint32_t*>(slot + L.scales), tok);
-    for (int64_t kk = lane; kk < K; kk += kWarpSize) {
-      const bool first = kk == lane;
-      st_u64_words(slot + L.topk + 8 * kk, first ? m.topk : reinterpret_cast<const int64_t*>(p->topk_idx)[tok * K + kk]);
-      reinterpret_cast<float*>(slot + L.weights)[kk] =
-          first ? m.weight : reinterpret_cast<const float*>(p->topk_weights)[tok * K + kk];
+    if (lane < K) {
+      st_u64_words(slot + L.topk + 8 * lane, m.topk);
+      reinterpret_cast<float*>(slot + L.weights)[lane] = m.weight;
+    }
+    for (int64_t kk = lane + kWarpSize; kk < K; kk += kWarpSize) {
+      st_u64_words(slot + L.topk + 8 * kk, reinterpret_cast<const int64_t*>(p->topk_idx)[tok * K + kk]);
+      reinterpret_cast<float*>(slot + L.weights)[kk] = reinterpret_cast<const float*>(p->topk_weights)[tok * K + kk];
     }
     if (lane == 0) *reinterpret_cast<int*>(slot + L.src) = tok;
   }
